@@ -1,0 +1,48 @@
+"""The ChatML/Qwen-style chat template written into factory-made models.
+
+It renders system/user/assistant/tool roles, tool definitions and assistant
+tool calls in the `<tool_call>` JSON format that mlx-lm's `json_tools` parser
+reads back. OpenAI clients send tool-call arguments as a JSON *string*: the
+template emits a string as-is and only JSON-encodes a mapping, so arguments are
+never encoded twice. No `<think>` handling on purpose (see offline-models.md).
+"""
+
+CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if messages and messages[0].role == 'system' %}{{ messages[0].content }}{{ '\\n' }}{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    "<|im_end|>\n"
+    "{% elif messages and messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and loop.first %}"
+    "{% elif message.role in ['user', 'system'] %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% elif message.role == 'assistant' %}"
+    "<|im_start|>assistant\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% if message.tool_calls %}"
+    "{% for tc in message.tool_calls %}"
+    "{% if tc.function is defined %}{% set tool_call = tc.function %}"
+    "{% else %}{% set tool_call = tc %}{% endif %}"
+    "{% if message.content or not loop.first %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": '
+    "{% if tool_call.arguments is string %}{{ tool_call.arguments }}"
+    "{% else %}{{ tool_call.arguments | tojson }}{% endif %}"
+    "}\n</tool_call>"
+    "{% endfor %}"
+    "{% endif %}"
+    "<|im_end|>\n"
+    "{% elif message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)

@@ -1,0 +1,110 @@
+"""Architecture presets for factory-made models.
+
+`tiny` and `small` are for tests; `qwen3-0.6b` and `llama-3.1-8b` carry the
+real architecture configs (random weights) so benchmarks run at real shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class Preset:
+    name: str
+    config: dict[str, Any]
+    trained_vocab: int  # BPE merges learned from the corpus; the rest is filler up to vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+
+def _qwen3(**overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+    }
+    config.update(overrides)
+    return config
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        "tiny",
+        _qwen3(
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=2048,
+            max_position_embeddings=4096,
+        ),
+        trained_vocab=2048,
+    ),
+    "small": Preset(
+        "small",
+        _qwen3(
+            hidden_size=256,
+            num_hidden_layers=4,
+            intermediate_size=768,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=32,
+            vocab_size=8192,
+            max_position_embeddings=16384,
+        ),
+        trained_vocab=4096,
+    ),
+    "qwen3-0.6b": Preset(
+        "qwen3-0.6b",
+        _qwen3(
+            hidden_size=1024,
+            num_hidden_layers=28,
+            intermediate_size=3072,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151_936,
+            max_position_embeddings=40_960,
+        ),
+        trained_vocab=4096,
+    ),
+    "llama-3.1-8b": Preset(
+        "llama-3.1-8b",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_act": "silu",
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-5,
+            "vocab_size": 128_256,
+            "rope_theta": 500_000.0,
+            "max_position_embeddings": 131_072,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        trained_vocab=4096,
+    ),
+}
