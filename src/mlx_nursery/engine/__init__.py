@@ -1,0 +1,41 @@
+"""The engine: one MLX thread, lanes on a CapacityLimiter, continuous batching, prefix cache.
+
+Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
+"""
+
+from ._config import EngineConfig
+from ._engine import THREAD_NAME, Engine, EngineStatistics, TokenStream, open_engine
+from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._prefix_cache import PrefixCache, PrefixCacheStats
+from ._types import (
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
+from ._worker import ModelInfo, WorkerStats
+
+__all__ = [
+    "THREAD_NAME",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineOverloaded",
+    "EngineStatistics",
+    "EngineUnavailable",
+    "FinishReason",
+    "GenerationRequest",
+    "ModelInfo",
+    "PrefixCache",
+    "PrefixCacheStats",
+    "PromptTooLong",
+    "SamplingParams",
+    "TokenEvent",
+    "TokenLogprob",
+    "TokenStream",
+    "Usage",
+    "WorkerStats",
+    "open_engine",
+]

@@ -1,0 +1,31 @@
+"""Engine configuration: one object, typed defaults, explicit units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+from attrs import validators as v
+
+
+@attrs.frozen
+class EngineConfig:
+    model: str | Path
+    max_concurrency: int = attrs.field(default=8, validator=v.ge(1))
+    """Sequences on the device at once: 1 = strict serialization, N = continuous batching."""
+    max_queue: int = attrs.field(default=64, validator=v.ge(0))
+    """Requests allowed to wait for a lane; past this, submission fails at once."""
+    prefill_step_size: int = attrs.field(default=512, validator=v.ge(1))
+    """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned."""
+    prefill_batch_size: int = attrs.field(default=8, validator=v.ge(1))
+    prompt_cache_bytes: int = attrs.field(default=2 << 30, validator=v.ge(0))
+    """Byte budget of the prefix KV cache; 0 disables it."""
+    prompt_cache_entries: int = attrs.field(default=64, validator=v.ge(1))
+    prompt_cache_ttl: float = attrs.field(default=600.0, validator=v.gt(0))
+    """Seconds an unused prefix-cache entry is kept."""
+    max_buffered_events: int = attrs.field(default=1024, validator=v.ge(2))
+    """Undelivered events per request before its consumer counts as stalled and it is cancelled."""
+    cancel_ack_timeout: float = attrs.field(default=30.0, validator=v.gt(0))
+    """Longest a cancelled request waits (shielded) for the engine to confirm its sequence stopped."""
+    max_consecutive_step_failures: int = attrs.field(default=3, validator=v.ge(1))
+    """Batch steps failing in a row before the engine declares itself dead."""

@@ -1,0 +1,310 @@
+"""The engine's Trio side: admission, lanes, delivery, cancellation.
+
+Lanes are a `trio.CapacityLimiter`: a request borrows a token (FIFO,
+cancellable) before its sequence is submitted, and the token is returned by
+the engine thread's confirmation that the sequence left the batch, never
+earlier. So `limiter.borrowed_tokens` is exactly the number of sequences that
+may still be computing.
+
+Cancellation contract of `Engine.generate`: when the caller's scope is
+cancelled (or the caller leaves the block early), the sequence is cancelled
+on the engine thread before its next step, and `generate` waits, shielded and
+bounded by `cancel_ack_timeout`, for the confirmation. Leaving the block
+therefore means the compute has stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import attrs
+import trio
+
+from ._config import EngineConfig
+from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._types import GenerationRequest, TokenEvent
+from ._worker import Delivery, ModelInfo, Worker, WorkerStats
+
+log = logging.getLogger("mlx_nursery.engine")
+
+THREAD_NAME = "mlx-nursery-engine"
+State = Literal["starting", "running", "stopping", "closed", "failed"]
+
+
+@attrs.frozen
+class EngineStatistics:
+    state: State
+    lanes_total: int
+    lanes_borrowed: int
+    queued: int
+    worker: WorkerStats | None
+
+
+@attrs.define(eq=False)
+class _Handle:
+    """The Trio side of one sequence: its event buffer and its confirmation."""
+
+    seq_id: int
+    request: GenerationRequest
+    send: trio.MemorySendChannel[TokenEvent]
+    receive: trio.MemoryReceiveChannel[TokenEvent]
+    confirmed: trio.Event = attrs.Factory(trio.Event)
+    stalled: bool = False
+    cancel_requested_step: int | None = None
+    confirmed_step: int | None = None
+
+
+class TokenStream:
+    """Async iterator over one sequence's events; it always ends with a final event."""
+
+    def __init__(self, handle: _Handle) -> None:
+        self._handle = handle
+        self._done = False
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            event = await self._handle.receive.receive()
+        except trio.EndOfChannel:
+            self._done = True
+            reason = "the consumer fell behind" if self._handle.stalled else "the engine stopped"
+            return TokenEvent(None, "", finish_reason="error", error=reason)
+        self._done = event.is_final
+        return event
+
+
+class Engine:
+    """Runs one model on one engine thread. Start it with `open_engine` or `nursery.start(engine.run)`."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._state: State = "starting"
+        self._ids = itertools.count()
+        self._handles: dict[int, _Handle] = {}
+        self._waiting: set[trio.CancelScope] = set()
+        self._stats: WorkerStats | None = None
+        self._model: ModelInfo | None = None
+        self._limiter: trio.CapacityLimiter | None = None
+        self._worker: Worker | None = None
+        self._stop_requested = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the engine thread, load the model, and serve until `close()` or cancellation.
+
+        Returns (or re-raises) only after the engine thread has exited and been joined.
+        """
+        token = trio.lowlevel.current_trio_token()
+        self._limiter = trio.CapacityLimiter(self.config.max_concurrency)
+        ready, exited = trio.Event(), trio.Event()
+        outcome: dict[str, BaseException | None] = {"load": None, "exit": None}
+
+        def on_ready(info: ModelInfo | None, exc: BaseException | None) -> None:
+            def apply() -> None:
+                self._model, outcome["load"] = info, exc
+                ready.set()
+
+            _call_soon(token, apply)
+
+        def on_exit(exc: BaseException | None) -> None:
+            def apply() -> None:
+                outcome["exit"] = exc
+                self._on_exit(exc)
+                exited.set()
+
+            _call_soon(token, apply)
+
+        self._worker = Worker(
+            self.config, lambda d: _call_soon(token, self._deliver, d), on_ready, on_exit
+        )
+        thread = threading.Thread(target=self._worker.run, name=THREAD_NAME, daemon=True)
+        thread.start()
+        try:
+            await ready.wait()
+            if outcome["load"] is not None:
+                raise outcome["load"]
+            if self._stop_requested:
+                self._worker.stop()
+            else:
+                self._state = "running"
+            task_status.started(self)
+            await exited.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                self._worker.stop()
+                await exited.wait()
+            thread.join()
+        if outcome["exit"] is not None:
+            raise EngineUnavailable("the engine stopped after a fatal error") from outcome["exit"]
+
+    def close(self) -> None:
+        """Begin shutdown: refuse new work; the thread finishes its step, cancels the rest, exits."""
+        self._stop_requested = True
+        if self._state in ("running", "starting"):
+            self._state = "stopping" if self._state == "running" else self._state
+            if self._worker is not None:
+                self._worker.stop()
+            self._wake_waiters()
+
+    def _on_exit(self, exc: BaseException | None) -> None:
+        self._state = "failed" if exc is not None else "closed"
+        self._wake_waiters()
+        # Sequences the thread did not finish (it died, or they raced its exit) end here.
+        for handle in list(self._handles.values()):
+            reason = "error" if exc is not None else "cancelled"
+            self._push(handle, TokenEvent(None, "", finish_reason=reason, error="the engine stopped"))
+            self._confirm(handle)
+
+    def _wake_waiters(self) -> None:
+        for scope in self._waiting:
+            scope.cancel()
+
+    # -- public surface ----------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def model(self) -> ModelInfo:
+        if self._model is None:
+            raise EngineUnavailable("the engine has not loaded its model")
+        return self._model
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        assert self._limiter is not None, "the engine is not started"
+        return self._limiter
+
+    def statistics(self) -> EngineStatistics:
+        limiter = self._limiter
+        return EngineStatistics(
+            state=self._state,
+            lanes_total=int(limiter.total_tokens) if limiter else self.config.max_concurrency,
+            lanes_borrowed=limiter.borrowed_tokens if limiter else 0,
+            queued=limiter.statistics().tasks_waiting if limiter else 0,
+            worker=self._stats,
+        )
+
+    @asynccontextmanager
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenStream]:
+        """Generate one sequence; iterate the yielded stream for its events.
+
+        Raises EngineOverloaded at once when the wait queue is full, PromptTooLong
+        when it cannot fit the context, EngineUnavailable when the engine is not
+        running. Waiting for a lane is FIFO and cancellable at no compute cost.
+        """
+        self._check_admissible(request)
+        handle = self._new_handle(request)
+        await self._acquire_lane(handle)
+        # From here the lane belongs to the sequence; only the engine's confirmation returns it.
+        self._handles[handle.seq_id] = handle
+        assert self._worker is not None
+        self._worker.submit(handle.seq_id, request)
+        try:
+            yield TokenStream(handle)
+        finally:
+            if not handle.confirmed.is_set():
+                handle.cancel_requested_step = self._worker.steps
+                self._worker.cancel(handle.seq_id)
+                with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
+                    await handle.confirmed.wait()
+                if not handle.confirmed.is_set():
+                    log.error("sequence %d not confirmed stopped in time", handle.seq_id)
+            handle.receive.close()
+
+    def _check_admissible(self, request: GenerationRequest) -> None:
+        if self._state != "running":
+            raise EngineUnavailable(f"the engine is {self._state}")
+        context = self.model.context_length
+        if len(request.prompt_tokens) + request.max_tokens > context:
+            raise PromptTooLong(len(request.prompt_tokens), request.max_tokens, context)
+        limiter = self.limiter
+        waiting = limiter.statistics().tasks_waiting
+        if limiter.available_tokens == 0 and waiting >= self.config.max_queue:
+            raise EngineOverloaded(waiting, self.config.max_queue)
+
+    def _new_handle(self, request: GenerationRequest) -> _Handle:
+        send, receive = trio.open_memory_channel[TokenEvent](self.config.max_buffered_events)
+        return _Handle(next(self._ids), request, send, receive)
+
+    async def _acquire_lane(self, handle: _Handle) -> None:
+        with trio.CancelScope() as waiting:
+            self._waiting.add(waiting)
+            try:
+                await self.limiter.acquire_on_behalf_of(handle)
+            finally:
+                self._waiting.discard(waiting)
+        if waiting.cancelled_caught or self._state != "running":
+            if not waiting.cancelled_caught:
+                self.limiter.release_on_behalf_of(handle)
+            raise EngineUnavailable(f"the engine is {self._state}")
+
+    # -- delivery (runs in the Trio thread, scheduled by the engine thread) ------------------
+    def _deliver(self, delivery: Delivery) -> None:
+        self._stats = delivery.stats
+        for seq_id, event in delivery.events:
+            handle = self._handles.get(seq_id)
+            if handle is not None:
+                self._push(handle, event)
+        for seq_id in delivery.finished:
+            handle = self._handles.get(seq_id)
+            if handle is not None:
+                handle.confirmed_step = delivery.stats.steps
+                self._confirm(handle)
+
+    def _push(self, handle: _Handle, event: TokenEvent) -> None:
+        if handle.stalled:
+            return
+        try:
+            handle.send.send_nowait(event)
+        except trio.WouldBlock:
+            # The consumer stopped reading: cancel it rather than buffer without bound.
+            handle.stalled = True
+            if self._worker is not None and not handle.confirmed.is_set():
+                self._worker.cancel(handle.seq_id)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the consumer is gone; its confirmation still arrives
+
+    def _confirm(self, handle: _Handle) -> None:
+        if handle.confirmed.is_set():
+            return
+        self._handles.pop(handle.seq_id, None)
+        handle.send.close()
+        if self._limiter is not None:
+            self._limiter.release_on_behalf_of(handle)
+        handle.confirmed.set()
+
+
+def _call_soon(token: trio.lowlevel.TrioToken, fn: object, *args: object) -> None:
+    """Schedule `fn` on the Trio thread; an exception there would kill the run, so log it."""
+
+    def guarded() -> None:
+        try:
+            fn(*args)  # type: ignore[operator]
+        except Exception:  # noqa: BLE001
+            log.exception("engine delivery failed")
+
+    try:
+        token.run_sync_soon(guarded)
+    except trio.RunFinishedError:
+        pass
+
+
+@asynccontextmanager
+async def open_engine(config: EngineConfig) -> AsyncIterator[Engine]:
+    """Run an engine for the duration of the block; on exit its thread is stopped and joined."""
+    async with trio.open_nursery() as nursery:
+        engine: Engine = await nursery.start(Engine(config).run)
+        try:
+            yield engine
+        finally:
+            engine.close()

@@ -1,0 +1,163 @@
+"""Prefix KV cache: reuse the KV state of earlier sequences that share a prefix.
+
+Built from mlx-lm's parts (`PromptTrie` for the token-prefix search,
+`trim_prompt_cache` / `can_trim_prompt_cache` for cutting a longer entry back
+to the shared prefix), with the policies mlx-lm's `LRUPromptCache` lacks:
+recency refreshed on every hit, a byte budget enforced on every insert, and an
+idle TTL. Runs on the engine thread only (it holds MLX arrays); not thread-safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import attrs
+from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+
+_Key = tuple[Hashable, tuple[int, ...]]
+
+
+@attrs.define
+class _Entry:
+    cache: list[Any]
+    nbytes: int
+    last_used: float
+
+
+@attrs.frozen
+class PrefixCacheStats:
+    entries: int
+    nbytes: int
+    hits: int
+    misses: int
+    reused_tokens: int
+    reuse_failures: int
+    evictions: int
+
+
+@attrs.frozen
+class CacheHit:
+    """A private copy of a cached KV state covering `prompt[:cached_tokens]`."""
+
+    cache: list[Any]
+    cached_tokens: int
+
+
+class PrefixCache:
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        max_entries: int = 64,
+        ttl: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.ttl = ttl
+        self._clock = clock
+        self._trie = PromptTrie()
+        self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
+        self._nbytes = 0
+        self._hits = self._misses = self._reused = self._failures = self._evictions = 0
+
+    def fetch(self, namespace: Hashable, prompt: list[int]) -> CacheHit | None:
+        """Return the longest reusable prefix of `prompt`, leaving >= 1 token to prefill."""
+        found = self._trie.search(namespace, prompt)
+        hit = self._hit_from(namespace, prompt, found)
+        if hit is None:
+            self._misses += 1
+            return None
+        self._hits += 1
+        self._reused += hit.cached_tokens
+        return hit
+
+    def _hit_from(self, namespace: Hashable, prompt: list[int], found: Any) -> CacheHit | None:
+        if found.exact is not None:
+            entry = self._touch(namespace, found.exact)
+            if can_trim_prompt_cache(entry.cache) and len(prompt) > 1:
+                return self._trimmed_copy(entry, len(prompt), len(prompt) - 1)
+        shorter = len(found.shorter) if found.shorter is not None else 0
+        if found.longer is not None and found.common_prefix > shorter:
+            entry = self._touch(namespace, found.longer)
+            if can_trim_prompt_cache(entry.cache):
+                keep = min(len(prompt) - 1, found.common_prefix)
+                if keep > 0:
+                    return self._trimmed_copy(entry, len(found.longer), keep)
+        if shorter > 0:
+            entry = self._touch(namespace, found.shorter)
+            return CacheHit(copy.deepcopy(entry.cache), shorter)
+        return None
+
+    @staticmethod
+    def _trimmed_copy(entry: _Entry, length: int, keep: int) -> CacheHit:
+        cache = copy.deepcopy(entry.cache)
+        trim_prompt_cache(cache, length - keep)
+        return CacheHit(cache, keep)
+
+    def _touch(self, namespace: Hashable, tokens: list[int]) -> _Entry:
+        key = (namespace, tuple(tokens))
+        entry = self._entries[key]
+        entry.last_used = self._clock()
+        self._entries.move_to_end(key)
+        return entry
+
+    def insert(self, namespace: Hashable, tokens: list[int], cache: list[Any]) -> None:
+        """Keep `cache` (the KV state of exactly `tokens`), evicting to stay within budget."""
+        nbytes = sum(c.nbytes for c in cache)
+        if not tokens or nbytes > self.max_bytes:
+            return
+        tokens = list(tokens)
+        previous = self._trie.add(namespace, tokens, None)
+        key = (namespace, tuple(tokens))
+        if previous is not None or key in self._entries:
+            self._forget(key)
+        self._entries[key] = _Entry(cache, nbytes, self._clock())
+        self._nbytes += nbytes
+        if can_trim_prompt_cache(cache):
+            # A trimmable entry serves all its prefixes: drop them, they only take space.
+            for length, _ in self._trie.pop_prefixes(namespace, tokens):
+                self._forget((namespace, tuple(tokens[:length])))
+        while len(self._entries) > self.max_entries or self._nbytes > self.max_bytes:
+            self._evict(next(iter(self._entries)))
+
+    def record_failure(self) -> None:
+        """A fetched state could not be used; the caller fell back to a full prefill."""
+        self._failures += 1
+
+    def evict_expired(self) -> int:
+        deadline = self._clock() - self.ttl
+        expired = [k for k, e in self._entries.items() if e.last_used <= deadline]
+        for key in expired:
+            self._evict(key)
+        return len(expired)
+
+    def clear(self) -> None:
+        for key in list(self._entries):
+            self._evict(key)
+
+    def _evict(self, key: _Key) -> None:
+        namespace, tokens = key
+        self._trie.pop(namespace, list(tokens))
+        self._forget(key)
+        self._evictions += 1
+
+    def _forget(self, key: _Key) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._nbytes -= entry.nbytes
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            entries=len(self._entries),
+            nbytes=self._nbytes,
+            hits=self._hits,
+            misses=self._misses,
+            reused_tokens=self._reused,
+            reuse_failures=self._failures,
+            evictions=self._evictions,
+        )

@@ -1,0 +1,95 @@
+"""The engine's data: what goes in (GenerationRequest) and what comes out (TokenEvent).
+
+Plain attrs classes, free of HTTP and OpenAI concepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+from attrs import validators as v
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+LogitsProcessor = Callable[[Any, Any], Any]  # (tokens: mx.array, logits: mx.array) -> mx.array
+
+
+def _probability(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{attribute.name} must be within [0, 1], got {value}")
+
+
+@attrs.frozen
+class SamplingParams:
+    """How the next token is chosen. Defaults leave the distribution untouched."""
+
+    temperature: float = attrs.field(default=1.0, validator=v.ge(0.0))
+    top_p: float = attrs.field(default=1.0, validator=_probability)
+    top_k: int = attrs.field(default=0, validator=v.ge(0))
+    min_p: float = attrs.field(default=0.0, validator=_probability)
+    seed: int | None = None
+    repetition_penalty: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+
+
+@attrs.frozen
+class GenerationRequest:
+    """One sequence to generate.
+
+    `stop_token_ids` end generation in addition to the model's EOS tokens,
+    unless `ignore_eos` is set (benchmarks on random-weight models need it).
+    `logprobs`: None for none, 0 for the sampled token's, k for the top k as well.
+    `cache_key` namespaces the prefix cache (per tenant, per conversation...).
+    """
+
+    prompt_tokens: tuple[int, ...] = attrs.field(converter=tuple, validator=v.min_len(1))
+    max_tokens: int = attrs.field(validator=v.ge(1))
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    ignore_eos: bool = False
+    logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=tuple)
+    logprobs: int | None = attrs.field(default=None, validator=v.optional(v.and_(v.ge(0), v.le(20))))
+    cache_key: str | None = None
+
+
+@attrs.frozen
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen
+class TokenEvent:
+    """One step's output for one sequence.
+
+    Token events carry `token_id` and the text it completed (`text` may be ""
+    while a multi-byte character is still partial). The last event of a stream
+    has `finish_reason` and `usage` set; it has no token when the sequence ended
+    on a stop token (whose text is never emitted), was cancelled or failed.
+    """
+
+    token_id: int | None
+    text: str
+    logprob: TokenLogprob | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None

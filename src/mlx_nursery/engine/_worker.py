@@ -1,0 +1,442 @@
+"""The engine thread: the only thread that touches MLX for the engine's whole life.
+
+It loads the model, then loops: take commands (submit, cancel, stop) from a
+thread-safe queue, apply them *before* the next step (so a cancelled sequence
+computes nothing more and a sequence cancelled while still queued computes
+nothing at all), run one `BatchGenerator.next()` (one decode step for the
+batch plus at most one prefill chunk), and post the step's events for the whole
+batch to Trio in one hop. It knows nothing of Trio: it is handed a `post`
+callable.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from ..models import LoadedModel, load_model
+from ._config import EngineConfig
+from ._prefix_cache import CacheHit, PrefixCache, PrefixCacheStats
+from ._sampling import make_request_processors, make_request_sampler
+from ._types import FinishReason, GenerationRequest, TokenEvent, TokenLogprob, Usage
+
+log = logging.getLogger("mlx_nursery.engine")
+
+_IDLE_POLL_SECONDS = 1.0
+
+
+class FatalEngineError(RuntimeError):
+    """The engine cannot continue (repeated batch failures, or a bug in the loop)."""
+
+
+@attrs.frozen
+class Submit:
+    seq_id: int
+    request: GenerationRequest
+
+
+@attrs.frozen
+class Cancel:
+    seq_id: int
+
+
+@attrs.frozen
+class Stop:
+    pass
+
+
+Command = Submit | Cancel | Stop
+
+
+@attrs.frozen
+class WorkerStats:
+    steps: int
+    active: int
+    prompt_tokens_processed: int
+    generated_tokens: int
+    failed_steps: int
+    prefix_cache: PrefixCacheStats | None
+
+
+@attrs.frozen
+class Delivery:
+    """One hop to Trio: every event of a step, and the sequences confirmed gone."""
+
+    events: list[tuple[int, TokenEvent]]
+    finished: list[int]
+    stats: WorkerStats
+
+
+@attrs.frozen
+class ModelInfo:
+    """What the Trio side may know about the loaded model (no MLX objects)."""
+
+    path: str
+    tokenizer: Any
+    context_length: int
+    eos_token_ids: frozenset[int]
+
+
+@attrs.define
+class _Sequence:
+    seq_id: int
+    uid: int
+    request: GenerationRequest
+    detokenizer: Any
+    failures: list[BaseException]
+    cached_tokens: int
+    generated: int = 0
+
+    def usage(self) -> Usage:
+        return Usage(len(self.request.prompt_tokens), self.generated, self.cached_tokens)
+
+
+class Worker:
+    def __init__(
+        self,
+        config: EngineConfig,
+        post: Callable[[Delivery], None],
+        on_ready: Callable[[ModelInfo | None, BaseException | None], None],
+        on_exit: Callable[[BaseException | None], None],
+    ) -> None:
+        self._config = config
+        self._post = post
+        self._on_ready = on_ready
+        self._on_exit = on_exit
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._active: dict[int, _Sequence] = {}  # by BatchGenerator uid
+        self._uids: dict[int, int] = {}  # seq_id -> uid
+        self._events: list[tuple[int, TokenEvent]] = []
+        self._finished: list[int] = []
+        self._cache: PrefixCache | None = None
+        self._generator: BatchGenerator | None = None
+        self._model: LoadedModel | None = None
+        self._eos: frozenset[int] = frozenset()
+        self.steps = 0  # read from Trio for cancellation accounting (an int: atomic under the GIL)
+        self._prompt_tokens = 0
+        self._generated_tokens = 0
+        self._failed_steps = 0
+        self._failures_in_a_row = 0
+
+    # -- called from any thread -------------------------------------------------------------
+    def submit(self, seq_id: int, request: GenerationRequest) -> None:
+        self._commands.put(Submit(seq_id, request))
+
+    def cancel(self, seq_id: int) -> None:
+        self._commands.put(Cancel(seq_id))
+
+    def stop(self) -> None:
+        self._commands.put(Stop())
+
+    # -- the thread -------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._model = load_model(self._config.model)
+            self._eos = frozenset(int(t) for t in self._model.tokenizer.eos_token_ids)
+            if self._config.prompt_cache_bytes > 0:
+                self._cache = PrefixCache(
+                    max_bytes=self._config.prompt_cache_bytes,
+                    max_entries=self._config.prompt_cache_entries,
+                    ttl=self._config.prompt_cache_ttl,
+                )
+            self._generator = self._new_generator()
+        except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it
+            self._on_ready(None, exc)
+            self._on_exit(exc)
+            return
+        self._on_ready(self._model_info(), None)
+        reason: BaseException | None = None
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - a dead loop must still release everyone
+            log.exception("engine loop failed; the engine is stopping")
+            reason = exc
+        finally:
+            self._finish_all("error" if reason else "cancelled", reason)
+            self._flush()
+            self._release_memory()
+            self._on_exit(reason)
+
+    def _model_info(self) -> ModelInfo:
+        assert self._model is not None
+        return ModelInfo(
+            path=str(self._model.path),
+            tokenizer=self._model.tokenizer,
+            context_length=self._model.context_length,
+            eos_token_ids=self._eos,
+        )
+
+    def _new_generator(self) -> BatchGenerator:
+        assert self._model is not None
+        return BatchGenerator(
+            self._model.model,
+            completion_batch_size=self._config.max_concurrency,
+            prefill_batch_size=min(self._config.prefill_batch_size, self._config.max_concurrency),
+            prefill_step_size=self._config.prefill_step_size,
+        )
+
+    def _loop(self) -> None:
+        next_expiry_check = time.monotonic()
+        while True:
+            if self._apply(self._take_commands(block=not self._active)):
+                return
+            if self._active:
+                self._step()
+            if self._cache is not None and time.monotonic() >= next_expiry_check:
+                next_expiry_check = time.monotonic() + min(_IDLE_POLL_SECONDS, self._cache.ttl)
+                if self._cache.evict_expired():
+                    self._flush(force=True)
+            self._flush()
+
+    def _take_commands(self, *, block: bool) -> list[Command]:
+        commands: list[Command] = []
+        if block:
+            try:
+                commands.append(self._commands.get(timeout=_IDLE_POLL_SECONDS))
+            except queue.Empty:
+                return commands
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _apply(self, commands: list[Command]) -> bool:
+        """Apply commands; return True on Stop. Cancels win over submits of the same batch."""
+        stop = any(isinstance(c, Stop) for c in commands)
+        cancelled = {c.seq_id for c in commands if isinstance(c, Cancel)}
+        for command in commands:
+            if isinstance(command, Submit):
+                if stop or command.seq_id in cancelled:
+                    self._finish_unstarted(command, "cancelled")
+                else:
+                    self._admit(command)
+        for seq_id in cancelled:
+            uid = self._uids.get(seq_id)
+            if uid is not None:
+                self._remove(uid, "cancelled")
+        return stop
+
+    # -- admission ---------------------------------------------------------------------------
+    def _admit(self, command: Submit) -> None:
+        assert self._generator is not None
+        request = command.request
+        prompt = list(request.prompt_tokens)
+        hit = self._fetch_prefix(request, prompt)
+        try:
+            try:
+                uid, failures = self._insert(request, prompt, hit)
+            except Exception:  # noqa: BLE001 - a cached state that will not merge: prefill afresh
+                if hit is None:
+                    raise
+                assert self._cache is not None
+                self._cache.record_failure()
+                hit = None
+                uid, failures = self._insert(request, prompt, None)
+        except Exception:  # noqa: BLE001 - fails this request only
+            log.exception("could not admit sequence %d", command.seq_id)
+            self._finish_unstarted(command, "error", "the engine could not start this request")
+            return
+        self._active[uid] = _Sequence(
+            seq_id=command.seq_id,
+            uid=uid,
+            request=request,
+            detokenizer=self._model.tokenizer.detokenizer if self._model else None,
+            failures=failures,
+            cached_tokens=hit.cached_tokens if hit else 0,
+        )
+        self._uids[command.seq_id] = uid
+
+    def _fetch_prefix(self, request: GenerationRequest, prompt: list[int]) -> CacheHit | None:
+        if self._cache is None:
+            return None
+        hit = self._cache.fetch(self._namespace(request), prompt)
+        if hit is not None and not all(
+            getattr(c, "offset", hit.cached_tokens) == hit.cached_tokens for c in hit.cache
+        ):
+            self._cache.record_failure()  # stale or mismatched state: prefill from scratch
+            return None
+        return hit
+
+    def _insert(
+        self, request: GenerationRequest, prompt: list[int], hit: CacheHit | None
+    ) -> tuple[int, list[BaseException]]:
+        """Queue the sequence in the batch; return its uid and its logits-processor failure list."""
+        assert self._generator is not None
+        failures: list[BaseException] = []
+        stop_ids = (frozenset() if request.ignore_eos else self._eos) | request.stop_token_ids
+        cached = hit.cached_tokens if hit else 0
+        (uid,) = self._generator.insert(
+            [prompt[cached:]],
+            max_tokens=[request.max_tokens],
+            caches=[hit.cache] if hit else None,
+            all_tokens=[prompt[:cached]],
+            samplers=[make_request_sampler(request.sampling)],
+            logits_processors=[
+                make_request_processors(
+                    request.sampling, request.logits_processors, len(prompt), failures
+                )
+            ],
+            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
+        )
+        return int(uid), failures
+
+    def _namespace(self, request: GenerationRequest) -> tuple[str, str | None]:
+        assert self._model is not None
+        return (str(self._model.path), request.cache_key)
+
+    # -- stepping ----------------------------------------------------------------------------
+    def _step(self) -> None:
+        assert self._generator is not None
+        try:
+            _, responses = self._generator.next()
+        except Exception as exc:  # noqa: BLE001 - not attributable to one request
+            self._fail_batch(exc)
+            return
+        self.steps += 1
+        self._failures_in_a_row = 0
+        for response in responses:
+            sequence = self._active.get(response.uid)
+            if sequence is None:
+                continue
+            if sequence.failures:
+                continue  # its token came from unprocessed logits: never emitted
+            self._emit_token(sequence, response)
+        for sequence in [s for s in self._active.values() if s.failures]:
+            log.warning("logits processor failed for sequence %d: %r", sequence.seq_id, sequence.failures[0])
+            self._remove(sequence.uid, "error", f"logits processor failed: {sequence.failures[0]}")
+
+    def _emit_token(self, sequence: _Sequence, response: Any) -> None:
+        sequence.generated += 1
+        self._generated_tokens += 1
+        reason: FinishReason | None = response.finish_reason
+        token: int | None = int(response.token)
+        detokenizer = sequence.detokenizer
+        if reason == "stop":
+            token = None  # a stop token's text is never emitted
+            detokenizer.finalize()
+        else:
+            detokenizer.add_token(response.token)
+            if reason is not None:
+                detokenizer.finalize()
+        text = detokenizer.last_segment
+        logprob = self._logprob(sequence, response) if sequence.request.logprobs is not None else None
+        if reason is None:
+            self._events.append((sequence.seq_id, TokenEvent(token, text, logprob)))
+            return
+        self._events.append(
+            (sequence.seq_id, TokenEvent(token, text, logprob, reason, sequence.usage()))
+        )
+        self._store_prefix(sequence, response.prompt_cache, response.all_tokens)
+        self._forget(sequence)
+
+    @staticmethod
+    def _logprob(sequence: _Sequence, response: Any) -> TokenLogprob:
+        logprobs = response.logprobs
+        k = sequence.request.logprobs or 0
+        top: tuple[tuple[int, float], ...] = ()
+        if k:
+            ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
+            values = logprobs[ids]
+            pairs = sorted(zip(ids.tolist(), values.tolist()), key=lambda p: -p[1])
+            top = tuple((int(i), float(val)) for i, val in pairs)
+        return TokenLogprob(int(response.token), float(logprobs[response.token].item()), top)
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """A step failed for the whole batch: fail its sequences and start a fresh batch."""
+        self._failed_steps += 1
+        self._failures_in_a_row += 1
+        log.error("batch step failed (%d in a row): %r", self._failures_in_a_row, exc)
+        self._finish_active("error", exc)
+        if self._failures_in_a_row >= self._config.max_consecutive_step_failures:
+            raise FatalEngineError("batch steps keep failing") from exc
+        self._retire_generator()
+        self._generator = self._new_generator()
+
+    # -- leaving the batch -------------------------------------------------------------------
+    def _remove(self, uid: int, reason: FinishReason, error: str | None = None) -> None:
+        """Take a sequence out of the batch now; no step runs for it after this."""
+        assert self._generator is not None
+        sequence = self._active[uid]
+        caches = self._generator.remove([uid], return_prompt_caches=self._cache is not None)
+        if uid in caches and not sequence.failures:
+            cache, tokens = caches[uid]
+            self._store_prefix(sequence, cache, tokens)
+        self._events.append(
+            (sequence.seq_id, TokenEvent(None, "", None, reason, sequence.usage(), error))
+        )
+        self._forget(sequence)
+
+    def _store_prefix(self, sequence: _Sequence, cache: Any, tokens: Any) -> None:
+        if self._cache is None or not cache or not tokens:
+            return
+        try:
+            self._cache.insert(self._namespace(sequence.request), list(tokens), list(cache))
+        except Exception:  # noqa: BLE001 - caching is an optimisation, never a failure
+            log.exception("could not store a prefix-cache entry")
+
+    def _forget(self, sequence: _Sequence) -> None:
+        self._active.pop(sequence.uid, None)
+        self._uids.pop(sequence.seq_id, None)
+        self._finished.append(sequence.seq_id)
+
+    def _finish_unstarted(self, command: Submit, reason: FinishReason, error: str | None = None) -> None:
+        usage = Usage(len(command.request.prompt_tokens), 0, 0)
+        self._events.append((command.seq_id, TokenEvent(None, "", None, reason, usage, error)))
+        self._finished.append(command.seq_id)
+
+    def _finish_active(self, reason: FinishReason, exc: BaseException | None) -> None:
+        error = "the engine failed while serving this request" if exc is not None else None
+        for sequence in list(self._active.values()):
+            self._events.append(
+                (sequence.seq_id, TokenEvent(None, "", None, reason, sequence.usage(), error))
+            )
+            self._forget(sequence)
+
+    def _finish_all(self, reason: FinishReason, exc: BaseException | None) -> None:
+        """On exit: finish the batch and every submission still queued; nobody waits forever."""
+        self._finish_active(reason, exc)
+        error = "the engine stopped before serving this request" if exc is not None else None
+        for command in self._take_commands(block=False):
+            if isinstance(command, Submit):
+                self._finish_unstarted(command, reason, error)
+
+    def _flush(self, *, force: bool = False) -> None:
+        if not (self._events or self._finished or force):
+            return
+        delivery = Delivery(self._events, self._finished, self._stats())
+        self._events, self._finished = [], []
+        self._post(delivery)
+
+    def _stats(self) -> WorkerStats:
+        # BatchGenerator counts prefilled tokens only in its private counters (mlx-lm 0.32.2).
+        counters = getattr(self._generator, "_counters", None)
+        prefilled = int(getattr(counters, "prompt_tokens", 0))
+        return WorkerStats(
+            steps=self.steps,
+            active=len(self._active),
+            prompt_tokens_processed=self._prompt_tokens + prefilled,
+            generated_tokens=self._generated_tokens,
+            failed_steps=self._failed_steps,
+            prefix_cache=self._cache.stats() if self._cache else None,
+        )
+
+    def _retire_generator(self) -> None:
+        if self._generator is not None:
+            self._prompt_tokens += int(getattr(getattr(self._generator, "_counters", None), "prompt_tokens", 0))
+            self._generator.close()
+        self._generator = None
+
+    def _release_memory(self) -> None:
+        if self._cache is not None:
+            self._cache.clear()
+        self._retire_generator()
+        self._model = None
+        mx.clear_cache()
