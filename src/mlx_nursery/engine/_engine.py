@@ -101,7 +101,9 @@ class Engine:
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the engine thread, load the model, and serve until `close()` or cancellation.
 
-        Returns (or re-raises) only after the engine thread has exited and been joined.
+        Returns only after the engine thread has exited and been joined. A model
+        that fails to load raises; a fatal error later does not (it would take
+        the caller's nursery down): the engine reports itself unhealthy instead.
         """
         token = trio.lowlevel.current_trio_token()
         self._limiter = trio.CapacityLimiter(self.config.max_concurrency)
@@ -143,8 +145,6 @@ class Engine:
                 self._worker.stop()
                 await exited.wait()
             thread.join()
-        if outcome["exit"] is not None:
-            raise EngineUnavailable("the engine stopped after a fatal error") from outcome["exit"]
 
     def close(self) -> None:
         """Begin shutdown: refuse new work; the thread finishes its step, cancels the rest, exits."""

@@ -57,6 +57,9 @@ Command = Submit | Cancel | Stop
 
 @attrs.frozen
 class WorkerStats:
+    """Counters since the engine started. `prompt_tokens_processed` counts prefill-chunk
+    tokens: each prompt's last token is run by its first decode step instead."""
+
     steps: int
     active: int
     prompt_tokens_processed: int
@@ -304,11 +307,10 @@ class Worker:
         self._failures_in_a_row = 0
         for response in responses:
             sequence = self._active.get(response.uid)
-            if sequence is None:
-                continue
-            if sequence.failures:
-                continue  # its token came from unprocessed logits: never emitted
-            self._emit_token(sequence, response)
+            if sequence is not None:
+                self._emit_token(sequence, response)
+        # The step returns token k while it computes token k+1 (pipelined), so a processor
+        # failure recorded now concerns a token nobody has seen: emit k, never k+1.
         for sequence in [s for s in self._active.values() if s.failures]:
             log.warning("logits processor failed for sequence %d: %r", sequence.seq_id, sequence.failures[0])
             self._remove(sequence.uid, "error", f"logits processor failed: {sequence.failures[0]}")
@@ -439,4 +441,7 @@ class Worker:
             self._cache.clear()
         self._retire_generator()
         self._model = None
+        # The batch pipelines one step ahead: finish that work on this thread's stream
+        # before the thread (and its stream) goes away.
+        mx.synchronize()
         mx.clear_cache()

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from mlx_nursery.engine import Engine, EngineConfig, open_engine
+from mlx_nursery.models import make_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture
+def engine_config(tiny_model: Path) -> EngineConfig:
+    return EngineConfig(tiny_model, max_concurrency=8, max_queue=8, prefill_step_size=64)
+
+
+@pytest.fixture
+async def engine(engine_config: EngineConfig) -> AsyncIterator[Engine]:
+    async with open_engine(engine_config) as running:
+        yield running

@@ -1,0 +1,213 @@
+"""Cancellation stops compute, returns the lane, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from mlx_nursery.engine import (
+    Engine,
+    EngineConfig,
+    EngineOverloaded,
+    EngineUnavailable,
+    GenerationRequest,
+    open_engine,
+)
+
+from .helpers import CallSignal, collect, engine_threads, raising_processor, request
+
+
+def assert_idle(engine: Engine) -> None:
+    stats = engine.statistics()
+    assert stats.lanes_borrowed == 0
+    assert stats.queued == 0
+    assert stats.worker is not None and stats.worker.active == 0
+
+
+def long_request(engine: Engine, text: str = "count forever", **kwargs: object) -> GenerationRequest:
+    budget = engine.model.context_length - 64
+    return request(engine, text, max_tokens=budget, ignore_eos=True, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_leaving_mid_decode_stops_the_sequence(engine: Engine) -> None:
+    async with engine.generate(long_request(engine)) as stream:
+        seen = []
+        async for event in stream:
+            seen.append(event)
+            if len(seen) == 5:
+                break
+    assert len(seen) == 5
+    # On leaving the block the engine has confirmed the sequence is out of the batch.
+    assert_idle(engine)
+
+
+async def test_cancelled_sequence_reports_cancelled_and_lane_returns(engine: Engine) -> None:
+    events = []
+    with trio.CancelScope() as scope:
+        async with engine.generate(long_request(engine)) as stream:
+            async for event in stream:
+                events.append(event)
+                if len(events) == 3:
+                    scope.cancel()
+    assert scope.cancelled_caught
+    assert len(events) == 3 and not any(e.is_final for e in events)
+    assert_idle(engine)
+
+
+async def test_cancel_during_long_prefill_abandons_it(engine_config: EngineConfig) -> None:
+    config = EngineConfig(engine_config.model, max_concurrency=2, prefill_step_size=16)
+    async with open_engine(config) as engine:
+        token = trio.lowlevel.current_trio_token()
+        signal = CallSignal(token, after_calls=3)
+        decoder = long_request(engine, "keep decoding", logits_processors=[signal])
+        words = ("the capital of France is Paris " * 200).strip()
+        long_prompt = engine.model.tokenizer.encode(words)[:2000]
+        prefill = GenerationRequest(long_prompt, max_tokens=8)
+        prefill_events = []
+
+        async with trio.open_nursery() as nursery:
+            decode_scope = trio.CancelScope()
+
+            async def decode() -> None:
+                with decode_scope:
+                    await collect(engine, decoder)
+
+            async def prefill_then_cancel() -> None:
+                with trio.CancelScope() as scope:
+                    async with engine.generate(prefill) as stream:
+                        await signal.event.wait()  # the engine thread is between prefill chunks
+                        scope.cancel()
+                        async for event in stream:
+                            prefill_events.append(event)
+
+            nursery.start_soon(decode)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(prefill_then_cancel)
+            await signal.event.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            processed = engine.statistics().worker.prompt_tokens_processed  # type: ignore[union-attr]
+            decode_scope.cancel()
+        assert prefill_events == []
+        # Only a few 16-token chunks of the 2000-token prompt were ever computed.
+        assert 16 <= processed < 200, processed
+        assert_idle(engine)
+
+
+async def test_cancel_while_queued_costs_no_compute(engine_config: EngineConfig) -> None:
+    config = EngineConfig(engine_config.model, max_concurrency=1, max_queue=4)
+    async with open_engine(config) as engine:
+        async with engine.generate(long_request(engine)) as running:
+            await running.__anext__()
+            before = engine.statistics().worker
+            queued_scope = trio.CancelScope()
+
+            async def queued() -> None:
+                with queued_scope:
+                    await collect(engine, request(engine, "never runs"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(queued)
+                await trio.testing.wait_all_tasks_blocked()
+                assert engine.statistics().queued == 1
+                queued_scope.cancel()
+            assert queued_scope.cancelled_caught
+            assert engine.statistics().queued == 0
+            assert engine.statistics().lanes_borrowed == 1
+            after = engine.statistics().worker
+            assert before is not None and after is not None
+            assert after.prompt_tokens_processed == before.prompt_tokens_processed
+        assert_idle(engine)
+
+
+async def test_deadline_expiry_frees_the_lane(engine: Engine) -> None:
+    with trio.move_on_after(0.2) as scope:
+        run = await collect(engine, long_request(engine))
+        pytest.fail(f"a {len(run.tokens)}-token run should outlast its deadline")
+    assert scope.cancelled_caught
+    assert_idle(engine)
+    after = await collect(engine, request(engine, "next request", max_tokens=4, ignore_eos=True))
+    assert after.final.finish_reason == "length"
+
+
+async def test_full_queue_refuses_at_once(engine_config: EngineConfig) -> None:
+    config = EngineConfig(engine_config.model, max_concurrency=1, max_queue=1)
+    async with open_engine(config) as engine:
+        async with engine.generate(long_request(engine)) as running:
+            await running.__anext__()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(collect, engine, request(engine, "waits"))
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(EngineOverloaded):
+                    async with engine.generate(request(engine, "refused")):
+                        pass
+                nursery.cancel_scope.cancel()
+        assert_idle(engine)
+
+
+async def test_consumer_that_stops_reading_is_cancelled_without_stalling_others(
+    engine_config: EngineConfig,
+) -> None:
+    config = EngineConfig(engine_config.model, max_concurrency=2, max_buffered_events=4)
+    async with open_engine(config) as engine:
+        reference = await collect(engine, request(engine, "other", max_tokens=30, ignore_eos=True))
+        async with engine.generate(long_request(engine)) as stalled:
+            other = await collect(engine, request(engine, "other", max_tokens=30, ignore_eos=True))
+            assert other.tokens == reference.tokens
+            events = [event async for event in stalled]
+        assert len(events) == 5  # four buffered tokens, then the synthesized final error
+        assert events[-1].finish_reason == "error"
+        assert "fell behind" in (events[-1].error or "")
+        assert_idle(engine)
+
+
+async def test_shutdown_cancels_in_flight_and_joins_the_thread(engine_config: EngineConfig) -> None:
+    events = []
+    async with open_engine(engine_config) as engine:
+        assert len(engine_threads()) == 1
+        async with engine.generate(long_request(engine)) as stream:
+            async for event in stream:
+                events.append(event)
+                if len(events) == 2:
+                    engine.close()
+        assert not engine.healthy
+        with pytest.raises(EngineUnavailable):
+            async with engine.generate(request(engine, "too late")):
+                pass
+    assert events[-1].finish_reason == "cancelled"
+    assert engine.statistics().lanes_borrowed == 0
+    assert engine_threads() == []
+
+
+class Fatal(BaseException):
+    """Escapes every per-request guard, like a bug in the engine loop would."""
+
+
+async def test_fatal_error_marks_unhealthy_and_fails_waiters(engine_config: EngineConfig) -> None:
+    config = EngineConfig(engine_config.model, max_concurrency=1, max_queue=4)
+    async with open_engine(config) as engine:
+        doomed = long_request(engine, logits_processors=[raising_processor(4, Fatal)])
+        waiter_error: list[BaseException] = []
+
+        async def waiter() -> None:
+            try:
+                await collect(engine, request(engine, "waiting"))
+            except EngineUnavailable as exc:
+                waiter_error.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            async with engine.generate(doomed) as stream:
+                nursery.start_soon(waiter)
+                events = [event async for event in stream]
+        assert events[-1].finish_reason == "error"
+        assert len(waiter_error) == 1
+        assert not engine.healthy
+        assert engine.statistics().state == "failed"
+        assert engine.statistics().lanes_borrowed == 0
+    assert engine_threads() == []
+
+
+async def test_no_engine_thread_outlives_the_engine(engine_config: EngineConfig) -> None:
+    async with open_engine(engine_config) as engine:
+        await collect(engine, request(engine, "hi", max_tokens=3))
+    assert engine_threads() == []
