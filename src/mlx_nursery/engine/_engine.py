@@ -251,6 +251,10 @@ class Engine:
     # -- delivery (runs in the Trio thread, scheduled by the engine thread) ------------------
     def _deliver(self, delivery: Delivery) -> None:
         self._stats = delivery.stats
+        if delivery.closing is not None:
+            # Before any lane is released: a waiter woken by it must see the engine is gone.
+            self._state = delivery.closing
+            self._wake_waiters()
         for seq_id, event in delivery.events:
             handle = self._handles.get(seq_id)
             if handle is not None:

@@ -15,7 +15,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import mlx.core as mx
@@ -75,6 +75,7 @@ class Delivery:
     events: list[tuple[int, TokenEvent]]
     finished: list[int]
     stats: WorkerStats
+    closing: Literal["closed", "failed"] | None = None  # set on the thread's last delivery
 
 
 @attrs.frozen
@@ -163,7 +164,7 @@ class Worker:
             reason = exc
         finally:
             self._finish_all("error" if reason else "cancelled", reason)
-            self._flush()
+            self._flush(closing="failed" if reason else "closed")
             self._release_memory()
             self._on_exit(reason)
 
@@ -410,10 +411,12 @@ class Worker:
             if isinstance(command, Submit):
                 self._finish_unstarted(command, reason, error)
 
-    def _flush(self, *, force: bool = False) -> None:
-        if not (self._events or self._finished or force):
+    def _flush(
+        self, *, force: bool = False, closing: Literal["closed", "failed"] | None = None
+    ) -> None:
+        if not (self._events or self._finished or force or closing):
             return
-        delivery = Delivery(self._events, self._finished, self._stats())
+        delivery = Delivery(self._events, self._finished, self._stats(), closing)
         self._events, self._finished = [], []
         self._post(delivery)
 
