@@ -5,8 +5,15 @@ from pathlib import Path
 
 import pytest
 
+from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, open_engine
 from mlx_nursery.models import make_model
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # The main thread made MLX streams (model factory, cache unit tests): MLX needs them
+    # destroyed before interpreter shutdown or the process may abort (ml-explore/mlx#4327).
+    release_mlx_streams()
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ def assert_idle(engine: Engine) -> None:
     assert stats.lanes_borrowed == 0
     assert stats.queued == 0
     assert stats.worker is not None and stats.worker.active == 0
+    assert stats.late_events == 0  # nothing was computed for a sequence after its confirmation
 
 
 def long_request(engine: Engine, text: str = "count forever", **kwargs: object) -> GenerationRequest:
@@ -52,6 +53,7 @@ async def test_cancelled_sequence_reports_cancelled_and_lane_returns(engine: Eng
                     scope.cancel()
     assert scope.cancelled_caught
     assert len(events) == 3 and not any(e.is_final for e in events)
+    assert stream.steps_in_flight_at_cancel is not None
     assert_idle(engine)
 
 

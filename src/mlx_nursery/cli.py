@@ -33,7 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    finally:
+        release_mlx_streams()
+
+
+def release_mlx_streams() -> None:
+    """Destroy this thread's MLX streams; MLX aborts at exit otherwise (ml-explore/mlx#4327)."""
+    if "mlx.core" in sys.modules:
+        import mlx.core as mx
+
+        mx.synchronize()
+        mx.clear_streams()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ class EngineStatistics:
     lanes_borrowed: int
     queued: int
     worker: WorkerStats | None
+    late_events: int
+    """Events that arrived for a sequence already confirmed gone: always 0 unless a bug."""
 
 
 @attrs.define(eq=False)
@@ -81,6 +83,14 @@ class TokenStream:
         self._done = event.is_final
         return event
 
+    @property
+    def steps_in_flight_at_cancel(self) -> int | None:
+        """After a cancellation: engine steps completed between the request and the confirmation."""
+        handle = self._handle
+        if handle.cancel_requested_step is None or handle.confirmed_step is None:
+            return None
+        return handle.confirmed_step - handle.cancel_requested_step
+
 
 class Engine:
     """Runs one model on one engine thread. Start it with `open_engine` or `nursery.start(engine.run)`."""
@@ -96,6 +106,7 @@ class Engine:
         self._limiter: trio.CapacityLimiter | None = None
         self._worker: Worker | None = None
         self._stop_requested = False
+        self._late_events = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
@@ -192,6 +203,7 @@ class Engine:
             lanes_borrowed=limiter.borrowed_tokens if limiter else 0,
             queued=limiter.statistics().tasks_waiting if limiter else 0,
             worker=self._stats,
+            late_events=self._late_events,
         )
 
     @asynccontextmanager
@@ -259,6 +271,8 @@ class Engine:
             handle = self._handles.get(seq_id)
             if handle is not None:
                 self._push(handle, event)
+            else:
+                self._late_events += 1
         for seq_id in delivery.finished:
             handle = self._handles.get(seq_id)
             if handle is not None:

@@ -448,3 +448,6 @@ class Worker:
         # before the thread (and its stream) goes away.
         mx.synchronize()
         mx.clear_cache()
+        # MLX requires every thread that made streams to destroy them before it ends;
+        # otherwise the process can abort at exit (ml-explore/mlx#4327).
+        mx.clear_streams()
