@@ -33,14 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+def run() -> None:
+    """Console entry point: run a command, then release MLX's streams before exit."""
     try:
-        return int(args.handler(args))
+        status = main()
     finally:
         release_mlx_streams()
+    sys.exit(status)
 
 
 def release_mlx_streams() -> None:
-    """Destroy this thread's MLX streams; MLX aborts at exit otherwise (ml-explore/mlx#4327)."""
+    """Destroy this thread's MLX streams; MLX aborts at exit otherwise (ml-explore/mlx#4327).
+
+    Call it last: this thread can make no MLX call afterwards."""
     if "mlx.core" in sys.modules:
         import mlx.core as mx
 
@@ -49,4 +57,4 @@ def release_mlx_streams() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
