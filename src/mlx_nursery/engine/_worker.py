@@ -191,6 +191,7 @@ class Worker:
         while True:
             if self._apply(self._take_commands(block=not self._active)):
                 return
+            self._flush()  # confirm cancellations now, not after the rest of the batch steps
             if self._active:
                 self._step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
