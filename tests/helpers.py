@@ -34,6 +34,19 @@ async def collect(engine: Engine, request: GenerationRequest) -> Run:
         return Run([event async for event in stream])
 
 
+async def collect_all(engine: Engine, requests: list[GenerationRequest]) -> list[Run]:
+    """Run `requests` concurrently; results in request order."""
+    runs: list[Run | None] = [None] * len(requests)
+
+    async def one(i: int) -> None:
+        runs[i] = await collect(engine, requests[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(requests)):
+            nursery.start_soon(one, i)
+    return [run for run in runs if run is not None]
+
+
 def request(engine: Engine, text: str, **kwargs: Any) -> GenerationRequest:
     kwargs.setdefault("max_tokens", 24)
     kwargs.setdefault("sampling", SamplingParams(temperature=0.0))

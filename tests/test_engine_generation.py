@@ -16,7 +16,7 @@ from mlx_nursery.engine import (
     open_engine,
 )
 
-from .helpers import collect, raising_processor, request
+from .helpers import collect, collect_all, raising_processor, request
 
 PROMPTS = [
     "What is the capital of France?",
@@ -46,15 +46,8 @@ async def test_stream_ends_with_usage_and_deltas_rebuild_the_text(engine: Engine
 async def test_concurrent_streams_match_their_solo_runs(engine: Engine, sampling: SamplingParams) -> None:
     requests = [request(engine, p, max_tokens=20, sampling=sampling, ignore_eos=True) for p in PROMPTS]
     solo = [await collect(engine, r) for r in requests]
-    together: list[list[int]] = [[] for _ in requests]
-
-    async def run_one(i: int) -> None:
-        together[i] = (await collect(engine, requests[i])).tokens
-
-    async with trio.open_nursery() as nursery:
-        for i in range(len(requests)):
-            nursery.start_soon(run_one, i)
-    assert together == [s.tokens for s in solo]
+    together = await collect_all(engine, requests)
+    assert [t.tokens for t in together] == [s.tokens for s in solo]
     assert len({tuple(s.tokens) for s in solo}) > 1, "prompts should not all give the same output"
 
 
@@ -147,12 +140,5 @@ async def test_strict_serialization_gives_the_same_tokens(engine_config: EngineC
     batched = [(await collect(engine, r)).tokens for r in requests]
     serial_config = EngineConfig(engine_config.model, max_concurrency=1)
     async with open_engine(serial_config) as serial:
-        results: list[list[int]] = [[] for _ in requests]
-
-        async def run(i: int) -> None:
-            results[i] = (await collect(serial, requests[i])).tokens
-
-        async with trio.open_nursery() as nursery:
-            for i in range(len(requests)):
-                nursery.start_soon(run, i)
-    assert results == batched
+        results = await collect_all(serial, requests)
+    assert [r.tokens for r in results] == batched

@@ -161,7 +161,8 @@ class Engine:
         """Begin shutdown: refuse new work; the thread finishes its step, cancels the rest, exits."""
         self._stop_requested = True
         if self._state in ("running", "starting"):
-            self._state = "stopping" if self._state == "running" else self._state
+            if self._state == "running":
+                self._state = "stopping"
             if self._worker is not None:
                 self._worker.stop()
             self._wake_waiters()
