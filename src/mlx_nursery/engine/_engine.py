@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -64,9 +64,17 @@ class _Handle:
 class TokenStream:
     """Async iterator over one sequence's events; it always ends with a final event."""
 
-    def __init__(self, handle: _Handle) -> None:
+    def __init__(self, handle: _Handle, cancel: Callable[[int], None]) -> None:
         self._handle = handle
+        self._cancel = cancel
         self._done = False
+
+    def stop(self) -> None:
+        """Ask the engine to end the sequence before its next step; keep iterating for its
+        final event (finish reason "cancelled", with usage). For callers that decide to stop
+        on their own terms (a stop string) but still want the accounting."""
+        if not self._handle.confirmed.is_set():
+            self._cancel(self._handle.seq_id)
 
     def __aiter__(self) -> TokenStream:
         return self
@@ -223,7 +231,7 @@ class Engine:
         assert self._worker is not None
         self._worker.submit(handle.seq_id, request)
         try:
-            yield TokenStream(handle)
+            yield TokenStream(handle, self._worker.cancel)
         finally:
             if not handle.confirmed.is_set():
                 handle.cancel_requested_step = self._worker.steps

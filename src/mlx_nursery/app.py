@@ -1,0 +1,67 @@
+"""The Quart-Trio application: routes, error envelopes, request ids, and the service's lifetime."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from quart import Response, g, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from .http._errors import envelope_response, error_response
+from .http._routes import routes
+from .http._service import Service
+from .openai import OpenAIError
+from .settings import Settings
+
+log = logging.getLogger("mlx_nursery.http")
+
+REQUEST_ID_HEADER = "x-request-id"
+
+
+def create_app(settings: Settings | None = None) -> QuartTrio:
+    settings = settings or Settings.from_env()
+    app = QuartTrio("mlx_nursery")
+    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
+    app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
+    service = Service(settings)
+    app.extensions["mlx_nursery"] = service
+    app.register_blueprint(routes)
+
+    @app.before_serving
+    async def start_service() -> None:
+        app.nursery.start_soon(service.run, app.nursery)
+
+    @app.before_request
+    async def assign_request_id() -> None:
+        g.request_id = request.headers.get(REQUEST_ID_HEADER) or f"req_{secrets.token_hex(12)}"
+
+    @app.after_request
+    async def return_request_id(response: Response) -> Response:
+        response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
+        return response
+
+    @app.errorhandler(OpenAIError)
+    async def openai_error(error: OpenAIError) -> Response:
+        if error.status >= 500:
+            log.warning("request %s failed: %s", getattr(g, "request_id", "-"), error.message)
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            error.code or 500
+        )
+        return envelope_response(error.code or 500, error.description or error.name,
+                                 "invalid_request_error", code)
+
+    @app.errorhandler(Exception)
+    async def internal_error(error: Exception) -> Response:
+        request_id = getattr(g, "request_id", "-")
+        log.exception("request %s failed with an internal error", request_id, exc_info=error)
+        return envelope_response(500, f"internal server error (request id {request_id})",
+                                 "server_error", "internal_error")
+
+    return app

@@ -1,0 +1,33 @@
+"""Every error as OpenAI's envelope, with the headers that steer SDK retries.
+
+- 503 queue full: `Retry-After` (the SDK waits that long, then retries: right, nothing ran).
+- 504 request timeout: `x-should-retry: false` (the SDK would otherwise retry a 5xx
+  and run the same too-long request again).
+- 500: a generic message; details go to the log with the request id, never to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from quart import Response
+
+from ..openai import OpenAIError, Overloaded, RequestTimeout
+
+log = logging.getLogger("mlx_nursery.http")
+
+
+def error_response(error: OpenAIError) -> Response:
+    headers: dict[str, str] = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(error.retry_after)
+    if isinstance(error, RequestTimeout):
+        headers["x-should-retry"] = "false"
+    return Response(json.dumps(error.envelope()), status=error.status, headers=headers,
+                    content_type="application/json")
+
+
+def envelope_response(status: int, message: str, type_: str, code: str | None) -> Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return Response(json.dumps(body), status=status, content_type="application/json")

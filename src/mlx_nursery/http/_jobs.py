@@ -1,0 +1,139 @@
+"""Generation jobs: compute in its own task, with its own deadline, apart from the response.
+
+Why not generate inside the response body generator: Hypercorn's writes are
+shielded, so a client that stays connected but stops reading parks the body
+generator at `yield` where no timeout can reach it. The job runs in the
+service nursery instead and feeds the response through a small channel; its
+deadline (the request timeout, queueing included) and its cancellation
+(disconnect, shutdown) work whatever the response is doing.
+
+`Jobs.start` returns once the sequence holds a lane, so admission errors
+(queue full, prompt too long, timed out while queued) become plain error
+responses, not in-stream errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Literal
+
+import attrs
+import trio
+
+from ..engine import Engine
+from ..openai import OpenAIError, Output, Prepared, RequestTimeout, Unavailable, generate_text
+
+log = logging.getLogger("mlx_nursery.http")
+
+CancelReason = Literal["timeout", "client", "shutdown"]
+JobItem = Output | OpenAIError
+_BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
+
+
+@attrs.define(eq=False)
+class Job:
+    receive: trio.MemoryReceiveChannel[JobItem]
+    scope: trio.CancelScope
+    reason: CancelReason = "timeout"
+    done: trio.Event = attrs.Factory(trio.Event)
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Stop the job's compute (within one engine step); idempotent, first reason wins."""
+        if not self.scope.cancel_called:
+            self.reason = reason
+            self.scope.cancel()
+
+
+class Jobs:
+    def __init__(self, nursery: trio.Nursery, engine: Engine, timeout: float | None) -> None:
+        self._nursery = nursery
+        self._engine = engine
+        self._timeout = timeout
+        self._active: set[Job] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    async def start(self, prepared: Prepared) -> Job:
+        """Admit and start a job; raises the OpenAIError of a refused admission."""
+        deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
+        send, receive = trio.open_memory_channel[JobItem](_BUFFER)
+        job = Job(receive, trio.CancelScope(deadline=deadline))
+        self._active.add(job)
+        self._idle = trio.Event()
+        try:
+            await self._nursery.start(self._run, job, prepared, send)
+        except BaseException:
+            self._finished(job)
+            raise
+        return job
+
+    async def _run(
+        self, job: Job, prepared: Prepared, send: trio.MemorySendChannel[JobItem],
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        started = False
+
+        def mark_started(value: None = None) -> None:
+            nonlocal started
+            started = True
+            task_status.started(value)
+
+        try:
+            async with send:
+                failure: OpenAIError | None = None
+                with job.scope:
+                    try:
+                        await generate_text(self._engine, prepared.generation, prepared.stops, send,
+                                            prompt_param=prepared.prompt_param,
+                                            task_status=_Started(mark_started))
+                    except OpenAIError as exc:
+                        if not started:
+                            raise
+                        failure = exc
+                if job.scope.cancelled_caught:
+                    failure = self._cancellation_error(job)
+                    if not started:
+                        raise failure
+                if failure is not None:
+                    # Best effort, bounded: a client that stopped reading will not see it anyway.
+                    with trio.move_on_after(1):
+                        await send.send(failure)
+        finally:
+            self._finished(job)
+
+    def _cancellation_error(self, job: Job) -> OpenAIError:
+        if job.reason == "shutdown":
+            return Unavailable("the server is shutting down; the request was cancelled",
+                               code="server_shutting_down")
+        if job.reason == "timeout":
+            return RequestTimeout(f"the request did not complete within {self._timeout:g} s",
+                                  code="request_timeout")
+        return Unavailable("the request was cancelled", code="cancelled")
+
+    def _finished(self, job: Job) -> None:
+        job.done.set()
+        self._active.discard(job)
+        if not self._active:
+            self._idle.set()
+
+    async def drain(self, grace: float) -> None:
+        """Let running jobs finish for up to `grace` seconds, then cancel the rest."""
+        with trio.move_on_after(grace):
+            await self._idle.wait()
+        for job in list(self._active):
+            job.cancel("shutdown")
+
+
+@attrs.frozen
+class _Started:
+    """A task_status that tells the job it started, then passes the signal on."""
+
+    on_started: object
+
+    def started(self, value: None = None) -> None:
+        self.on_started(value)  # type: ignore[operator]

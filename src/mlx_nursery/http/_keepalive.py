@@ -1,0 +1,39 @@
+"""ASGI wrapper that makes Hypercorn's keep-alive timeout work under Quart-Trio.
+
+Seen with hypercorn 0.18 (trio worker) + quart-trio 0.12: after a response,
+the final `http.disconnect` cancels the request's nursery while Hypercorn is
+still inside the last body send, which is where it re-arms its idle timer.
+The timer is then never re-armed: `keep_alive_timeout` is ignored and an idle
+keep-alive client holds a graceful shutdown for its whole grace period.
+Shielding that one final send lets it complete.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+ASGIApp = Any
+
+
+class ShieldFinalBody:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_shielding_last(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await self.app(scope, receive, send_shielding_last)

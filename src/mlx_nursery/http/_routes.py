@@ -1,0 +1,130 @@
+"""The routes: parse JSON, hand it to the OpenAI layer, run a job, write JSON or SSE."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from quart import Blueprint, Response, current_app, request
+
+from ..openai import (
+    Finished,
+    InvalidRequest,
+    ModelList,
+    OpenAIError,
+    Prepared,
+    ServedModel,
+    TextDelta,
+    prepare_chat,
+    prepare_completion,
+    to_json,
+)
+from ._errors import error_response
+from ._jobs import Job
+from ._service import Service
+from ._sse import DONE, HEADERS, data_event
+
+log = logging.getLogger("mlx_nursery.http")
+
+routes = Blueprint("openai", __name__)
+
+
+def _service() -> Service:
+    service: Service = current_app.extensions["mlx_nursery"]
+    return service
+
+
+@routes.get("/health")
+async def health() -> Response:
+    service = _service()
+    status = 200 if service.healthy else 503
+    body = {"status": "ok" if service.healthy else service.state if service.state != "ready" else "unhealthy"}
+    return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+@routes.get("/v1/models")
+async def list_models() -> dict[str, Any]:
+    _, served, _ = _service().require_ready()
+    return to_json(ModelList([served.card()]))  # type: ignore[no-any-return]
+
+
+@routes.get("/v1/models/<path:model>")
+async def get_model(model: str) -> dict[str, Any]:
+    _, served, _ = _service().require_ready()
+    served.check(model)
+    return to_json(served.card())  # type: ignore[no-any-return]
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions() -> Response:
+    return await _complete(prepare_chat)
+
+
+@routes.post("/v1/completions")
+async def completions() -> Response:
+    return await _complete(prepare_completion)
+
+
+async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response:
+    _, served, jobs = _service().require_ready()
+    prepared = prepare(await _json_body(), served)
+    job = await jobs.start(prepared)
+    if prepared.stream:
+        response = Response(_stream(prepared, job), content_type="text/event-stream", headers=HEADERS)
+        response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
+        return response
+    try:
+        return await _collect(prepared, job)
+    finally:
+        job.cancel("client")  # a no-op once finished; on a disconnect it stops the compute
+
+
+async def _json_body() -> Any:
+    raw = await request.get_data()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def _collect(prepared: Prepared, job: Job) -> Response:
+    pieces: list[str] = []
+    async for item in job.receive:
+        if isinstance(item, TextDelta):
+            pieces.append(item.text)
+        elif isinstance(item, Finished):
+            pieces.append(item.text)
+            return Response(json.dumps(prepared.body("".join(pieces), item)),
+                            content_type="application/json")
+        else:
+            return error_response(item)
+    raise _ended_early()
+
+
+async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
+    try:
+        for chunk in prepared.opening_chunks():
+            yield data_event(chunk)
+        async for item in job.receive:
+            if isinstance(item, TextDelta):
+                yield data_event(prepared.delta_chunk(item.text))
+            elif isinstance(item, Finished):
+                if item.text:
+                    yield data_event(prepared.delta_chunk(item.text))
+                for chunk in prepared.closing_chunks(item):
+                    yield data_event(chunk)
+                yield DONE
+                return
+            else:
+                yield data_event(item.envelope())
+                return
+        yield data_event(_ended_early().envelope())
+    finally:
+        job.cancel("client")
+
+
+def _ended_early() -> OpenAIError:
+    log.error("a generation job ended without a result")
+    return OpenAIError("the generation ended unexpectedly", code="internal_error")

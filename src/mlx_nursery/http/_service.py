@@ -1,0 +1,99 @@
+"""What the routes serve from: the engine, its jobs, the model as the API names it.
+
+The service starts in the app's nursery at startup. The model loads in the
+background: until it is ready /health answers 503 and requests get a 503, so
+a slow load never trips the ASGI server's startup timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Literal
+
+import trio
+
+from ..engine import Engine, EngineConfig
+from ..openai import ServedModel, Unavailable
+from ..settings import Settings
+from ._jobs import Jobs
+
+log = logging.getLogger("mlx_nursery.http")
+
+State = Literal["loading", "ready", "draining", "failed"]
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state: State = "loading"
+        self.ready = trio.Event()
+        """Set once the state leaves "loading" (to ready, or failed)."""
+        self.engine: Engine | None = None
+        self.served: ServedModel | None = None
+        self.jobs: Jobs | None = None
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Load the model and start the engine in `nursery`; on failure, log and report unhealthy."""
+        try:
+            model = self.settings.model
+            if model is None:
+                from ..models.default import ensure_default_model
+
+                model = str(await trio.to_thread.run_sync(lambda: ensure_default_model(log.info)))
+            config = EngineConfig(
+                model,
+                max_concurrency=self.settings.max_concurrency,
+                max_queue=self.settings.max_queue,
+                prompt_cache_bytes=self.settings.prompt_cache_bytes,
+            )
+            engine: Engine = await nursery.start(Engine(config).run)
+        except Exception:
+            log.exception("the model failed to load")
+            self.state = "failed"
+            self.ready.set()
+            return
+        self.engine = engine
+        self.served = ServedModel(
+            name=self.settings.served_model_name or _public_name(self.settings.model),
+            aliases=frozenset({self.settings.model or "default", str(engine.model.path)}),
+            created=int(time.time()),
+            tokenizer=engine.model.tokenizer,
+            context_length=engine.model.context_length,
+            default_max_tokens=self.settings.default_max_tokens,
+        )
+        self.jobs = Jobs(nursery, engine, self.settings.request_timeout)
+        self.state = "ready"
+        self.ready.set()
+        log.info("serving %s (context %d tokens, %d lanes)", self.served.name,
+                 self.served.context_length, self.settings.max_concurrency)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "ready" and self.engine is not None and self.engine.healthy
+
+    def require_ready(self) -> tuple[Engine, ServedModel, Jobs]:
+        if self.state == "draining":
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        if self.state == "loading":
+            raise Unavailable("the model is still loading; retry shortly", code="model_loading")
+        if not self.healthy or self.engine is None or self.served is None or self.jobs is None:
+            raise Unavailable("the engine is not running", code="engine_unavailable")
+        return self.engine, self.served, self.jobs
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests, give running ones `grace` seconds, then cancel them."""
+        if self.state == "ready":
+            self.state = "draining"
+        if self.jobs is not None:
+            await self.jobs.drain(grace)
+
+
+def _public_name(model: str | None) -> str:
+    if model is None:
+        from ..models.default import DEFAULT_MODEL_NAME
+
+        return DEFAULT_MODEL_NAME
+    path = Path(model).expanduser()
+    return path.name if path.exists() else model

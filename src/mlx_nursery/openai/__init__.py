@@ -1,0 +1,41 @@
+"""The OpenAI layer: wire schemas, prompts, stop strings; engine requests in, wire objects out.
+
+Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
+JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
+"""
+
+from ._endpoints import Prepared, prepare_chat, prepare_completion
+from ._errors import (
+    GenerationFailed,
+    InvalidRequest,
+    ModelNotFound,
+    OpenAIError,
+    Overloaded,
+    RequestTimeout,
+    ResourceNotFound,
+    Unavailable,
+)
+from ._generation import Finished, Output, TextDelta, generate_text
+from ._served import ServedModel
+from ._wire import ModelList, to_json
+
+__all__ = [
+    "Finished",
+    "GenerationFailed",
+    "InvalidRequest",
+    "ModelList",
+    "ModelNotFound",
+    "OpenAIError",
+    "Output",
+    "Overloaded",
+    "Prepared",
+    "RequestTimeout",
+    "ResourceNotFound",
+    "ServedModel",
+    "TextDelta",
+    "Unavailable",
+    "generate_text",
+    "prepare_chat",
+    "prepare_completion",
+    "to_json",
+]

@@ -1,0 +1,194 @@
+"""Chat and text completions: wire request -> engine request, engine output -> wire objects.
+
+`prepare_chat` / `prepare_completion` validate and tokenize (raising
+`OpenAIError`s that name the parameter); the returned `Prepared` renders the
+non-streaming body and the stream's chunks for its endpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from ..engine import GenerationRequest
+from . import _params as params
+from ._converter import structure
+from ._generation import Finished
+from ._prompts import completion_tokens, render_chat
+from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from ._served import ServedModel
+from ._wire import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    UsageOut,
+    new_id,
+    now,
+    to_json,
+)
+
+Kind = Literal["chat", "completion"]
+
+_CHAT_UNIMPLEMENTED: dict[str, object] = {
+    # field: its no-op value(s); anything else is a 400 naming the field
+    "logprobs": False,
+    "top_logprobs": (),
+    "tools": ([],),
+    "tool_choice": "none",
+    "parallel_tool_calls": (),
+    "response_format": ({"type": "text"},),
+    "functions": ([],),
+    "function_call": "none",
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "web_search_options": (),
+    "service_tier": ("auto", "default"),
+    "store": False,
+    "metadata": (),
+}
+_COMPLETION_UNIMPLEMENTED: dict[str, object] = {
+    "echo": False,
+    "suffix": (),
+    "best_of": 1,
+    "logprobs": (),
+}
+
+
+@attrs.frozen
+class Prepared:
+    kind: Kind
+    generation: GenerationRequest
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    model: str
+    id: str = attrs.field(factory=lambda: "")
+    created: int = attrs.field(factory=now)
+
+    @property
+    def prompt_param(self) -> str:
+        return "messages" if self.kind == "chat" else "prompt"
+
+    # -- non-streaming ----------------------------------------------------------------------
+    def body(self, text: str, finished: Finished) -> dict[str, Any]:
+        usage = UsageOut.of(finished.usage)
+        if self.kind == "chat":
+            choice = ChatChoice(0, AssistantMessage(text), finished.reason)
+            return to_json(ChatCompletion(self.id, self.created, self.model, [choice], usage))
+        return to_json(Completion(self.id, self.created, self.model,
+                                  [CompletionChoice(0, text, finished.reason)], usage))
+
+    # -- streaming --------------------------------------------------------------------------
+    def opening_chunks(self) -> list[dict[str, Any]]:
+        if self.kind == "chat":
+            return [self._chat_chunk(ChatDelta(role="assistant", content=""))]
+        return []
+
+    def delta_chunk(self, text: str) -> dict[str, Any]:
+        if self.kind == "chat":
+            return self._chat_chunk(ChatDelta(content=text))
+        return self._completion_chunk(text, None)
+
+    def closing_chunks(self, finished: Finished) -> list[dict[str, Any]]:
+        if self.kind == "chat":
+            chunks = [self._chat_chunk(ChatDelta(), finished.reason)]
+        else:
+            chunks = [self._completion_chunk("", finished.reason)]
+        if self.include_usage:
+            usage = UsageOut.of(finished.usage)
+            if self.kind == "chat":
+                chunk: Any = ChatCompletionChunk(self.id, self.created, self.model, [], usage)
+            else:
+                chunk = Completion(self.id, self.created, self.model, [], usage)
+            chunks.append(to_json(chunk))
+        return chunks
+
+    def _chat_chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> dict[str, Any]:
+        choice = ChunkChoice(0, delta, finish_reason)
+        chunk = to_json(ChatCompletionChunk(self.id, self.created, self.model, [choice]))
+        # OpenAI sends `usage: null` on every chunk only when usage was asked for.
+        if not self.include_usage:
+            del chunk["usage"]
+        return chunk
+
+    def _completion_chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        chunk = to_json(Completion(self.id, self.created, self.model,
+                                   [CompletionChoice(0, text, finish_reason)]))
+        if not self.include_usage:
+            del chunk["usage"]
+        return chunk
+
+
+def prepare_chat(body: Any, served: ServedModel) -> Prepared:
+    request = structure(body, ChatCompletionRequest)
+    served.check(request.model)
+    params.reject_unimplemented(request, _CHAT_UNIMPLEMENTED)
+    if request.max_tokens is not None and request.max_completion_tokens is not None:
+        params.require(request.max_tokens == request.max_completion_tokens, "max_completion_tokens",
+                       "max_tokens and max_completion_tokens disagree; set only one")
+    budget, budget_param = (
+        (request.max_completion_tokens, "max_completion_tokens")
+        if request.max_completion_tokens is not None else (request.max_tokens, "max_tokens")
+    )
+    common = _common(request, served)
+    tokens = render_chat(served.tokenizer, request.messages)
+    return _prepare("chat", request, served, tokens, budget, budget_param, common,
+                    cache_key=request.prompt_cache_key)
+
+
+def prepare_completion(body: Any, served: ServedModel) -> Prepared:
+    request = structure(body, CompletionRequest)
+    served.check(request.model)
+    params.reject_unimplemented(request, _COMPLETION_UNIMPLEMENTED)
+    common = _common(request, served)
+    tokens = completion_tokens(served.tokenizer, request, served.vocab_size)
+    return _prepare("completion", request, served, tokens, request.max_tokens, "max_tokens", common)
+
+
+@attrs.frozen
+class _Common:
+    sampling: Any
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def _common(request: SamplingFields, served: ServedModel) -> _Common:
+    params.check_n(request.n)
+    sampling = params.sampling_from(request)
+    params.validate_vocab(sampling.logit_bias, served.vocab_size)
+    stream = bool(request.stream)
+    options = request.stream_options
+    if options is not None:
+        params.require(stream, "stream_options", "stream_options is only allowed when stream is true")
+        if options.include_obfuscation:
+            params.reject_unimplemented(options, {"include_obfuscation": False})
+    return _Common(sampling, params.stop_strings(request.stop), stream,
+                   bool(options and options.include_usage))
+
+
+def _prepare(
+    kind: Kind,
+    request: SamplingFields,
+    served: ServedModel,
+    tokens: list[int],
+    budget: int | None,
+    budget_param: str,
+    common: _Common,
+    cache_key: str | None = None,
+) -> Prepared:
+    room = served.context_length - len(tokens)
+    max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
+    generation = GenerationRequest(tokens, max_tokens, sampling=common.sampling, cache_key=cache_key)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return Prepared(kind, generation, common.stops, common.stream, common.include_usage,
+                    request.model, id=new_id(prefix))

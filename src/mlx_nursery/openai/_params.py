@@ -1,0 +1,101 @@
+"""From wire fields to engine parameters: validation with the parameter named in every error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine import SamplingParams
+from ._errors import InvalidRequest
+from ._schemas import SamplingFields
+
+MAX_STOP_STRINGS = 4
+
+
+def require(condition: bool, param: str, message: str) -> None:
+    if not condition:
+        raise InvalidRequest(message, param=param, code="invalid_value")
+
+
+def reject_unimplemented(request: Any, fields: dict[str, object]) -> None:
+    """Reject each field set to anything but its no-op value: `{field: allowed value(s)}`.
+
+    A field accepted and ignored would silently change a client's results; a 400
+    naming it tells the client at once.
+    """
+    for name, allowed in fields.items():
+        value = getattr(request, name)
+        allowed_values = allowed if isinstance(allowed, tuple) else (allowed,)
+        if value is None or value in allowed_values:
+            continue
+        raise InvalidRequest(
+            f"'{name}' is not supported by this server (got {value!r})",
+            param=name, code="unsupported_parameter",
+        )
+
+
+def sampling_from(fields: SamplingFields) -> SamplingParams:
+    temperature = 1.0 if fields.temperature is None else fields.temperature
+    require(0.0 <= temperature <= 2.0, "temperature", "temperature must be between 0 and 2")
+    top_p = 1.0 if fields.top_p is None else fields.top_p
+    require(0.0 < top_p <= 1.0, "top_p", "top_p must be greater than 0 and at most 1")
+    top_k = fields.top_k or 0
+    require(top_k >= 0, "top_k", "top_k must be 0 (disabled) or positive")
+    min_p = fields.min_p or 0.0
+    require(0.0 <= min_p <= 1.0, "min_p", "min_p must be between 0 and 1")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(fields, name)
+        require(value is None or -2.0 <= value <= 2.0, name, f"{name} must be between -2 and 2")
+    if fields.repetition_penalty is not None:
+        require(fields.repetition_penalty > 0, "repetition_penalty", "repetition_penalty must be positive")
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=fields.seed,
+        repetition_penalty=fields.repetition_penalty,
+        presence_penalty=fields.presence_penalty or 0.0,
+        frequency_penalty=fields.frequency_penalty or 0.0,
+        logit_bias=_logit_bias(fields.logit_bias),
+    )
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if not raw:
+        return None
+    bias: dict[int, float] = {}
+    for key, value in raw.items():
+        require(key.isdigit(), "logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+        require(-100.0 <= value <= 100.0, "logit_bias", "logit_bias values must be between -100 and 100")
+        bias[int(key)] = value
+    return bias
+
+
+def validate_vocab(bias: dict[int, float] | None, vocab_size: int) -> None:
+    for token in bias or {}:
+        require(token < vocab_size, "logit_bias", f"token id {token} is outside the vocabulary ({vocab_size})")
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    require(len(stops) <= MAX_STOP_STRINGS, "stop", f"stop takes at most {MAX_STOP_STRINGS} strings")
+    require(all(stops), "stop", "stop strings must not be empty")
+    return tuple(stops)
+
+
+def check_n(n: int | None) -> None:
+    if n is not None and n != 1:
+        raise InvalidRequest(f"n={n} is not supported: this server returns one choice (n=1)",
+                             param="n", code="unsupported_parameter")
+
+
+def max_tokens(requested: int | None, param: str, default: int | None, room: int) -> int:
+    """The token budget: the request's, else the server default, else what the context has room for."""
+    if requested is not None:
+        require(requested >= 1, param, f"{param} must be at least 1, got {requested}")
+        return requested
+    if default is not None:
+        return min(default, max(room, 1))
+    return max(room, 1)

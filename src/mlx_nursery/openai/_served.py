@@ -1,0 +1,35 @@
+"""The model as the API presents it: its public name, aliases, and limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ._errors import ModelNotFound
+from ._wire import ModelCard
+
+
+@attrs.frozen
+class ServedModel:
+    name: str
+    aliases: frozenset[str]
+    """Other names a request may use: the model path or repo id as given to the server."""
+    created: int
+    tokenizer: Any
+    context_length: int
+    default_max_tokens: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer.get_vocab())
+
+    def check(self, requested: str) -> None:
+        if requested != self.name and requested not in self.aliases:
+            raise ModelNotFound(
+                f"The model '{requested}' does not exist. This server serves: '{self.name}'.",
+                param="model", code="model_not_found",
+            )
+
+    def card(self) -> ModelCard:
+        return ModelCard(id=self.name, created=self.created, context_length=self.context_length)

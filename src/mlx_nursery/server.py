@@ -1,0 +1,102 @@
+"""Run the app under Hypercorn's trio worker, with a graceful SIGTERM/SIGINT drain.
+
+On a signal: Hypercorn stops accepting at once; running requests get
+`shutdown_grace` seconds to finish, then their jobs are cancelled and each
+gets a final error (an in-stream event for streams); the engine thread is
+joined when the app's nursery closes; the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import attrs
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from .app import create_app
+from .http._keepalive import ShieldFinalBody
+from .http._service import Service
+from .settings import Settings
+
+log = logging.getLogger("mlx_nursery.server")
+
+@attrs.frozen
+class Running:
+    urls: list[str]
+    service: Service
+
+    @property
+    def base_url(self) -> str:
+        return self.urls[0]
+
+
+_HYPERCORN_MARGIN = 5.0  # Hypercorn's own grace outlasts ours: our jobs end first, with an error event
+
+
+def hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.graceful_timeout = settings.shutdown_grace + _HYPERCORN_MARGIN
+    config.keep_alive_timeout = 5
+    config.startup_timeout = 600  # the default model may be fetched and converted at first start
+    config.accesslog = logging.getLogger("mlx_nursery.access") if settings.log_level == "debug" else None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+async def serve(
+    settings: Settings,
+    *,
+    shutdown: trio.Event | None = None,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> int:
+    """Serve until SIGTERM/SIGINT (or `shutdown` is set).
+
+    `task_status` reports a `Running` once the port is bound and the model is loaded
+    (or failed to load, which ends the server).
+
+    Returns the exit status: 0 after a shutdown, 1 when the model failed to load.
+    """
+    app = create_app(settings)
+    service: Service = app.extensions["mlx_nursery"]
+    shutdown = trio.Event() if shutdown is None else shutdown
+    stop_accepting = trio.Event()
+
+    async def drain_on_shutdown() -> None:
+        await shutdown.wait()
+        stop_accepting.set()
+        log.info("shutting down: draining for up to %g s", settings.shutdown_grace)
+        await service.drain(settings.shutdown_grace)
+
+    async def stop_if_load_fails() -> None:
+        await service.ready.wait()
+        if service.state == "failed":
+            shutdown.set()
+
+    async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        await hypercorn_serve(ShieldFinalBody(app), hypercorn_config(settings),
+                              shutdown_trigger=stop_accepting.wait, task_status=task_status)
+        nursery.cancel_scope.cancel()  # Hypercorn is done: stop the watchers
+
+    async with trio.open_nursery() as nursery:
+        if handle_signals:
+            nursery.start_soon(_signals_to, shutdown)
+        nursery.start_soon(drain_on_shutdown)
+        nursery.start_soon(stop_if_load_fails)
+        urls = await nursery.start(run_hypercorn)
+        await service.ready.wait()
+        task_status.started(Running(urls, service))
+    return 1 if service.state == "failed" else 0
+
+
+async def _signals_to(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            shutdown.set()
+            return

@@ -1,0 +1,128 @@
+"""Real servers for HTTP tests: Hypercorn on 127.0.0.1:0 in the test's nursery; schema checks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import trio
+import yaml
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from mlx_nursery.engine import Engine
+from mlx_nursery.server import Running, serve
+from mlx_nursery.settings import Settings
+
+SPEC = Path(__file__).parent / "reference" / "openai-openapi.yaml"
+SPEC_URI = "urn:openai-openapi"
+
+
+def _nullable_to_json_schema(node: Any) -> Any:
+    """The spec still uses OpenAPI 3.0's `nullable: true` in places; JSON Schema spells it null."""
+    if isinstance(node, list):
+        return [_nullable_to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _nullable_to_json_schema(v) for k, v in node.items()}
+    if node.pop("nullable", False) is True:
+        return {"anyOf": [node, {"type": "null"}]}
+    return node
+
+
+@cache
+def _registry() -> Registry:
+    spec = _nullable_to_json_schema(yaml.load(SPEC.read_text("utf-8"), Loader=yaml.CSafeLoader))
+    return Registry().with_resource(SPEC_URI, Resource.from_contents(spec, DRAFT202012))
+
+
+def validate(instance: Any, schema_name: str) -> None:
+    """Validate against `#/components/schemas/<schema_name>` of the official OpenAPI spec."""
+    schema = {"$ref": f"{SPEC_URI}#/components/schemas/{schema_name}"}
+    validator = jsonschema.Draft202012Validator(schema, registry=_registry())
+    errors = sorted(validator.iter_errors(instance), key=lambda e: e.path)
+    assert not errors, f"{schema_name}: " + "; ".join(
+        f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]
+    )
+
+
+def validate_error(body: Any) -> None:
+    validate(body, "ErrorResponse")
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+@asynccontextmanager
+async def running_server(model: Path, **settings: Any) -> AsyncIterator[Running]:
+    """Serve `model` until the block ends, then shut down as SIGTERM would and join everything."""
+    config = Settings(model=str(model), port=0, served_model_name="tiny",
+                      **{"shutdown_grace": 5.0, **settings})
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        running: Running = await nursery.start(
+            lambda task_status: serve(config, shutdown=shutdown, handle_signals=False,
+                                      task_status=task_status)
+        )
+        try:
+            yield running
+        finally:
+            shutdown.set()
+
+
+def engine_of(running: Running) -> Engine:
+    engine = running.service.engine
+    assert engine is not None
+    return engine
+
+
+def sdk(running: Running, **kwargs: Any) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=running.base_url + "/v1", api_key="unused", **kwargs)
+
+
+def chat_body(content: str = "Say something.", **fields: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], **fields}
+
+
+async def sse_events(response: httpx.Response) -> list[Any]:
+    """Every `data:` payload of an SSE response, JSON-decoded except `[DONE]`; checks framing."""
+    raw = (await response.aread()).decode()
+    assert raw.endswith("\n\n"), "every event, the last included, must end with a blank line"
+    events: list[Any] = []
+    for block in raw.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+async def raw_http(port: int, request: bytes) -> trio.SocketStream:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    return stream
+
+
+def post_request(path: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"connection closed before {marker!r}; got {data[-300:]!r}"
+        data += chunk
+    return data
+
+
+def port_of(running: Running) -> int:
+    return int(running.base_url.rsplit(":", 1)[1])
