@@ -59,10 +59,14 @@ def validate_error(body: Any) -> None:
 
 
 @asynccontextmanager
-async def running_server(model: Path, **settings: Any) -> AsyncIterator[Running]:
-    """Serve `model` until the block ends, then shut down as SIGTERM would and join everything."""
-    config = Settings(model=str(model), port=0, served_model_name="tiny",
-                      **{"shutdown_grace": 5.0, **settings})
+async def running_server(model: Path | None, **settings: Any) -> AsyncIterator[Running]:
+    """Serve `model` until the block ends, then shut down as SIGTERM would and join everything.
+
+    `model` None serves the built-in default model."""
+    defaults: dict[str, Any] = {"shutdown_grace": 5.0}
+    if model is not None:
+        defaults["served_model_name"] = "tiny"
+    config = Settings(model=None if model is None else str(model), port=0, **{**defaults, **settings})
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
@@ -126,3 +130,10 @@ async def read_until(stream: trio.SocketStream, marker: bytes) -> bytes:
 
 def port_of(running: Running) -> int:
     return int(running.base_url.rsplit(":", 1)[1])
+
+
+async def eventually(predicate: Any, what: str, limit: float = 60.0) -> None:
+    """Wait for a condition another thread or task will make true (polls; fails after `limit`)."""
+    with trio.fail_after(limit):
+        while not predicate():
+            await trio.sleep(0.005)
