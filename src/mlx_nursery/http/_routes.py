@@ -24,7 +24,7 @@ from ..openai import (
 from ._errors import error_response
 from ._jobs import Job
 from ._service import Service
-from ._sse import DONE, HEADERS, data_event
+from ._sse import DONE, HEADERS, data_event, json_event
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -109,7 +109,7 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
             yield data_event(chunk)
         async for item in job.receive:
             if isinstance(item, TextDelta):
-                yield data_event(prepared.delta_chunk(item.text))
+                yield json_event(prepared.delta_json(item.text))
             elif isinstance(item, Finished):
                 if item.text:
                     yield data_event(prepared.delta_chunk(item.text))

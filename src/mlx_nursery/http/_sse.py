@@ -14,3 +14,7 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def data_event(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def json_event(payload_json: str) -> bytes:
+    return b"data: " + payload_json.encode() + b"\n\n"

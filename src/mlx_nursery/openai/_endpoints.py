@@ -7,6 +7,8 @@ non-streaming body and the stream's chunks for its endpoint.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any, Literal
 
 import attrs
@@ -63,7 +65,7 @@ _COMPLETION_UNIMPLEMENTED: dict[str, object] = {
 }
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # slots off: cached_property needs a __dict__
 class Prepared:
     kind: Kind
     generation: GenerationRequest
@@ -97,6 +99,19 @@ class Prepared:
         if self.kind == "chat":
             return self._chat_chunk(ChatDelta(content=text))
         return self._completion_chunk(text, None)
+
+    def delta_json(self, text: str) -> str:
+        """`delta_chunk(text)` as JSON, from a template: the hot path runs once per token per
+        stream, and only the text varies between its chunks."""
+        head, tail = self._delta_template
+        return head + json.dumps(text, ensure_ascii=False) + tail
+
+    @functools.cached_property
+    def _delta_template(self) -> tuple[str, str]:
+        marker = "\x00delta\x00"
+        whole = json.dumps(self.delta_chunk(marker), ensure_ascii=False, separators=(",", ":"))
+        head, tail = whole.split(json.dumps(marker, ensure_ascii=False))
+        return head, tail
 
     def closing_chunks(self, finished: Finished) -> list[dict[str, Any]]:
         if self.kind == "chat":
