@@ -168,8 +168,9 @@ async def measure_server(kind: str, model: Path, eos: int, args: argparse.Namesp
         doc = body(name, eos, args.tokens, stream=True)
         await concurrent(base, {**doc, "max_tokens": 8}, 2)  # warm-up
         cpu0 = cpu_seconds(process.pid)
-        single = await concurrent(base, doc, 1)
-        cpu_per_token = (cpu_seconds(process.pid) - cpu0) / args.tokens
+        singles = [await concurrent(base, doc, 1) for _ in range(args.repeats)]
+        cpu_per_token = (cpu_seconds(process.pid) - cpu0) / (args.tokens * args.repeats)
+        single = {key: statistics.median(run[key] for run in singles) for key in singles[0]}
         batched = await concurrent(base, doc, args.streams)
         long_doc = body(name, eos, args.disconnect_tokens, stream=False)
         # Streaming first: a non-streaming orphan would still be running during the other watch.
@@ -181,7 +182,7 @@ async def measure_server(kind: str, model: Path, eos: int, args: argparse.Namesp
             "tokens_after_disconnect": {"non_streaming": after_non_streaming, "streaming": after_streaming}}
 
 
-async def engine_single(model: Path, eos: int, tokens: int) -> float:
+async def engine_single(model: Path, eos: int, tokens: int, repeats: int) -> float:
     from mlx_nursery.engine import EngineConfig, GenerationRequest, SamplingParams, open_engine
 
     async with open_engine(EngineConfig(model, max_concurrency=1)) as engine:
@@ -190,7 +191,7 @@ async def engine_single(model: Path, eos: int, tokens: int) -> float:
                                             add_generation_prompt=True)
         sampling = SamplingParams(temperature=0.0, logit_bias={eos: -100.0})
         rates = []
-        for _ in range(3):
+        for _ in range(repeats + 1):  # the first run warms up
             times = []
             async with engine.generate(GenerationRequest(ids, tokens, sampling=sampling)) as stream:
                 async for event in stream:
@@ -217,6 +218,7 @@ def main() -> None:
     parser.add_argument("--model", help="a model directory (overrides --preset)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
     parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5, help="single-stream runs (median)")
     parser.add_argument("--disconnect-tokens", type=int, default=2000)
     parser.add_argument("--watch", type=float, default=4.0, help="seconds of CPU watched after a drop")
     parser.add_argument("--servers", default="mlx-nursery,mlx_lm.server")
@@ -227,7 +229,7 @@ def main() -> None:
     config = json.loads((model / "config.json").read_text())
     eos = config["eos_token_id"]
     eos = eos[0] if isinstance(eos, list) else eos
-    engine_tps = trio.run(engine_single, model, eos, args.tokens)
+    engine_tps = trio.run(engine_single, model, eos, args.tokens, args.repeats)
     rows = [trio.run(measure_server, kind, model, eos, args) for kind in args.servers.split(",")]
 
     print(f"\nmodel {model.name}, {args.tokens} tokens per stream, {args.streams} streams; "
