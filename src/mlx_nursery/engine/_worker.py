@@ -25,6 +25,7 @@ from ..models import LoadedModel, load_model
 from ._config import EngineConfig
 from ._prefix_cache import CacheHit, PrefixCache, PrefixCacheStats
 from ._sampling import make_request_processors, make_request_sampler
+from ._solo import SoloSequence
 from ._types import FinishReason, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -66,6 +67,10 @@ class WorkerStats:
     generated_tokens: int
     failed_steps: int
     prefix_cache: PrefixCacheStats | None
+    solo_steps: int = 0
+    """Steps run on the single-sequence fast path (the rest went through BatchGenerator)."""
+    handovers: int = 0
+    """Lone sequences moved into the batch when company arrived."""
 
 
 @attrs.frozen
@@ -96,7 +101,12 @@ class _Sequence:
     detokenizer: Any
     failures: list[BaseException]
     cached_tokens: int
+    sampler: Any
+    processors: list[Any]
+    stop_ids: frozenset[int]
     generated: int = 0
+    solo: SoloSequence | None = None
+    """Set while the sequence runs alone on the fast path, outside the BatchGenerator."""
 
     def usage(self) -> Usage:
         return Usage(len(self.request.prompt_tokens), self.generated, self.cached_tokens)
@@ -128,6 +138,9 @@ class Worker:
         self._generated_tokens = 0
         self._failed_steps = 0
         self._failures_in_a_row = 0
+        self._solo: _Sequence | None = None
+        self._solo_steps = 0
+        self._handovers = 0
 
     # -- called from any thread -------------------------------------------------------------
     def submit(self, seq_id: int, request: GenerationRequest) -> None:
@@ -217,47 +230,114 @@ class Worker:
         """Apply commands; return True on Stop. Cancels win over submits of the same batch."""
         stop = any(isinstance(c, Stop) for c in commands)
         cancelled = {c.seq_id for c in commands if isinstance(c, Cancel)}
+        for seq_id in cancelled:
+            uid = self._uids.get(seq_id)
+            if uid is not None:
+                self._remove(uid, "cancelled")
+        admitted: list[Submit] = []
         for command in commands:
             if isinstance(command, Submit):
                 if stop or command.seq_id in cancelled:
                     self._finish_unstarted(command, "cancelled")
                 else:
-                    self._admit(command)
-        for seq_id in cancelled:
-            uid = self._uids.get(seq_id)
-            if uid is not None:
-                self._remove(uid, "cancelled")
+                    admitted.append(command)
+        if admitted:
+            self._admit_all(admitted)
         return stop
 
     # -- admission ---------------------------------------------------------------------------
-    def _admit(self, command: Submit) -> None:
-        assert self._generator is not None
+    def _admit_all(self, commands: list[Submit]) -> None:
+        """A lone sequence takes the fast path; any company moves everyone into the batch."""
+        if self._config.single_sequence_fast_path and not self._active and len(commands) == 1:
+            self._admit(commands[0], solo=True)
+            return
+        if self._solo is not None:
+            self._hand_over_solo()
+        for command in commands:
+            self._admit(command, solo=False)
+
+    def _admit(self, command: Submit, *, solo: bool) -> None:
+        assert self._generator is not None and self._model is not None
         request = command.request
         prompt = list(request.prompt_tokens)
+        failures: list[BaseException] = []
+        sequence = _Sequence(
+            seq_id=command.seq_id,
+            uid=-1,
+            request=request,
+            detokenizer=self._model.tokenizer.detokenizer,
+            failures=failures,
+            cached_tokens=0,
+            sampler=make_request_sampler(request.sampling),
+            processors=make_request_processors(
+                request.sampling, request.logits_processors, len(prompt), failures
+            ),
+            stop_ids=(frozenset() if request.ignore_eos else self._eos) | request.stop_token_ids,
+        )
         hit = self._fetch_prefix(request, prompt)
         try:
+            if solo:
+                self._start_solo(sequence, prompt, hit)
+                return
             try:
-                uid, failures = self._insert(request, prompt, hit)
+                uid = self._insert(sequence, prompt[hit.cached_tokens:] if hit else prompt,
+                                   hit.cache if hit else None, prompt[: hit.cached_tokens] if hit else [],
+                                   request.max_tokens)
             except Exception:  # noqa: BLE001 - a cached state that will not merge: prefill afresh
                 if hit is None:
                     raise
                 assert self._cache is not None
                 self._cache.record_failure()
                 hit = None
-                uid, failures = self._insert(request, prompt, None)
+                uid = self._insert(sequence, prompt, None, [], request.max_tokens)
         except Exception:  # noqa: BLE001 - fails this request only
             log.exception("could not admit sequence %d", command.seq_id)
             self._finish_unstarted(command, "error", "the engine could not start this request")
             return
-        self._active[uid] = _Sequence(
-            seq_id=command.seq_id,
-            uid=uid,
-            request=request,
-            detokenizer=self._model.tokenizer.detokenizer if self._model else None,
-            failures=failures,
-            cached_tokens=hit.cached_tokens if hit else 0,
+        sequence.cached_tokens = hit.cached_tokens if hit else 0
+        self._track(sequence, uid)
+
+    def _start_solo(self, sequence: _Sequence, prompt: list[int], hit: CacheHit | None) -> None:
+        assert self._model is not None
+        sequence.cached_tokens = hit.cached_tokens if hit else 0
+        # Solo uids are negative: they never collide with BatchGenerator's.
+        sequence.solo = SoloSequence(
+            self._model.model,
+            -(sequence.seq_id + 1),
+            prompt,
+            cache=hit.cache if hit else None,
+            cached_tokens=sequence.cached_tokens,
+            sampler=sequence.sampler,
+            processors=sequence.processors,
+            max_tokens=sequence.request.max_tokens,
+            stop_tokens=sequence.stop_ids,
+            prefill_step_size=self._config.prefill_step_size,
         )
-        self._uids[command.seq_id] = uid
+        self._solo = sequence
+        self._track(sequence, sequence.solo.uid)
+
+    def _hand_over_solo(self) -> None:
+        """Move the lone sequence into the batch, KV cache and in-flight token included."""
+        sequence = self._solo
+        assert sequence is not None and sequence.solo is not None
+        solo = sequence.solo
+        self._solo = None
+        self._handovers += 1
+        handover = solo.handover()
+        if handover.response is not None:
+            self._emit_token(sequence, handover.response)
+            if handover.response.finish_reason is not None:
+                return  # it ended on the token that was in flight
+        sequence.solo = None
+        self._active.pop(solo.uid, None)
+        uid = self._insert(sequence, handover.remaining_prompt, handover.cache, handover.cache_tokens,
+                           handover.max_tokens)
+        self._track(sequence, uid)
+
+    def _track(self, sequence: _Sequence, uid: int) -> None:
+        sequence.uid = uid
+        self._active[uid] = sequence
+        self._uids[sequence.seq_id] = uid
 
     def _fetch_prefix(self, request: GenerationRequest, prompt: list[int]) -> CacheHit | None:
         if self._cache is None:
@@ -271,27 +351,21 @@ class Worker:
         return hit
 
     def _insert(
-        self, request: GenerationRequest, prompt: list[int], hit: CacheHit | None
-    ) -> tuple[int, list[BaseException]]:
-        """Queue the sequence in the batch; return its uid and its logits-processor failure list."""
+        self, sequence: _Sequence, prompt: list[int], cache: list[Any] | None,
+        cache_tokens: list[int], max_tokens: int,
+    ) -> int:
+        """Queue the sequence in the batch (`prompt` is what the cache does not hold yet)."""
         assert self._generator is not None
-        failures: list[BaseException] = []
-        stop_ids = (frozenset() if request.ignore_eos else self._eos) | request.stop_token_ids
-        cached = hit.cached_tokens if hit else 0
         (uid,) = self._generator.insert(
-            [prompt[cached:]],
-            max_tokens=[request.max_tokens],
-            caches=[hit.cache] if hit else None,
-            all_tokens=[prompt[:cached]],
-            samplers=[make_request_sampler(request.sampling)],
-            logits_processors=[
-                make_request_processors(
-                    request.sampling, request.logits_processors, len(prompt), failures
-                )
-            ],
-            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
+            [prompt],
+            max_tokens=[max_tokens],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[cache_tokens],
+            samplers=[sequence.sampler],
+            logits_processors=[sequence.processors],
+            stop_sequences=[StopSequences([[t] for t in sorted(sequence.stop_ids)])],
         )
-        return int(uid), failures
+        return int(uid)
 
     def _namespace(self, request: GenerationRequest) -> tuple[str, str | None]:
         assert self._model is not None
@@ -301,7 +375,7 @@ class Worker:
     def _step(self) -> None:
         assert self._generator is not None
         try:
-            _, responses = self._generator.next()
+            responses = self._solo_step() if self._solo is not None else self._generator.next()[1]
         except Exception as exc:  # noqa: BLE001 - not attributable to one request
             self._fail_batch(exc)
             return
@@ -316,6 +390,15 @@ class Worker:
         for sequence in [s for s in self._active.values() if s.failures]:
             log.warning("logits processor failed for sequence %d: %r", sequence.seq_id, sequence.failures[0])
             self._remove(sequence.uid, "error", f"logits processor failed: {sequence.failures[0]}")
+
+    def _solo_step(self) -> list[Any]:
+        assert self._solo is not None and self._solo.solo is not None
+        solo = self._solo.solo
+        before = solo.prefilled
+        response = solo.step()
+        self._prompt_tokens += solo.prefilled - before
+        self._solo_steps += 1
+        return [] if response is None else [response]
 
     def _emit_token(self, sequence: _Sequence, response: Any) -> None:
         sequence.generated += 1
@@ -369,10 +452,15 @@ class Worker:
         """Take a sequence out of the batch now; no step runs for it after this."""
         assert self._generator is not None
         sequence = self._active[uid]
-        caches = self._generator.remove([uid], return_prompt_caches=self._cache is not None)
-        if uid in caches and not sequence.failures:
-            cache, tokens = caches[uid]
-            self._store_prefix(sequence, cache, tokens)
+        if sequence.solo is not None:
+            cache, tokens = sequence.solo.cancel()
+            if not sequence.failures:
+                self._store_prefix(sequence, cache, tokens)
+        else:
+            caches = self._generator.remove([uid], return_prompt_caches=self._cache is not None)
+            if uid in caches and not sequence.failures:
+                cache, tokens = caches[uid]
+                self._store_prefix(sequence, cache, tokens)
         self._events.append(
             (sequence.seq_id, TokenEvent(None, "", None, reason, sequence.usage(), error))
         )
@@ -387,6 +475,9 @@ class Worker:
             log.exception("could not store a prefix-cache entry")
 
     def _forget(self, sequence: _Sequence) -> None:
+        if sequence is self._solo:
+            self._solo = None
+        sequence.solo = None
         self._active.pop(sequence.uid, None)
         self._uids.pop(sequence.seq_id, None)
         self._finished.append(sequence.seq_id)
@@ -432,6 +523,8 @@ class Worker:
             generated_tokens=self._generated_tokens,
             failed_steps=self._failed_steps,
             prefix_cache=self._cache.stats() if self._cache else None,
+            solo_steps=self._solo_steps,
+            handovers=self._handovers,
         )
 
     def _retire_generator(self) -> None:

@@ -1,0 +1,163 @@
+"""The single-sequence fast path: one sequence stepped the way mlx-lm's `generate_step` does.
+
+Why it exists: mlx-lm's `BatchGenerator` at batch size 1 decodes about 30% slower than
+`generate_step` on a GPU (measured on an H100: 96 vs 137 tok/s for Llama-3.1-8B shapes),
+because of its batch KV caches and per-row plumbing. While one sequence is alone on the
+engine it runs here, on a plain KV cache with the same one-step-ahead pipelining as
+`generate_step`. When a second sequence arrives, the lone one moves into the batch with
+its KV cache (`handover`), exactly as a prefix-cache hit is inserted.
+
+Behaviour is identical on both paths: the same sampler object draws each token exactly
+once (so seeded requests reproduce), logits processors see the same context (the prompt
+and every token fed so far), and a step returns at most one token per call, with prefill
+in chunks of `prefill_step_size` so that a cancel is honoured between chunks.
+
+We do not call `generate_step` itself: a generator can't hand its KV cache and its
+in-flight token over to the batch, and the handover is what keeps behaviour identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+
+@attrs.frozen
+class SoloResponse:
+    """Shaped like `BatchGenerator`'s responses, so the worker handles both alike."""
+
+    uid: int
+    token: int
+    logprobs: mx.array
+    finish_reason: str | None
+    prompt_cache: list[Any] | None
+    all_tokens: list[int] | None
+
+
+@attrs.frozen
+class Handover:
+    """What the batch needs to continue a solo sequence: `BatchGenerator.insert` arguments."""
+
+    remaining_prompt: list[int]
+    cache: list[Any]
+    cache_tokens: list[int]
+    max_tokens: int
+    response: SoloResponse | None
+    """The token that was in flight, now returned (None if decoding had not started)."""
+
+
+class SoloSequence:
+    def __init__(
+        self,
+        model: Any,
+        uid: int,
+        prompt: Sequence[int],
+        *,
+        cache: list[Any] | None,
+        cached_tokens: int,
+        sampler: Any,
+        processors: list[Any],
+        max_tokens: int,
+        stop_tokens: frozenset[int],
+        prefill_step_size: int,
+    ) -> None:
+        self.uid = uid
+        self._model = model
+        self._cache = cache if cache is not None else make_prompt_cache(model)
+        self._cache_tokens: list[int] = list(prompt[:cached_tokens])
+        """The tokens in the KV cache, as Python ints (a sampled one is added once read)."""
+        self._pending: list[int] = list(prompt[cached_tokens:])
+        self._sampler = sampler
+        self._processors = processors
+        self._context = mx.array(self._cache_tokens, dtype=mx.uint32) if processors else None
+        self._max_tokens = max_tokens
+        self._stop = stop_tokens
+        self._step_size = prefill_step_size
+        self._in_flight: tuple[mx.array, mx.array] | None = None
+        self._returned = 0
+        self.prefilled = 0
+        """Prompt tokens run by prefill chunks (the last prompt token is run by the first step)."""
+
+    def step(self) -> SoloResponse | None:
+        """Advance by one prefill chunk (returns None) or by one token, returned pipelined."""
+        if self._in_flight is None:
+            if len(self._pending) > 1:
+                self._prefill_chunk()
+                return None
+            last = self._pending
+            self._in_flight = self._forward(mx.array(last, dtype=mx.uint32))
+            self._cache_tokens.extend(last)
+            self._pending = []
+        return self._take_in_flight(launch_next=True)
+
+    def _take_in_flight(self, *, launch_next: bool) -> SoloResponse:
+        assert self._in_flight is not None
+        token_array, logprobs = self._in_flight
+        self._in_flight = None
+        self._returned += 1
+        if launch_next and self._returned < self._max_tokens:
+            # Launch the next token before reading this one: the device keeps busy while Python
+            # handles this token (generate_step's pipelining). A stop token wastes that step,
+            # as it does in generate_step and BatchGenerator.
+            self._in_flight = self._forward(token_array.reshape(1))
+        token = int(token_array.item())
+        if self._in_flight is not None:
+            self._cache_tokens.append(token)
+        reason = "stop" if token in self._stop else "length" if self._returned >= self._max_tokens else None
+        if reason is None:
+            return SoloResponse(self.uid, token, logprobs, None, None, None)
+        self._in_flight = None
+        return SoloResponse(self.uid, token, logprobs, reason, self._cache, list(self._cache_tokens))
+
+    def _prefill_chunk(self) -> None:
+        chunk = self._pending[: min(self._step_size, len(self._pending) - 1)]
+        self._model(mx.array(chunk, dtype=mx.uint32)[None], cache=self._cache)
+        mx.eval([c.state for c in self._cache])
+        self.prefilled += len(chunk)
+        self._cache_tokens.extend(chunk)
+        if self._context is not None:
+            self._context = mx.concatenate([self._context, mx.array(chunk, dtype=mx.uint32)])
+        self._pending = self._pending[len(chunk):]
+
+    def _forward(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
+        """Feed `inputs` (1-D), sample the next token; lazy, started with async_eval."""
+        logits = self._model(inputs[None], cache=self._cache)[:, -1, :]
+        if self._processors:
+            assert self._context is not None
+            self._context = mx.concatenate([self._context, inputs.astype(mx.uint32)])
+            for processor in self._processors:
+                logits = processor(self._context, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = self._sampler(logprobs)
+        mx.async_eval(token, logprobs)
+        return token.reshape(-1)[0], logprobs.squeeze(0)
+
+    def handover(self) -> Handover:
+        """Stop stepping here; return what the batch needs to continue identically.
+
+        A token in flight was sampled already (its draw is spent): it is returned now, in
+        `response`, and the batch continues from it.
+        """
+        response = None
+        if self._in_flight is not None:
+            response = self._take_in_flight(launch_next=False)
+            if response.finish_reason is None:
+                self._pending = [response.token]
+        return Handover(
+            remaining_prompt=list(self._pending),
+            cache=self._cache,
+            cache_tokens=list(self._cache_tokens),
+            max_tokens=self._max_tokens - self._returned,
+            response=response,
+        )
+
+    def cancel(self) -> tuple[list[Any], list[int]]:
+        """Stop; return the KV cache and the tokens it holds (for the prefix cache)."""
+        if self._in_flight is not None:
+            mx.eval(self._in_flight[0])  # let the step in flight land before the cache is kept
+            self._in_flight = None
+        return self._cache, list(self._cache_tokens)
