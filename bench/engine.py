@@ -16,6 +16,13 @@ Random weights: EOS is ignored and max_tokens fixed (offline-models.md).
 
 from __future__ import annotations
 
+import sys
+
+# bench/http.py would shadow the standard library's `http` package (imported by httpx,
+# huggingface_hub, ...): run as a script, this folder is first on sys.path. Drop it.
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    sys.path.pop(0)
+
 import argparse
 import json
 import platform

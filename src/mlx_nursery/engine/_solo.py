@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
+from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 
@@ -115,8 +116,9 @@ class SoloSequence:
 
     def _prefill_chunk(self) -> None:
         chunk = self._pending[: min(self._step_size, len(self._pending) - 1)]
-        self._model(mx.array(chunk, dtype=mx.uint32)[None], cache=self._cache)
-        mx.eval([c.state for c in self._cache])
+        with mx.stream(generation_stream):
+            self._model(mx.array(chunk, dtype=mx.uint32)[None], cache=self._cache)
+            mx.eval([c.state for c in self._cache])
         self.prefilled += len(chunk)
         self._cache_tokens.extend(chunk)
         if self._context is not None:
@@ -124,17 +126,23 @@ class SoloSequence:
         self._pending = self._pending[len(chunk):]
 
     def _forward(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
-        """Feed `inputs` (1-D), sample the next token; lazy, started with async_eval."""
-        logits = self._model(inputs[None], cache=self._cache)[:, -1, :]
-        if self._processors:
-            assert self._context is not None
-            self._context = mx.concatenate([self._context, inputs.astype(mx.uint32)])
-            for processor in self._processors:
-                logits = processor(self._context, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        token = self._sampler(logprobs)
+        """Feed `inputs` (1-D), sample the next token; lazy, started with async_eval.
+
+        On mlx-lm's thread-local generation stream, as BatchGenerator and generate_step:
+        on the default stream async_eval waits for prior work on CUDA (measured on an
+        H100: 105 vs 150 tok/s)."""
+        with mx.stream(generation_stream):
+            logits = self._model(inputs[None], cache=self._cache)[:, -1, :]
+            if self._processors:
+                assert self._context is not None
+                self._context = mx.concatenate([self._context, inputs.astype(mx.uint32)])
+                for processor in self._processors:
+                    logits = processor(self._context, logits)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            token = self._sampler(logprobs).reshape(-1)[0]
+            logprobs = logprobs.squeeze(0)
         mx.async_eval(token, logprobs)
-        return token.reshape(-1)[0], logprobs.squeeze(0)
+        return token, logprobs
 
     def handover(self) -> Handover:
         """Stop stepping here; return what the batch needs to continue identically.

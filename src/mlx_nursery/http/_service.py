@@ -61,6 +61,7 @@ class Service:
             created=int(time.time()),
             tokenizer=engine.model.tokenizer,
             context_length=engine.model.context_length,
+            vocab_size=len(engine.model.tokenizer.get_vocab()),
             default_max_tokens=self.settings.default_max_tokens,
         )
         self.jobs = Jobs(nursery, engine, self.settings.request_timeout)
