@@ -59,7 +59,8 @@ def validate_error(body: Any) -> None:
 
 
 @asynccontextmanager
-async def running_server(model: Path | None, **settings: Any) -> AsyncIterator[Running]:
+async def running_server(model: Path | None, *, extra_processors: Any = None,
+                         **settings: Any) -> AsyncIterator[Running]:
     """Serve `model` until the block ends, then shut down as SIGTERM would and join everything.
 
     `model` None serves the built-in default model."""
@@ -71,7 +72,7 @@ async def running_server(model: Path | None, **settings: Any) -> AsyncIterator[R
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
             lambda task_status: serve(config, shutdown=shutdown, handle_signals=False,
-                                      task_status=task_status)
+                                      extra_processors=extra_processors, task_status=task_status)
         )
         try:
             yield running
@@ -137,3 +138,38 @@ async def eventually(predicate: Any, what: str, limit: float = 60.0) -> None:
     with trio.fail_after(limit):
         while not predicate():
             await trio.sleep(0.005)
+
+
+class ForcedScript:
+    """A logits processor that makes the model emit exactly `tokens`, then its EOS.
+
+    The real tokenizer, engine, detokenizer and streaming path all run; only the choice of
+    each next token is dictated. One instance per request (it counts its steps)."""
+
+    def __init__(self, tokens: list[int], eos: int) -> None:
+        self._script = [*tokens, eos]
+        self._step = 0
+
+    def __call__(self, _context: Any, logits: Any) -> Any:
+        import mlx.core as mx
+
+        token = self._script[min(self._step, len(self._script) - 1)]
+        self._step += 1
+        mask = mx.arange(logits.shape[-1]) == token
+        return mx.where(mask, mx.zeros_like(logits), mx.full(logits.shape, -1e9, logits.dtype))
+
+
+def scripted(texts_by_user: dict[str, str], tokenizer_path: Path) -> Any:
+    """extra_processors for running_server: a request whose `user` names a script emits it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def processors(body: Any) -> tuple[Any, ...]:
+        text = texts_by_user.get(body.get("user") or body.get("safety_identifier") or "")
+        if text is None:
+            return ()
+        return (ForcedScript(tokenizer.encode(text, add_special_tokens=False), eos),)
+
+    return processors

@@ -11,7 +11,7 @@ from werkzeug.exceptions import HTTPException
 
 from .http._errors import envelope_response, error_response
 from .http._routes import routes
-from .http._service import Service
+from .http._service import RequestProcessors, Service
 from .openai import OpenAIError
 from .settings import Settings
 
@@ -20,13 +20,16 @@ log = logging.getLogger("mlx_nursery.http")
 REQUEST_ID_HEADER = "x-request-id"
 
 
-def create_app(settings: Settings | None = None) -> QuartTrio:
+def create_app(settings: Settings | None = None, *,
+               extra_processors: RequestProcessors | None = None) -> QuartTrio:
+    """The app. `extra_processors` adds logits processors per request (tests force token
+    scripts with it); it is not reachable over HTTP."""
     settings = settings or Settings.from_env()
     app = QuartTrio("mlx_nursery")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
     app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
-    service = Service(settings)
+    service = Service(settings, extra_processors)
     app.extensions["mlx_nursery"] = service
     app.register_blueprint(routes)
 

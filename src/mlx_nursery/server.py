@@ -19,7 +19,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from .app import create_app
 from .http._keepalive import ShieldFinalBody
-from .http._service import Service
+from .http._service import RequestProcessors, Service
 from .settings import Settings
 
 log = logging.getLogger("mlx_nursery.server")
@@ -53,6 +53,7 @@ async def serve(
     *,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
+    extra_processors: RequestProcessors | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `shutdown` is set).
@@ -62,7 +63,7 @@ async def serve(
 
     Returns the exit status: 0 after a shutdown, 1 when the model failed to load.
     """
-    app = create_app(settings)
+    app = create_app(settings, extra_processors=extra_processors)
     service: Service = app.extensions["mlx_nursery"]
     shutdown = trio.Event() if shutdown is None else shutdown
     stop_accepting = trio.Event()

@@ -90,6 +90,7 @@ class Jobs:
                     try:
                         await generate_text(self._engine, prepared.generation, prepared.stops, send,
                                             prompt_param=prepared.prompt_param,
+                                            tools=prepared.tool_extractor(),
                                             task_status=_Started(mark_started))
                     except OpenAIError as exc:
                         if not started:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import attrs
 import trio
 from quart import Blueprint, Response, current_app, request
 
@@ -18,6 +19,7 @@ from ..openai import (
     Prepared,
     ServedModel,
     TextDelta,
+    ToolCallOut,
     prepare_chat,
     prepare_completion,
     to_json,
@@ -69,8 +71,14 @@ async def completions() -> Response:
 
 
 async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response:
-    _, served, jobs = _service().require_ready()
-    prepared = prepare(await _json_body(), served)
+    service = _service()
+    _, served, jobs = service.require_ready()
+    body = await _json_body()
+    prepared = prepare(body, served)
+    if service.extra_processors is not None:
+        generation = attrs.evolve(prepared.generation,
+                                  logits_processors=service.extra_processors(body))
+        prepared = attrs.evolve(prepared, generation=generation)
     job = await jobs.start(prepared)
     if prepared.stream:
         response = Response(_stream(prepared, job), content_type="text/event-stream", headers=HEADERS)
@@ -92,12 +100,14 @@ async def _json_body() -> Any:
 
 async def _collect(prepared: Prepared, job: Job) -> Response:
     pieces: list[str] = []
+    calls: list[ToolCallOut] = []
     async for item in job.receive:
         if isinstance(item, TextDelta):
             pieces.append(item.text)
+        elif isinstance(item, ToolCallOut):
+            calls.append(item)
         elif isinstance(item, Finished):
-            pieces.append(item.text)
-            return Response(json.dumps(prepared.body("".join(pieces), item)),
+            return Response(json.dumps(prepared.body("".join(pieces), item, calls)),
                             content_type="application/json")
         else:
             return error_response(item)
@@ -123,16 +133,19 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
                 if text:
                     out.append(json_event(prepared.delta_json("".join(text))))
                     text = []
+                if isinstance(item, ToolCallOut):
+                    out.extend(data_event(chunk) for chunk in prepared.tool_call_chunks(item))
+                    continue
                 if isinstance(item, Finished):
-                    if item.text:
-                        out.append(json_event(prepared.delta_json(item.text)))
                     out.extend(data_event(chunk) for chunk in prepared.closing_chunks(item))
                     out.append(DONE)
                 else:
                     out.append(data_event(item.envelope()))
                 yield b"".join(out)
                 return
-            yield json_event(prepared.delta_json("".join(text)))
+            if text:
+                out.append(json_event(prepared.delta_json("".join(text))))
+            yield b"".join(out)
         yield data_event(_ended_early().envelope())
     finally:
         job.cancel("client")

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import trio
 
@@ -24,9 +25,15 @@ log = logging.getLogger("mlx_nursery.http")
 State = Literal["loading", "ready", "draining", "failed"]
 
 
+RequestProcessors = Callable[[Any], tuple[Any, ...]]
+"""Extra logits processors for a request, given its JSON body. For tests: they make the real
+model emit a chosen token script through the real engine and streaming path."""
+
+
 class Service:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, extra_processors: RequestProcessors | None = None) -> None:
         self.settings = settings
+        self.extra_processors = extra_processors
         self.state: State = "loading"
         self.ready = trio.Event()
         """Set once the state leaves "loading" (to ready, or failed)."""

@@ -17,6 +17,7 @@ from ._errors import (
 )
 from ._generation import Finished, Output, TextDelta, generate_text
 from ._served import ServedModel
+from ._tools import ToolCallOut
 from ._wire import ModelList, to_json
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ResourceNotFound",
     "ServedModel",
     "TextDelta",
+    "ToolCallOut",
     "Unavailable",
     "generate_text",
     "prepare_chat",

@@ -20,8 +20,12 @@ from ._generation import Finished
 from ._prompts import completion_tokens, render_chat
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
+from ._errors import InvalidRequest
+from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools
 from ._wire import (
     AssistantMessage,
+    FunctionCall,
+    ToolCall,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -41,9 +45,6 @@ _CHAT_UNIMPLEMENTED: dict[str, object] = {
     # field: its no-op value(s); anything else is a 400 naming the field
     "logprobs": False,
     "top_logprobs": (),
-    "tools": ([],),
-    "tool_choice": "none",
-    "parallel_tool_calls": (),
     "response_format": ({"type": "text"},),
     "functions": ([],),
     "function_call": "none",
@@ -75,16 +76,31 @@ class Prepared:
     model: str
     id: str = attrs.field(factory=lambda: "")
     created: int = attrs.field(factory=now)
+    tools: list[dict[str, Any]] = attrs.field(factory=list)
+    """Offered to the model (empty: no tool parsing)."""
+    tool_markup: tuple[str, str, Any] | None = None
+    """(start, end, parse) of the model's tool-call format, from mlx-lm."""
+    parallel_tool_calls: bool = True
+
+    def tool_extractor(self) -> ToolCallExtractor | None:
+        if not self.tools or self.tool_markup is None:
+            return None
+        start, end, parse = self.tool_markup
+        return ToolCallExtractor(start, end, parse, self.tools, parallel=self.parallel_tool_calls)
 
     @property
     def prompt_param(self) -> str:
         return "messages" if self.kind == "chat" else "prompt"
 
     # -- non-streaming ----------------------------------------------------------------------
-    def body(self, text: str, finished: Finished) -> dict[str, Any]:
+    def body(self, text: str, finished: Finished, calls: list[ToolCallOut] = ()) -> dict[str, Any]:  # type: ignore[assignment]
         usage = UsageOut.of(finished.usage)
         if self.kind == "chat":
-            choice = ChatChoice(0, AssistantMessage(text), finished.reason)
+            message = AssistantMessage(
+                text if text or not calls else None,
+                tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None,
+            )
+            choice = ChatChoice(0, message, finished.reason)
             return to_json(ChatCompletion(self.id, self.created, self.model, [choice], usage))
         return to_json(Completion(self.id, self.created, self.model,
                                   [CompletionChoice(0, text, finished.reason)], usage))
@@ -99,6 +115,14 @@ class Prepared:
         if self.kind == "chat":
             return self._chat_chunk(ChatDelta(content=text))
         return self._completion_chunk(text, None)
+
+    def tool_call_chunks(self, call: ToolCallOut) -> list[dict[str, Any]]:
+        """OpenAI's shape: the first fragment names the call, the next carries its arguments."""
+        opening = {"index": call.index, "id": call.id, "type": "function",
+                   "function": {"name": call.name, "arguments": ""}}
+        arguments = {"index": call.index, "function": {"arguments": call.arguments}}
+        return [self._chat_chunk(ChatDelta(tool_calls=[opening])),
+                self._chat_chunk(ChatDelta(tool_calls=[arguments]))]
 
     def delta_json(self, text: str) -> str:
         """`delta_chunk(text)` as JSON, from a template: the hot path runs once per token per
@@ -155,9 +179,38 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         if request.max_completion_tokens is not None else (request.max_tokens, "max_tokens")
     )
     common = _common(request, served)
-    tokens = render_chat(served.tokenizer, request.messages)
-    return _prepare("chat", request, served, tokens, budget, budget_param, common,
-                    cache_key=request.prompt_cache_key)
+    tools = _offered_tools(request, served)
+    tokens = render_chat(served.tokenizer, request.messages, tools)
+    prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
+                        cache_key=request.prompt_cache_key)
+    if not tools:
+        return prepared
+    tokenizer = served.tokenizer
+    return attrs.evolve(
+        prepared, tools=tools,
+        tool_markup=(tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser),
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+    )
+
+
+def _offered_tools(request: ChatCompletionRequest, served: ServedModel) -> list[dict[str, Any]]:
+    """The tools the model is shown: none for tool_choice "none"; "auto" by default."""
+    tools = normalize_tools(request.tools)
+    choice = request.tool_choice
+    if choice is not None and choice not in ("none", "auto"):
+        raise InvalidRequest(
+            "tool_choice 'required' and named functions need constrained decoding, which this "
+            "server does not support yet; use 'auto' or 'none'",
+            param="tool_choice", code="unsupported_parameter",
+        )
+    if choice == "none" or not tools:
+        return []
+    if not getattr(served.tokenizer, "has_tool_calling", False):
+        raise InvalidRequest(
+            f"the model '{served.name}' has no tool-call format that this server can parse",
+            param="tools", code="unsupported_parameter",
+        )
+    return tools
 
 
 def prepare_completion(body: Any, served: ServedModel) -> Prepared:

@@ -1,7 +1,7 @@
-"""Engine events to text: stop strings applied, finish reasons in OpenAI's terms.
+"""Engine events to outputs: stop strings applied, tool calls extracted, OpenAI finish reasons.
 
-`generate_text` runs one sequence and sends `TextDelta`s then one `Finished`
-to a channel. It raises the OpenAI-layer error for a failed sequence. The
+`generate_text` runs one sequence and sends `TextDelta`s and `ToolCallOut`s, then one
+`Finished`, to a channel. It raises the OpenAI-layer error of a failed sequence. The
 caller owns the task and its deadline (see `http._jobs`).
 """
 
@@ -24,10 +24,11 @@ from ..engine import (
 )
 from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable
 from ._stop import StopMatcher
+from ._tools import ContentText, ToolCallExtractor, ToolCallOut
 
 log = logging.getLogger("mlx_nursery.openai")
 
-OpenAIFinish = Literal["stop", "length"]
+OpenAIFinish = Literal["stop", "length", "tool_calls"]
 
 
 @attrs.frozen
@@ -39,11 +40,9 @@ class TextDelta:
 class Finished:
     reason: OpenAIFinish
     usage: Usage
-    text: str = ""
-    """Text held back for a possible stop string, released at the end."""
 
 
-Output = TextDelta | Finished
+Output = TextDelta | ToolCallOut | Finished
 
 
 async def generate_text(
@@ -53,22 +52,31 @@ async def generate_text(
     send: trio.MemorySendChannel[Output],
     *,
     prompt_param: str = "messages",
+    tools: ToolCallExtractor | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Generate, reporting `started` once the sequence holds a lane (errors before that raise)."""
     matcher = StopMatcher(stops)
+
+    async def emit(text: str) -> None:
+        if tools is None:
+            if text:
+                await send.send(TextDelta(text))
+            return
+        for piece in tools.feed(text) if text else []:
+            await send.send(TextDelta(piece.text) if isinstance(piece, ContentText) else piece)
+
     try:
         async with engine.generate(request) as stream:
             task_status.started()
             async for event in stream:
                 if event.text and not matcher.stopped:
-                    text = matcher.feed(event.text)
-                    if text:
-                        await send.send(TextDelta(text))
-                    if matcher.stopped:
+                    await emit(matcher.feed(event.text))
+                    if matcher.stopped or (tools is not None and tools.done):
                         stream.stop()  # ends before the next step; the final event still comes
                 if event.is_final:
-                    await send.send(_finish(event, matcher))
+                    for output in _finish(event, matcher, tools):
+                        await send.send(output)
     # Admission errors: raised before the sequence got a lane, so before `started`.
     except PromptTooLong as exc:
         raise context_length_error(exc, prompt_param) from None
@@ -80,17 +88,28 @@ async def generate_text(
                           code="server_unavailable") from None
 
 
-def _finish(event: TokenEvent, matcher: StopMatcher) -> Finished:
+def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | None) -> list[Output]:
     assert event.usage is not None
-    if matcher.stopped:
-        return Finished("stop", event.usage)
-    if event.finish_reason == "stop" or event.finish_reason == "length":
-        return Finished(event.finish_reason, event.usage, matcher.flush())
-    log.error("generation ended with %s: %s", event.finish_reason, event.error)
-    if event.finish_reason == "cancelled":
-        raise Unavailable(f"the request was cancelled by the server: {event.error}",
-                          code="server_unavailable")
-    raise GenerationFailed("generation failed inside the engine", code="generation_failed")
+    stopped_by_us = matcher.stopped or (tools is not None and tools.done)
+    if not stopped_by_us and event.finish_reason not in ("stop", "length"):
+        log.error("generation ended with %s: %s", event.finish_reason, event.error)
+        if event.finish_reason == "cancelled":
+            raise Unavailable(f"the request was cancelled by the server: {event.error}",
+                              code="server_unavailable")
+        raise GenerationFailed("generation failed inside the engine", code="generation_failed")
+    outputs: list[Output] = []
+    rest = matcher.flush()
+    if tools is None:
+        if rest:
+            outputs.append(TextDelta(rest))
+    else:
+        pieces = (tools.feed(rest) if rest else []) + tools.finish()
+        outputs += [TextDelta(p.text) if isinstance(p, ContentText) else p for p in pieces]
+    reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
+    if tools is not None and tools.calls and reason == "stop":
+        reason = "tool_calls"
+    outputs.append(Finished(reason, event.usage))
+    return outputs
 
 
 def context_length_error(exc: PromptTooLong, param: str) -> InvalidRequest:

@@ -6,15 +6,18 @@ from typing import Any
 
 from ._errors import InvalidRequest
 from ._schemas import ChatMessage, CompletionRequest
+from ._tools import call_arguments_for_template
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
+def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages",
                              code="invalid_value")
     rendered = [_message(i, m) for i, m in enumerate(messages)]
+    extra = {"tools": tools} if tools else {}
     try:
-        tokens = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
+        tokens = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
+                                               **extra)
     except Exception as exc:  # noqa: BLE001 - a template's own check (e.g. role order) is the client's
         raise InvalidRequest(f"the model's chat template rejected the messages: {exc}",
                              param="messages", code="invalid_value") from None
@@ -26,18 +29,42 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
 
 def _message(index: int, message: ChatMessage) -> dict[str, Any]:
     where = f"messages[{index}]"
-    for name in ("tool_calls", "function_call", "audio"):
+    for name in ("function_call", "audio"):
         if getattr(message, name):
-            raise InvalidRequest(f"'{where}.{name}' is not supported yet", param=f"{where}.{name}",
+            raise InvalidRequest(f"'{where}.{name}' is not supported", param=f"{where}.{name}",
                                  code="unsupported_parameter")
-    if message.role == "tool":
-        raise InvalidRequest("tool messages are not supported yet", param=f"{where}.role",
-                             code="unsupported_parameter")
     role = "system" if message.role == "developer" else message.role
     rendered: dict[str, Any] = {"role": role, "content": _text(where, message)}
     if message.name:
         rendered["name"] = message.name
+    if message.tool_calls:
+        if message.role != "assistant":
+            raise InvalidRequest("only assistant messages carry tool_calls",
+                                 param=f"{where}.tool_calls", code="invalid_value")
+        rendered["tool_calls"] = [_tool_call(f"{where}.tool_calls[{j}]", c)
+                                  for j, c in enumerate(message.tool_calls)]
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise InvalidRequest("tool messages need the 'tool_call_id' they answer",
+                                 param=f"{where}.tool_call_id", code="missing_required_parameter")
+        rendered["tool_call_id"] = message.tool_call_id
     return rendered
+
+
+def _tool_call(where: str, call: Any) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InvalidRequest("a tool call needs a function with a name", param=where,
+                             code="invalid_value")
+    arguments = function.get("arguments", "{}")
+    if not isinstance(arguments, str):
+        raise InvalidRequest("tool call arguments must be a JSON string",
+                             param=f"{where}.function.arguments", code="invalid_value")
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": call_arguments_for_template(arguments)},
+    }
 
 
 def _text(where: str, message: ChatMessage) -> str:

@@ -39,10 +39,24 @@ class UsageOut:
 
 
 @attrs.frozen
+class FunctionCall:
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class ToolCall:
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+@attrs.frozen
 class AssistantMessage:
     content: str | None
     role: Literal["assistant"] = "assistant"
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 @attrs.frozen
@@ -67,6 +81,7 @@ class ChatCompletion:
 class ChatDelta:
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @attrs.frozen
@@ -122,6 +137,14 @@ class ModelList:
     object: Literal["list"] = "list"
 
 
+def _without_tool_calls_if_none(message: AssistantMessage) -> dict[str, Any]:
+    out = {"content": message.content, "role": message.role, "refusal": message.refusal}
+    if message.tool_calls is not None:
+        out["tool_calls"] = converter.unstructure(message.tool_calls)
+    return out
+
+
+converter.register_unstructure_hook(AssistantMessage, _without_tool_calls_if_none)
 converter.register_unstructure_hook(
     ChatDelta,
     # OpenAI leaves unset delta fields out: `{"content": "x"}`, and `{}` on the final chunk.

@@ -1,0 +1,159 @@
+"""Tools: definitions normalized for chat templates, and tool calls parsed out of model text.
+
+Parsing uses mlx-lm's tool parsers (picked by mlx-lm from the model's chat template and
+exposed as `tokenizer.tool_parser`, with the markup `tool_call_start` / `tool_call_end`).
+What we add is the streaming state machine around them: text outside calls streams as it
+comes, except a tail that might be the start of the markup, which is held back until it
+resolves; a call is parsed when its end markup arrives; text after it streams again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ._errors import InvalidRequest
+
+log = logging.getLogger("mlx_nursery.openai")
+
+
+@attrs.frozen
+class ToolCallOut:
+    index: int
+    id: str
+    name: str
+    arguments: str
+    """A JSON string, as OpenAI sends it."""
+
+
+@attrs.frozen
+class ContentText:
+    text: str
+
+
+Piece = ContentText | ToolCallOut
+
+
+def normalize_tools(raw: list[Any] | None, param: str = "tools") -> list[dict[str, Any]]:
+    """Accept chat's nested form and the Responses API's flat form; return the nested form
+    that chat templates expect: {"type": "function", "function": {name, description, parameters}}."""
+    tools: list[dict[str, Any]] = []
+    for i, tool in enumerate(raw or []):
+        where = f"{param}[{i}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_value")
+        if tool.get("type") != "function":
+            raise InvalidRequest(
+                f"tool type {tool.get('type')!r} is not supported; only 'function' tools are",
+                param=f"{where}.type", code="unsupported_parameter",
+            )
+        spec = tool.get("function", tool)
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise InvalidRequest(f"'{where}' needs a function name", param=f"{where}.name",
+                                 code="invalid_value")
+        parameters = spec.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise InvalidRequest(f"'{where}' parameters must be a JSON Schema object",
+                                 param=f"{where}.parameters", code="invalid_value")
+        function: dict[str, Any] = {"name": spec["name"], "parameters": parameters}
+        if spec.get("description"):
+            function["description"] = spec["description"]
+        tools.append({"type": "function", "function": function})
+    return tools
+
+
+def call_arguments_for_template(arguments: Any) -> Any:
+    """Templates expect arguments as a mapping (most apply `tojson`): decode a JSON string once,
+    so that it is never encoded twice."""
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        return decoded if isinstance(decoded, dict) else arguments
+    return arguments
+
+
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+class ToolCallExtractor:
+    """Feed model text; get content text and completed tool calls, markup never included."""
+
+    def __init__(self, start: str, end: str, parse: Callable[[str, Any], Any], tools: list[dict[str, Any]],
+                 *, parallel: bool = True) -> None:
+        self._start, self._end = start, end
+        self._parse = parse
+        self._tools = tools
+        self._parallel = parallel
+        self._buffer = ""
+        self._in_call = False
+        self.calls = 0
+
+    @property
+    def done(self) -> bool:
+        """No more calls are allowed (parallel_tool_calls false, one call made): stop generating."""
+        return not self._parallel and self.calls > 0
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buffer += text
+        pieces: list[Piece] = []
+        while not self.done:
+            if self._in_call:
+                end = self._buffer.find(self._end)
+                if end < 0:
+                    break
+                body, self._buffer = self._buffer[:end], self._buffer[end + len(self._end):]
+                self._in_call = False
+                pieces.extend(self._calls_from(body))
+            else:
+                start = self._buffer.find(self._start)
+                if start < 0:
+                    keep = _partial_suffix(self._buffer, self._start)
+                    ready, self._buffer = self._buffer[: len(self._buffer) - keep], self._buffer[len(self._buffer) - keep:]
+                    if ready:
+                        pieces.append(ContentText(ready))
+                    break
+                if start:
+                    pieces.append(ContentText(self._buffer[:start]))
+                self._buffer = self._buffer[start + len(self._start):]
+                self._in_call = True
+        return pieces
+
+    def finish(self) -> list[Piece]:
+        """The generation ended: release held-back text; an unterminated call is dropped."""
+        rest, self._buffer = self._buffer, ""
+        if self._in_call:
+            log.warning("dropped a tool call that the generation left unterminated")
+            return []
+        return [ContentText(rest)] if rest and not self.done else []
+
+    def _calls_from(self, body: str) -> list[Piece]:
+        try:
+            parsed = self._parse(body, self._tools)
+        except Exception:  # noqa: BLE001 - a malformed call is the model's, not a server error
+            log.warning("the model emitted a tool call that does not parse; it is dropped")
+            return []
+        calls = parsed if isinstance(parsed, list) else [parsed]
+        pieces: list[Piece] = []
+        for call in calls:
+            if self.done or not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                continue
+            arguments = call.get("arguments", {})
+            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            pieces.append(ToolCallOut(self.calls, new_call_id(), call["name"], text))
+            self.calls += 1
+        return pieces
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:size]):
+            return size
+    return 0

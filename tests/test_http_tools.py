@@ -1,0 +1,134 @@
+"""Tool calling through the real server: a forced token script makes the random model emit calls.
+
+The script only dictates which token comes next; the real tokenizer, engine, detokenizer,
+tool-call extraction and SSE path all run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mlx_nursery.openai._prompts import render_chat
+from mlx_nursery.openai._schemas import ChatMessage
+from mlx_nursery.openai._converter import structure
+
+from .http_helpers import chat_body, running_server, scripted, sdk, sse_events, validate
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+ONE_CALL = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    'and<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call> Done.'
+)
+SCRIPTS = {"one": ONE_CALL, "two": TWO_CALLS}
+
+
+def tool_request(user: str, **fields: Any) -> dict[str, Any]:
+    return chat_body("What is the weather in Paris?", user=user, tools=[WEATHER, TIME],
+                     max_tokens=80, temperature=0, **fields)
+
+
+async def test_non_streaming_tool_call(tiny_model: Path) -> None:
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            reply = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
+    validate(reply, "CreateChatCompletionResponse")
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me check."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+async def test_streaming_parallel_tool_calls_with_the_sdk_helper(tiny_model: Path) -> None:
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        client = sdk(server)
+        body = tool_request("two")
+        async with client.chat.completions.stream(**body) as stream:
+            chunks = []
+            async for event in stream:
+                if event.type == "chunk":
+                    chunks.append(event.chunk)
+            final = await stream.get_final_completion()
+    for chunk in chunks:
+        validate(chunk.model_dump(exclude_unset=True), "CreateChatCompletionStreamResponse")
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == "and Done."  # text between and after calls streams; markup never does
+    assert "<" not in content and "tool_call" not in content
+    fragments = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+    firsts = [f for f in fragments if f.id]
+    assert [f.index for f in firsts] == [0, 1]
+    assert [f.function.name for f in firsts] == ["get_weather", "get_time"]
+    assert all(f.type == "function" for f in firsts)
+    for index, expected in [(0, {"city": "Paris"}), (1, {"zone": "CET"})]:
+        arguments = "".join(f.function.arguments or "" for f in fragments if f.index == index)
+        assert json.loads(arguments) == expected
+    message = final.choices[0].message
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in message.tool_calls] == ["get_weather", "get_time"]
+
+
+async def test_parallel_tool_calls_false_stops_after_the_first_call(tiny_model: Path) -> None:
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            reply = (await http.post("/v1/chat/completions",
+                                     json=tool_request("two", parallel_tool_calls=False))).json()
+            whole = (await http.post("/v1/chat/completions", json=tool_request("two"))).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
+    assert reply["usage"]["completion_tokens"] < whole["usage"]["completion_tokens"]
+
+
+async def test_tool_choice_none_offers_no_tools_and_parses_nothing(tiny_model: Path) -> None:
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            offered = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
+            body = tool_request("one", tool_choice="none", stream=True,
+                                stream_options={"include_usage": True})
+            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                events = (await sse_events(response))[:-1]
+    # Not offered: the tool definitions are not in the prompt.
+    assert offered["usage"]["prompt_tokens"] > events[-1]["usage"]["prompt_tokens"] + 50
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+    assert text == ONE_CALL  # and not parsed: the markup is just text
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) -> None:
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        client = sdk(server)
+        first = await client.chat.completions.create(**tool_request("one"))
+        call = first.choices[0].message.tool_calls[0]
+        history = [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": first.choices[0].message.content,
+             "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'},
+        ]
+        second = await client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER],
+                                                      max_tokens=4, temperature=0)
+    tokenizer = server.service.served.tokenizer  # type: ignore[union-attr]
+    messages = [structure(m, ChatMessage) for m in json.loads(json.dumps(history, default=str))]
+    expected = render_chat(tokenizer, messages, [WEATHER])
+    assert second.usage.prompt_tokens == len(expected)
+    prompt = tokenizer.decode(expected)
+    assert prompt.count('"arguments": {"city": "Paris"}') == 1
+    assert '\\"city\\"' not in prompt  # never JSON-encoded twice
+    assert '<tool_response>\n{"temperature_c": 21}\n</tool_response>' in prompt
