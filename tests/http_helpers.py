@@ -64,7 +64,7 @@ async def running_server(model: Path | None, *, extra_processors: Any = None,
     """Serve `model` until the block ends, then shut down as SIGTERM would and join everything.
 
     `model` None serves the built-in default model."""
-    defaults: dict[str, Any] = {"shutdown_grace": 5.0}
+    defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:"}
     if model is not None:
         defaults["served_model_name"] = "tiny"
     config = Settings(model=None if model is None else str(model), port=0, **{**defaults, **settings})

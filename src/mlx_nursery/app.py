@@ -10,6 +10,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .http._errors import envelope_response, error_response
+from .http import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
 from .http._routes import routes
 from .http._service import RequestProcessors, Service
 from .openai import OpenAIError
@@ -36,6 +37,10 @@ def create_app(settings: Settings | None = None, *,
     @app.before_serving
     async def start_service() -> None:
         app.nursery.start_soon(service.run, app.nursery)
+
+    @app.after_serving
+    async def close_store() -> None:
+        await service.store.close()
 
     @app.before_request
     async def assign_request_id() -> None:

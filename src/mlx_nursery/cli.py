@@ -76,6 +76,9 @@ _SERVE_FLAGS: dict[str, tuple[type, str]] = {
     "prompt_cache_bytes": (int, "prefix KV cache budget in bytes; 0 disables (default 2 GiB)"),
     "shutdown_grace": (float, "seconds running requests get after SIGTERM (default 10)"),
     "log_level": (str, "debug, info, warning or error (default info)"),
+    "responses_db": (str, "SQLite file of stored responses (default: user data dir; ':memory:')"),
+    "responses_max": (int, "stored responses kept before the oldest are evicted (default 10000)"),
+    "responses_max_age": (float, "seconds a stored response is kept (default 30 days)"),
 }
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -45,6 +44,20 @@ class Settings:
     shutdown_grace: float = attrs.field(default=10.0, validator=v.ge(0))
     """Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled."""
     log_level: str = attrs.field(default="info", validator=v.in_(LOG_LEVELS))
+    responses_db: str | None = None
+    """SQLite file of the Responses store; None: responses.db in the user data directory;
+    ":memory:" keeps nothing across restarts."""
+    responses_max: int = attrs.field(default=10_000, validator=v.ge(1))
+    """Stored responses kept; the oldest are evicted past it."""
+    responses_max_age: float = attrs.field(default=30 * 24 * 3600.0, validator=v.gt(0))
+    """Seconds a stored response is kept."""
+
+    def responses_db_path(self) -> str:
+        if self.responses_db:
+            return self.responses_db
+        import platformdirs
+
+        return str(platformdirs.user_data_path("mlx-nursery") / "responses.db")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -60,9 +73,6 @@ class Settings:
             return cls(**values)
         except (TypeError, ValueError) as exc:
             raise SettingsError(str(exc)) from exc
-
-    def engine_model(self) -> str | Path | None:
-        return self.model
 
 
 def env_name(field: str) -> str:

@@ -18,6 +18,7 @@ import trio
 from ..engine import Engine, EngineConfig
 from ..openai import ServedModel, Unavailable
 from ..settings import Settings
+from ..store import ResponsesStore
 from ._jobs import Jobs
 
 log = logging.getLogger("mlx_nursery.http")
@@ -40,10 +41,13 @@ class Service:
         self.engine: Engine | None = None
         self.served: ServedModel | None = None
         self.jobs: Jobs | None = None
+        self.store = ResponsesStore(settings.responses_db_path(), max_responses=settings.responses_max,
+                                    max_age_seconds=settings.responses_max_age)
 
     async def run(self, nursery: trio.Nursery) -> None:
         """Load the model and start the engine in `nursery`; on failure, log and report unhealthy."""
         try:
+            await self.store.open()
             model = self.settings.model
             if model is None:
                 from ..models.default import ensure_default_model

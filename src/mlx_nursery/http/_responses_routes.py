@@ -1,0 +1,149 @@
+"""/v1/responses: create (JSON or named SSE events), retrieve, delete, input items."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+from quart import Response, request
+
+from ..openai import Finished, OpenAIError, ResourceNotFound, TextDelta, ToolCallOut
+from ..openai._errors import InvalidRequest
+from ..openai._responses import (
+    PreparedResponse,
+    ResponseBuilder,
+    input_items_page,
+    parse_request,
+    prepare_response,
+)
+from ..store import StoredResponse
+from ._errors import error_response
+from ._jobs import Job
+from ._routes import _json_body, _ready, _service, routes
+from ._service import Service
+from ._sse import HEADERS
+
+
+@routes.post("/v1/responses")
+async def create_response() -> Response:
+    service = _service()
+    _, served, jobs = service.require_ready()
+    body = await _json_body()
+    parsed = parse_request(body)
+    previous = None
+    if parsed.previous_response_id:
+        stored = await service.store.get(parsed.previous_response_id)
+        if stored is None:
+            raise _not_found(parsed.previous_response_id, "previous_response_id")
+        previous = stored.conversation
+    prepared = prepare_response(parsed, served, previous)
+    if service.extra_processors is not None:
+        generation = attrs.evolve(prepared.prepared.generation,
+                                  logits_processors=service.extra_processors(body))
+        prepared = attrs.evolve(prepared, prepared=attrs.evolve(prepared.prepared, generation=generation))
+    job = await jobs.start(prepared.prepared)
+    builder = ResponseBuilder(prepared)
+    if parsed.stream:
+        response = Response(_stream(service, prepared, builder, job), content_type="text/event-stream",
+                            headers=HEADERS)
+        response.timeout = None
+        return response
+    try:
+        async for item in job.receive:
+            if isinstance(item, OpenAIError):
+                return error_response(item)
+            _apply(builder, item)
+            if isinstance(item, Finished):
+                await _save(service, prepared, builder)
+                return Response(json.dumps(builder.response()), content_type="application/json")
+        raise OpenAIError("the generation ended unexpectedly", code="internal_error")
+    finally:
+        job.cancel("client")
+
+
+def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
+    if isinstance(item, TextDelta):
+        return builder.text(item.text)
+    if isinstance(item, ToolCallOut):
+        return builder.call(item)
+    return builder.finish(item)
+
+
+async def _stream(service: Service, prepared: PreparedResponse, builder: ResponseBuilder,
+                  job: Job) -> AsyncIterator[bytes]:
+    try:
+        yield _events(builder.opening())
+        async for first in job.receive:
+            events: list[dict[str, Any]] = []
+            for item in [first, *_ready(job.receive)]:
+                if isinstance(item, OpenAIError):
+                    events.append(builder.error_event(item))
+                    yield _events(events)
+                    return
+                events += _apply(builder, item)
+                if isinstance(item, Finished):
+                    await _save(service, prepared, builder)  # before the client can ask for it
+                    events.append(builder.final_event())
+                    yield _events(events)
+                    return
+            yield _events(events)
+    finally:
+        job.cancel("client")
+
+
+def _events(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+        for e in events
+    )
+
+
+async def _save(service: Service, prepared: PreparedResponse, builder: ResponseBuilder) -> None:
+    if prepared.store:
+        await service.store.put(StoredResponse(prepared.id, float(prepared.created_at), builder.response(),
+                                               prepared.input_items, builder.conversation()))
+
+
+@routes.get("/v1/responses/<response_id>")
+async def retrieve_response(response_id: str) -> Response:
+    if request.args.get("stream", "false").lower() == "true":
+        raise InvalidRequest("streaming a stored response is not supported", param="stream",
+                             code="unsupported_parameter")
+    stored = await _stored(response_id)
+    return Response(json.dumps(stored.body), content_type="application/json")
+
+
+@routes.delete("/v1/responses/<response_id>")
+async def delete_response(response_id: str) -> Response:
+    if not await _service().store.delete(response_id):
+        raise _not_found(response_id, "response_id")
+    body = {"id": response_id, "object": "response", "deleted": True}
+    return Response(json.dumps(body), content_type="application/json")
+
+
+@routes.get("/v1/responses/<response_id>/input_items")
+async def list_input_items(response_id: str) -> Response:
+    stored = await _stored(response_id)
+    try:
+        limit = int(request.args.get("limit", "20"))
+    except ValueError:
+        raise InvalidRequest("limit must be an integer", param="limit", code="invalid_value") from None
+    if request.args.getlist("include"):
+        raise InvalidRequest("'include' is not supported", param="include", code="unsupported_parameter")
+    page = input_items_page(stored.input_items, after=request.args.get("after"), limit=limit,
+                            order=request.args.get("order", "desc"))
+    return Response(json.dumps(page), content_type="application/json")
+
+
+async def _stored(response_id: str) -> StoredResponse:
+    stored = await _service().store.get(response_id)
+    if stored is None:
+        raise _not_found(response_id, "response_id")
+    return stored
+
+
+def _not_found(response_id: str, param: str) -> ResourceNotFound:
+    return ResourceNotFound(f"Response with id '{response_id}' not found.", param=param,
+                            code="response_not_found")
