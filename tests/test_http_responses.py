@@ -154,3 +154,63 @@ async def test_responses_errors(tiny_model: Path) -> None:
             assert response.json()["error"]["param"] == param
         page = await http.get("/v1/responses/resp_missing/input_items")
         assert page.status_code == 404
+
+
+async def test_concurrent_responses_are_all_stored(tiny_model: Path, tmp_path: Path) -> None:
+    import trio
+
+    async with running_server(tiny_model, responses_db=str(tmp_path / "r.db")) as server:
+        client = sdk(server)
+        ids: list[str] = []
+
+        async def one(i: int) -> None:
+            created = await client.responses.create(model="tiny", input=f"request {i}", max_output_tokens=3)
+            ids.append(created.id)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(one, i)
+        for response_id in ids:
+            assert (await client.responses.retrieve(response_id)).id == response_id
+        assert len(set(ids)) == 8
+
+
+async def test_a_committed_response_survives_kill_9(tiny_model: Path, tmp_path: Path) -> None:
+    import signal
+
+    import trio
+
+    from .test_http_cancellation import _spawn_server
+
+    db = str(tmp_path / "r.db")
+    process, port = await trio.to_thread.run_sync(
+        lambda: _spawn_server(tiny_model, "--served-model-name", "tiny", "--responses-db", db))
+    try:
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        created = await client.responses.create(model="tiny", input="keep me", max_output_tokens=3)
+        process.send_signal(signal.SIGKILL)
+        await trio.to_thread.run_sync(process.wait)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
+    async with running_server(tiny_model, responses_db=db) as server:
+        kept = await sdk(server).responses.retrieve(created.id)
+    assert kept.id == created.id and kept.status == created.status
+
+
+async def test_disconnecting_a_response_stream_frees_the_lane(tiny_model: Path) -> None:
+    from .http_helpers import engine_of, port_of, post_request, raw_http, read_until
+
+    async with running_server(tiny_model, max_concurrency=1) as server:
+        body = {"model": "tiny", "input": "go", "stream": True, "max_output_tokens": 3000, "temperature": 0}
+        connection = await raw_http(port_of(server), post_request("/v1/responses", body))
+        await read_until(connection, b"response.output_text.delta")
+        await connection.aclose()
+        reply = await sdk(server).responses.create(model="tiny", input="next", max_output_tokens=2)
+        assert reply.usage.output_tokens == 2
+        stats = engine_of(server).statistics()
+        assert stats.lanes_borrowed == 0 and stats.worker is not None
+        assert stats.worker.generated_tokens < 1500
