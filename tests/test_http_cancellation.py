@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -136,6 +138,20 @@ async def test_idle_keep_alive_connections_are_closed(tiny_model: Path) -> None:
                 pass
 
 
+@asynccontextmanager
+async def spawned_server(model: Path, *flags: str) -> AsyncIterator[tuple[subprocess.Popen[str], int]]:
+    """`mlx-nursery serve` as a real process (for signals); killed on exit if still running."""
+    process, port = await trio.to_thread.run_sync(lambda: _spawn_server(model, *flags))
+    try:
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+        await trio.to_thread.run_sync(process.wait)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
 def _spawn_server(model: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
     process = subprocess.Popen(
         [sys.executable, "-m", "mlx_nursery", "serve", "--model", str(model), "--port", "0", *flags],
@@ -154,10 +170,8 @@ def _spawn_server(model: Path, *flags: str) -> tuple[subprocess.Popen[str], int]
 
 
 async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path) -> None:
-    process, port = await trio.to_thread.run_sync(
-        lambda: _spawn_server(tiny_model, "--served-model-name", "tiny", "--shutdown-grace", "0.5")
-    )
-    try:
+    flags = ("--served-model-name", "tiny", "--shutdown-grace", "0.5")
+    async with spawned_server(tiny_model, *flags) as (process, port):
         body = chat_body(max_tokens=LONG, temperature=0, stream=True)
         running = await raw_http(port, post_request("/v1/chat/completions", body))
         await read_until(running, b"data: ")
@@ -173,9 +187,3 @@ async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path)
         code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
         assert code == 0
         await running.aclose()
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        assert process.stderr is not None
-        process.stderr.close()

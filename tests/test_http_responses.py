@@ -180,22 +180,14 @@ async def test_a_committed_response_survives_kill_9(tiny_model: Path, tmp_path: 
 
     import trio
 
-    from .test_http_cancellation import _spawn_server
+    from .test_http_cancellation import spawned_server
 
     db = str(tmp_path / "r.db")
-    process, port = await trio.to_thread.run_sync(
-        lambda: _spawn_server(tiny_model, "--served-model-name", "tiny", "--responses-db", db))
-    try:
+    async with spawned_server(tiny_model, "--served-model-name", "tiny", "--responses-db", db) as (process, port):
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
         created = await client.responses.create(model="tiny", input="keep me", max_output_tokens=3)
         process.send_signal(signal.SIGKILL)
         await trio.to_thread.run_sync(process.wait)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
     async with running_server(tiny_model, responses_db=db) as server:
         kept = await sdk(server).responses.retrieve(created.id)
     assert kept.id == created.id and kept.status == created.status
