@@ -187,3 +187,19 @@ async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path)
         code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
         assert code == 0
         await running.aclose()
+
+
+async def test_sigterm_lets_a_running_request_finish_within_the_grace_period(tiny_model: Path) -> None:
+    async with spawned_server(tiny_model, "--served-model-name", "tiny", "--shutdown-grace", "60") as (
+        process, port,
+    ):
+        body = chat_body(max_tokens=400, temperature=0, stream=True)
+        running = await raw_http(port, post_request("/v1/chat/completions", body))
+        await read_until(running, b"data: ")
+        process.send_signal(signal.SIGTERM)
+        tail = await read_until(running, b"data: [DONE]")  # it ran to its end
+        assert b"server_shutting_down" not in tail
+        assert b'"finish_reason":"length"' in tail
+        code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
+        assert code == 0
+        await running.aclose()
