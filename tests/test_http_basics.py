@@ -131,7 +131,10 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         (chat_body(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"),
          400, "tool_choice"),
         (chat_body(logprobs=True), 400, "logprobs"),
-        (chat_body(response_format={"type": "json_object"}), 400, "response_format"),
+        (chat_body(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "format": "not-a-format"}}}),
+         400, "response_format.json_schema.schema"),
+        (chat_body(response_format={"type": "yaml"}), 400, "response_format.type"),
         (chat_body(frobnicate=1), 400, "frobnicate"),
         ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
         ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),

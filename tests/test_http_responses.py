@@ -139,7 +139,9 @@ async def test_previous_response_chain_and_function_call_round_trip(tiny_model: 
 async def test_responses_errors(tiny_model: Path) -> None:
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
-        ({"model": "tiny", "input": "x", "text": {"format": {"type": "json_object"}}}, 400, "text.format"),
+        ({"model": "tiny", "input": "x", "text": {"format": {
+            "type": "json_schema", "name": "x", "schema": {"type": "string", "format": "not-a-format"}}}},
+         400, "text.format.schema"),
         ({"model": "tiny", "input": "x", "background": True}, 400, "background"),
         ({"model": "tiny", "input": []}, 400, "input"),
         ({"model": "tiny", "input": [{"type": "input_image"}]}, 400, "input[0].type"),

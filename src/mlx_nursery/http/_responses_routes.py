@@ -41,7 +41,8 @@ async def create_response() -> Response:
     prepared = prepare_response(parsed, served, previous)
     if service.extra_processors is not None:
         generation = attrs.evolve(prepared.prepared.generation,
-                                  logits_processors=service.extra_processors(body))
+                                  logits_processors=(*prepared.prepared.generation.logits_processors,
+                                                     *service.extra_processors(body)))
         prepared = attrs.evolve(prepared, prepared=attrs.evolve(prepared.prepared, generation=generation))
     job = await jobs.start(prepared.prepared)
     builder = ResponseBuilder(prepared)

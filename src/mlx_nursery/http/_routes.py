@@ -77,7 +77,8 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
     prepared = prepare(body, served)
     if service.extra_processors is not None:
         generation = attrs.evolve(prepared.generation,
-                                  logits_processors=service.extra_processors(body))
+                                  logits_processors=(*prepared.generation.logits_processors,
+                                                     *service.extra_processors(body)))
         prepared = attrs.evolve(prepared, generation=generation)
     job = await jobs.start(prepared)
     if prepared.stream:

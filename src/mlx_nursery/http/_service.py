@@ -17,6 +17,7 @@ import trio
 
 from ..engine import Engine, EngineConfig
 from ..openai import ServedModel, Unavailable
+from ..openai._structured import Grammars
 from ..settings import Settings
 from ..store import ResponsesStore
 from ._jobs import Jobs
@@ -66,13 +67,15 @@ class Service:
             self.ready.set()
             return
         self.engine = engine
+        vocab_size = len(engine.model.tokenizer.get_vocab())
         self.served = ServedModel(
             name=self.settings.served_model_name or _public_name(self.settings.model),
             aliases=frozenset({self.settings.model or "default", str(engine.model.path)}),
             created=int(time.time()),
             tokenizer=engine.model.tokenizer,
             context_length=engine.model.context_length,
-            vocab_size=len(engine.model.tokenizer.get_vocab()),
+            vocab_size=vocab_size,
+            grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
         )
         self.jobs = Jobs(nursery, engine, self.settings.request_timeout)

@@ -21,6 +21,7 @@ from ._prompts import completion_tokens, render_chat
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
 from ._errors import InvalidRequest
+from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools
 from ._wire import (
     AssistantMessage,
@@ -45,7 +46,6 @@ _CHAT_UNIMPLEMENTED: dict[str, object] = {
     # field: its no-op value(s); anything else is a 400 naming the field
     "logprobs": False,
     "top_logprobs": (),
-    "response_format": ({"type": "text"},),
     "functions": ([],),
     "function_call": "none",
     "audio": (),
@@ -183,6 +183,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     tokens = render_chat(served.tokenizer, request.messages, tools)
     prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
                         cache_key=request.prompt_cache_key)
+    prepared = with_response_format(prepared, served, request.response_format, "response_format")
     if not tools:
         return prepared
     tokenizer = served.tokenizer
@@ -260,3 +261,21 @@ def _prepare(
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return Prepared(kind, generation, common.stops, common.stream, common.include_usage,
                     request.model, id=new_id(prefix))
+
+
+def with_response_format(prepared: Prepared, served: ServedModel, response_format: Any,
+                         param: str) -> Prepared:
+    """Constrain decoding to `response_format` (a per-request logits processor)."""
+    if response_format is None or served.grammars is None:
+        if response_format not in (None, {"type": "text"}):
+            raise InvalidRequest("structured outputs are not available for this model", param=param,
+                                 code="unsupported_parameter")
+        return prepared
+    processor = response_format_processor(served.grammars, response_format, param)
+    if processor is None:
+        return prepared
+    generation = attrs.evolve(
+        prepared.generation,
+        logits_processors=(*prepared.generation.logits_processors, processor),
+    )
+    return attrs.evolve(prepared, generation=generation)

@@ -16,7 +16,7 @@ import attrs
 from ..engine import Usage
 from . import _params as params
 from ._converter import structure
-from ._endpoints import Prepared, _common, _offered_tools, _prepare
+from ._endpoints import Prepared, _common, _offered_tools, _prepare, with_response_format
 from ._errors import InvalidRequest, OpenAIError
 from ._generation import Finished
 from ._prompts import render_chat
@@ -80,12 +80,6 @@ _UNIMPLEMENTED: dict[str, object] = {
 def parse_request(body: Any) -> ResponsesRequest:
     request = structure(body, ResponsesRequest)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
-    text_format = (request.text or {}).get("format") or {"type": "text"}
-    if text_format.get("type") != "text":
-        raise InvalidRequest(
-            f"text.format {text_format.get('type')!r} needs constrained decoding, which this "
-            "server does not support yet", param="text.format", code="unsupported_parameter",
-        )
     if request.metadata is not None and len(request.metadata) > 16:
         raise InvalidRequest("metadata takes at most 16 keys", param="metadata", code="invalid_value")
     return request
@@ -123,6 +117,7 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
     tokens = render_chat(served.tokenizer, messages, tools)
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
                         common, cache_key=request.prompt_cache_key)
+    prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format")
     if tools:
         tokenizer = served.tokenizer
         prepared = attrs.evolve(
@@ -343,7 +338,7 @@ class ResponseBuilder:
             "reasoning": {"effort": None, "summary": None},
             "store": p.store,
             "temperature": 1.0 if r.temperature is None else r.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": (r.text or {}).get("format") or {"type": "text"}},
             "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
             "tools": [_flat_tool(t) for t in p.prepared.tools] if p.prepared.tools else [],
             "top_p": 1.0 if r.top_p is None else r.top_p,

@@ -22,6 +22,8 @@ class ServedModel:
     """Computed once: `get_vocab()` builds a dict of the whole vocabulary (62 ms at 128k
     tokens), far too slow for the request path."""
     default_max_tokens: int | None = None
+    grammars: Any = None
+    """`_structured.Grammars` for this model's tokenizer (None: structured outputs unavailable)."""
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:

@@ -1,0 +1,115 @@
+"""Structured outputs by constrained decoding with llguidance.
+
+Why llguidance: it compiles JSON Schema lazily (no per-schema precompute over the whole
+vocabulary, so a new schema costs nothing up front), computes a token mask in tens of
+microseconds, reports the schema features it cannot enforce by name, and is what mlx-vlm
+already ships. xgrammar needs a per-vocabulary compile step and ties its fast path to torch.
+
+Each request gets its own matcher, wrapped as a logits processor, so constraints apply per
+sequence inside the batched engine: the processor advances the matcher with the token the
+engine sampled last, then masks every token the grammar does not allow (once the JSON is
+complete, only EOS remains).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import numpy as np
+
+from ._errors import InvalidRequest
+
+
+class Grammars:
+    """Per model: llguidance's view of the tokenizer, built once, on first use."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        self._hf = getattr(tokenizer, "_tokenizer", tokenizer)
+        self._vocab_size = vocab_size
+        self._lock = threading.Lock()
+        self._llt: Any = None
+
+    def _tokenizer(self) -> Any:
+        with self._lock:
+            if self._llt is None:
+                import llguidance.hf
+
+                self._llt = llguidance.hf.from_tokenizer(self._hf, n_vocab=self._vocab_size)
+            return self._llt
+
+    def json_processor(self, schema: dict[str, Any] | None, param: str) -> GrammarProcessor:
+        """A processor for JSON matching `schema` (None: any JSON object). 400 if unenforceable."""
+        import llguidance
+
+        if schema is not None and not isinstance(schema, dict):
+            raise InvalidRequest("the JSON schema must be an object", param=param, code="invalid_value")
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(schema if schema is not None else {"type": "object"}),
+                defaults={"whitespace_flexible": False},
+            )
+        except Exception as exc:  # noqa: BLE001 - its message names the offending feature
+            raise InvalidRequest(f"unsupported JSON schema: {exc}", param=param,
+                                 code="unsupported_schema") from None
+        tokenizer = self._tokenizer()
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            raise InvalidRequest(f"unsupported JSON schema: {error}", param=param,
+                                 code="unsupported_schema")
+        return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size)
+
+
+class GrammarProcessor:
+    """A logits processor driving one llguidance matcher; one instance per request."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        import llguidance.numpy as lnp
+
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._bitmask = lnp.allocate_token_bitmask(1, vocab_size)
+        self._fill = lnp.fill_next_token_bitmask
+        self._started = False
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        import mlx.core as mx
+
+        if self._started:
+            # The engine calls processors once per sampled token, in order: the last token of
+            # the context is the one sampled after our previous mask.
+            if not self._matcher.consume_token(int(tokens[-1].item())):
+                raise RuntimeError(f"constrained decoding diverged: {self._matcher.get_error()}")
+        self._started = True
+        self._fill(self._matcher, self._bitmask, 0)
+        vocab = logits.shape[-1]
+        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:vocab]
+        if allowed.shape[0] < vocab:  # ids past the tokenizer's vocabulary (padding) never fit
+            allowed = np.concatenate([allowed, np.zeros(vocab - allowed.shape[0], np.uint8)])
+        mask = mx.array(allowed.astype(bool))
+        return mx.where(mask, logits, mx.array(-mx.inf, logits.dtype))
+
+
+def response_format_processor(grammars: Grammars, response_format: Any, param: str) -> GrammarProcessor | None:
+    """Chat's `response_format` ({"type": "text" | "json_object" | "json_schema"}) and the
+    Responses `text.format` (the same, json_schema flattened) to a processor, or None."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise InvalidRequest(f"'{param}' must be an object", param=param, code="invalid_value")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return grammars.json_processor(None, param)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema", response_format)  # chat nests it; Responses does not
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None:
+            raise InvalidRequest("json_schema needs a 'schema'", param=f"{param}.json_schema",
+                                 code="missing_required_parameter")
+        return grammars.json_processor(schema, f"{param}.json_schema.schema" if "json_schema" in response_format
+                                       else f"{param}.schema")
+    raise InvalidRequest(f"{param} type {kind!r} is not supported", param=f"{param}.type",
+                         code="unsupported_parameter")
