@@ -128,8 +128,10 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         (chat_body(n=2), 400, "n"),
         (chat_body(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
         (chat_body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
-        (chat_body(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="required"),
-         400, "tool_choice"),
+        (chat_body(tools=[{"type": "function", "function": {"name": "f"}}],
+                   tool_choice={"type": "function", "function": {"name": "g"}}), 400, "tool_choice"),
+        (chat_body(tools=[{"type": "function", "function": {"name": "f", "strict": True}}]),
+         400, "tools[0].strict"),
         (chat_body(logprobs=True), 400, "logprobs"),
         (chat_body(response_format={"type": "json_schema", "json_schema": {
             "name": "x", "schema": {"type": "string", "format": "not-a-format"}}}),

@@ -108,3 +108,38 @@ async def test_streaming_json_object_and_length_is_reported_as_length(tiny_model
                 max_tokens=3)
         ok = await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
         assert ok.status_code == 200
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "strict": True, "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}},
+        "required": ["zone"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}],
+                         ids=["required", "named"])
+async def test_forced_tool_choice_always_yields_a_valid_call(tiny_model: Path, choice: Any) -> None:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        for seed in range(8):
+            reply = await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Use a tool."}], tools=TOOLS,
+                tool_choice=choice, temperature=1.0, seed=seed, max_tokens=120,
+            )
+            validate(reply.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
+            assert reply.choices[0].finish_reason == "tool_calls"
+            (call,) = reply.choices[0].message.tool_calls
+            if isinstance(choice, dict):
+                assert call.function.name == "get_time"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        # And through the Responses API, with its flat tool form.
+        flat = [{"type": "function", **t["function"]} for t in TOOLS]
+        response = await client.responses.create(model="tiny", input="Use a tool.", tools=flat,
+                                                 tool_choice="required", max_output_tokens=120)
+        (call_item,) = [item for item in response.output if item.type == "function_call"]
+        jsonschema.validate(json.loads(call_item.arguments), schemas[call_item.name])

@@ -179,11 +179,12 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         if request.max_completion_tokens is not None else (request.max_tokens, "max_tokens")
     )
     common = _common(request, served)
-    tools = _offered_tools(request, served)
+    tools, forced = _offered_tools(request, served)
     tokens = render_chat(served.tokenizer, request.messages, tools)
     prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
                         cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, request.response_format, "response_format")
+    prepared = with_processor(prepared, forced)
     if not tools:
         return prepared
     tokenizer = served.tokenizer
@@ -194,24 +195,58 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     )
 
 
-def _offered_tools(request: ChatCompletionRequest, served: ServedModel) -> list[dict[str, Any]]:
-    """The tools the model is shown: none for tool_choice "none"; "auto" by default."""
+def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, Any]], Any]:
+    """The tools the model is shown, and the constraint that forces a call (or None).
+
+    tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
+    a named function force exactly one call by constrained decoding, with arguments valid
+    against the tool's parameters. `strict: true` is only honoured where decoding is
+    constrained, so with "auto" it is a 400 rather than a promise not kept.
+    """
     tools = normalize_tools(request.tools)
     choice = request.tool_choice
-    if choice is not None and choice not in ("none", "auto"):
-        raise InvalidRequest(
-            "tool_choice 'required' and named functions need constrained decoding, which this "
-            "server does not support yet; use 'auto' or 'none'",
-            param="tool_choice", code="unsupported_parameter",
-        )
     if choice == "none" or not tools:
-        return []
-    if not getattr(served.tokenizer, "has_tool_calling", False):
+        return [], None
+    tokenizer = served.tokenizer
+    if not getattr(tokenizer, "has_tool_calling", False):
         raise InvalidRequest(
             f"the model '{served.name}' has no tool-call format that this server can parse",
             param="tools", code="unsupported_parameter",
         )
-    return tools
+    if choice in (None, "auto"):
+        for i, raw in enumerate(request.tools or []):
+            if isinstance(raw, dict) and (raw.get("function", raw) or {}).get("strict"):
+                raise InvalidRequest(
+                    "strict tools are enforced only with tool_choice 'required' or a named "
+                    "function", param=f"tools[{i}].strict", code="unsupported_parameter")
+        return tools, None
+    name = _forced_name(choice, tools)
+    if not getattr(tokenizer.tool_parser, "__module__", "").endswith("json_tools") or served.grammars is None:
+        raise InvalidRequest(
+            "tool_choice 'required' or a named function is supported for models with the "
+            "<tool_call> JSON format only", param="tool_choice", code="unsupported_parameter")
+    markup = (tokenizer.tool_call_start, tokenizer.tool_call_end)
+    return tools, served.grammars.tool_call_processor(tools, markup, "tool_choice", name=name)
+
+
+def _forced_name(choice: Any, tools: list[dict[str, Any]]) -> str | None:
+    if choice == "required":
+        return None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name") or choice.get("name")
+        if name in {t["function"]["name"] for t in tools}:
+            return str(name)
+        raise InvalidRequest(f"tool_choice names {name!r}, which is not among the tools",
+                             param="tool_choice", code="invalid_value")
+    raise InvalidRequest(f"invalid tool_choice {choice!r}", param="tool_choice", code="invalid_value")
+
+
+def with_processor(prepared: Prepared, processor: Any) -> Prepared:
+    if processor is None:
+        return prepared
+    generation = attrs.evolve(prepared.generation,
+                              logits_processors=(*prepared.generation.logits_processors, processor))
+    return attrs.evolve(prepared, generation=generation)
 
 
 def prepare_completion(body: Any, served: ServedModel) -> Prepared:
@@ -271,11 +306,4 @@ def with_response_format(prepared: Prepared, served: ServedModel, response_forma
             raise InvalidRequest("structured outputs are not available for this model", param=param,
                                  code="unsupported_parameter")
         return prepared
-    processor = response_format_processor(served.grammars, response_format, param)
-    if processor is None:
-        return prepared
-    generation = attrs.evolve(
-        prepared.generation,
-        logits_processors=(*prepared.generation.logits_processors, processor),
-    )
-    return attrs.evolve(prepared, generation=generation)
+    return with_processor(prepared, response_format_processor(served.grammars, response_format, param))

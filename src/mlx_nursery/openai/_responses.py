@@ -16,7 +16,7 @@ import attrs
 from ..engine import Usage
 from . import _params as params
 from ._converter import structure
-from ._endpoints import Prepared, _common, _offered_tools, _prepare, with_response_format
+from ._endpoints import Prepared, _common, _offered_tools, _prepare, with_processor, with_response_format
 from ._errors import InvalidRequest, OpenAIError
 from ._generation import Finished
 from ._prompts import render_chat
@@ -113,11 +113,12 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
     fields = SamplingFields(model=request.model, stream=request.stream, temperature=request.temperature,
                             top_p=request.top_p, user=request.user)
     common = _common(fields, served)
-    tools = _offered_tools(_ToolView(request), served)
+    tools, forced = _offered_tools(_ToolView(request), served)
     tokens = render_chat(served.tokenizer, messages, tools)
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
                         common, cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format")
+    prepared = with_processor(prepared, forced)
     if tools:
         tokenizer = served.tokenizer
         prepared = attrs.evolve(

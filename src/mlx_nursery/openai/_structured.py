@@ -61,6 +61,42 @@ class Grammars:
         return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size)
 
 
+    def tool_call_processor(self, tools: list[dict[str, Any]], markup: tuple[str, str], param: str,
+                            *, name: str | None = None) -> GrammarProcessor:
+        """Force exactly one call, in the model's `<start>JSON<end>` format, of `name` (or of any
+        of `tools`), with arguments valid against that tool's parameters schema."""
+        import llguidance
+
+        chosen = [t for t in tools if name is None or t["function"]["name"] == name]
+        call = {"anyOf": [_call_schema(t["function"]) for t in chosen], "x-guidance": _COMPACT}
+        start, end = markup
+        lark = f"start: {json.dumps(start)} \"\\n\" call \"\\n\" {json.dumps(end)}\ncall: %json {json.dumps(call)}"
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        except Exception as exc:  # noqa: BLE001
+            raise InvalidRequest(f"cannot constrain to these tools: {exc}", param=param,
+                                 code="unsupported_schema") from None
+        tokenizer = self._tokenizer()
+        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            raise InvalidRequest(f"cannot constrain to these tools: {error}", param=param,
+                                 code="unsupported_schema")
+        return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size)
+
+
+_COMPACT = {"whitespace_flexible": False}
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]},
+                       "arguments": function.get("parameters") or {"type": "object"}},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
 class GrammarProcessor:
     """A logits processor driving one llguidance matcher; one instance per request."""
 
