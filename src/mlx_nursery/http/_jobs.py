@@ -91,6 +91,7 @@ class Jobs:
                         await generate_text(self._engine, prepared.generation, prepared.stops, send,
                                             prompt_param=prepared.prompt_param,
                                             tools=prepared.tool_extractor(),
+                                            logprobs=prepared.logprob_aligner(),
                                             task_status=_Started(mark_started))
                     except OpenAIError as exc:
                         if not started:

@@ -24,6 +24,7 @@ from ..openai import (
     prepare_completion,
     to_json,
 )
+from ..openai._logprobs import LogprobEntry
 from ._errors import error_response
 from ._jobs import Job, JobItem
 from ._service import Service
@@ -102,13 +103,15 @@ async def _json_body() -> Any:
 async def _collect(prepared: Prepared, job: Job) -> Response:
     pieces: list[str] = []
     calls: list[ToolCallOut] = []
+    logprobs: list[LogprobEntry] = []
     async for item in job.receive:
         if isinstance(item, TextDelta):
             pieces.append(item.text)
+            logprobs.extend(item.logprobs)
         elif isinstance(item, ToolCallOut):
             calls.append(item)
         elif isinstance(item, Finished):
-            return Response(json.dumps(prepared.body("".join(pieces), item, calls)),
+            return Response(json.dumps(prepared.body("".join(pieces), item, calls, logprobs)),
                             content_type="application/json")
         else:
             return error_response(item)
@@ -119,6 +122,17 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
     """SSE for one job. Whatever the job produced since the last write goes out in one write,
     consecutive text merged into one delta: when the server is busy, its cost per token drops
     instead of its backlog growing."""
+    offset = 0  # characters of content sent so far (completions' text_offset)
+
+    def content(deltas: list[TextDelta]) -> bytes:
+        nonlocal offset
+        text = "".join(d.text for d in deltas)
+        entries = [e for d in deltas for e in d.logprobs]
+        start, offset = offset, offset + len(text)
+        if prepared.token_text is None:
+            return json_event(prepared.delta_json(text))
+        return data_event(prepared.delta_chunk(text, entries, start))
+
     try:
         opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
         if opening:
@@ -126,13 +140,13 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
         async for first in job.receive:
             items = [first, *_ready(job.receive)]
             out: list[bytes] = []
-            text: list[str] = []
+            text: list[TextDelta] = []
             for item in items:
                 if isinstance(item, TextDelta):
-                    text.append(item.text)
+                    text.append(item)
                     continue
                 if text:
-                    out.append(json_event(prepared.delta_json("".join(text))))
+                    out.append(content(text))
                     text = []
                 if isinstance(item, ToolCallOut):
                     out.extend(data_event(chunk) for chunk in prepared.tool_call_chunks(item))
@@ -145,7 +159,7 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
                 yield b"".join(out)
                 return
             if text:
-                out.append(json_event(prepared.delta_json("".join(text))))
+                out.append(content(text))
             yield b"".join(out)
         yield data_event(_ended_early().envelope())
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -21,6 +22,7 @@ from ._prompts import completion_tokens, render_chat
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
 from ._errors import InvalidRequest
+from ._logprobs import LogprobAligner, LogprobEntry
 from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools
 from ._wire import (
@@ -44,8 +46,6 @@ Kind = Literal["chat", "completion"]
 
 _CHAT_UNIMPLEMENTED: dict[str, object] = {
     # field: its no-op value(s); anything else is a 400 naming the field
-    "logprobs": False,
-    "top_logprobs": (),
     "functions": ([],),
     "function_call": "none",
     "audio": (),
@@ -62,7 +62,6 @@ _COMPLETION_UNIMPLEMENTED: dict[str, object] = {
     "echo": False,
     "suffix": (),
     "best_of": 1,
-    "logprobs": (),
 }
 
 
@@ -81,6 +80,11 @@ class Prepared:
     tool_markup: tuple[str, str, Any] | None = None
     """(start, end, parse) of the model's tool-call format, from mlx-lm."""
     parallel_tool_calls: bool = True
+    token_text: Any = None
+    """Decodes one token id; set when logprobs were asked for."""
+
+    def logprob_aligner(self) -> LogprobAligner | None:
+        return LogprobAligner(self.token_text) if self.token_text is not None else None
 
     def tool_extractor(self) -> ToolCallExtractor | None:
         if not self.tools or self.tool_markup is None:
@@ -93,17 +97,30 @@ class Prepared:
         return "messages" if self.kind == "chat" else "prompt"
 
     # -- non-streaming ----------------------------------------------------------------------
-    def body(self, text: str, finished: Finished, calls: list[ToolCallOut] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    def body(self, text: str, finished: Finished, calls: list[ToolCallOut] = (),  # type: ignore[assignment]
+             logprobs: list[LogprobEntry] = ()) -> dict[str, Any]:  # type: ignore[assignment]
         usage = UsageOut.of(finished.usage)
         if self.kind == "chat":
             message = AssistantMessage(
                 text if text or not calls else None,
                 tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None,
             )
-            choice = ChatChoice(0, message, finished.reason)
+            choice = ChatChoice(0, message, finished.reason, self._logprobs(logprobs, 0))
             return to_json(ChatCompletion(self.id, self.created, self.model, [choice], usage))
-        return to_json(Completion(self.id, self.created, self.model,
-                                  [CompletionChoice(0, text, finished.reason)], usage))
+        choice = CompletionChoice(0, text, finished.reason, self._logprobs(logprobs, 0))
+        return to_json(Completion(self.id, self.created, self.model, [choice], usage))
+
+    def _logprobs(self, entries: Sequence[LogprobEntry], offset: int) -> dict[str, Any] | None:
+        if self.token_text is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [e.chat() for e in entries], "refusal": None}
+        offsets, position = [], offset
+        for entry in entries:
+            offsets.append(position)
+            position += len(entry.token)
+        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
 
     # -- streaming --------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict[str, Any]]:
@@ -111,10 +128,11 @@ class Prepared:
             return [self._chat_chunk(ChatDelta(role="assistant", content=""))]
         return []
 
-    def delta_chunk(self, text: str) -> dict[str, Any]:
+    def delta_chunk(self, text: str, logprobs: Sequence[LogprobEntry] = (), offset: int = 0) -> dict[str, Any]:
+        """A chunk of content; `offset` is where it starts in the content (for text_offset)."""
         if self.kind == "chat":
-            return self._chat_chunk(ChatDelta(content=text))
-        return self._completion_chunk(text, None)
+            return self._chat_chunk(ChatDelta(content=text), logprobs=self._logprobs(logprobs, offset))
+        return self._completion_chunk(text, None, self._logprobs(logprobs, offset))
 
     def tool_call_chunks(self, call: ToolCallOut) -> list[dict[str, Any]]:
         """OpenAI's shape: the first fragment names the call, the next carries its arguments."""
@@ -151,17 +169,19 @@ class Prepared:
             chunks.append(to_json(chunk))
         return chunks
 
-    def _chat_chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> dict[str, Any]:
-        choice = ChunkChoice(0, delta, finish_reason)
+    def _chat_chunk(self, delta: ChatDelta, finish_reason: str | None = None,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        choice = ChunkChoice(0, delta, finish_reason, logprobs)
         chunk = to_json(ChatCompletionChunk(self.id, self.created, self.model, [choice]))
         # OpenAI sends `usage: null` on every chunk only when usage was asked for.
         if not self.include_usage:
             del chunk["usage"]
         return chunk
 
-    def _completion_chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def _completion_chunk(self, text: str, finish_reason: str | None,
+                          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         chunk = to_json(Completion(self.id, self.created, self.model,
-                                   [CompletionChoice(0, text, finish_reason)]))
+                                   [CompletionChoice(0, text, finish_reason, logprobs)]))
         if not self.include_usage:
             del chunk["usage"]
         return chunk
@@ -185,6 +205,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
                         cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, request.response_format, "response_format")
     prepared = with_processor(prepared, forced)
+    prepared = _with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     if not tools:
         return prepared
     tokenizer = served.tokenizer
@@ -255,7 +276,33 @@ def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     params.reject_unimplemented(request, _COMPLETION_UNIMPLEMENTED)
     common = _common(request, served)
     tokens = completion_tokens(served.tokenizer, request, served.vocab_size)
-    return _prepare("completion", request, served, tokens, request.max_tokens, "max_tokens", common)
+    prepared = _prepare("completion", request, served, tokens, request.max_tokens, "max_tokens", common)
+    if request.logprobs is not None:
+        params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
+    return _with_logprobs(prepared, served, request.logprobs)
+
+
+def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
+    """Chat: `logprobs: true` turns them on; `top_logprobs` (0-20) adds alternatives."""
+    if request.top_logprobs is not None:
+        params.require(bool(request.logprobs), "top_logprobs", "top_logprobs needs logprobs: true")
+        params.require(0 <= request.top_logprobs <= 20, "top_logprobs",
+                       "top_logprobs must be between 0 and 20")
+    if not request.logprobs:
+        return None
+    if tools:
+        raise InvalidRequest("logprobs together with tools are not supported", param="logprobs",
+                             code="unsupported_parameter")
+    return request.top_logprobs or 0
+
+
+def _with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> Prepared:
+    if top is None:
+        return prepared
+    tokenizer = served.tokenizer
+    generation = attrs.evolve(prepared.generation, logprobs=top)
+    return attrs.evolve(prepared, generation=generation,
+                        token_text=lambda token: tokenizer.decode([token]))
 
 
 @attrs.frozen

@@ -23,6 +23,7 @@ from ..engine import (
     Usage,
 )
 from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable
+from ._logprobs import LogprobAligner, LogprobEntry
 from ._stop import StopMatcher
 from ._tools import ContentText, ToolCallExtractor, ToolCallOut
 
@@ -34,6 +35,8 @@ OpenAIFinish = Literal["stop", "length", "tool_calls"]
 @attrs.frozen
 class TextDelta:
     text: str
+    logprobs: tuple[LogprobEntry, ...] = ()
+    """Entries for the tokens this text completes (when logprobs were asked for)."""
 
 
 @attrs.frozen
@@ -53,6 +56,7 @@ async def generate_text(
     *,
     prompt_param: str = "messages",
     tools: ToolCallExtractor | None = None,
+    logprobs: LogprobAligner | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Generate, reporting `started` once the sequence holds a lane (errors before that raise)."""
@@ -60,8 +64,9 @@ async def generate_text(
 
     async def emit(text: str) -> None:
         if tools is None:
-            if text:
-                await send.send(TextDelta(text))
+            entries = tuple(logprobs.take(text)) if logprobs is not None else ()
+            if text or entries:
+                await send.send(TextDelta(text, entries))
             return
         for piece in tools.feed(text) if text else []:
             await send.send(TextDelta(piece.text) if isinstance(piece, ContentText) else piece)
@@ -70,12 +75,14 @@ async def generate_text(
         async with engine.generate(request) as stream:
             task_status.started()
             async for event in stream:
+                if logprobs is not None and event.logprob is not None and event.token_id is not None:
+                    logprobs.add(event.text, event.logprob)
                 if event.text and not matcher.stopped:
                     await emit(matcher.feed(event.text))
                     if matcher.stopped or (tools is not None and tools.done):
                         stream.stop()  # ends before the next step; the final event still comes
                 if event.is_final:
-                    for output in _finish(event, matcher, tools):
+                    for output in _finish(event, matcher, tools, logprobs):
                         await send.send(output)
     # Admission errors: raised before the sequence got a lane, so before `started`.
     except PromptTooLong as exc:
@@ -88,7 +95,8 @@ async def generate_text(
                           code="server_unavailable") from None
 
 
-def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | None) -> list[Output]:
+def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | None,
+            logprobs: LogprobAligner | None) -> list[Output]:
     assert event.usage is not None
     stopped_by_us = matcher.stopped or (tools is not None and tools.done)
     if not stopped_by_us and event.finish_reason not in ("stop", "length"):
@@ -100,8 +108,9 @@ def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | 
     outputs: list[Output] = []
     rest = matcher.flush()
     if tools is None:
-        if rest:
-            outputs.append(TextDelta(rest))
+        entries = tuple(logprobs.take(rest)) + tuple(logprobs.finish()) if logprobs is not None else ()
+        if rest or entries:
+            outputs.append(TextDelta(rest, entries))
     else:
         pieces = (tools.feed(rest) if rest else []) + tools.finish()
         outputs += [TextDelta(p.text) if isinstance(p, ContentText) else p for p in pieces]

@@ -64,7 +64,7 @@ class ChatChoice:
     index: int
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -89,7 +89,7 @@ class ChunkChoice:
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -107,7 +107,7 @@ class CompletionChoice:
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 @attrs.frozen

@@ -1,0 +1,87 @@
+"""Logprobs through the real server: shapes, the concatenation invariant, greedy = top-1, batching."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from .http_helpers import chat_body, running_server, sse_events, validate
+
+
+def _check_entries(content: str, entries: list[dict[str, Any]], top: int, greedy: bool) -> None:
+    assert "".join(e["token"] for e in entries) == content
+    for entry in entries:
+        assert entry["bytes"] == list(entry["token"].encode())
+        assert entry["logprob"] <= 0.0
+        assert len(entry["top_logprobs"]) == top
+        values = [t["logprob"] for t in entry["top_logprobs"]]
+        assert values == sorted(values, reverse=True)
+        assert sum(math.exp(v) for v in values) <= 1.0 + 1e-4
+        if greedy and entry["token"]:
+            assert math.isclose(entry["logprob"], values[0], abs_tol=1e-4)
+
+
+async def test_chat_logprobs_streaming_and_not(tiny_model: Path) -> None:
+    fields = {"max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+        reply = (await http.post("/v1/chat/completions", json=chat_body("Tell a tale.", **fields))).json()
+        async with http.stream("POST", "/v1/chat/completions",
+                               json=chat_body("Tell a tale.", stream=True, **fields)) as response:
+            chunks = (await sse_events(response))[:-1]
+    validate(reply, "CreateChatCompletionResponse")
+    content = reply["choices"][0]["message"]["content"]
+    entries = reply["choices"][0]["logprobs"]["content"]
+    assert len(entries) == reply["usage"]["completion_tokens"] == 16
+    _check_entries(content, entries, 3, greedy=True)
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
+    streamed = [e for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
+                for e in c["choices"][0]["logprobs"]["content"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
+    assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=1e-4) for a, b in zip(streamed, entries))
+
+
+async def test_logprobs_stop_at_a_stop_string_and_hold_under_batching(tiny_model: Path) -> None:
+    fields = {"max_tokens": 30, "temperature": 1.0, "logprobs": True}
+    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+        probe = (await http.post("/v1/chat/completions", json=chat_body(seed=5, **fields))).json()
+        full = probe["choices"][0]["message"]["content"]
+        stop = full[len(full) // 2: len(full) // 2 + 2]
+        replies: dict[int, Any] = {}
+
+        async def one(seed: int) -> None:
+            body = chat_body(seed=seed, stop=[stop] if seed == 5 else None, **fields)
+            replies[seed] = (await http.post("/v1/chat/completions", json=body)).json()
+
+        async with trio.open_nursery() as nursery:
+            for seed in range(5, 11):
+                nursery.start_soon(one, seed)
+    cut = replies[5]["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["message"]["content"] == full[: full.index(stop)]
+    for reply in replies.values():
+        choice = reply["choices"][0]
+        _check_entries(choice["message"]["content"], choice["logprobs"]["content"], 0, greedy=False)
+
+
+async def test_completions_logprobs(tiny_model: Path) -> None:
+    body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 10, "temperature": 0, "logprobs": 2}
+    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+        reply = (await http.post("/v1/completions", json=body)).json()
+        async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+            chunks = (await sse_events(response))[:-1]
+        bad = await http.post("/v1/completions", json={**body, "logprobs": 9})
+    validate(reply, "CreateCompletionResponse")
+    choice = reply["choices"][0]
+    logprobs = choice["logprobs"]
+    assert "".join(logprobs["tokens"]) == choice["text"]
+    assert len(logprobs["token_logprobs"]) == 10 and all(len(t) <= 2 for t in logprobs["top_logprobs"])
+    offsets = logprobs["text_offset"]
+    assert offsets == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(len(offsets))]
+    streamed = [t for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+                for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert streamed == logprobs["tokens"]
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
