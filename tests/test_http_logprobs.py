@@ -85,3 +85,25 @@ async def test_completions_logprobs(tiny_model: Path) -> None:
                 for t in c["choices"][0]["logprobs"]["tokens"]]
     assert streamed == logprobs["tokens"]
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
+
+
+async def test_responses_logprobs(tiny_model: Path) -> None:
+    from .http_helpers import sdk
+
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        created = await client.responses.create(model="tiny", input="Tell a tale.", max_output_tokens=12,
+                                                temperature=0, top_logprobs=2,
+                                                include=["message.output_text.logprobs"])
+        events = []
+        async with client.responses.stream(model="tiny", input="Tell a tale.", max_output_tokens=12,
+                                           temperature=0, top_logprobs=2,
+                                           include=["message.output_text.logprobs"]) as stream:
+            async for event in stream:
+                events.append(event)
+    body = created.model_dump(exclude_unset=True, mode="json", warnings=False)
+    validate(body, "Response")
+    part = body["output"][0]["content"][0]
+    _check_entries(part["text"], part["logprobs"], 2, greedy=True)
+    streamed = [e.model_dump() for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]

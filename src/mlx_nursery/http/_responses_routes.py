@@ -66,7 +66,7 @@ async def create_response() -> Response:
 
 def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
     if isinstance(item, TextDelta):
-        return builder.text(item.text)
+        return builder.text(item.text, item.logprobs)
     if isinstance(item, ToolCallOut):
         return builder.call(item)
     return builder.finish(item)

@@ -205,7 +205,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
                         cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, request.response_format, "response_format")
     prepared = with_processor(prepared, forced)
-    prepared = _with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
+    prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     if not tools:
         return prepared
     tokenizer = served.tokenizer
@@ -279,7 +279,7 @@ def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     prepared = _prepare("completion", request, served, tokens, request.max_tokens, "max_tokens", common)
     if request.logprobs is not None:
         params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
-    return _with_logprobs(prepared, served, request.logprobs)
+    return with_logprobs(prepared, served, request.logprobs)
 
 
 def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
@@ -296,7 +296,8 @@ def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
     return request.top_logprobs or 0
 
 
-def _with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> Prepared:
+def with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> Prepared:
+    """Ask the engine for logprobs (`top` alternatives each); None leaves them off."""
     if top is None:
         return prepared
     tokenizer = served.tokenizer

@@ -16,7 +16,16 @@ import attrs
 from ..engine import Usage
 from . import _params as params
 from ._converter import structure
-from ._endpoints import Prepared, _common, _offered_tools, _prepare, with_processor, with_response_format
+from ._endpoints import (
+    Prepared,
+    _common,
+    _offered_tools,
+    _prepare,
+    with_logprobs,
+    with_processor,
+    with_response_format,
+)
+from ._logprobs import LogprobEntry
 from ._errors import InvalidRequest, OpenAIError
 from ._generation import Finished
 from ._prompts import render_chat
@@ -63,10 +72,10 @@ class ResponsesRequest:
     prompt_cache_retention: str | None = None
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 _UNIMPLEMENTED: dict[str, object] = {
-    "include": ([],),
+    "include": ([], [LOGPROBS_INCLUDE]),
     "background": False,
-    "top_logprobs": (0,),
     "service_tier": ("auto", "default"),
     "max_tool_calls": (),
     "prompt": (),
@@ -80,6 +89,10 @@ _UNIMPLEMENTED: dict[str, object] = {
 def parse_request(body: Any) -> ResponsesRequest:
     request = structure(body, ResponsesRequest)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
+    if request.top_logprobs is not None:
+        params.require(0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20")
+        params.require(LOGPROBS_INCLUDE in (request.include or []), "top_logprobs",
+                       f"top_logprobs needs include: ['{LOGPROBS_INCLUDE}']")
     if request.metadata is not None and len(request.metadata) > 16:
         raise InvalidRequest("metadata takes at most 16 keys", param="metadata", code="invalid_value")
     return request
@@ -119,6 +132,11 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
                         common, cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format")
     prepared = with_processor(prepared, forced)
+    if LOGPROBS_INCLUDE in (request.include or []):
+        if tools:
+            raise InvalidRequest("logprobs together with tools are not supported", param="include",
+                                 code="unsupported_parameter")
+        prepared = with_logprobs(prepared, served, request.top_logprobs or 0)
     if tools:
         tokenizer = served.tokenizer
         prepared = attrs.evolve(
@@ -253,7 +271,7 @@ class ResponseBuilder:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
-    def text(self, delta: str) -> list[dict[str, Any]]:
+    def text(self, delta: str, logprobs: tuple[LogprobEntry, ...] = ()) -> list[dict[str, Any]]:
         events = []
         if self._message is None:
             self._message = {"type": "message", "id": item_id("msg"), "status": "in_progress",
@@ -265,10 +283,12 @@ class ResponseBuilder:
             self._message["content"].append(part)
             events.append(self._event("response.content_part.added", item_id=self._message["id"],
                                       output_index=len(self.output) - 1, content_index=0, part=_copy(part)))
+        entries = [e.chat() for e in logprobs]
         self._message["content"][0]["text"] += delta
+        self._message["content"][0]["logprobs"] += entries
         events.append(self._event("response.output_text.delta", item_id=self._message["id"],
                                   output_index=len(self.output) - 1, content_index=0, delta=delta,
-                                  logprobs=[]))
+                                  logprobs=entries))
         return events
 
     def call(self, call: ToolCallOut) -> list[dict[str, Any]]:
@@ -314,7 +334,7 @@ class ResponseBuilder:
         message["status"] = "completed"
         return [
             self._event("response.output_text.done", item_id=message["id"], output_index=index,
-                        content_index=0, text=part["text"], logprobs=[]),
+                        content_index=0, text=part["text"], logprobs=_copy(part["logprobs"])),
             self._event("response.content_part.done", item_id=message["id"], output_index=index,
                         content_index=0, part=_copy(part)),
             self._event("response.output_item.done", output_index=index, item=_copy(message)),
@@ -343,6 +363,7 @@ class ResponseBuilder:
             "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
             "tools": [_flat_tool(t) for t in p.prepared.tools] if p.prepared.tools else [],
             "top_p": 1.0 if r.top_p is None else r.top_p,
+            **({"top_logprobs": r.top_logprobs} if r.top_logprobs is not None else {}),
             "truncation": "disabled",
             "metadata": r.metadata or {},
         }
