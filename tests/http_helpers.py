@@ -77,6 +77,8 @@ async def running_server(model: Path | None, *, extra_processors: Any = None,
         try:
             yield running
         finally:
+            for client in _clients.pop(id(running), []):
+                await client.close()
             shutdown.set()
 
 
@@ -86,8 +88,14 @@ def engine_of(running: Running) -> Engine:
     return engine
 
 
+_clients: dict[int, list[openai.AsyncOpenAI]] = {}
+
+
 def sdk(running: Running, **kwargs: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=running.base_url + "/v1", api_key="unused", **kwargs)
+    """The official SDK's async client for `running`; closed when the server's block ends."""
+    client = openai.AsyncOpenAI(base_url=running.base_url + "/v1", api_key="unused", **kwargs)
+    _clients.setdefault(id(running), []).append(client)
+    return client
 
 
 def chat_body(content: str = "Say something.", **fields: Any) -> dict[str, Any]:
