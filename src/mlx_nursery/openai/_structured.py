@@ -45,21 +45,11 @@ class Grammars:
 
         if schema is not None and not isinstance(schema, dict):
             raise InvalidRequest("the JSON schema must be an object", param=param, code="invalid_value")
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema if schema is not None else {"type": "object"}),
-                defaults={"whitespace_flexible": False},
-            )
-        except Exception as exc:  # noqa: BLE001 - its message names the offending feature
-            raise InvalidRequest(f"unsupported JSON schema: {exc}", param=param,
-                                 code="unsupported_schema") from None
-        tokenizer = self._tokenizer()
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-        if error:
-            raise InvalidRequest(f"unsupported JSON schema: {error}", param=param,
-                                 code="unsupported_schema")
-        return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size)
-
+        text = json.dumps(schema if schema is not None else {"type": "object"})
+        return self._processor(
+            lambda: llguidance.LLMatcher.grammar_from_json_schema(text, defaults=_COMPACT),
+            param, "unsupported JSON schema",
+        )
 
     def tool_call_processor(self, tools: list[dict[str, Any]], markup: tuple[str, str], param: str,
                             *, name: str | None = None) -> GrammarProcessor:
@@ -71,16 +61,22 @@ class Grammars:
         call = {"anyOf": [_call_schema(t["function"]) for t in chosen], "x-guidance": _COMPACT}
         start, end = markup
         lark = f"start: {json.dumps(start)} \"\\n\" call \"\\n\" {json.dumps(end)}\ncall: %json {json.dumps(call)}"
+        return self._processor(lambda: llguidance.LLMatcher.grammar_from_lark(lark), param,
+                               "cannot constrain to these tools")
+
+    def _processor(self, compile_grammar: Any, param: str, problem: str) -> GrammarProcessor:
+        """Compile and validate against this tokenizer; a grammar llguidance refuses is a 400
+        whose message names what it could not enforce."""
+        import llguidance
+
         try:
-            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
-        except Exception as exc:  # noqa: BLE001
-            raise InvalidRequest(f"cannot constrain to these tools: {exc}", param=param,
-                                 code="unsupported_schema") from None
+            grammar = compile_grammar()
+        except Exception as exc:  # noqa: BLE001 - its message names the offending feature
+            raise InvalidRequest(f"{problem}: {exc}", param=param, code="unsupported_schema") from None
         tokenizer = self._tokenizer()
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
-            raise InvalidRequest(f"cannot constrain to these tools: {error}", param=param,
-                                 code="unsupported_schema")
+            raise InvalidRequest(f"{problem}: {error}", param=param, code="unsupported_schema")
         return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size)
 
 
