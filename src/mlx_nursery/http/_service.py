@@ -49,6 +49,12 @@ class Service:
         """Load the model and start the engine in `nursery`; on failure, log and report unhealthy."""
         try:
             await self.store.open()
+        except Exception:
+            log.exception("the responses store at %s could not be opened", self.store.path)
+            self.state = "failed"
+            self.ready.set()
+            return
+        try:
             model = self.settings.model
             if model is None:
                 from ..models.default import ensure_default_model
