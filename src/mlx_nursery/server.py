@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
 
 import attrs
 import trio

@@ -9,13 +9,10 @@
 from __future__ import annotations
 
 import json
-import logging
 
 from quart import Response
 
 from ..openai import OpenAIError, Overloaded, RequestTimeout
-
-log = logging.getLogger("mlx_nursery.http")
 
 
 def error_response(error: OpenAIError) -> Response:

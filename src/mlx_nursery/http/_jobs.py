@@ -36,7 +36,6 @@ class Job:
     receive: trio.MemoryReceiveChannel[JobItem]
     scope: trio.CancelScope
     reason: CancelReason = "timeout"
-    done: trio.Event = attrs.Factory(trio.Event)
 
     def cancel(self, reason: CancelReason) -> None:
         """Stop the job's compute (within one engine step); idempotent, first reason wins."""
@@ -53,10 +52,6 @@ class Jobs:
         self._active: set[Job] = set()
         self._idle = trio.Event()
         self._idle.set()
-
-    @property
-    def active(self) -> int:
-        return len(self._active)
 
     async def start(self, prepared: Prepared) -> Job:
         """Admit and start a job; raises the OpenAIError of a refused admission."""
@@ -118,7 +113,6 @@ class Jobs:
         return Unavailable("the request was cancelled", code="cancelled")
 
     def _finished(self, job: Job) -> None:
-        job.done.set()
         self._active.discard(job)
         if not self._active:
             self._idle.set()

@@ -21,7 +21,7 @@ from ..openai._responses import (
 from ..store import StoredResponse
 from ._errors import error_response
 from ._jobs import Job
-from ._routes import _json_body, _ready, _service, routes
+from ._routes import _ended_early, _json_body, _ready, _service, routes
 from ._service import Service
 from ._sse import HEADERS
 
@@ -39,11 +39,7 @@ async def create_response() -> Response:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
     prepared = prepare_response(parsed, served, previous)
-    if service.extra_processors is not None:
-        generation = attrs.evolve(prepared.prepared.generation,
-                                  logits_processors=(*prepared.prepared.generation.logits_processors,
-                                                     *service.extra_processors(body)))
-        prepared = attrs.evolve(prepared, prepared=attrs.evolve(prepared.prepared, generation=generation))
+    prepared = attrs.evolve(prepared, prepared=service.with_extra_processors(prepared.prepared, body))
     job = await jobs.start(prepared.prepared)
     builder = ResponseBuilder(prepared)
     if parsed.stream:
@@ -59,7 +55,7 @@ async def create_response() -> Response:
             if isinstance(item, Finished):
                 await _save(service, prepared, builder)
                 return Response(json.dumps(builder.response()), content_type="application/json")
-        raise OpenAIError("the generation ended unexpectedly", code="internal_error")
+        raise _ended_early()
     finally:
         job.cancel("client")
 

@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import attrs
 import trio
 from quart import Blueprint, Response, current_app, request
 
@@ -75,12 +74,7 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
     service = _service()
     _, served, jobs = service.require_ready()
     body = await _json_body()
-    prepared = prepare(body, served)
-    if service.extra_processors is not None:
-        generation = attrs.evolve(prepared.generation,
-                                  logits_processors=(*prepared.generation.logits_processors,
-                                                     *service.extra_processors(body)))
-        prepared = attrs.evolve(prepared, generation=generation)
+    prepared = service.with_extra_processors(prepare(body, served), body)
     job = await jobs.start(prepared)
     if prepared.stream:
         response = Response(_stream(prepared, job), content_type="text/event-stream", headers=HEADERS)

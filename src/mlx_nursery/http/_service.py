@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import trio
 
 from ..engine import Engine, EngineConfig
-from ..openai import ServedModel, Unavailable
+from ..openai import Prepared, ServedModel, Unavailable, with_processors
 from ..openai._structured import Grammars
 from ..settings import Settings
 from ..store import ResponsesStore
@@ -45,14 +45,17 @@ class Service:
         self.store = ResponsesStore(settings.responses_db_path(), max_responses=settings.responses_max,
                                     max_age_seconds=settings.responses_max_age)
 
+    def with_extra_processors(self, prepared: Prepared, body: Any) -> Prepared:
+        if self.extra_processors is None:
+            return prepared
+        return with_processors(prepared, *self.extra_processors(body))
+
     async def run(self, nursery: trio.Nursery) -> None:
         """Load the model and start the engine in `nursery`; on failure, log and report unhealthy."""
         try:
             await self.store.open()
         except Exception:
-            log.exception("the responses store at %s could not be opened", self.store.path)
-            self.state = "failed"
-            self.ready.set()
+            self._failed(f"the responses store at {self.store.path} could not be opened")
             return
         try:
             model = self.settings.model
@@ -68,9 +71,7 @@ class Service:
             )
             engine: Engine = await nursery.start(Engine(config).run)
         except Exception:
-            log.exception("the model failed to load")
-            self.state = "failed"
-            self.ready.set()
+            self._failed("the model failed to load")
             return
         self.engine = engine
         vocab_size = len(engine.model.tokenizer.get_vocab())
@@ -89,6 +90,11 @@ class Service:
         self.ready.set()
         log.info("serving %s (context %d tokens, %d lanes)", self.served.name,
                  self.served.context_length, self.settings.max_concurrency)
+
+    def _failed(self, what: str) -> None:
+        log.exception("%s", what)
+        self.state = "failed"
+        self.ready.set()
 
     @property
     def healthy(self) -> bool:

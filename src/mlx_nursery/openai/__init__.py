@@ -4,7 +4,7 @@ Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
 JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 """
 
-from ._endpoints import Prepared, prepare_chat, prepare_completion
+from ._endpoints import Prepared, prepare_chat, prepare_completion, with_processors
 from ._errors import (
     GenerationFailed,
     InvalidRequest,
@@ -40,4 +40,5 @@ __all__ = [
     "prepare_chat",
     "prepare_completion",
     "to_json",
+    "with_processors",
 ]

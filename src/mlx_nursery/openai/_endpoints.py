@@ -204,15 +204,21 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
                         cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, request.response_format, "response_format")
-    prepared = with_processor(prepared, forced)
+    prepared = with_processors(prepared, forced)
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
+    return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
+
+
+def with_tools(prepared: Prepared, served: ServedModel, tools: list[dict[str, Any]], *,
+               parallel: bool) -> Prepared:
+    """Parse the model's output for calls of `tools`, in its own tool-call format."""
     if not tools:
         return prepared
     tokenizer = served.tokenizer
     return attrs.evolve(
         prepared, tools=tools,
         tool_markup=(tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser),
-        parallel_tool_calls=request.parallel_tool_calls is not False,
+        parallel_tool_calls=parallel,
     )
 
 
@@ -262,11 +268,13 @@ def _forced_name(choice: Any, tools: list[dict[str, Any]]) -> str | None:
     raise InvalidRequest(f"invalid tool_choice {choice!r}", param="tool_choice", code="invalid_value")
 
 
-def with_processor(prepared: Prepared, processor: Any) -> Prepared:
-    if processor is None:
+def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
+    """Add logits processors to the request (None entries are skipped)."""
+    added = tuple(p for p in processors if p is not None)
+    if not added:
         return prepared
     generation = attrs.evolve(prepared.generation,
-                              logits_processors=(*prepared.generation.logits_processors, processor))
+                              logits_processors=(*prepared.generation.logits_processors, *added))
     return attrs.evolve(prepared, generation=generation)
 
 
@@ -354,4 +362,4 @@ def with_response_format(prepared: Prepared, served: ServedModel, response_forma
             raise InvalidRequest("structured outputs are not available for this model", param=param,
                                  code="unsupported_parameter")
         return prepared
-    return with_processor(prepared, response_format_processor(served.grammars, response_format, param))
+    return with_processors(prepared, response_format_processor(served.grammars, response_format, param))

@@ -22,8 +22,9 @@ from ._endpoints import (
     _offered_tools,
     _prepare,
     with_logprobs,
-    with_processor,
+    with_processors,
     with_response_format,
+    with_tools,
 )
 from ._logprobs import LogprobEntry
 from ._errors import InvalidRequest, OpenAIError
@@ -131,19 +132,13 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
                         common, cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format")
-    prepared = with_processor(prepared, forced)
+    prepared = with_processors(prepared, forced)
     if LOGPROBS_INCLUDE in (request.include or []):
         if tools:
             raise InvalidRequest("logprobs together with tools are not supported", param="include",
                                  code="unsupported_parameter")
         prepared = with_logprobs(prepared, served, request.top_logprobs or 0)
-    if tools:
-        tokenizer = served.tokenizer
-        prepared = attrs.evolve(
-            prepared, tools=tools,
-            tool_markup=(tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser),
-            parallel_tool_calls=request.parallel_tool_calls is not False,
-        )
+    prepared = with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
     return PreparedResponse(request, prepared, items, conversation)
 
 
