@@ -132,3 +132,25 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
     assert handover.response is None and handover.cache_tokens == prompt[:32]
     assert handover.remaining_prompt == prompt[32:] and handover.max_tokens == 12
     assert batch_run(handover.remaining_prompt, handover.cache, handover.cache_tokens, 12) == reference
+
+
+async def test_a_failed_handover_fails_only_that_request(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlx_nursery.engine import _worker
+
+    original = _worker.Worker._insert
+
+    def failing_for_handed_over(self, sequence, prompt, cache, cache_tokens, max_tokens):  # type: ignore[no-untyped-def]
+        if cache is not None:  # only the lone sequence arrives with a KV cache (no prefix cache here)
+            raise RuntimeError("simulated insert failure")
+        return original(self, sequence, prompt, cache, cache_tokens, max_tokens)
+
+    monkeypatch.setattr(_worker.Worker, "_insert", failing_for_handed_over)
+    config = EngineConfig(tiny_model, max_concurrency=4, prompt_cache_bytes=0)
+    async with open_engine(config) as engine:
+        first = request(engine, "A lone request", max_tokens=40, ignore_eos=True)
+        second = request(engine, "Company", max_tokens=5, ignore_eos=True)
+        lone, companion = await _handed_over(engine, first, second, after=3)
+        assert lone.final.finish_reason == "error"
+        assert companion.final.finish_reason == "length" and len(companion.tokens) == 5
+        stats = engine.statistics()
+        assert engine.healthy and stats.lanes_borrowed == 0 and stats.late_events == 0

@@ -330,8 +330,15 @@ class Worker:
                 return  # it ended on the token that was in flight
         sequence.solo = None
         self._active.pop(solo.uid, None)
-        uid = self._insert(sequence, handover.remaining_prompt, handover.cache, handover.cache_tokens,
-                           handover.max_tokens)
+        try:
+            uid = self._insert(sequence, handover.remaining_prompt, handover.cache,
+                               handover.cache_tokens, handover.max_tokens)
+        except Exception:  # noqa: BLE001 - fails this request only, as a failed admission does
+            log.exception("could not move sequence %d into the batch", sequence.seq_id)
+            self._events.append((sequence.seq_id, TokenEvent(
+                None, "", None, "error", sequence.usage(), "the engine could not continue this request")))
+            self._forget(sequence)
+            return
         self._track(sequence, uid)
 
     def _track(self, sequence: _Sequence, uid: int) -> None:
