@@ -147,6 +147,34 @@ async def test_full_queue_refuses_at_once(engine_config: EngineConfig) -> None:
         assert_idle(engine)
 
 
+async def test_a_cancel_in_the_batch_keeps_the_kv_state_and_spares_the_others(engine: Engine) -> None:
+    """The cancel is confirmed before the sequence is detached from the batch; detaching
+    must still keep its KV state for reuse and leave the other sequences' rows intact."""
+    neighbour_alone = await collect(engine, request(engine, "a neighbour", max_tokens=40, ignore_eos=True))
+    prompt = "Nobody has cached this prompt yet; it is long enough to reuse."
+    async with trio.open_nursery() as nursery:
+        neighbour: list[list[int]] = []
+
+        async def run_neighbour() -> None:
+            neighbour.append((await collect(
+                engine, request(engine, "a neighbour", max_tokens=40, ignore_eos=True))).tokens)
+
+        nursery.start_soon(run_neighbour)
+        seen: list[int] = []
+        async with engine.generate(long_request(engine, prompt)) as stream:
+            async for event in stream:
+                if event.token_id is not None:
+                    seen.append(event.token_id)
+                if len(seen) == 3:
+                    break
+    assert neighbour == [neighbour_alone.tokens]
+    again = await collect(engine, request(engine, prompt, max_tokens=3, ignore_eos=True))
+    prompt_tokens = len(engine.model.tokenizer.encode(prompt))
+    assert again.final.usage is not None and again.final.usage.cached_tokens == prompt_tokens - 1
+    assert again.tokens == seen
+    assert_idle(engine)
+
+
 async def test_consumer_that_stops_reading_is_cancelled_without_stalling_others(
     engine_config: EngineConfig,
 ) -> None:

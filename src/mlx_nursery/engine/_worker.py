@@ -139,6 +139,8 @@ class Worker:
         self._failed_steps = 0
         self._failures_in_a_row = 0
         self._solo: _Sequence | None = None
+        self._detaching: list[tuple[_Sequence, SoloSequence | None]] = []
+        """Ended sequences still in the batch (or on the fast path) until the next detach."""
         self._solo_steps = 0
         self._handovers = 0
 
@@ -205,6 +207,7 @@ class Worker:
             if self._apply(self._take_commands(block=not self._active)):
                 return
             self._flush()  # confirm cancellations now, not after the rest of the batch steps
+            self._detach_removed()
             if self._active:
                 self._step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
@@ -456,22 +459,33 @@ class Worker:
 
     # -- leaving the batch -------------------------------------------------------------------
     def _remove(self, uid: int, reason: FinishReason, error: str | None = None) -> None:
-        """Take a sequence out of the batch now; no step runs for it after this."""
-        assert self._generator is not None
+        """End a sequence now: no step is launched for it after this.
+
+        Its final event (the confirmation) goes out with the next flush, before the
+        sequence is detached from the batch: detaching waits for the step in flight to
+        land (mlx-lm's batch filter reads values back from the device), and the caller
+        need not wait for a step whose tokens nobody will see. The step in flight was
+        launched before the cancel arrived; `_detach_removed` runs before any later step.
+        """
         sequence = self._active[uid]
-        if sequence.solo is not None:
-            cache, tokens = sequence.solo.cancel()
-            if not sequence.failures:
-                self._store_prefix(sequence, cache, tokens)
-        else:
-            caches = self._generator.remove([uid], return_prompt_caches=self._cache is not None)
-            if uid in caches and not sequence.failures:
-                cache, tokens = caches[uid]
-                self._store_prefix(sequence, cache, tokens)
+        self._detaching.append((sequence, sequence.solo))
         self._events.append(
             (sequence.seq_id, TokenEvent(None, "", None, reason, sequence.usage(), error))
         )
         self._forget(sequence)
+
+    def _detach_removed(self) -> None:
+        """Take ended sequences out of the batch (or off the fast path), keeping their KV state."""
+        detaching, self._detaching = self._detaching, []
+        for sequence, solo in detaching:
+            if solo is not None:
+                cache, tokens = solo.cancel()
+            else:
+                assert self._generator is not None
+                caches = self._generator.remove([sequence.uid], return_prompt_caches=self._cache is not None)
+                cache, tokens = caches.get(sequence.uid, (None, None))
+            if not sequence.failures:
+                self._store_prefix(sequence, cache, tokens)
 
     def _store_prefix(self, sequence: _Sequence, cache: Any, tokens: Any) -> None:
         if self._cache is None or not cache or not tokens:
@@ -535,6 +549,8 @@ class Worker:
         )
 
     def _retire_generator(self) -> None:
+        # Sequences still to detach from this generator go with it.
+        self._detaching = [(seq, solo) for seq, solo in self._detaching if solo is not None]
         if self._generator is not None:
             self._prompt_tokens += int(getattr(getattr(self._generator, "_counters", None), "prompt_tokens", 0))
             self._generator.close()
@@ -544,6 +560,7 @@ class Worker:
         if self._cache is not None:
             self._cache.clear()
         self._retire_generator()
+        self._detaching = []  # synchronize() below lands their steps in flight
         self._model = None
         # The batch pipelines one step ahead: finish that work on this thread's stream
         # before the thread (and its stream) goes away.
