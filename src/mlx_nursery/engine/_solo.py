@@ -10,7 +10,7 @@ its KV cache (`handover`), exactly as a prefix-cache hit is inserted.
 Behaviour is identical on both paths: the same sampler object draws each token exactly
 once (so seeded requests reproduce), logits processors see the same context (the prompt
 and every token fed so far), and a step returns at most one token per call, with prefill
-in chunks of `prefill_step_size` so that a cancel is honoured between chunks.
+in chunks of at most `prefill_step_size` so that a cancel is honoured between chunks.
 
 We do not call `generate_step` itself: a generator can't hand its KV cache and its
 in-flight token over to the batch, and the handover is what keeps behaviour identical.
@@ -84,15 +84,23 @@ class SoloSequence:
         """Prompt tokens run by prefill chunks (the last prompt token is run by the first step)."""
 
     def step(self) -> SoloResponse | None:
-        """Advance by one prefill chunk (returns None) or by one token, returned pipelined."""
+        """Advance by one prefill chunk (returns None) or by one token.
+
+        The prompt's last chunk and its first token are one forward pass, as in
+        `generate_step`. The first token comes straight back (time to first token);
+        from the second on, each token is returned while the next one computes.
+        """
         if self._in_flight is None:
-            if len(self._pending) > 1:
+            if len(self._pending) > self._step_size:
                 self._prefill_chunk()
                 return None
-            last = self._pending
-            self._in_flight = self._forward(mx.array(last, dtype=mx.uint32))
-            self._cache_tokens.extend(last)
+            fed = self._pending
+            self._in_flight = self._forward(mx.array(fed, dtype=mx.uint32))
+            self._cache_tokens.extend(fed)
             self._pending = []
+            if self._returned == 0:
+                self.prefilled += len(fed) - 1  # counted as the batch counts: the last is decode's
+                return self._take_in_flight(launch_next=False)
         return self._take_in_flight(launch_next=True)
 
     def _take_in_flight(self, *, launch_next: bool) -> SoloResponse:
@@ -106,16 +114,18 @@ class SoloSequence:
             # as it does in generate_step and BatchGenerator.
             self._in_flight = self._forward(token_array.reshape(1))
         token = int(token_array.item())
+        reason = "stop" if token in self._stop else "length" if self._returned >= self._max_tokens else None
         if self._in_flight is not None:
             self._cache_tokens.append(token)
-        reason = "stop" if token in self._stop else "length" if self._returned >= self._max_tokens else None
+        elif reason is None:
+            self._pending = [token]  # not fed yet: the next step feeds it
         if reason is None:
             return SoloResponse(self.uid, token, logprobs, None, None, None)
         self._in_flight = None
         return SoloResponse(self.uid, token, logprobs, reason, self._cache, list(self._cache_tokens))
 
     def _prefill_chunk(self) -> None:
-        chunk = self._pending[: min(self._step_size, len(self._pending) - 1)]
+        chunk = self._pending[: self._step_size]
         with mx.stream(generation_stream):
             self._model(mx.array(chunk, dtype=mx.uint32)[None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
@@ -152,9 +162,7 @@ class SoloSequence:
         """
         response = None
         if self._in_flight is not None:
-            response = self._take_in_flight(launch_next=False)
-            if response.finish_reason is None:
-                self._pending = [response.token]
+            response = self._take_in_flight(launch_next=False)  # leaves its token in _pending
         return Handover(
             remaining_prompt=list(self._pending),
             cache=self._cache,
