@@ -2,7 +2,8 @@
 
   raw-main     mlx_lm generate_step on the main thread (the benchmark's reference)
   raw-thread   generate_step on a plain worker thread
-  solo-thread  our SoloSequence stepped in a loop on a worker thread
+  solo-thread  our SoloSequence stepped in a loop on a worker thread (fresh KV cache, from
+               a prefix-cache hit, or handing each token to another Python thread)
   worker       the engine's Worker on its thread, deliveries dropped (no Trio)
   engine       the whole engine, consumed from Trio
 
@@ -68,12 +69,44 @@ def raw(model: Any, prompt: list[int], tokens: int, repeats: int) -> list[float]
     return rates[1:]
 
 
-def solo(model: Any, prompt: list[int], tokens: int, repeats: int) -> list[float]:
+def solo(
+    model: Any, prompt: list[int], tokens: int, repeats: int, *,
+    prefix_hit: bool = False, waker: bool = False, batch_generator: bool = False,
+    drop_response: bool = False,
+) -> list[float]:
+    """`prefix_hit`: start each run from the prefix cache, as a repeated prompt does in the
+    engine. `waker`: hand each token to another Python thread, as the engine hands steps to Trio.
+    `batch_generator`: make (and keep) an idle BatchGenerator first, as the Worker does.
+    `drop_response`: drop each response as soon as it is read, as the Worker does."""
+    import queue
+
+    from mlx_lm.generate import BatchGenerator
+
+    from mlx_nursery.engine import PrefixCache
+
+    if isinstance(model, Path):
+        from mlx_lm.utils import load
+
+        model = load(str(model))[0]
+    generator = BatchGenerator(model, completion_batch_size=32) if batch_generator else None
+
+    cache = PrefixCache(max_bytes=8 << 30)
+    tokens_out: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+
+    def consume() -> None:
+        while tokens_out.get() is not None:
+            pass
+
+    consumer = threading.Thread(target=consume)
+    if waker:
+        consumer.start()
     rates = []
     for _ in range(repeats + 1):
         failures: list[BaseException] = []
+        hit = cache.fetch("probe", prompt) if prefix_hit else None
         seq = SoloSequence(
-            model, -1, prompt, cache=None, cached_tokens=0, sampler=make_request_sampler(GREEDY),
+            model, -1, prompt, cache=hit.cache if hit else None, cached_tokens=hit.cached_tokens if hit else 0,
+            sampler=make_request_sampler(GREEDY),
             processors=make_request_processors(GREEDY, (), len(prompt), failures),
             max_tokens=tokens, stop_tokens=frozenset(), prefill_step_size=512,
         )
@@ -82,22 +115,103 @@ def solo(model: Any, prompt: list[int], tokens: int, repeats: int) -> list[float
             response = seq.step()
             if response is None:
                 continue
+            if waker:
+                tokens_out.put(response.token)
             n += 1
             if n == 1:
                 first = time.perf_counter()
             if response.finish_reason is not None:
                 break
+            if drop_response:
+                del response
         rates.append((n - 1) / (time.perf_counter() - first))
+        if prefix_hit and response.prompt_cache is not None and response.all_tokens is not None:
+            cache.insert("probe", response.all_tokens, response.prompt_cache)
+    if waker:
+        tokens_out.put(None)
+        consumer.join()
+    if generator is not None:
+        generator.close()
     return rates[1:]
 
 
-def worker(model_path: Path, prompt: list[int], tokens: int, repeats: int) -> list[float]:
-    """The engine's Worker on its own thread; this thread submits and waits on deliveries."""
-    import queue
+class _Unwoken:
+    """Keeps deliveries (stamped on arrival) and wakes the waiting thread only on a final event."""
 
-    deliveries: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+    def __init__(self) -> None:
+        self._kept: list[tuple[float, Delivery]] = []
+        self._final = threading.Event()
+        self.stamp = 0.0
+
+    def put(self, delivery: Delivery) -> None:
+        self._kept.append((time.perf_counter(), delivery))
+        if any(event.is_final for _, event in delivery.events):
+            self._final.set()
+
+    def get(self) -> Delivery:
+        while not self._kept:
+            self._final.wait()
+            self._final.clear()
+        self.stamp, delivery = self._kept.pop(0)
+        return delivery
+
+
+class _Woken:
+    """Wakes the waiting thread for every delivery, as the engine wakes Trio."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._queue: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self.stamp = 0.0
+
+    def put(self, delivery: Delivery) -> None:
+        self._queue.put(delivery)
+
+    def get(self) -> Delivery:
+        delivery = self._queue.get()
+        self.stamp = time.perf_counter()
+        return delivery
+
+
+def worker(
+    model_path: Path, prompt: list[int], tokens: int, repeats: int, cache_bytes: int = 2 << 30,
+    *, woken: bool = True, keep_responses: bool = False, gc_off: bool = False, wired_limit: bool = True,
+) -> list[float]:
+    import contextlib
+    import gc
+
+    generate_module = sys.modules["mlx_lm.generate"]  # `mlx_lm.generate` is also a function
+
+    with contextlib.ExitStack() as undo:
+        if keep_responses:
+            original_step = Worker._solo_step
+
+            def kept(self: Worker) -> list[Any]:
+                responses = original_step(self)
+                self.__dict__["_probe_kept"] = responses  # dropped one step later
+                return responses
+
+            Worker._solo_step = kept  # type: ignore[method-assign]
+            undo.callback(setattr, Worker, "_solo_step", original_step)
+        if gc_off:
+            gc.disable()
+            undo.callback(gc.enable)
+        if not wired_limit:
+            original_limit = generate_module.maybe_set_recommended_wired_limit
+            generate_module.maybe_set_recommended_wired_limit = lambda: None
+            undo.callback(setattr, generate_module, "maybe_set_recommended_wired_limit", original_limit)
+        return _worker(model_path, prompt, tokens, repeats, cache_bytes, woken=woken)
+
+
+def _worker(
+    model_path: Path, prompt: list[int], tokens: int, repeats: int, cache_bytes: int, *, woken: bool,
+) -> list[float]:
+    """The engine's Worker on its own thread; this thread submits and waits on deliveries
+    (woken for each one, as Trio is, or only for the last)."""
+    deliveries: _Woken | _Unwoken = _Woken() if woken else _Unwoken()
     ready = threading.Event()
-    w = Worker(EngineConfig(model_path, max_concurrency=32), deliveries.put, lambda *_: ready.set(), lambda _: None)
+    w = Worker(EngineConfig(model_path, max_concurrency=32, prompt_cache_bytes=cache_bytes), deliveries.put, lambda *_: ready.set(), lambda _: None)
     thread = threading.Thread(target=w.run)
     thread.start()
     ready.wait()
@@ -112,18 +226,20 @@ def worker(model_path: Path, prompt: list[int], tokens: int, repeats: int) -> li
                 if event.token_id is not None or event.is_final:
                     n += 1
                     if n == 1:
-                        first = time.perf_counter()
+                        first = deliveries.stamp
                 done = done or event.is_final
-        rates.append((n - 1) / (time.perf_counter() - first))
+        rates.append((n - 1) / (deliveries.stamp - first))
     w.stop()
     thread.join()
     return rates[1:]
 
 
-async def engine(model_path: Path, prompt: list[int], tokens: int, repeats: int) -> list[float]:
+async def engine(
+    model_path: Path, prompt: list[int], tokens: int, repeats: int, cache_bytes: int = 2 << 30
+) -> list[float]:
     rates = []
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
-    async with open_engine(EngineConfig(model_path, max_concurrency=32)) as eng:
+    async with open_engine(EngineConfig(model_path, max_concurrency=32, prompt_cache_bytes=cache_bytes)) as eng:
         for _ in range(repeats + 1):
             n, first = 0, 0.0
             async with eng.generate(request) as stream:
@@ -181,10 +297,25 @@ def main() -> None:
     model, _ = load(str(path))
     results: dict[str, float] = {}
     results["raw-main"] = statistics.median(raw(model, prompt, args.tokens, args.repeats))
-    results["raw-thread"] = statistics.median(on_thread(lambda: raw(model, prompt, args.tokens, args.repeats)))
     results["solo-thread"] = statistics.median(on_thread(lambda: solo(model, prompt, args.tokens, args.repeats)))
+    results["solo-thread, model loaded there"] = statistics.median(
+        on_thread(lambda: solo(path, prompt, args.tokens, args.repeats)))
+    results["solo-thread, BatchGenerator made"] = statistics.median(
+        on_thread(lambda: solo(model, prompt, args.tokens, args.repeats, batch_generator=True)))
+    results["solo-thread, response dropped"] = statistics.median(
+        on_thread(lambda: solo(model, prompt, args.tokens, args.repeats, drop_response=True)))
+    results["solo-thread, waker"] = statistics.median(
+        on_thread(lambda: solo(model, prompt, args.tokens, args.repeats, waker=True)))
     del model
     mx.clear_cache()
+    quiet = {"woken": False}
+    results["worker, not woken"] = statistics.median(worker(path, prompt, args.tokens, args.repeats, **quiet))
+    results["worker, not woken, responses kept"] = statistics.median(
+        worker(path, prompt, args.tokens, args.repeats, keep_responses=True, **quiet))
+    results["worker, not woken, gc off"] = statistics.median(
+        worker(path, prompt, args.tokens, args.repeats, gc_off=True, **quiet))
+    results["worker, not woken, no wired limit"] = statistics.median(
+        worker(path, prompt, args.tokens, args.repeats, wired_limit=False, **quiet))
     results["worker"] = statistics.median(worker(path, prompt, args.tokens, args.repeats))
     results["engine"] = statistics.median(trio.run(engine, path, prompt, args.tokens, args.repeats))
     timer = PhaseTimer()
@@ -196,7 +327,7 @@ def main() -> None:
     print(f"\nsingle-stream probe: {path.name} on {mx.default_device()} ({platform.node()})")
     base = results["raw-main"]
     for key, value in results.items():
-        print(f"  {key:<18} {value:9.1f} tok/s  {value / base:5.2f}x")
+        print(f"  {key:<36} {value:9.1f} tok/s  {value / base:5.2f}x")
     print("  engine phases, ms per step (nested: _step holds _solo_step and _emit_token):")
     for key, value in phases.items():
         print(f"    {key:<16} {value:7.3f}")

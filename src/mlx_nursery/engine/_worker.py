@@ -143,6 +143,8 @@ class Worker:
         """Ended sequences still in the batch (or on the fast path) until the next detach."""
         self._solo_steps = 0
         self._handovers = 0
+        self._previous_responses: list[Any] = []
+        """The last step's responses (MLX arrays), released only once the next step has run."""
 
     # -- called from any thread -------------------------------------------------------------
     def submit(self, seq_id: int, request: GenerationRequest) -> None:
@@ -204,6 +206,8 @@ class Worker:
     def _loop(self) -> None:
         next_expiry_check = time.monotonic()
         while True:
+            if not self._active:
+                self._previous_responses = []  # no next step: nothing to wait for
             if self._apply(self._take_commands(block=not self._active)):
                 return
             self._flush()  # confirm cancellations now, not after the rest of the batch steps
@@ -383,12 +387,22 @@ class Worker:
 
     # -- stepping ----------------------------------------------------------------------------
     def _step(self) -> None:
+        """One decode step (or prefill chunk) for every active sequence.
+
+        A step's responses hold MLX arrays (logprobs, slices of the batch). They are
+        released after the *next* step has run, as a `generate_step` loop releases them,
+        not while it is in flight: on MLX's CUDA backend, releasing them in between cost
+        a lone 8B stream about a fifth of its speed (98.6 vs 123.4 tok/s on an H100,
+        bench/single_stream_probe.py, "responses kept").
+        """
         assert self._generator is not None
         try:
             responses = self._solo_step() if self._solo is not None else self._generator.next()[1]
         except Exception as exc:  # noqa: BLE001 - not attributable to one request
+            self._previous_responses = []
             self._fail_batch(exc)
             return
+        self._previous_responses = responses
         self.steps += 1
         self._failures_in_a_row = 0
         for response in responses:
