@@ -66,6 +66,10 @@ class CallSignal:
         self._token = token
         self._after = after_calls
 
+    def arm(self, more_calls: int) -> None:
+        """Fire `more_calls` calls from now instead (the engine thread keeps calling meanwhile)."""
+        self._after = self.calls + more_calls
+
     def __call__(self, tokens: Any, logits: Any) -> Any:
         self.calls += 1
         if self.calls == self._after:

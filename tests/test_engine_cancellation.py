@@ -61,7 +61,7 @@ async def test_cancel_during_long_prefill_abandons_it(engine_config: EngineConfi
     config = EngineConfig(engine_config.model, max_concurrency=2, prefill_step_size=16)
     async with open_engine(config) as engine:
         token = trio.lowlevel.current_trio_token()
-        signal = CallSignal(token, after_calls=3)
+        signal = CallSignal(token, after_calls=1 << 30)  # armed once the prefill is submitted
         decoder = long_request(engine, "keep decoding", logits_processors=[signal])
         words = ("the capital of France is Paris " * 200).strip()
         long_prompt = engine.model.tokenizer.encode(words)[:2000]
@@ -78,7 +78,10 @@ async def test_cancel_during_long_prefill_abandons_it(engine_config: EngineConfi
             async def prefill_then_cancel() -> None:
                 with trio.CancelScope() as scope:
                     async with engine.generate(prefill) as stream:
-                        await signal.event.wait()  # the engine thread is between prefill chunks
+                        # The decoder keeps stepping; four of its steps from now, at least one
+                        # prefill chunk has run and the engine thread is between chunks.
+                        signal.arm(4)
+                        await signal.event.wait()
                         scope.cancel()
                         async for event in stream:
                             prefill_events.append(event)

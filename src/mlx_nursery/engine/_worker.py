@@ -210,7 +210,9 @@ class Worker:
                 self._previous_responses = []  # no next step: nothing to wait for
             if self._apply(self._take_commands(block=not self._active)):
                 return
-            self._flush()  # confirm cancellations now, not after the rest of the batch steps
+            # Confirm cancellations now, then detach them; a sequence ended is always detached
+            # before the next command is applied, so a lane it freed is never used twice.
+            self._flush()
             self._detach_removed()
             if self._active:
                 self._step()
@@ -219,6 +221,7 @@ class Worker:
                 if self._cache.evict_expired():
                     self._flush(force=True)
             self._flush()
+            self._detach_removed()  # those the step ended (a failed logits processor)
 
     def _take_commands(self, *, block: bool) -> list[Command]:
         commands: list[Command] = []
