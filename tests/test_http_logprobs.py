@@ -107,3 +107,23 @@ async def test_responses_logprobs(tiny_model: Path) -> None:
     _check_entries(part["text"], part["logprobs"], 2, greedy=True)
     streamed = [e.model_dump() for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
     assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]
+
+
+async def test_stream_interval_writes_fewer_chunks_and_keeps_every_token(tiny_model: Path) -> None:
+    """--stream-interval 4: the first token goes at once, then at least four per write;
+    logprobs count the tokens in each chunk."""
+    fields = {"max_tokens": 17, "temperature": 0, "logprobs": True}
+    async with running_server(tiny_model, stream_interval=4) as server, \
+            httpx.AsyncClient(base_url=server.base_url) as http:
+        reply = (await http.post("/v1/chat/completions", json=chat_body("Tell a tale.", **fields))).json()
+        async with http.stream("POST", "/v1/chat/completions",
+                               json=chat_body("Tell a tale.", stream=True, **fields)) as response:
+            chunks = (await sse_events(response))[:-1]
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse")
+    with_tokens = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0].get("logprobs")]
+    per_write = [len(choice["logprobs"]["content"]) for choice in with_tokens]
+    assert sum(per_write) == 17
+    assert all(n >= 4 for n in per_write[1:-1]), per_write
+    assert len(per_write) <= 1 + math.ceil(16 / 4), per_write
+    assert "".join(c["delta"].get("content") or "" for c in with_tokens) == reply["choices"][0]["message"]["content"]

@@ -19,9 +19,10 @@ from ..openai._responses import (
     prepare_response,
 )
 from ..store import StoredResponse
+from ._batching import WriteBatcher
 from ._errors import error_response
 from ._jobs import Job
-from ._routes import _ended_early, _json_body, _ready, _service, routes
+from ._routes import _ended_early, _json_body, _service, routes
 from ._service import Service
 from ._sse import HEADERS
 
@@ -72,9 +73,10 @@ async def _stream(service: Service, prepared: PreparedResponse, builder: Respons
                   job: Job) -> AsyncIterator[bytes]:
     try:
         yield _events(builder.opening())
-        async for first in job.receive:
+        batches = WriteBatcher(job.receive, service.settings.stream_interval)
+        while (items := await batches.next()) is not None:
             events: list[dict[str, Any]] = []
-            for item in [first, *_ready(job.receive)]:
+            for item in items:
                 if isinstance(item, OpenAIError):
                     events.append(builder.error_event(item))
                     yield _events(events)

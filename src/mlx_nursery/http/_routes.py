@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import trio
 from quart import Blueprint, Response, current_app, request
 
 from ..openai import (
@@ -24,8 +23,9 @@ from ..openai import (
     to_json,
 )
 from ..openai._logprobs import LogprobEntry
+from ._batching import WriteBatcher
 from ._errors import error_response
-from ._jobs import Job, JobItem
+from ._jobs import Job
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
 
@@ -77,7 +77,8 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
     prepared = service.with_extra_processors(prepare(body, served), body)
     job = await jobs.start(prepared)
     if prepared.stream:
-        response = Response(_stream(prepared, job), content_type="text/event-stream", headers=HEADERS)
+        body = _stream(prepared, job, service.settings.stream_interval)
+        response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
     try:
@@ -112,10 +113,11 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
     raise _ended_early()
 
 
-async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
+async def _stream(prepared: Prepared, job: Job, stream_interval: int) -> AsyncIterator[bytes]:
     """SSE for one job. Whatever the job produced since the last write goes out in one write,
     consecutive text merged into one delta: when the server is busy, its cost per token drops
-    instead of its backlog growing."""
+    instead of its backlog growing. `stream_interval` > 1 waits for that many pieces after
+    the first write (see _batching.py)."""
     offset = 0  # characters of content sent so far (completions' text_offset)
 
     def content(deltas: list[TextDelta]) -> bytes:
@@ -131,8 +133,8 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
         opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
         if opening:
             yield opening
-        async for first in job.receive:
-            items = [first, *_ready(job.receive)]
+        batches = WriteBatcher(job.receive, stream_interval)
+        while (items := await batches.next()) is not None:
             out: list[bytes] = []
             text: list[TextDelta] = []
             for item in items:
@@ -158,16 +160,6 @@ async def _stream(prepared: Prepared, job: Job) -> AsyncIterator[bytes]:
         yield data_event(_ended_early().envelope())
     finally:
         job.cancel("client")
-
-
-def _ready(receive: trio.MemoryReceiveChannel[JobItem]) -> list[JobItem]:
-    """The items already waiting, without blocking."""
-    items: list[JobItem] = []
-    while True:
-        try:
-            items.append(receive.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return items
 
 
 def _ended_early() -> OpenAIError:
