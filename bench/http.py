@@ -60,10 +60,12 @@ def cpu_seconds(pid: int) -> float:
 
 @contextmanager
 def server_process(kind: str, model: Path, port: int, concurrency: int) -> Iterator[subprocess.Popen[bytes]]:
-    if kind == "mlx-nursery":
+    if kind.startswith("mlx-nursery"):
+        # "mlx-nursery:N" serves with --stream-interval N
+        interval = kind.partition(":")[2] or "1"
         command = [sys.executable, "-m", "mlx_nursery", "serve", "--model", str(model), "--port", str(port),
                    "--max-concurrency", str(concurrency), "--served-model-name", "bench",
-                   "--log-level", "warning"]
+                   "--log-level", "warning", "--stream-interval", interval]
     else:
         command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
                    "--decode-concurrency", str(concurrency), "--log-level", "WARNING"]
@@ -162,7 +164,7 @@ async def disconnect_cost(base: str, pid: int, doc: dict[str, Any], watch: float
 
 async def measure_server(kind: str, model: Path, eos: int, args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
-    name = "bench" if kind == "mlx-nursery" else str(model)
+    name = "bench" if kind.startswith("mlx-nursery") else str(model)
     with server_process(kind, model, port, args.streams) as process:
         base = f"http://127.0.0.1:{port}"
         doc = body(name, eos, args.tokens, stream=True)
@@ -221,7 +223,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="single-stream runs (median)")
     parser.add_argument("--disconnect-tokens", type=int, default=2000)
     parser.add_argument("--watch", type=float, default=4.0, help="seconds of CPU watched after a drop")
-    parser.add_argument("--servers", default="mlx-nursery,mlx_lm.server")
+    parser.add_argument("--servers", default="mlx-nursery,mlx_lm.server",
+                        help='comma-separated; "mlx-nursery:N" serves with --stream-interval N')
     parser.add_argument("--json", default="bench/results/http.json")
     args = parser.parse_args()
 
@@ -244,9 +247,11 @@ def main() -> None:
             f"{batched['aggregate_tps']:.1f}", f"{single['ttft_median_s'] * 1000:.0f}",
             f"{batched['ttft_median_s'] * 1000:.0f}", f"{drop['non_streaming']:.0f}", f"{drop['streaming']:.0f}",
         ]))
-    if len(rows) == 2:
-        print(f"aggregate at {args.streams} streams, mlx-nursery / mlx_lm.server: "
-              f"{rows[0]['batched']['aggregate_tps'] / rows[1]['batched']['aggregate_tps']:.2f}x")
+    reference = next((r for r in rows if r["server"] == "mlx_lm.server"), None)
+    for row in rows:
+        if reference is not None and row is not reference:
+            print(f"aggregate at {args.streams} streams, {row['server']} / mlx_lm.server: "
+                  f"{row['batched']['aggregate_tps'] / reference['batched']['aggregate_tps']:.2f}x")
     result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "processor": platform.processor(),
               "cpus": os.cpu_count(), "model": str(model), "args": vars(args), "engine_single_tps": engine_tps,
               "servers": rows}
