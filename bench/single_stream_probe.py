@@ -1,11 +1,14 @@
 """Where does a lone stream lose time? Decode tok/s of the same greedy stream, layer by layer.
 
   raw-main     mlx_lm generate_step on the main thread (the benchmark's reference)
-  raw-thread   generate_step on a plain worker thread
-  solo-thread  our SoloSequence stepped in a loop on a worker thread (fresh KV cache, from
-               a prefix-cache hit, or handing each token to another Python thread)
-  worker       the engine's Worker on its thread, deliveries dropped (no Trio)
-  engine       the whole engine, consumed from Trio
+  solo-thread  our SoloSequence stepped in a loop on a worker thread; variants: a
+               BatchGenerator made first, each response dropped at once, a second thread
+               woken per token, the model loaded on that thread
+  worker       the engine's Worker on its thread, no Trio; variants: this thread not woken
+               per step, step responses kept one more step (the variant that found the
+               cost of dropping them early; the Worker now keeps them itself), GC off,
+               no wired-limit call
+  engine       the whole engine, consumed from Trio (and once with per-phase timers)
 
 Usage: python bench/single_stream_probe.py --model DIR [--tokens 256] [--repeats 3]
 Prints a table and writes JSON (bench/results/single-stream-probe.json by default).
@@ -19,6 +22,7 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     sys.path.pop(0)  # bench/http.py would shadow the standard library's http package
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -26,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import mlx.core as mx
 import trio
@@ -262,7 +266,7 @@ class PhaseTimer:
         self.totals = dict.fromkeys(self.PHASES, 0.0)
         self._originals: dict[str, Any] = {}
 
-    def __enter__(self) -> PhaseTimer:
+    def __enter__(self) -> Self:
         for name in self.PHASES:
             original = getattr(Worker, name)
             self._originals[name] = original
@@ -297,26 +301,28 @@ def main() -> None:
     model, _ = load(str(path))
     results: dict[str, float] = {}
     results["raw-main"] = statistics.median(raw(model, prompt, args.tokens, args.repeats))
-    results["solo-thread"] = statistics.median(on_thread(lambda: solo(model, prompt, args.tokens, args.repeats)))
+    solo_variants: dict[str, dict[str, Any]] = {
+        "solo-thread": {},
+        "solo-thread, BatchGenerator made": {"batch_generator": True},
+        "solo-thread, response dropped": {"drop_response": True},
+        "solo-thread, waker": {"waker": True},
+    }
+    for name, options in solo_variants.items():
+        results[name] = statistics.median(on_thread(
+            functools.partial(solo, model, prompt, args.tokens, args.repeats, **options)))
     results["solo-thread, model loaded there"] = statistics.median(
-        on_thread(lambda: solo(path, prompt, args.tokens, args.repeats)))
-    results["solo-thread, BatchGenerator made"] = statistics.median(
-        on_thread(lambda: solo(model, prompt, args.tokens, args.repeats, batch_generator=True)))
-    results["solo-thread, response dropped"] = statistics.median(
-        on_thread(lambda: solo(model, prompt, args.tokens, args.repeats, drop_response=True)))
-    results["solo-thread, waker"] = statistics.median(
-        on_thread(lambda: solo(model, prompt, args.tokens, args.repeats, waker=True)))
+        on_thread(functools.partial(solo, path, prompt, args.tokens, args.repeats)))
     del model
     mx.clear_cache()
-    quiet = {"woken": False}
-    results["worker, not woken"] = statistics.median(worker(path, prompt, args.tokens, args.repeats, **quiet))
-    results["worker, not woken, responses kept"] = statistics.median(
-        worker(path, prompt, args.tokens, args.repeats, keep_responses=True, **quiet))
-    results["worker, not woken, gc off"] = statistics.median(
-        worker(path, prompt, args.tokens, args.repeats, gc_off=True, **quiet))
-    results["worker, not woken, no wired limit"] = statistics.median(
-        worker(path, prompt, args.tokens, args.repeats, wired_limit=False, **quiet))
-    results["worker"] = statistics.median(worker(path, prompt, args.tokens, args.repeats))
+    worker_variants: dict[str, dict[str, Any]] = {
+        "worker, not woken": {"woken": False},
+        "worker, not woken, responses kept": {"woken": False, "keep_responses": True},
+        "worker, not woken, gc off": {"woken": False, "gc_off": True},
+        "worker, not woken, no wired limit": {"woken": False, "wired_limit": False},
+        "worker": {},
+    }
+    for name, options in worker_variants.items():
+        results[name] = statistics.median(worker(path, prompt, args.tokens, args.repeats, **options))
     results["engine"] = statistics.median(trio.run(engine, path, prompt, args.tokens, args.repeats))
     timer = PhaseTimer()
     with timer:
