@@ -10,7 +10,17 @@ import httpx
 import openai
 import pytest
 
-from .http_helpers import running_server, scripted, sdk, validate, validate_error
+from .http_helpers import (
+    port_of,
+    post_request,
+    raw_http,
+    read_until,
+    running_server,
+    scripted,
+    sdk,
+    validate,
+    validate_error,
+)
 from .test_http_tools import ONE_CALL, WEATHER
 
 SCRIPTS = {"call": ONE_CALL, "hello": "Hello there, traveller."}
@@ -103,6 +113,36 @@ async def test_stream_with_the_sdk_state_machine(tiny_model: Path) -> None:
     assert call.id.startswith("fc_") and call.call_id.startswith("call_")
     assert json.loads(call.arguments) == {"city": "Paris"}
     assert with_call.output[0].type == "message" and with_call.output_text == "Let me check."
+
+
+def _http_chunks(raw: bytes) -> list[bytes]:
+    """The chunks of a chunked HTTP/1.1 body: one per write the server made."""
+    body = raw.split(b"\r\n\r\n", 1)[1]
+    chunks = []
+    while True:
+        size_line, body = body.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return chunks
+        chunks.append(body[:size])
+        body = body[size + 2:]
+
+
+async def test_stream_interval_applies_to_response_streams(tiny_model: Path) -> None:
+    """--stream-interval 4: 17 tokens' text deltas go out in at most 1 + 16/4 writes."""
+    body = {"model": "tiny", "input": "Tell a tale.", "stream": True, "max_output_tokens": 17,
+            "temperature": 0}
+    async with running_server(tiny_model, stream_interval=4) as server:
+        connection = await raw_http(port_of(server), post_request("/v1/responses", body))
+        raw = await read_until(connection, b"\r\n0\r\n\r\n")
+        await connection.aclose()
+    writes = [chunk for chunk in _http_chunks(raw) if b"response.output_text.delta" in chunk]
+    deltas = [json.loads(line[6:])["delta"] for chunk in writes for line in chunk.splitlines()
+              if line.startswith(b"data: ") and b"response.output_text.delta" in line]
+    final = [json.loads(line[6:]) for line in raw.splitlines() if b'"response.incomplete"' in line]
+    assert len(deltas) == 17
+    assert "".join(deltas) == final[-1]["response"]["output"][0]["content"][0]["text"]
+    assert 1 < len(writes) <= 1 + 16 // 4, [chunk.count(b"output_text.delta") for chunk in writes]
 
 
 async def test_previous_response_chain_and_function_call_round_trip(tiny_model: Path, tmp_path: Path) -> None:
