@@ -61,11 +61,11 @@ def cpu_seconds(pid: int) -> float:
 @contextmanager
 def server_process(kind: str, model: Path, port: int, concurrency: int) -> Iterator[subprocess.Popen[bytes]]:
     if kind.startswith("mlx-nursery"):
-        # "mlx-nursery:N" serves with --stream-interval N
-        interval = kind.partition(":")[2] or "1"
+        # "mlx-nursery:N" serves with --stream-interval N; plain "mlx-nursery" with the default
+        interval = kind.partition(":")[2]
         command = [sys.executable, "-m", "mlx_nursery", "serve", "--model", str(model), "--port", str(port),
                    "--max-concurrency", str(concurrency), "--served-model-name", "bench",
-                   "--log-level", "warning", "--stream-interval", interval]
+                   "--log-level", "warning", *(["--stream-interval", interval] if interval else [])]
     else:
         command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
                    "--decode-concurrency", str(concurrency), "--log-level", "WARNING"]

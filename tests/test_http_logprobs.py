@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import trio
 
-from .http_helpers import chat_body, running_server, sse_events, validate
+from .http_helpers import chat_body, engine_of, running_server, sse_events, validate
 
 
 def _check_entries(content: str, entries: list[dict[str, Any]], top: int, greedy: bool) -> None:
@@ -127,3 +127,37 @@ async def test_stream_interval_writes_fewer_chunks_and_keeps_every_token(tiny_mo
     assert all(n >= 4 for n in per_write[1:-1]), per_write
     assert len(per_write) <= 1 + math.ceil(16 / 4), per_write
     assert "".join(c["delta"].get("content") or "" for c in with_tokens) == reply["choices"][0]["message"]["content"]
+
+
+async def test_default_interval_follows_the_number_of_open_streams(tiny_model: Path) -> None:
+    """The default (0) adapts: with 16 other streams open, each write after a stream's first
+    carries at least 1 + 16 // 8 = 3 tokens, counted by logprobs."""
+    fields = {"max_tokens": 13, "temperature": 0, "logprobs": True}
+    async with running_server(tiny_model, max_concurrency=17) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        bias = {str(t): -100 for t in engine_of(server).model.eos_token_ids}
+        others = chat_body("Go on.", stream=True, max_tokens=400, logit_bias=bias)
+        all_open = trio.Event()
+        opened: list[int] = []
+
+        async def hold_open() -> None:
+            async with http.stream("POST", "/v1/chat/completions", json=others) as response:
+                async for _ in response.aiter_lines():
+                    if len(opened) < 16:
+                        opened.append(1)
+                        if len(opened) == 16:
+                            all_open.set()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(16):
+                nursery.start_soon(hold_open)
+            await all_open.wait()
+            async with http.stream("POST", "/v1/chat/completions",
+                                   json=chat_body("Tell a tale.", stream=True, **fields)) as response:
+                chunks = (await sse_events(response))[:-1]
+            assert server.service.writes.open_streams == 16  # the others are still streaming
+            nursery.cancel_scope.cancel()
+    per_write = [len(c["choices"][0]["logprobs"]["content"]) for c in chunks
+                 if c["choices"] and c["choices"][0].get("logprobs")]
+    assert sum(per_write) == 13
+    assert all(n >= 3 for n in per_write[1:-1]), per_write

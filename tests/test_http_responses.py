@@ -129,20 +129,26 @@ def _http_chunks(raw: bytes) -> list[bytes]:
 
 
 async def test_stream_interval_applies_to_response_streams(tiny_model: Path) -> None:
-    """--stream-interval 4: 17 tokens' text deltas go out in at most 1 + 16/4 writes."""
+    """--stream-interval 4: 17 tokens go out in at most 1 + 16/4 writes, each write's text in
+    one delta event; logprobs count the tokens in each."""
     body = {"model": "tiny", "input": "Tell a tale.", "stream": True, "max_output_tokens": 17,
-            "temperature": 0}
+            "temperature": 0, "include": ["message.output_text.logprobs"]}
     async with running_server(tiny_model, stream_interval=4) as server:
         connection = await raw_http(port_of(server), post_request("/v1/responses", body))
         raw = await read_until(connection, b"\r\n0\r\n\r\n")
         await connection.aclose()
-    writes = [chunk for chunk in _http_chunks(raw) if b"response.output_text.delta" in chunk]
-    deltas = [json.loads(line[6:])["delta"] for chunk in writes for line in chunk.splitlines()
-              if line.startswith(b"data: ") and b"response.output_text.delta" in line]
+    writes = [[json.loads(line[6:]) for line in chunk.splitlines()
+               if line.startswith(b"data: ") and b"response.output_text.delta" in line]
+              for chunk in _http_chunks(raw)]
+    writes = [deltas for deltas in writes if deltas]
     final = [json.loads(line[6:]) for line in raw.splitlines() if b'"response.incomplete"' in line]
-    assert len(deltas) == 17
-    assert "".join(deltas) == final[-1]["response"]["output"][0]["content"][0]["text"]
-    assert 1 < len(writes) <= 1 + 16 // 4, [chunk.count(b"output_text.delta") for chunk in writes]
+    assert all(len(deltas) == 1 for deltas in writes), writes
+    tokens = [len(deltas[0]["logprobs"]) for deltas in writes]
+    assert sum(tokens) == 17
+    assert all(n >= 4 for n in tokens[1:-1]), tokens
+    assert 1 < len(writes) <= 1 + 16 // 4, tokens
+    text = "".join(deltas[0]["delta"] for deltas in writes)
+    assert text == final[-1]["response"]["output"][0]["content"][0]["text"]
 
 
 async def test_previous_response_chain_and_function_call_round_trip(tiny_model: Path, tmp_path: Path) -> None:

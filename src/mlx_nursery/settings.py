@@ -41,9 +41,10 @@ class Settings:
     """max_tokens when a request gives none; None: up to the model's context length."""
     served_model_name: str | None = None
     prompt_cache_bytes: int = attrs.field(default=2 << 30, validator=v.ge(0))
-    stream_interval: int = attrs.field(default=1, validator=v.ge(1))
+    stream_interval: int = attrs.field(default=0, validator=v.ge(0))
     """Pieces of text (about one per token) per SSE write after the first, which always goes
-    at once. Above 1, a busy server makes fewer, larger writes (vLLM's --stream-interval)."""
+    at once (vLLM's --stream-interval). 0 adapts to load: 1 while up to 8 streams are open,
+    one more per 8 streams beyond (32 streams: 4); see http/_batching.py."""
     shutdown_grace: float = attrs.field(default=10.0, validator=v.ge(0))
     """Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled."""
     log_level: str = attrs.field(default="info", validator=v.in_(LOG_LEVELS))

@@ -3,18 +3,55 @@
 Under load, a server's cost per token is mostly its writes: at 32 streams a profile puts
 about 70% of the Trio thread in Hypercorn's send path (one shielded send per chunk per
 stream), and on a GPU that thread shares the GIL with the engine's. So a stream writes
-whatever is ready at once, and, with `interval` above 1, waits after its first write until
-`interval` pieces of text are ready, unless something else comes first (a tool call, the
+whatever is ready at once, and, with an interval above 1, waits after its first write until
+that many pieces of text are ready, unless something else comes first (a tool call, the
 end, an error), which is never held back. The first write is never held back either: time
 to first token stays what it was.
+
+The interval is fixed (`--stream-interval N`) or follows the load (the default, 0): one
+piece per write while few streams are open, one more for every `STREAMS_PER_PIECE` streams
+beyond. A lone stream is written token by token, as OpenAI streams; 32 streams are written
+four tokens at a time, which on an H100 roughly doubled what the server sustains
+(docs/benchmarks.md). At that load a stream's tokens come every 20-30 ms, so four of them
+are about a tenth of a second: still a steady stream to a reader.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import attrs
 import trio
 
 from ..openai import TextDelta
 from ._jobs import JobItem
+
+STREAMS_PER_PIECE = 8
+"""With the adaptive interval: open streams per piece of text in a write (1-8 streams: 1)."""
+
+
+@attrs.define
+class WritePolicy:
+    """The server-wide rule for a stream's write interval, and the streams open now."""
+
+    fixed: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    """Pieces per write after the first; 0 adapts to the number of open streams."""
+    open_streams: int = 0
+
+    def interval(self) -> int:
+        if self.fixed:
+            return self.fixed
+        return 1 + max(self.open_streams - 1, 0) // STREAMS_PER_PIECE
+
+    @contextmanager
+    def stream(self) -> Iterator[None]:
+        """Count a stream as open for the duration of the block."""
+        self.open_streams += 1
+        try:
+            yield
+        finally:
+            self.open_streams -= 1
 
 
 def ready_items(receive: trio.MemoryReceiveChannel[JobItem]) -> list[JobItem]:
@@ -27,10 +64,22 @@ def ready_items(receive: trio.MemoryReceiveChannel[JobItem]) -> list[JobItem]:
             return items
 
 
+def merged_text(items: list[JobItem]) -> list[JobItem]:
+    """`items` with each run of text pieces joined into one: one delta per write, not per token."""
+    merged: list[JobItem] = []
+    for item in items:
+        previous = merged[-1] if merged else None
+        if isinstance(item, TextDelta) and isinstance(previous, TextDelta):
+            merged[-1] = TextDelta(previous.text + item.text, previous.logprobs + item.logprobs)
+        else:
+            merged.append(item)
+    return merged
+
+
 class WriteBatcher:
-    def __init__(self, receive: trio.MemoryReceiveChannel[JobItem], interval: int) -> None:
+    def __init__(self, receive: trio.MemoryReceiveChannel[JobItem], policy: WritePolicy) -> None:
         self._receive = receive
-        self._interval = interval
+        self._policy = policy
         self._written = False
 
     async def next(self) -> list[JobItem] | None:
@@ -40,7 +89,8 @@ class WriteBatcher:
         except trio.EndOfChannel:
             return None
         if self._written:
-            while len(batch) < self._interval and all(isinstance(i, TextDelta) for i in batch):
+            interval = self._policy.interval()
+            while len(batch) < interval and all(isinstance(i, TextDelta) for i in batch):
                 try:
                     batch.append(await self._receive.receive())
                 except trio.EndOfChannel:

@@ -19,7 +19,7 @@ from ..openai._responses import (
     prepare_response,
 )
 from ..store import StoredResponse
-from ._batching import WriteBatcher
+from ._batching import WriteBatcher, merged_text
 from ._errors import error_response
 from ._jobs import Job
 from ._routes import _ended_early, _json_body, _service, routes
@@ -72,22 +72,23 @@ def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
 async def _stream(service: Service, prepared: PreparedResponse, builder: ResponseBuilder,
                   job: Job) -> AsyncIterator[bytes]:
     try:
-        yield _events(builder.opening())
-        batches = WriteBatcher(job.receive, service.settings.stream_interval)
-        while (items := await batches.next()) is not None:
-            events: list[dict[str, Any]] = []
-            for item in items:
-                if isinstance(item, OpenAIError):
-                    events.append(builder.error_event(item))
-                    yield _events(events)
-                    return
-                events += _apply(builder, item)
-                if isinstance(item, Finished):
-                    await _save(service, prepared, builder)  # before the client can ask for it
-                    events.append(builder.final_event())
-                    yield _events(events)
-                    return
-            yield _events(events)
+        with service.writes.stream():
+            yield _events(builder.opening())
+            batches = WriteBatcher(job.receive, service.writes)
+            while (items := await batches.next()) is not None:
+                events: list[dict[str, Any]] = []
+                for item in merged_text(items):
+                    if isinstance(item, OpenAIError):
+                        events.append(builder.error_event(item))
+                        yield _events(events)
+                        return
+                    events += _apply(builder, item)
+                    if isinstance(item, Finished):
+                        await _save(service, prepared, builder)  # before the client can ask for it
+                        events.append(builder.final_event())
+                        yield _events(events)
+                        return
+                yield _events(events)
     finally:
         job.cancel("client")
 

@@ -23,9 +23,9 @@ from ..openai import (
     to_json,
 )
 from ..openai._logprobs import LogprobEntry
-from ._batching import WriteBatcher
+from ._batching import WriteBatcher, WritePolicy, merged_text
 from ._errors import error_response
-from ._jobs import Job
+from ._jobs import Job, JobItem
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
 
@@ -77,7 +77,7 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
     prepared = service.with_extra_processors(prepare(body, served), body)
     job = await jobs.start(prepared)
     if prepared.stream:
-        body = _stream(prepared, job, service.settings.stream_interval)
+        body = _stream(prepared, job, service.writes)
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
@@ -113,53 +113,53 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
     raise _ended_early()
 
 
-async def _stream(prepared: Prepared, job: Job, stream_interval: int) -> AsyncIterator[bytes]:
+async def _stream(prepared: Prepared, job: Job, writes: WritePolicy) -> AsyncIterator[bytes]:
     """SSE for one job. Whatever the job produced since the last write goes out in one write,
     consecutive text merged into one delta: when the server is busy, its cost per token drops
-    instead of its backlog growing. `stream_interval` > 1 waits for that many pieces after
-    the first write (see _batching.py)."""
+    instead of its backlog growing. After the first write, `writes` says how many pieces a
+    write waits for (see _batching.py)."""
     offset = 0  # characters of content sent so far (completions' text_offset)
 
-    def content(deltas: list[TextDelta]) -> bytes:
+    def content(delta: TextDelta) -> bytes:
         nonlocal offset
-        text = "".join(d.text for d in deltas)
-        entries = [e for d in deltas for e in d.logprobs]
-        start, offset = offset, offset + len(text)
+        start, offset = offset, offset + len(delta.text)
         if prepared.token_text is None:
-            return json_event(prepared.delta_json(text))
-        return data_event(prepared.delta_chunk(text, entries, start))
+            return json_event(prepared.delta_json(delta.text))
+        return data_event(prepared.delta_chunk(delta.text, list(delta.logprobs), start))
 
     try:
-        opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
-        if opening:
-            yield opening
-        batches = WriteBatcher(job.receive, stream_interval)
-        while (items := await batches.next()) is not None:
-            out: list[bytes] = []
-            text: list[TextDelta] = []
-            for item in items:
-                if isinstance(item, TextDelta):
-                    text.append(item)
-                    continue
-                if text:
-                    out.append(content(text))
-                    text = []
-                if isinstance(item, ToolCallOut):
-                    out.extend(data_event(chunk) for chunk in prepared.tool_call_chunks(item))
-                    continue
-                if isinstance(item, Finished):
-                    out.extend(data_event(chunk) for chunk in prepared.closing_chunks(item))
-                    out.append(DONE)
-                else:
-                    out.append(data_event(item.envelope()))
-                yield b"".join(out)
-                return
-            if text:
-                out.append(content(text))
-            yield b"".join(out)
-        yield data_event(_ended_early().envelope())
+        with writes.stream():
+            opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
+            if opening:
+                yield opening
+            batches = WriteBatcher(job.receive, writes)
+            while (items := await batches.next()) is not None:
+                write, ended = _render(prepared, items, content)
+                yield write
+                if ended:
+                    return
+            yield data_event(_ended_early().envelope())
     finally:
         job.cancel("client")
+
+
+def _render(prepared: Prepared, items: list[JobItem],
+            content: Callable[[TextDelta], bytes]) -> tuple[bytes, bool]:
+    """One write's bytes for `items`, and whether the stream ends with them."""
+    out: list[bytes] = []
+    for item in merged_text(items):
+        if isinstance(item, TextDelta):
+            out.append(content(item))
+        elif isinstance(item, ToolCallOut):
+            out.extend(data_event(chunk) for chunk in prepared.tool_call_chunks(item))
+        elif isinstance(item, Finished):
+            out.extend(data_event(chunk) for chunk in prepared.closing_chunks(item))
+            out.append(DONE)
+            return b"".join(out), True
+        else:
+            out.append(data_event(item.envelope()))
+            return b"".join(out), True
+    return b"".join(out), False
 
 
 def _ended_early() -> OpenAIError:

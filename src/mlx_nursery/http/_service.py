@@ -20,6 +20,7 @@ from ..openai import Prepared, ServedModel, Unavailable, with_processors
 from ..openai._structured import Grammars
 from ..settings import Settings
 from ..store import ResponsesStore
+from ._batching import WritePolicy
 from ._jobs import Jobs
 
 log = logging.getLogger("mlx_nursery.http")
@@ -42,6 +43,8 @@ class Service:
         self.engine: Engine | None = None
         self.served: ServedModel | None = None
         self.jobs: Jobs | None = None
+        self.writes = WritePolicy(settings.stream_interval)
+        """How streams batch their writes; it counts the streams open."""
         self.store = ResponsesStore(settings.responses_db_path(), max_responses=settings.responses_max,
                                     max_age_seconds=settings.responses_max_age)
 
