@@ -24,6 +24,7 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     sys.path.pop(0)
 
 import argparse
+import gc
 import json
 import platform
 import random
@@ -60,22 +61,21 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 # -- 1. single stream --------------------------------------------------------------------------
-def raw_decode_tps(model_path: Path, prompt: list[int], tokens: int, repeats: int) -> list[float]:
-    from mlx_lm.generate import generate_step
+def load_raw_model(model_path: Path) -> Any:
     from mlx_lm.utils import load
 
-    model, _ = load(str(model_path))
-    rates = []
-    for _ in range(repeats + 1):  # first run warms up
-        n, first = 0, 0.0
-        for _token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens):
-            n += 1
-            if n == 1:
-                first = time.perf_counter()
-        rates.append((n - 1) / (time.perf_counter() - first))
-    del model
-    mx.clear_cache()
-    return rates[1:]
+    return load(str(model_path))[0]
+
+
+def raw_decode_tps(model: Any, prompt: list[int], tokens: int) -> float:
+    from mlx_lm.generate import generate_step
+
+    n, first = 0, 0.0
+    for _token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens):
+        n += 1
+        if n == 1:
+            first = time.perf_counter()
+    return (n - 1) / (time.perf_counter() - first)
 
 
 async def engine_stream(engine: Engine, request: GenerationRequest) -> tuple[float, float, int]:
@@ -95,12 +95,29 @@ async def engine_stream(engine: Engine, request: GenerationRequest) -> tuple[flo
     return first - start, (n - 1) / (last - first) if last > first else float("nan"), n
 
 
-async def engine_decode_tps(engine: Engine, prompt: list[int], tokens: int, repeats: int) -> list[float]:
+async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], tokens: int,
+                        rounds: int) -> dict[str, Any]:
+    """Raw generate_step and the engine, alternated round by round on the same device.
+
+    Alternating matters on a GPU host: the same loop moves by 10-20% between minutes
+    (clocks, other tenants), so a ratio of two measurements taken minutes apart is mostly
+    that drift. Each round's ratio pairs two runs taken seconds apart; the median is reported.
+    """
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
-    rates = []
-    for _ in range(repeats + 1):
-        rates.append((await engine_stream(engine, request))[1])
-    return rates[1:]
+    raw_decode_tps(raw_model, prompt, tokens)  # warm-up, both sides
+    await engine_stream(engine, request)
+    raw, eng = [], []
+    for _ in range(rounds):
+        raw.append(raw_decode_tps(raw_model, prompt, tokens))
+        eng.append((await engine_stream(engine, request))[1])
+    ratios = [e / r for e, r in zip(eng, raw, strict=True)]
+    return {
+        "rounds": rounds,
+        "raw_generate_step_tps": median(raw),
+        "engine_tps": median(eng),
+        "ratio": median(ratios),
+        "ratios": ratios,
+    }
 
 
 # -- 2. aggregate throughput -------------------------------------------------------------------
@@ -122,11 +139,73 @@ async def aggregate_tps(engine: Engine, streams: int, prompt_len: int, tokens: i
 
 
 # -- 3. cancellation ---------------------------------------------------------------------------
+class CancelTimeline:
+    """Diagnostics only: where each cancel's time goes. It wraps three private methods of a
+    running engine to stamp when the engine thread applied a cancel, when each step ran, and
+    when the confirmation reached Trio; and records the cyclic GC's pauses."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.applied: dict[int, float] = {}
+        self.delivered: dict[int, float] = {}
+        self.steps: list[tuple[float, float]] = []
+        self.gc_pauses: list[tuple[float, float]] = []
+        self._gc_start = 0.0
+        worker = engine._worker  # a benchmark's probe
+        assert worker is not None
+        remove, step, deliver = worker._remove, worker._step, engine._deliver
+
+        def stamped_remove(uid: int, reason: Any, error: str | None = None) -> None:
+            sequence = worker._active.get(uid)
+            if sequence is not None and reason == "cancelled":
+                self.applied[sequence.seq_id] = time.perf_counter()
+            remove(uid, reason, error)
+
+        def timed_step() -> None:
+            start = time.perf_counter()
+            step()
+            self.steps.append((start, time.perf_counter()))
+
+        def stamped_deliver(delivery: Any) -> None:
+            now = time.perf_counter()
+            for seq_id in delivery.finished:
+                self.delivered[seq_id] = now
+            deliver(delivery)
+
+        worker._remove, worker._step, engine._deliver = stamped_remove, timed_step, stamped_deliver  # type: ignore[method-assign]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pauses.append((self._gc_start, time.perf_counter()))
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def step_at(self, t: float) -> tuple[float, float] | None:
+        """The engine step running at time t, if any."""
+        for start, end in reversed(self.steps):
+            if start <= t < end:
+                return start, end
+            if end <= t:
+                return None
+        return None
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"p50": 1000 * percentile(xs, 0.5), "p99": 1000 * percentile(xs, 0.99), "max": 1000 * max(xs, default=float("nan"))}
+
+
 async def cancellation(engine: Engine, trials: int, background: int, vocab: int) -> dict[str, Any]:
     latencies: list[float] = []
     in_flight: list[int] = []
     step_times: list[float] = []
+    parts: dict[str, list[float]] = {"cancel_to_applied": [], "applied_to_delivered": [],
+                                     "delivered_to_released": [], "beyond_step_in_flight": [],
+                                     "step_in_flight": []}
     budget = min(engine.model.context_length - 200, 4096)
+    timeline = CancelTimeline(engine)
 
     async def background_stream(i: int) -> None:
         request = GenerationRequest(prompt_ids(64, 1000 + i, vocab), max_tokens=budget, sampling=GREEDY, ignore_eos=True)
@@ -143,6 +222,7 @@ async def cancellation(engine: Engine, trials: int, background: int, vocab: int)
             stop_after = rng.randint(3, 20)
             with trio.CancelScope() as scope:
                 async with engine.generate(request) as stream:
+                    seq_id = stream._handle.seq_id  # a benchmark's probe
                     seen, previous = 0, 0.0
                     async for event in stream:
                         now = time.perf_counter()
@@ -154,11 +234,23 @@ async def cancellation(engine: Engine, trials: int, background: int, vocab: int)
                             cancelled_at = time.perf_counter()
                             scope.cancel()
                             break
-                latencies.append(time.perf_counter() - cancelled_at)
+                released = time.perf_counter()
+                latencies.append(released - cancelled_at)
                 if stream.steps_in_flight_at_cancel is not None:
                     in_flight.append(stream.steps_in_flight_at_cancel)
+            applied, delivered = timeline.applied.get(seq_id), timeline.delivered.get(seq_id)
+            if applied is not None and delivered is not None:
+                parts["cancel_to_applied"].append(applied - cancelled_at)
+                parts["applied_to_delivered"].append(delivered - applied)
+                parts["delivered_to_released"].append(released - delivered)
+                step = timeline.step_at(cancelled_at)
+                parts["beyond_step_in_flight"].append(released - max(cancelled_at, step[1] if step else 0.0))
+                parts["step_in_flight"].append(step[1] - step[0] if step else 0.0)
         nursery.cancel_scope.cancel()
+    timeline.close()
     stats = engine.statistics()
+    step_durations = [end - start for start, end in timeline.steps]
+    gc_pauses = [end - start for start, end in timeline.gc_pauses]
     return {
         "trials": trials,
         "background_streams": background,
@@ -168,6 +260,11 @@ async def cancellation(engine: Engine, trials: int, background: int, vocab: int)
         "steps_in_flight_at_cancel_max": max(in_flight) if in_flight else None,
         "events_after_confirmation": stats.late_events,
         "lanes_borrowed_after": stats.lanes_borrowed,
+        "diagnostics_ms": {
+            **{name: _summary(xs) for name, xs in parts.items()},
+            "engine_step": _summary(step_durations),
+            "gc_pause": {**_summary(gc_pauses), "count": len(gc_pauses)},
+        },
     }
 
 
@@ -196,18 +293,15 @@ async def run(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
     prompt = prompt_ids(args.prompt_tokens, 1, vocab)
     results: dict[str, Any] = {}
 
-    raw = raw_decode_tps(model_path, prompt, args.tokens, args.repeats)
+    raw_model = load_raw_model(model_path)
     async with open_engine(EngineConfig(model_path, max_concurrency=32, max_queue=256)) as engine:
         # Warm-up: MLX's CUDA backend JIT-compiles kernels per shape; keep that out of the figures.
         for n in args.concurrency:
             await aggregate_tps(engine, n, args.prompt_tokens, 16, vocab)
         await prefix_ttft(engine, args.prefix_tokens, vocab, 1, offset=100)
-        eng = await engine_decode_tps(engine, prompt, args.tokens, args.repeats)
-        results["single_stream"] = {
-            "raw_generate_step_tps": median(raw),
-            "engine_tps": median(eng),
-            "ratio": median(eng) / median(raw),
-        }
+        results["single_stream"] = await single_stream(engine, raw_model, prompt, args.tokens, args.rounds)
+        del raw_model
+        mx.clear_cache()
         results["aggregate_tps"] = {
             str(n): await aggregate_tps(engine, n, args.prompt_tokens, args.tokens, vocab)
             for n in args.concurrency
@@ -236,6 +330,9 @@ def print_table(meta: dict[str, Any], r: dict[str, Any]) -> None:
         ("cancel -> confirmed p50 ms", r["cancellation"]["latency_ms_p50"]),
         ("cancel -> confirmed p99 ms", r["cancellation"]["latency_ms_p99"]),
         ("decode step p50 ms (8 streams)", r["cancellation"]["decode_step_ms_p50"]),
+        *[(f"  cancel diagnostics: {name} p50/p99/max ms",
+           "/".join(f"{d[k]:.1f}" for k in ("p50", "p99", "max")))
+          for name, d in r["cancellation"]["diagnostics_ms"].items()],
         ("steps in flight at cancel (max)", r["cancellation"]["steps_in_flight_at_cancel_max"]),
         ("events after confirmation", r["cancellation"]["events_after_confirmation"]),
         (f"prefix {r['prefix_cache']['prefix_tokens']} tok: cold TTFT ms", r["prefix_cache"]["cold_ttft_ms"]),
@@ -257,7 +354,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="prefix-cache repeats")
+    parser.add_argument("--rounds", type=int, default=7, help="single-stream rounds (raw, then engine)")
     parser.add_argument("--cancel-trials", type=int, default=30)
     parser.add_argument("--prefix-tokens", type=int, default=2048)
     parser.add_argument("--out", default="bench/results/engine.json")
