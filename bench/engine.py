@@ -117,6 +117,8 @@ async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], token
         "engine_tps": median(eng),
         "ratio": median(ratios),
         "ratios": ratios,
+        "raw_rounds": raw,
+        "engine_rounds": eng,
     }
 
 
