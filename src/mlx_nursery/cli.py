@@ -74,7 +74,7 @@ _SERVE_FLAGS: dict[str, tuple[type, str]] = {
     "default_max_tokens": (int, "max_tokens when a request sets none (default: context room)"),
     "served_model_name": (str, "the model id clients use (default: the model's name)"),
     "prompt_cache_bytes": (int, "prefix KV cache budget in bytes; 0 disables (default 2 GiB)"),
-    "stream_interval": (int, "tokens per streamed chunk after the first; 0 = by load: 1, +1 per 8 open streams (default 0)"),
+    "stream_interval": (int, "tokens per chunk after the first; 0: by load, +1 per 8 open streams (default 0)"),
     "shutdown_grace": (float, "seconds running requests get after SIGTERM (default 10)"),
     "log_level": (str, "debug, info, warning or error (default info)"),
     "responses_db": (str, "SQLite file of stored responses (default: user data dir; ':memory:')"),

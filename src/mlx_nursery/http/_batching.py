@@ -11,9 +11,10 @@ to first token stays what it was.
 The interval is fixed (`--stream-interval N`) or follows the load (the default, 0): one
 piece per write while few streams are open, one more for every `STREAMS_PER_PIECE` streams
 beyond. A lone stream is written token by token, as OpenAI streams; 32 streams are written
-four tokens at a time, which on an H100 roughly doubled what the server sustains
-(docs/benchmarks.md). At that load a stream's tokens come every 20-30 ms, so four of them
-are about a tenth of a second: still a steady stream to a reader.
+four tokens at a time. On an H100 that took the server from 751 to 1384 tok/s at 32
+streams; with the engine's GC heap frozen, one token per write came closer (1000-1275
+against 1063-1297, docs/benchmarks.md). At that load a stream's tokens come every 20-30 ms,
+so four of them are about a tenth of a second: still a steady stream to a reader.
 """
 
 from __future__ import annotations

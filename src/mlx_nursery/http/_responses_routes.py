@@ -76,21 +76,28 @@ async def _stream(service: Service, prepared: PreparedResponse, builder: Respons
             yield _events(builder.opening())
             batches = WriteBatcher(job.receive, service.writes)
             while (items := await batches.next()) is not None:
-                events: list[dict[str, Any]] = []
-                for item in merged_text(items):
-                    if isinstance(item, OpenAIError):
-                        events.append(builder.error_event(item))
-                        yield _events(events)
-                        return
-                    events += _apply(builder, item)
-                    if isinstance(item, Finished):
-                        await _save(service, prepared, builder)  # before the client can ask for it
-                        events.append(builder.final_event())
-                        yield _events(events)
-                        return
+                events, ended = await _render(service, prepared, builder, items)
                 yield _events(events)
+                if ended:
+                    return
     finally:
         job.cancel("client")
+
+
+async def _render(service: Service, prepared: PreparedResponse, builder: ResponseBuilder,
+                  items: list[Any]) -> tuple[list[dict[str, Any]], bool]:
+    """One write's events for `items`, and whether the stream ends with them."""
+    events: list[dict[str, Any]] = []
+    for item in merged_text(items):
+        if isinstance(item, OpenAIError):
+            events.append(builder.error_event(item))
+            return events, True
+        events += _apply(builder, item)
+        if isinstance(item, Finished):
+            await _save(service, prepared, builder)  # before the client can ask for it
+            events.append(builder.final_event())
+            return events, True
+    return events, False
 
 
 def _events(events: list[dict[str, Any]]) -> bytes:

@@ -125,7 +125,7 @@ async def _stream(prepared: Prepared, job: Job, writes: WritePolicy) -> AsyncIte
         start, offset = offset, offset + len(delta.text)
         if prepared.token_text is None:
             return json_event(prepared.delta_json(delta.text))
-        return data_event(prepared.delta_chunk(delta.text, list(delta.logprobs), start))
+        return data_event(prepared.delta_chunk(delta.text, delta.logprobs, start))
 
     try:
         with writes.stream():
