@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import trio
 import trio.testing
@@ -253,10 +255,9 @@ async def test_fatal_error_marks_unhealthy_and_fails_waiters(engine_config: Engi
             except EngineUnavailable as exc:
                 waiter_error.append(exc)
 
-        async with trio.open_nursery() as nursery:
-            async with engine.generate(doomed) as stream:
-                nursery.start_soon(waiter)
-                events = [event async for event in stream]
+        async with trio.open_nursery() as nursery, engine.generate(doomed) as stream:
+            nursery.start_soon(waiter)
+            events = [event async for event in stream]
         assert events[-1].finish_reason == "error"
         assert len(waiter_error) == 1
         assert not engine.healthy
@@ -269,3 +270,12 @@ async def test_no_engine_thread_outlives_the_engine(engine_config: EngineConfig)
     async with open_engine(engine_config) as engine:
         await collect(engine, request(engine, "hi", max_tokens=3))
     assert engine_threads() == []
+
+
+async def test_the_startup_heap_is_frozen_while_the_engine_runs(engine_config: EngineConfig) -> None:
+    """Full GC passes skip what existed once the model loaded; the engine undoes it on exit."""
+    gc.unfreeze()
+    async with open_engine(engine_config) as engine:
+        assert gc.get_freeze_count() > 0
+        await collect(engine, request(engine, "hi", max_tokens=3))
+    assert gc.get_freeze_count() == 0
