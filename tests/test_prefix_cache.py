@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import trio
 from mlx_lm.models.cache import KVCache
 
 from mlx_nursery.engine import (
@@ -14,7 +15,7 @@ from mlx_nursery.engine import (
     open_engine,
 )
 
-from .helpers import collect
+from .helpers import collect, request
 
 SYSTEM = "You are a helpful assistant. " * 40
 SEEDED = SamplingParams(temperature=1.0, seed=11)  # reproducible, and richer than greedy on random weights
@@ -86,6 +87,42 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+async def test_entries_cut_from_a_batch_hold_only_their_own_memory(engine_config: EngineConfig) -> None:
+    """A sequence leaving the batch is cached as a lazy slice of the batch's KV arrays;
+    kept unevaluated, each entry would hold every batch row's KV alive, outside the
+    byte budget (on an H100 that ran an 8B model out of memory)."""
+    config = EngineConfig(engine_config.model, max_concurrency=8, prompt_cache_bytes=1 << 30)
+    async with open_engine(config) as engine:
+        baseline = mx.get_active_memory()
+
+        async def background(i: int, task_status: trio.TaskStatus[None]) -> None:
+            long = request(engine, f"background stream {i} " * 20, max_tokens=1000, ignore_eos=True)
+            async with engine.generate(long) as stream:
+                async for _ in stream:
+                    task_status.started()
+                    await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(7):
+                await nursery.start(background, i)
+            for trial in range(6):  # each joins the batch, then leaves it cancelled
+                short = request(engine, f"trial {trial} " * 12, max_tokens=1000, ignore_eos=True)
+                async with engine.generate(short) as stream:
+                    async for event in stream:
+                        if event.token_id is not None:
+                            break
+            nursery.cancel_scope.cancel()
+        await collect(engine, request(engine, "after", max_tokens=1))  # detaches have run
+        stats = engine.statistics().worker
+        held = mx.get_active_memory() - baseline
+
+    assert stats is not None and stats.prefix_cache is not None
+    assert stats.prefix_cache.entries >= 13
+    # Unevaluated, the entries held about 3x their size here (1.05x evaluated). The slack leaves room for
+    # allocators that round buffers up (Metal pages) and the engine's own small arrays.
+    assert held <= 2 * stats.prefix_cache.nbytes, (held, stats.prefix_cache.nbytes)
 
 
 def test_exact_longer_and_shorter_hits_leave_one_token_to_prefill() -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import attrs
+import mlx.core as mx
 from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
 _Key = tuple[Hashable, tuple[int, ...]]
@@ -111,6 +112,11 @@ class PrefixCache:
         nbytes = sum(c.nbytes for c in cache)
         if not tokens or nbytes > self.max_bytes:
             return
+        # A sequence cut from a batch arrives as lazy slices of the batch's KV arrays: until
+        # evaluated, they keep every row's KV alive, outside the budget (on an H100 the
+        # entries of one benchmark ran an 8B model out of memory). Copy out now; async, so
+        # the step in flight is not waited for.
+        mx.async_eval([c.state for c in cache])
         tokens = list(tokens)
         previous = self._trie.add(namespace, tokens, None)
         key = (namespace, tuple(tokens))
