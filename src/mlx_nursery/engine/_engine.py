@@ -290,6 +290,8 @@ class Engine:
             if handle is not None:
                 handle.confirmed_step = delivery.stats.steps
                 self._confirm(handle)
+        if self._worker is not None:
+            self._worker.delivered()
 
     def _push(self, handle: _Handle, event: TokenEvent) -> None:
         if handle.stalled:
