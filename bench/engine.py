@@ -97,7 +97,7 @@ async def engine_stream(engine: Engine, request: GenerationRequest) -> tuple[flo
 
 async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], tokens: int,
                         rounds: int) -> dict[str, Any]:
-    """Raw generate_step and the engine, alternated round by round on the same device.
+    """Raw generate_step and the engine, paired round by round on the same device.
 
     Alternating matters on a GPU host: the same loop moves by 10-20% between minutes
     (clocks, other tenants), so a ratio of two measurements taken minutes apart is mostly
@@ -107,9 +107,14 @@ async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], token
     raw_decode_tps(raw_model, prompt, tokens)  # warm-up, both sides
     await engine_stream(engine, request)
     raw, eng = [], []
-    for _ in range(rounds):
-        raw.append(raw_decode_tps(raw_model, prompt, tokens))
+    for r in range(rounds):
+        # Which side runs first alternates: a drift within a round (a clock settling after the
+        # other side's run) then favours neither.
+        if r % 2 == 0:
+            raw.append(raw_decode_tps(raw_model, prompt, tokens))
         eng.append((await engine_stream(engine, request))[1])
+        if r % 2 == 1:
+            raw.append(raw_decode_tps(raw_model, prompt, tokens))
     ratios = [e / r for e, r in zip(eng, raw, strict=True)]
     return {
         "rounds": rounds,
@@ -304,8 +309,10 @@ async def run(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         results["single_stream"] = await single_stream(engine, raw_model, prompt, args.tokens, args.rounds)
         del raw_model
         mx.clear_cache()
+        # The median of three runs each: one run of a few seconds moves by 10-30% on a GPU host.
         results["aggregate_tps"] = {
-            str(n): await aggregate_tps(engine, n, args.prompt_tokens, args.tokens, vocab)
+            str(n): median([await aggregate_tps(engine, n, args.prompt_tokens, args.tokens, vocab)
+                            for _ in range(3)])
             for n in args.concurrency
         }
         results["cancellation"] = await cancellation(engine, args.cancel_trials, 7, vocab)
