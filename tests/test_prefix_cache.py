@@ -120,8 +120,8 @@ async def test_entries_cut_from_a_batch_hold_only_their_own_memory(engine_config
 
     assert stats is not None and stats.prefix_cache is not None
     assert stats.prefix_cache.entries >= 13
-    # Unevaluated, the entries held about 3x their size here (1.05x evaluated). The slack leaves room for
-    # allocators that round buffers up (Metal pages) and the engine's own small arrays.
+    # Unevaluated, the entries held about 3x their size here (1.05x evaluated). The slack
+    # leaves room for allocators that round buffers up (Metal pages) and small engine arrays.
     assert held <= 2 * stats.prefix_cache.nbytes, (held, stats.prefix_cache.nbytes)
 
 
