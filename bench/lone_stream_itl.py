@@ -1,0 +1,184 @@
+"""Where does a lone stream lose time? The median time between tokens, four ways, in rounds.
+
+  raw-main        mlx-lm's generate_step on the main thread (bench/engine.py's reference)
+  raw-thread      the same loop on a long-lived second thread, as the engine has one
+  engine          the whole engine, tokens stamped as they reach Trio
+  fast-path-bare  the engine's fast path stepped in a bare loop on the engine's own thread:
+                  no worker loop between steps, nothing posted to Trio until the end
+
+Each round runs all four on one prompt; the table gives the median over rounds of each
+round's median inter-token time (the first two and last two gaps left out), and the
+ratio to raw-main. Inter-token time, unlike a token rate, is not moved by one slow step,
+so rounds taken seconds apart on a noisy host compare steady states.
+
+Usage: python bench/lone_stream_itl.py --model DIR [--tokens 128] [--rounds 12]
+Writes JSON (bench/results/lone-stream-itl.json by default). `fast-path-bare` wraps a
+private Worker method, as bench/engine.py's cancel diagnostics do: a benchmark's probe.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    sys.path.pop(0)  # bench/http.py would shadow the standard library's http package
+
+import argparse
+import itertools
+import json
+import platform
+import queue
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import trio
+
+from mlx_nursery.cli import release_mlx_streams
+from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
+
+GREEDY = SamplingParams(temperature=0.0)
+WAYS = ("raw-main", "raw-thread", "engine", "fast-path-bare")
+
+
+def raw_stamps(model: Any, prompt: list[int], tokens: int) -> list[float]:
+    from mlx_lm.generate import generate_step
+
+    return [time.perf_counter() for _ in generate_step(mx.array(prompt), model, max_tokens=tokens)]
+
+
+def median_gap_ms(stamps: list[float]) -> float:
+    gaps = [b - a for a, b in itertools.pairwise(stamps)][2:-2]
+    return 1000 * statistics.median(gaps)
+
+
+class RawThread:
+    """One long-lived thread that runs the raw loop on request."""
+
+    def __init__(self, model: Any, prompt: list[int], tokens: int) -> None:
+        self._jobs: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[list[float]] = queue.SimpleQueue()
+        self._args = (model, prompt, tokens)
+        self._thread = threading.Thread(target=self._serve)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while self._jobs.get():
+            self._results.put(raw_stamps(*self._args))
+        mx.synchronize()
+        mx.clear_streams()  # this thread made MLX streams (ml-explore/mlx#4327)
+
+    def run(self) -> list[float]:
+        self._jobs.put(True)
+        return self._results.get()
+
+    def close(self) -> None:
+        self._jobs.put(False)
+        self._thread.join()
+
+
+class BareFastPath:
+    """While armed, the engine's next lone sequence is stepped to its end in one call."""
+
+    def __init__(self, engine: Engine) -> None:
+        worker = engine._worker  # a benchmark's probe
+        assert worker is not None
+        self.armed = False
+        self.stamps: list[float] = []
+        step = worker._solo_step
+
+        def bare() -> list[Any]:
+            if not self.armed or worker._solo is None or worker._solo.solo is None:
+                return step()
+            solo = worker._solo.solo
+            while True:
+                response = solo.step()
+                if response is not None:
+                    self.stamps.append(time.perf_counter())
+                    if response.finish_reason is not None:
+                        return [response]
+
+        worker._solo_step = bare  # type: ignore[method-assign]
+
+
+async def engine_stamps(engine: Engine, request: GenerationRequest) -> list[float]:
+    stamps = []
+    async with engine.generate(request) as stream:
+        async for event in stream:
+            if event.token_id is not None:
+                stamps.append(time.perf_counter())
+    return stamps
+
+
+async def measure(model_path: Path, tokens: int, rounds: int) -> dict[str, list[float]]:
+    from mlx_lm.utils import load
+
+    vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
+    rng = random.Random(1)
+    prompt = [rng.randrange(10, min(vocab, 4000)) for _ in range(128)]
+    request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
+    model = load(str(model_path))[0]
+    other = RawThread(model, prompt, tokens)
+    gaps: dict[str, list[float]] = {way: [] for way in WAYS}
+    try:
+        async with open_engine(EngineConfig(model_path, max_concurrency=32)) as engine:
+            bare = BareFastPath(engine)
+
+            async def bare_stamps() -> list[float]:
+                bare.armed, bare.stamps = True, []
+                try:
+                    await engine_stamps(engine, request)
+                finally:
+                    bare.armed = False
+                return bare.stamps
+
+            ways = {
+                "raw-main": lambda: _ready(raw_stamps(model, prompt, tokens)),
+                "raw-thread": lambda: _ready(other.run()),
+                "engine": lambda: engine_stamps(engine, request),
+                "fast-path-bare": bare_stamps,
+            }
+            for way in WAYS:  # warm-up: kernels compiled, caches filled
+                await ways[way]()
+            for r in range(rounds):
+                for way in WAYS:
+                    gaps[way].append(median_gap_ms(await ways[way]()))
+                print(f"round {r}: " + ", ".join(f"{w} {gaps[w][-1]:.2f} ms" for w in WAYS), flush=True)
+    finally:
+        other.close()
+    return gaps
+
+
+async def _ready(value: list[float]) -> list[float]:
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--json", default="bench/results/lone-stream-itl.json")
+    args = parser.parse_args()
+    gaps = trio.run(measure, Path(args.model), args.tokens, args.rounds)
+    medians = {way: statistics.median(values) for way, values in gaps.items()}
+    print(f"\nlone stream, median time between tokens: {args.model} on {mx.default_device()}")
+    for way in WAYS:
+        print(f"  {way:<16} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "model": args.model, "device": str(mx.default_device()), "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"), "tokens": args.tokens, "rounds": args.rounds,
+        "median_gap_ms": medians, "rounds_gap_ms": gaps,
+    }, indent=2))
+    print(f"\nwrote {out}")
+    release_mlx_streams()
+
+
+if __name__ == "__main__":
+    main()
