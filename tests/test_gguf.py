@@ -13,9 +13,9 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import llama
 from mlx_lm.utils import load
-from mlx.utils import tree_flatten, tree_map
 
 from mlx_nursery.models.gguf import GGUFConversionError, convert_gguf
 

@@ -9,8 +9,8 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from .http._errors import envelope_response, error_response
 from .http import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
+from .http._errors import envelope_response, error_response
 from .http._routes import routes
 from .http._service import RequestProcessors, Service
 from .openai import OpenAIError

@@ -334,7 +334,7 @@ def _call_soon(token: trio.lowlevel.TrioToken, fn: object, *args: object) -> Non
     def guarded() -> None:
         try:
             fn(*args)  # type: ignore[operator]
-        except Exception:  # noqa: BLE001
+        except Exception:  # a failed delivery must not end the Trio run
             log.exception("engine delivery failed")
 
     try:

@@ -185,7 +185,7 @@ class Worker:
         reason: BaseException | None = None
         try:
             self._loop()
-        except BaseException as exc:  # noqa: BLE001 - a dead loop must still release everyone
+        except BaseException as exc:  # a dead loop must still release everyone
             log.exception("engine loop failed; the engine is stopping")
             reason = exc
         finally:
@@ -302,14 +302,14 @@ class Worker:
                 uid = self._insert(sequence, prompt[hit.cached_tokens:] if hit else prompt,
                                    hit.cache if hit else None, prompt[: hit.cached_tokens] if hit else [],
                                    request.max_tokens)
-            except Exception:  # noqa: BLE001 - a cached state that will not merge: prefill afresh
+            except Exception:  # a cached state that will not merge: prefill afresh
                 if hit is None:
                     raise
                 assert self._cache is not None
                 self._cache.record_failure()
                 hit = None
                 uid = self._insert(sequence, prompt, None, [], request.max_tokens)
-        except Exception:  # noqa: BLE001 - fails this request only
+        except Exception:  # fails this request only
             log.exception("could not admit sequence %d", command.seq_id)
             self._finish_unstarted(command, "error", "the engine could not start this request")
             return
@@ -352,7 +352,7 @@ class Worker:
         try:
             uid = self._insert(sequence, handover.remaining_prompt, handover.cache,
                                handover.cache_tokens, handover.max_tokens)
-        except Exception:  # noqa: BLE001 - fails this request only, as a failed admission does
+        except Exception:  # fails this request only, as a failed admission does
             log.exception("could not move sequence %d into the batch", sequence.seq_id)
             self._events.append((sequence.seq_id, TokenEvent(
                 None, "", None, "error", sequence.usage(), "the engine could not continue this request")))
@@ -528,7 +528,7 @@ class Worker:
             return
         try:
             self._cache.insert(self._namespace(sequence.request), list(tokens), list(cache))
-        except Exception:  # noqa: BLE001 - caching is an optimisation, never a failure
+        except Exception:  # caching is an optimisation, never a failure
             log.exception("could not store a prefix-cache entry")
 
     def _forget(self, sequence: _Sequence) -> None:

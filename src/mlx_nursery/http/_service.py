@@ -57,7 +57,7 @@ class Service:
         """Load the model and start the engine in `nursery`; on failure, log and report unhealthy."""
         try:
             await self.store.open()
-        except Exception:
+        except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
             self._failed(f"the responses store at {self.store.path} could not be opened")
             return
         try:
@@ -73,7 +73,7 @@ class Service:
                 prompt_cache_bytes=self.settings.prompt_cache_bytes,
             )
             engine: Engine = await nursery.start(Engine(config).run)
-        except Exception:
+        except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
             self._failed("the model failed to load")
             return
         self.engine = engine

@@ -8,8 +8,9 @@ mlx-vlm models can plug in beside mlx-lm ones.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import attrs
 

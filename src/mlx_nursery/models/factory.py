@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 

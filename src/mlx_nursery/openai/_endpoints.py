@@ -17,18 +17,16 @@ import attrs
 from ..engine import GenerationRequest
 from . import _params as params
 from ._converter import structure
+from ._errors import InvalidRequest
 from ._generation import Finished
+from ._logprobs import LogprobAligner, LogprobEntry
 from ._prompts import completion_tokens, render_chat
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
-from ._errors import InvalidRequest
-from ._logprobs import LogprobAligner, LogprobEntry
 from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools
 from ._wire import (
     AssistantMessage,
-    FunctionCall,
-    ToolCall,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -36,6 +34,8 @@ from ._wire import (
     ChunkChoice,
     Completion,
     CompletionChoice,
+    FunctionCall,
+    ToolCall,
     UsageOut,
     new_id,
     now,

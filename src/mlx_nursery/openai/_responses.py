@@ -26,9 +26,9 @@ from ._endpoints import (
     with_response_format,
     with_tools,
 )
-from ._logprobs import LogprobEntry
 from ._errors import InvalidRequest, OpenAIError
 from ._generation import Finished
+from ._logprobs import LogprobEntry
 from ._prompts import render_chat
 from ._schemas import ChatMessage, SamplingFields
 from ._served import ServedModel
