@@ -513,13 +513,14 @@ class Worker:
             return
         self._delivered.wait(_CONFIRMATION_HEADSTART_SECONDS)
         detaching, self._detaching = self._detaching, []
+        # One removal for all of them: each call filters every layer's KV of the whole batch.
+        in_batch = [sequence.uid for sequence, solo in detaching if solo is None]
+        caches: dict[int, Any] = {}
+        if in_batch:
+            assert self._generator is not None
+            caches = self._generator.remove(in_batch, return_prompt_caches=self._cache is not None)
         for sequence, solo in detaching:
-            if solo is not None:
-                cache, tokens = solo.cancel()
-            else:
-                assert self._generator is not None
-                caches = self._generator.remove([sequence.uid], return_prompt_caches=self._cache is not None)
-                cache, tokens = caches.get(sequence.uid, (None, None))
+            cache, tokens = solo.cancel() if solo is not None else caches.get(sequence.uid, (None, None))
             if not sequence.failures:
                 self._store_prefix(sequence, cache, tokens)
 
