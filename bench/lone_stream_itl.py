@@ -1,19 +1,24 @@
-"""Where does a lone stream lose time? The median time between tokens, four ways, in rounds.
+"""Where does a lone stream lose time? The median time between tokens, five ways, in rounds.
 
-  raw-main        mlx-lm's generate_step on the main thread (bench/engine.py's reference)
-  raw-thread      the same loop on a long-lived second thread, as the engine has one
-  engine          the whole engine, tokens stamped as they reach Trio
-  fast-path-bare  the engine's fast path stepped in a bare loop on the engine's own thread:
-                  no worker loop between steps, nothing posted to Trio until the end
+  raw-main         mlx-lm's generate_step on the main thread (bench/engine.py's reference)
+  raw-thread       the same loop on a long-lived second thread, as the engine has one
+  engine           the whole engine, tokens stamped as they reach Trio
+  engine-post-now  the same, each token posted to Trio as soon as it is read, rather than
+                   at the next launch (Worker._post_at_launch off: the engine until 2026-11-22)
+  fast-path-bare   the engine's fast path stepped in a bare loop on the engine's own thread:
+                   no worker loop between steps, nothing posted to Trio until the end
 
-Each round runs all four on one prompt; the table gives the median over rounds of each
-round's median inter-token time (the first two and last two gaps left out), and the
-ratio to raw-main. Inter-token time, unlike a token rate, is not moved by one slow step,
-so rounds taken seconds apart on a noisy host compare steady states.
+Each round runs every way on one prompt, in alternating order; the table gives the median
+over rounds of each round's median inter-token time (the first two and last two gaps left
+out), and the ratio to raw-main. Inter-token time, unlike a token rate, is not moved by one
+slow step, so rounds taken seconds apart on a noisy host compare steady states. For the two
+engine ways it also gives the median wait from a token's post on the engine thread to its
+delivery starting on the Trio thread: that wait is the Trio thread waiting for the GIL.
 
 Usage: python bench/lone_stream_itl.py --model DIR [--tokens 128] [--rounds 12]
-Writes JSON (bench/results/lone-stream-itl.json by default). `fast-path-bare` wraps a
-private Worker method, as bench/engine.py's cancel diagnostics do: a benchmark's probe.
+Writes JSON (bench/results/lone-stream-itl.json by default). `fast-path-bare` and the
+post-to-delivery stamps wrap private Worker and Engine methods, as bench/engine.py's cancel
+diagnostics do: a benchmark's probe.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
 
 GREEDY = SamplingParams(temperature=0.0)
-WAYS = ("raw-main", "raw-thread", "engine", "fast-path-bare")
+WAYS = ("raw-main", "raw-thread", "engine", "engine-post-now", "fast-path-bare")
+POSTING_WAYS = ("engine", "engine-post-now")
 
 
 def raw_stamps(model: Any, prompt: list[int], tokens: int) -> list[float]:
@@ -105,6 +111,29 @@ class BareFastPath:
         worker._solo_step = bare  # type: ignore[method-assign]
 
 
+class PostToDelivery:
+    """Stamps each delivery's post (engine thread) and the start of its handling (Trio)."""
+
+    def __init__(self, engine: Engine) -> None:
+        worker = engine._worker  # a benchmark's probe
+        assert worker is not None
+        self.waits: list[float] = []
+        posted: list[float] = []
+        post, deliver = worker._post, engine._deliver
+
+        def stamped_post(delivery: Any) -> None:
+            posted.append(time.perf_counter())
+            post(delivery)
+
+        def stamped_deliver(delivery: Any) -> None:
+            if posted:
+                self.waits.append(time.perf_counter() - posted.pop(0))
+            deliver(delivery)
+
+        worker._post = stamped_post  # type: ignore[method-assign]
+        engine._deliver = stamped_deliver  # type: ignore[method-assign]
+
+
 async def engine_stamps(engine: Engine, request: GenerationRequest) -> list[float]:
     stamps = []
     async with engine.generate(request) as stream:
@@ -114,7 +143,7 @@ async def engine_stamps(engine: Engine, request: GenerationRequest) -> list[floa
     return stamps
 
 
-async def measure(model_path: Path, tokens: int, rounds: int) -> dict[str, list[float]]:
+async def measure(model_path: Path, tokens: int, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     from mlx_lm.utils import load
 
     vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
@@ -124,9 +153,20 @@ async def measure(model_path: Path, tokens: int, rounds: int) -> dict[str, list[
     model = load(str(model_path))[0]
     other = RawThread(model, prompt, tokens)
     gaps: dict[str, list[float]] = {way: [] for way in WAYS}
+    waits: dict[str, list[float]] = {way: [] for way in POSTING_WAYS}
     try:
         async with open_engine(EngineConfig(model_path, max_concurrency=32)) as engine:
             bare = BareFastPath(engine)
+            stamps = PostToDelivery(engine)
+            worker = engine._worker
+            assert worker is not None
+
+            async def posting_stamps(*, at_launch: bool) -> list[float]:
+                worker._post_at_launch, stamps.waits = at_launch, []
+                try:
+                    return await engine_stamps(engine, request)
+                finally:
+                    worker._post_at_launch = True
 
             async def bare_stamps() -> list[float]:
                 bare.armed, bare.stamps = True, []
@@ -139,18 +179,21 @@ async def measure(model_path: Path, tokens: int, rounds: int) -> dict[str, list[
             ways = {
                 "raw-main": lambda: _ready(raw_stamps(model, prompt, tokens)),
                 "raw-thread": lambda: _ready(other.run()),
-                "engine": lambda: engine_stamps(engine, request),
+                "engine": lambda: posting_stamps(at_launch=True),
+                "engine-post-now": lambda: posting_stamps(at_launch=False),
                 "fast-path-bare": bare_stamps,
             }
             for way in WAYS:  # warm-up: kernels compiled, caches filled
                 await ways[way]()
             for r in range(rounds):
-                for way in WAYS:
+                for way in WAYS if r % 2 == 0 else reversed(WAYS):
                     gaps[way].append(median_gap_ms(await ways[way]()))
+                    if way in waits:
+                        waits[way].append(1000 * statistics.median(stamps.waits))
                 print(f"round {r}: " + ", ".join(f"{w} {gaps[w][-1]:.2f} ms" for w in WAYS), flush=True)
     finally:
         other.close()
-    return gaps
+    return gaps, waits
 
 
 async def _ready(value: list[float]) -> list[float]:
@@ -164,17 +207,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--json", default="bench/results/lone-stream-itl.json")
     args = parser.parse_args()
-    gaps = trio.run(measure, Path(args.model), args.tokens, args.rounds)
+    gaps, waits = trio.run(measure, Path(args.model), args.tokens, args.rounds)
     medians = {way: statistics.median(values) for way, values in gaps.items()}
+    wait_medians = {way: statistics.median(values) for way, values in waits.items()}
     print(f"\nlone stream, median time between tokens: {args.model} on {mx.default_device()}")
     for way in WAYS:
-        print(f"  {way:<16} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed")
+        line = f"  {way:<16} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed"
+        if way in wait_medians:
+            line += f"  post -> delivery {wait_medians[way]:.3f} ms"
+        print(line)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "model": args.model, "device": str(mx.default_device()), "machine": platform.platform(),
         "date": time.strftime("%Y-%m-%d"), "tokens": args.tokens, "rounds": args.rounds,
         "median_gap_ms": medians, "rounds_gap_ms": gaps,
+        "median_post_to_delivery_ms": wait_medians, "rounds_post_to_delivery_ms": waits,
     }, indent=2))
     print(f"\nwrote {out}")
     release_mlx_streams()

@@ -7,7 +7,9 @@ arrives. All three must give the same tokens.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -99,6 +101,56 @@ async def test_fast_path_prefix_cache_and_cancel(tiny_model: Path) -> None:
         assert stats.lanes_borrowed == 0 and stats.late_events == 0
         assert stats.worker is not None and stats.worker.generated_tokens < 100
 
+
+
+class DeliveryGate:
+    """A logits processor that, while the engine builds token n's graph, waits until the
+    consumer holds the tokens the engine owes it by then, and records n if it never does."""
+
+    def __init__(self, owed: Any) -> None:
+        self._owed = owed
+        self._received = 0
+        self._calls = 0
+        self._changed = threading.Condition()
+        self.held_back: list[int] = []
+
+    def received(self) -> None:
+        with self._changed:
+            self._received += 1
+            self._changed.notify_all()
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        self._calls += 1
+        owed = self._owed(self._calls)
+        with self._changed:  # the timeout only ends a deadlock; a held-back token causes one
+            if not self._changed.wait_for(lambda: self._received >= owed, timeout=10):
+                self.held_back.append(self._calls)
+        return logits
+
+
+async def test_fast_path_holds_a_token_back_one_launch_at_most_and_never_the_first(
+    tiny_model: Path,
+) -> None:
+    """Tokens of a lone stream reach Trio at the next launch, outside the graph build
+    (Worker._post_at_launch): token k is read after token k+1 is launched and posted once
+    token k+2's graph is built, so it must be there while token k+3's graph is built. The
+    first token has no launch of its own to wait for: it is there before the second's."""
+    def owed(call: int) -> int:
+        return 1 if call == 2 else max(0, call - 3)
+
+    gate = DeliveryGate(owed)
+    async with open_engine(EngineConfig(tiny_model, max_concurrency=2)) as engine:
+        run_events = []
+        async with engine.generate(request(engine, "Counting tokens as they come", max_tokens=12,
+                                           ignore_eos=True, logits_processors=[gate])) as stream:
+            async for event in stream:
+                run_events.append(event)
+                if event.token_id is not None:
+                    gate.received()
+        assert _solo_steps(engine) > 0
+    run = Run(run_events)
+    assert run.final.finish_reason == "length" and len(run.tokens) == 12
+    assert gate.held_back == []
 
 
 def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:

@@ -150,6 +150,18 @@ class Worker:
         """The last step's responses (MLX arrays), released only once the next step has run."""
         self._delivered = threading.Event()
         """Set by the receiving side once it has handled the last delivery."""
+        self._post_at_launch = True
+        """While a lone sequence has its next token in flight, post its token at the next launch.
+
+        A lone stream of a large model is bound by this thread: building a token's graph is
+        Python holding the GIL, which the receiving (Trio) thread needs to take a delivery.
+        Posted as soon as it is read, a token wakes the receiver while the next graph is being
+        built; the receiver then waits for the GIL, or takes it mid-build at the switch interval
+        and stalls the build, and this thread waits to be woken again. Posted just before the
+        launch (`mx.async_eval`, which releases the GIL while it encodes the step), the receiver
+        does its work while this thread is outside Python. Each token reaches Trio one graph
+        build later; the rate is unchanged, and a first or final token is never held back.
+        """
 
     # -- called from any thread -------------------------------------------------------------
     def submit(self, seq_id: int, request: GenerationRequest) -> None:
@@ -221,7 +233,7 @@ class Worker:
                 return
             # Confirm cancellations now, then detach them; a sequence ended is always detached
             # before the next command is applied, so a lane it freed is never used twice.
-            self._flush()
+            self._flush_step()
             self._detach_removed()
             if self._active:
                 self._step()
@@ -229,7 +241,7 @@ class Worker:
                 next_expiry_check = time.monotonic() + min(_IDLE_POLL_SECONDS, self._cache.ttl)
                 if self._cache.evict_expired():
                     self._flush(force=True)
-            self._flush()
+            self._flush_step()
             self._detach_removed()  # those the step ended (a failed logits processor)
 
     def _take_commands(self, *, block: bool) -> list[Command]:
@@ -331,6 +343,7 @@ class Worker:
             max_tokens=sequence.request.max_tokens,
             stop_tokens=sequence.stop_ids,
             prefill_step_size=self._config.prefill_step_size,
+            before_launch=self._flush,
         )
         self._solo = sequence
         self._track(sequence, sequence.solo.uid)
@@ -560,6 +573,14 @@ class Worker:
         for command in self._take_commands(block=False):
             if isinstance(command, Submit):
                 self._finish_unstarted(command, reason, error)
+
+    def _flush_step(self) -> None:
+        """Post what the loop has so far, unless the lone sequence's next launch will
+        (`_post_at_launch`): only token events then, since anything finished goes out now."""
+        solo = self._solo.solo if self._solo is not None else None
+        if self._post_at_launch and solo is not None and solo.token_in_flight and not self._finished:
+            return
+        self._flush()
 
     def _flush(
         self, *, force: bool = False, closing: Literal["closed", "failed"] | None = None
