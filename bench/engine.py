@@ -97,27 +97,35 @@ async def engine_stream(engine: Engine, request: GenerationRequest) -> tuple[flo
 
 async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], tokens: int,
                         rounds: int) -> dict[str, Any]:
-    """Raw generate_step and the engine, paired round by round on the same device.
+    """Raw generate_step and the engine, compared round by round on the same device.
 
-    Alternating matters on a GPU host: the same loop moves by 10-20% between minutes
-    (clocks, other tenants), so a ratio of two measurements taken minutes apart is mostly
-    that drift. Each round's ratio pairs two runs taken seconds apart; the median is reported.
+    Each round runs the two sides in a mirrored order, raw-engine-engine-raw (or
+    engine-raw-raw-engine, alternating): on a GPU host the same loop moves by 10-20%
+    between seconds (clocks, other tenants), and a mirrored round cancels a drift that
+    runs through it, where a pair favours whichever side ran at the better moment. The
+    round's ratio is the engine's mean rate over raw's; the median over rounds is reported.
     """
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
     raw_decode_tps(raw_model, prompt, tokens)  # warm-up, both sides
     await engine_stream(engine, request)
-    raw, eng = [], []
+
+    async def engine_tps() -> float:
+        return (await engine_stream(engine, request))[1]
+
+    async def raw_tps() -> float:
+        return raw_decode_tps(raw_model, prompt, tokens)
+
+    raw, eng, ratios = [], [], []
     for r in range(rounds):
-        # Which side runs first alternates: a drift within a round (a clock settling after the
-        # other side's run) then favours neither.
-        if r % 2 == 0:
-            raw.append(raw_decode_tps(raw_model, prompt, tokens))
-        eng.append((await engine_stream(engine, request))[1])
-        if r % 2 == 1:
-            raw.append(raw_decode_tps(raw_model, prompt, tokens))
-    ratios = [e / r for e, r in zip(eng, raw, strict=True)]
+        outer, inner = (raw_tps, engine_tps) if r % 2 == 0 else (engine_tps, raw_tps)
+        a1, b1, b2, a2 = await outer(), await inner(), await inner(), await outer()
+        raw_pair, eng_pair = ((a1, a2), (b1, b2)) if r % 2 == 0 else ((b1, b2), (a1, a2))
+        raw.append(statistics.fmean(raw_pair))
+        eng.append(statistics.fmean(eng_pair))
+        ratios.append(eng[-1] / raw[-1])
     return {
         "rounds": rounds,
+        "design": "mirrored rounds (raw, engine, engine, raw / engine, raw, raw, engine)",
         "raw_generate_step_tps": median(raw),
         "engine_tps": median(eng),
         "ratio": median(ratios),
@@ -395,7 +403,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3, help="prefix-cache repeats")
-    parser.add_argument("--rounds", type=int, default=7, help="single-stream rounds (raw, then engine)")
+    parser.add_argument("--rounds", type=int, default=7, help="single-stream rounds (each runs both sides twice, mirrored)")
     parser.add_argument("--cancel-trials", type=int, default=30)
     parser.add_argument("--prefix-tokens", type=int, default=2048)
     parser.add_argument("--out", default="bench/results/engine.json")

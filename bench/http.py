@@ -170,7 +170,10 @@ async def measure_server(kind: str, model: Path, eos: int, args: argparse.Namesp
     with server_process(kind, model, port, args.streams) as process:
         base = f"http://127.0.0.1:{port}"
         doc = body(name, eos, args.tokens, stream=True)
-        await concurrent(base, {**doc, "max_tokens": 8}, 2)  # warm-up
+        # Warm-up at both sizes measured: the first batch of `streams` compiles kernels for its
+        # shapes (on the H100, the first 32-stream run of the first server ran at half speed).
+        await concurrent(base, {**doc, "max_tokens": 8}, 2)
+        await concurrent(base, {**doc, "max_tokens": 16}, args.streams)
         # Each HTTP run is paired with an in-process engine run just before it: on a shared
         # GPU host the same loop drifts 10-20% between minutes, so only pairs compare.
         singles, engine_runs, cpu = [], [], 0.0
