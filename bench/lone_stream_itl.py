@@ -1,4 +1,4 @@
-"""Where does a lone stream lose time? The median time between tokens, five ways, in rounds.
+"""Where does a lone stream lose time? The median time between tokens, seven ways, in rounds.
 
   raw-main         mlx-lm's generate_step on the main thread (bench/engine.py's reference)
   raw-thread       the same loop on a long-lived second thread, as the engine has one
@@ -7,6 +7,9 @@
                    at the next launch (Worker._post_at_launch off: the engine until 2026-11-22)
   fast-path-bare   the engine's fast path stepped in a bare loop on the engine's own thread:
                    no worker loop between steps, nothing posted to Trio until the end
+  raw-engine-thread    generate_step on the engine's thread, with the engine's model
+  fast-path-raw-thread the fast path (`SoloSequence`) on raw-thread's thread, with its model
+                   (the last two cross the loop with the thread, and the model loaded there)
 
 Each round runs every way on one prompt, in alternating order; the table gives the median
 over rounds of each round's median inter-token time (the first two and last two gaps left
@@ -47,7 +50,8 @@ from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
 
 GREEDY = SamplingParams(temperature=0.0)
-WAYS = ("raw-main", "raw-thread", "engine", "engine-post-now", "fast-path-bare")
+WAYS = ("raw-main", "raw-thread", "engine", "engine-post-now", "fast-path-bare",
+        "raw-engine-thread", "fast-path-raw-thread")
 POSTING_WAYS = ("engine", "engine-post-now")
 
 
@@ -62,28 +66,46 @@ def median_gap_ms(stamps: list[float]) -> float:
     return 1000 * statistics.median(gaps)
 
 
+def fast_path_stamps(model: Any, prompt: list[int], tokens: int) -> list[float]:
+    """The engine's `SoloSequence`, stepped bare, as the engine would for a greedy request."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    from mlx_nursery.engine._solo import SoloSequence
+
+    solo = SoloSequence(model, -1, prompt, cache=None, cached_tokens=0, sampler=greedy_sampler,
+                        processors=[], max_tokens=tokens, stop_tokens=frozenset(),
+                        prefill_step_size=2048)
+    stamps = []
+    while True:
+        response = solo.step()
+        if response is not None:
+            stamps.append(time.perf_counter())
+            if response.finish_reason is not None:
+                return stamps
+
+
 class RawThread:
-    """One long-lived thread that runs the raw loop on request."""
+    """One long-lived thread that runs a loop (raw or fast path) on its own model on request."""
 
     def __init__(self, model: Any, prompt: list[int], tokens: int) -> None:
-        self._jobs: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._results: queue.SimpleQueue[list[float]] = queue.SimpleQueue()
         self._args = (model, prompt, tokens)
         self._thread = threading.Thread(target=self._serve)
         self._thread.start()
 
     def _serve(self) -> None:
-        while self._jobs.get():
-            self._results.put(raw_stamps(*self._args))
+        while (loop := self._jobs.get()) is not None:
+            self._results.put(loop(*self._args))
         mx.synchronize()
         mx.clear_streams()  # this thread made MLX streams (ml-explore/mlx#4327)
 
-    def run(self) -> list[float]:
-        self._jobs.put(True)
+    def run(self, loop: Any = raw_stamps) -> list[float]:
+        self._jobs.put(loop)
         return self._results.get()
 
     def close(self) -> None:
-        self._jobs.put(False)
+        self._jobs.put(None)
         self._thread.join()
 
 
@@ -94,11 +116,19 @@ class BareFastPath:
         worker = engine._worker  # a benchmark's probe
         assert worker is not None
         self.armed = False
+        self.raw: tuple[list[int], int] | None = None
+        """Set with `armed`: run generate_step (prompt, tokens) on the engine's model instead;
+        the engine's own sequence then runs as usual."""
         self.stamps: list[float] = []
         step = worker._solo_step
 
         def bare() -> list[Any]:
             if not self.armed or worker._solo is None or worker._solo.solo is None:
+                return step()
+            if self.raw is not None:
+                assert worker._model is not None
+                self.stamps = raw_stamps(worker._model.model, *self.raw)
+                self.armed = False
                 return step()
             solo = worker._solo.solo
             while True:
@@ -168,12 +198,12 @@ async def measure(model_path: Path, tokens: int, rounds: int) -> tuple[dict[str,
                 finally:
                     worker._post_at_launch = True
 
-            async def bare_stamps() -> list[float]:
-                bare.armed, bare.stamps = True, []
+            async def bare_stamps(*, raw: bool = False) -> list[float]:
+                bare.armed, bare.stamps, bare.raw = True, [], (prompt, tokens) if raw else None
                 try:
                     await engine_stamps(engine, request)
                 finally:
-                    bare.armed = False
+                    bare.armed, bare.raw = False, None
                 return bare.stamps
 
             ways = {
@@ -182,6 +212,8 @@ async def measure(model_path: Path, tokens: int, rounds: int) -> tuple[dict[str,
                 "engine": lambda: posting_stamps(at_launch=True),
                 "engine-post-now": lambda: posting_stamps(at_launch=False),
                 "fast-path-bare": bare_stamps,
+                "raw-engine-thread": lambda: bare_stamps(raw=True),
+                "fast-path-raw-thread": lambda: _ready(other.run(fast_path_stamps)),
             }
             for way in WAYS:  # warm-up: kernels compiled, caches filled
                 await ways[way]()
@@ -212,7 +244,7 @@ def main() -> None:
     wait_medians = {way: statistics.median(values) for way, values in waits.items()}
     print(f"\nlone stream, median time between tokens: {args.model} on {mx.default_device()}")
     for way in WAYS:
-        line = f"  {way:<16} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed"
+        line = f"  {way:<20} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed"
         if way in wait_medians:
             line += f"  post -> delivery {wait_medians[way]:.3f} ms"
         print(line)
