@@ -1,9 +1,11 @@
-"""Where does a lone stream lose time? The median time between tokens, seven ways, in rounds.
+"""Where does a lone stream lose time? The median time between tokens, eight ways, in rounds.
 
   raw-main         mlx-lm's generate_step on the main thread (bench/engine.py's reference)
   raw-thread       the same loop on a long-lived second thread, as the engine has one
   engine           the whole engine, tokens stamped as they reach Trio
-  engine-post-now  the same, each token posted to Trio as soon as it is read, rather than
+  engine-cold      the whole engine on a new prompt each time: no prefix-cache hit (every
+                   other engine way repeats one prompt, so its KV cache comes from a hit)
+  engine-post-now  the engine, each token posted to Trio as soon as it is read, rather than
                    at the next launch (Worker._post_at_launch off: the engine until 2026-11-22)
   fast-path-bare   the engine's fast path stepped in a bare loop on the engine's own thread:
                    no worker loop between steps, nothing posted to Trio until the end
@@ -18,7 +20,7 @@ slow step, so rounds taken seconds apart on a noisy host compare steady states. 
 engine ways it also gives the median wait from a token's post on the engine thread to its
 delivery starting on the Trio thread: that wait is the Trio thread waiting for the GIL.
 
-Usage: python bench/lone_stream_itl.py --model DIR [--tokens 128] [--rounds 12]
+Usage: python bench/lone_stream_itl.py --model DIR [--tokens 128] [--rounds 12] [--ways a,b]
 Writes JSON (bench/results/lone-stream-itl.json by default). `fast-path-bare` and the
 post-to-delivery stamps wrap private Worker and Engine methods, as bench/engine.py's cancel
 diagnostics do: a benchmark's probe.
@@ -50,7 +52,7 @@ from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
 
 GREEDY = SamplingParams(temperature=0.0)
-WAYS = ("raw-main", "raw-thread", "engine", "engine-post-now", "fast-path-bare",
+WAYS = ("raw-main", "raw-thread", "engine", "engine-cold", "engine-post-now", "fast-path-bare",
         "raw-engine-thread", "fast-path-raw-thread")
 POSTING_WAYS = ("engine", "engine-post-now")
 
@@ -173,17 +175,22 @@ async def engine_stamps(engine: Engine, request: GenerationRequest) -> list[floa
     return stamps
 
 
-async def measure(model_path: Path, tokens: int, rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str, ...],
+                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     from mlx_lm.utils import load
 
     vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
     rng = random.Random(1)
     prompt = [rng.randrange(10, min(vocab, 4000)) for _ in range(128)]
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
+
+    def cold_request() -> GenerationRequest:
+        fresh = [rng.randrange(10, min(vocab, 4000)) for _ in range(len(prompt))]
+        return GenerationRequest(fresh, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
     model = load(str(model_path))[0]
     other = RawThread(model, prompt, tokens)
-    gaps: dict[str, list[float]] = {way: [] for way in WAYS}
-    waits: dict[str, list[float]] = {way: [] for way in POSTING_WAYS}
+    gaps: dict[str, list[float]] = {way: [] for way in chosen}
+    waits: dict[str, list[float]] = {way: [] for way in POSTING_WAYS if way in chosen}
     try:
         async with open_engine(EngineConfig(model_path, max_concurrency=32)) as engine:
             bare = BareFastPath(engine)
@@ -210,19 +217,20 @@ async def measure(model_path: Path, tokens: int, rounds: int) -> tuple[dict[str,
                 "raw-main": lambda: _ready(raw_stamps(model, prompt, tokens)),
                 "raw-thread": lambda: _ready(other.run()),
                 "engine": lambda: posting_stamps(at_launch=True),
+                "engine-cold": lambda: engine_stamps(engine, cold_request()),
                 "engine-post-now": lambda: posting_stamps(at_launch=False),
                 "fast-path-bare": bare_stamps,
                 "raw-engine-thread": lambda: bare_stamps(raw=True),
                 "fast-path-raw-thread": lambda: _ready(other.run(fast_path_stamps)),
             }
-            for way in WAYS:  # warm-up: kernels compiled, caches filled
+            for way in chosen:  # warm-up: kernels compiled, caches filled
                 await ways[way]()
             for r in range(rounds):
-                for way in WAYS if r % 2 == 0 else reversed(WAYS):
+                for way in chosen if r % 2 == 0 else reversed(chosen):
                     gaps[way].append(median_gap_ms(await ways[way]()))
                     if way in waits:
                         waits[way].append(1000 * statistics.median(stamps.waits))
-                print(f"round {r}: " + ", ".join(f"{w} {gaps[w][-1]:.2f} ms" for w in WAYS), flush=True)
+                print(f"round {r}: " + ", ".join(f"{w} {gaps[w][-1]:.2f} ms" for w in chosen), flush=True)
     finally:
         other.close()
     return gaps, waits
@@ -237,13 +245,18 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated; raw-main is always run")
     parser.add_argument("--json", default="bench/results/lone-stream-itl.json")
     args = parser.parse_args()
-    gaps, waits = trio.run(measure, Path(args.model), args.tokens, args.rounds)
+    chosen = tuple(dict.fromkeys(["raw-main", *args.ways.split(",")]))
+    unknown = [way for way in chosen if way not in WAYS]
+    if unknown:
+        parser.error(f"unknown ways: {', '.join(unknown)}; choose from {', '.join(WAYS)}")
+    gaps, waits = trio.run(measure, Path(args.model), args.tokens, args.rounds, chosen)
     medians = {way: statistics.median(values) for way, values in gaps.items()}
     wait_medians = {way: statistics.median(values) for way, values in waits.items()}
     print(f"\nlone stream, median time between tokens: {args.model} on {mx.default_device()}")
-    for way in WAYS:
+    for way in gaps:
         line = f"  {way:<20} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed"
         if way in wait_medians:
             line += f"  post -> delivery {wait_medians[way]:.3f} ms"
