@@ -15,7 +15,8 @@
 
 Each round runs every way on one prompt, in alternating order; the table gives the median
 over rounds of each round's median inter-token time (the first two and last two gaps left
-out), and the ratio to raw-main. Inter-token time, unlike a token rate, is not moved by one
+out) and its ratio to raw-main, the median over rounds of each round's rate ratio to
+raw-main (first token to last: slow tokens count), and the 99th percentile of every gap. Inter-token time, unlike a token rate, is not moved by one
 slow step, so rounds taken seconds apart on a noisy host compare steady states. For the two
 engine ways it also gives the median wait from a token's post on the engine thread to its
 delivery starting on the Trio thread: that wait is the Trio thread waiting for the GIL.
@@ -45,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import trio
 
@@ -175,8 +177,18 @@ async def engine_stamps(engine: Engine, request: GenerationRequest) -> list[floa
     return stamps
 
 
-async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str, ...],
-                  ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+@attrs.define
+class Measured:
+    gaps: dict[str, list[float]]
+    """Each round's median time between tokens, ms."""
+    rates: dict[str, list[float]]
+    """Each round's rate from the first token to the last, tok/s: slow tokens included."""
+    every_gap: dict[str, list[float]]
+    """Every time between tokens (the second token's left out), ms, for the tail."""
+    waits: dict[str, list[float]]
+
+
+async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str, ...]) -> Measured:
     from mlx_lm.utils import load
 
     vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
@@ -189,8 +201,9 @@ async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str,
         return GenerationRequest(fresh, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
     model = load(str(model_path))[0]
     other = RawThread(model, prompt, tokens)
-    gaps: dict[str, list[float]] = {way: [] for way in chosen}
-    waits: dict[str, list[float]] = {way: [] for way in POSTING_WAYS if way in chosen}
+    measured = Measured({w: [] for w in chosen}, {w: [] for w in chosen}, {w: [] for w in chosen},
+                        {w: [] for w in POSTING_WAYS if w in chosen})
+    gaps, waits = measured.gaps, measured.waits
     try:
         async with open_engine(EngineConfig(model_path, max_concurrency=32)) as engine:
             bare = BareFastPath(engine)
@@ -227,13 +240,16 @@ async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str,
                 await ways[way]()
             for r in range(rounds):
                 for way in chosen if r % 2 == 0 else reversed(chosen):
-                    gaps[way].append(median_gap_ms(await ways[way]()))
+                    stamped = await ways[way]()
+                    gaps[way].append(median_gap_ms(stamped))
+                    measured.rates[way].append((len(stamped) - 1) / (stamped[-1] - stamped[0]))
+                    measured.every_gap[way] += [1000 * (b - a) for a, b in itertools.pairwise(stamped)][1:]
                     if way in waits:
                         waits[way].append(1000 * statistics.median(stamps.waits))
                 print(f"round {r}: " + ", ".join(f"{w} {gaps[w][-1]:.2f} ms" for w in chosen), flush=True)
     finally:
         other.close()
-    return gaps, waits
+    return measured
 
 
 async def _ready(value: list[float]) -> list[float]:
@@ -252,12 +268,19 @@ def main() -> None:
     unknown = [way for way in chosen if way not in WAYS]
     if unknown:
         parser.error(f"unknown ways: {', '.join(unknown)}; choose from {', '.join(WAYS)}")
-    gaps, waits = trio.run(measure, Path(args.model), args.tokens, args.rounds, chosen)
+    measured = trio.run(measure, Path(args.model), args.tokens, args.rounds, chosen)
+    gaps, waits = measured.gaps, measured.waits
     medians = {way: statistics.median(values) for way, values in gaps.items()}
     wait_medians = {way: statistics.median(values) for way, values in waits.items()}
-    print(f"\nlone stream, median time between tokens: {args.model} on {mx.default_device()}")
+    raw_rates = measured.rates["raw-main"]
+    rate_ratios = {way: statistics.median(r / raw for r, raw in zip(rates, raw_rates, strict=True))
+                   for way, rates in measured.rates.items()}
+    p99 = {way: sorted(values)[int(0.99 * (len(values) - 1))] for way, values in measured.every_gap.items()}
+    print(f"\nlone stream: {args.model} on {mx.default_device()}")
+    print(f"  {'way':<20} {'median gap':>10} {'x raw':>6} {'rate x raw':>10} {'p99 gap':>8}")
     for way in gaps:
-        line = f"  {way:<20} {medians[way]:7.3f} ms  {medians['raw-main'] / medians[way]:5.2f}x raw-main speed"
+        line = (f"  {way:<20} {medians[way]:7.3f} ms {medians['raw-main'] / medians[way]:6.2f}"
+                f" {rate_ratios[way]:10.2f} {p99[way]:5.1f} ms")
         if way in wait_medians:
             line += f"  post -> delivery {wait_medians[way]:.3f} ms"
         print(line)
@@ -267,6 +290,7 @@ def main() -> None:
         "model": args.model, "device": str(mx.default_device()), "machine": platform.platform(),
         "date": time.strftime("%Y-%m-%d"), "tokens": args.tokens, "rounds": args.rounds,
         "median_gap_ms": medians, "rounds_gap_ms": gaps,
+        "rate_vs_raw_main": rate_ratios, "rounds_rate_tps": measured.rates, "p99_gap_ms": p99,
         "median_post_to_delivery_ms": wait_medians, "rounds_post_to_delivery_ms": waits,
     }, indent=2))
     print(f"\nwrote {out}")
