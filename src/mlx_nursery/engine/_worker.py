@@ -143,6 +143,10 @@ class Worker:
         self._failures_in_a_row = 0
         self._solo: _Sequence | None = None
         self._detaching: list[tuple[_Sequence, SoloSequence | None]] = []
+        self._to_store: list[tuple[_Sequence, Any, Any]] = []
+        """Sequences that finished this iteration, with their KV state, for the prefix cache:
+        stored once their final events are posted, so that no final event waits for a store
+        (slicing every layer's KV, and a trie walk over every token)."""
         """Ended sequences still in the batch (or on the fast path) until the next detach."""
         self._solo_steps = 0
         self._handovers = 0
@@ -238,6 +242,7 @@ class Worker:
             # before the next command is applied, so a lane it freed is never used twice.
             self._flush_step()
             self._detach_removed()
+            self._store_finished()
             if self._active:
                 self._step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
@@ -246,6 +251,7 @@ class Worker:
                     self._flush(force=True)
             self._flush_step()
             self._detach_removed()  # those the step ended (a failed logits processor)
+            self._store_finished()
 
     def _take_commands(self, *, block: bool) -> list[Command]:
         commands: list[Command] = []
@@ -473,7 +479,7 @@ class Worker:
         self._events.append(
             (sequence.seq_id, TokenEvent(token, text, logprob, reason, sequence.usage()))
         )
-        self._store_prefix(sequence, response.prompt_cache, response.all_tokens)
+        self._to_store.append((sequence, response.prompt_cache, response.all_tokens))
         self._forget(sequence)
 
     @staticmethod
@@ -539,6 +545,11 @@ class Worker:
             cache, tokens = solo.cancel() if solo is not None else caches.get(sequence.uid, (None, None))
             if not sequence.failures:
                 self._store_prefix(sequence, cache, tokens)
+
+    def _store_finished(self) -> None:
+        to_store, self._to_store = self._to_store, []
+        for sequence, cache, tokens in to_store:
+            self._store_prefix(sequence, cache, tokens)
 
     def _store_prefix(self, sequence: _Sequence, cache: Any, tokens: Any) -> None:
         if self._cache is None or not cache or not tokens:
@@ -623,6 +634,7 @@ class Worker:
             self._cache.clear()
         self._retire_generator()
         self._detaching = []  # synchronize() below lands their steps in flight
+        self._to_store = []
         self._model = None
         # The batch pipelines one step ahead: finish that work on this thread's stream
         # before the thread (and its stream) goes away.
