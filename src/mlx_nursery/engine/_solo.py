@@ -143,9 +143,10 @@ class SoloSequence:
         On mlx-lm's thread-local generation stream, as BatchGenerator and generate_step:
         on the default stream async_eval waits for prior work on CUDA (measured on an
         H100: 105 vs 150 tok/s). `before_launch` runs once the graph is built, just before
-        the launch (see `Worker._post_at_launch`). The sampled token stays the sampler's 1-element array and
-        is fed back as it is, as in generate_step: indexing it to a scalar and reshaping it
-        back cost a lone 8B stream about 5% on an H100 (0.97x vs 1.02x raw, 6 paired rounds).
+        the launch (see `Worker._post_at_launch`). The sampled token stays the sampler's
+        1-element array and is fed back as it is, as in generate_step: indexing it to a
+        scalar and reshaping it back cost a lone 8B stream about 5% on an H100 (0.97x vs
+        1.02x raw, 6 paired rounds).
         """
         with mx.stream(generation_stream):
             logits = self._model(inputs[None], cache=self._cache)[:, -1, :]
