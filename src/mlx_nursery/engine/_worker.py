@@ -24,6 +24,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..models import LoadedModel, load_model
 from ._config import EngineConfig
+from ._detokenizer import make_detokenizer
 from ._prefix_cache import CacheHit, PrefixCache, PrefixCacheStats
 from ._sampling import make_request_processors, make_request_sampler
 from ._solo import SoloSequence
@@ -304,7 +305,7 @@ class Worker:
             seq_id=command.seq_id,
             uid=-1,
             request=request,
-            detokenizer=self._model.tokenizer.detokenizer,
+            detokenizer=make_detokenizer(self._model.tokenizer),
             failures=failures,
             cached_tokens=0,
             sampler=make_request_sampler(request.sampling),

@@ -1,0 +1,97 @@
+"""Streaming detokenizers: mlx-lm's, with the BPE one made linear in the text held back.
+
+mlx-lm's `BPEStreamingDetokenizer` holds text back while it ends in an incomplete UTF-8
+sequence, and re-decodes all of it, character by character in Python, on every token. A
+run of tokens that keeps ending that way is held back whole, so each token costs the
+length of the run: quadratic. Real models do that in degenerate output (a repeated
+partial-byte token), and every random-weight model of this project does it at once; on
+the dev machine a 1000-token stream spent 0.26 ms per token there, on the engine thread,
+holding the GIL that the whole batch and the Trio thread need.
+
+`LinearBPEDetokenizer` keeps mlx-lm's behaviour exactly (the same text, in the same
+segments, at the same tokens) but decodes each token's bytes once, with an incremental
+UTF-8 decoder: it gives what decoding all the held bytes at once gives, and keeps only an
+incomplete trailing sequence (at most 3 bytes) pending. The byte mapping, including
+mlx-lm's quirks, is reproduced, and a test compares both on random token runs.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Any
+
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer
+
+try:  # mlx-lm's GPT-2 byte table; private, so its absence means: use mlx-lm's detokenizer
+    from mlx_lm.tokenizer_utils import _byte_decoder
+except ImportError:  # pragma: no cover - depends on the installed mlx-lm
+    _byte_decoder = None
+
+_SPACE = 32
+
+
+def make_detokenizer(tokenizer: Any) -> StreamingDetokenizer:
+    """A fresh streaming detokenizer for one request (`tokenizer` is mlx-lm's wrapper)."""
+    detokenizer = tokenizer.detokenizer
+    if isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None:
+        return LinearBPEDetokenizer(detokenizer.tokenmap)
+    return detokenizer
+
+
+class LinearBPEDetokenizer(StreamingDetokenizer):
+    def __init__(self, tokenmap: list[str]) -> None:
+        self._tokenmap = tokenmap  # shared, read-only: the wrapper's copy for this tokenizer
+        self._byte_of: dict[str, int] = _byte_decoder()
+        self.reset()
+
+    def reset(self) -> None:
+        self.offset = 0
+        self.text = ""
+        self.tokens: list[int] = []
+        self._held_chars: list[str] = []
+        """The held tokens' strings, for `finalize`, which maps them as mlx-lm does there."""
+        self._held_text = ""
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add_token(self, token: int) -> None:
+        self.tokens.append(token)
+        v = self._tokenmap[token] if token < len(self._tokenmap) else "!"  # as mlx-lm
+        self._held_chars.append(v)
+        self._held_text += self._decoder.decode(self._token_bytes(v))
+        pending = self._decoder.getstate()[0]
+        # mlx-lm: hold while the held text, decoded at once, ends in U+FFFD (an incomplete
+        # sequence pending always does), and hold a single-space token for one more token.
+        if pending or self._held_text.endswith("\ufffd"):
+            return
+        if len(v) == 1 and self._byte_of.get(v[0]) == _SPACE:
+            return
+        self._flush(self._held_text)
+
+    def finalize(self) -> None:
+        # mlx-lm decodes what is held through the byte table here, without add_token's
+        # fallback; a character outside the table keeps its UTF-8 bytes (mlx-lm would raise).
+        held = "".join(self._held_chars)
+        data = bytearray()
+        for c in held:
+            value = self._byte_of.get(c)
+            data.extend(bytes([value]) if value is not None else c.encode("utf-8"))
+        self._flush(data.decode("utf-8", "replace"))
+
+    def _token_bytes(self, v: str) -> bytes:
+        """mlx-lm's `_decode_bytes` mapping: a falsy table value (byte 0) is not used."""
+        data = bytearray()
+        for c in v:
+            value = self._byte_of.get(c, False)
+            if value:
+                data.append(value)
+            else:
+                data.extend(c.encode("utf-8"))
+        return bytes(data)
+
+    def _flush(self, text: str) -> None:
+        if text and text[0] == " " and not self.text:
+            text = text[1:]
+        self.text += text
+        self._held_chars = []
+        self._held_text = ""
+        self._decoder.reset()
