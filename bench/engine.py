@@ -25,6 +25,7 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
 
 import argparse
 import gc
+import itertools
 import json
 import platform
 import random
@@ -67,15 +68,36 @@ def load_raw_model(model_path: Path) -> Any:
     return load(str(model_path))[0]
 
 
-def raw_decode_tps(model: Any, prompt: list[int], tokens: int) -> float:
+def raw_decode_stamps(model: Any, prompt: list[int], tokens: int) -> list[float]:
+    """When each token of raw `generate_step` reached its caller."""
     from mlx_lm.generate import generate_step
 
-    n, first = 0, 0.0
-    for _token, _ in generate_step(mx.array(prompt), model, max_tokens=tokens):
-        n += 1
-        if n == 1:
-            first = time.perf_counter()
-    return (n - 1) / (time.perf_counter() - first)
+    return [time.perf_counter() for _ in generate_step(mx.array(prompt), model, max_tokens=tokens)]
+
+
+def raw_decode_tps(model: Any, prompt: list[int], tokens: int) -> float:
+    return rate(raw_decode_stamps(model, prompt, tokens))
+
+
+def rate(stamps: list[float]) -> float:
+    """Tokens per second after the first token, the slow ones included."""
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def median_gap(stamps: list[float]) -> float:
+    """The median time between tokens (the second token's and the last two left out): the
+    steady pace, which one slow token does not move."""
+    return statistics.median([b - a for a, b in itertools.pairwise(stamps)][1:-2])
+
+
+async def engine_stamps(engine: Engine, request: GenerationRequest) -> list[float]:
+    """When each token of a request reached the consumer (the final event counts for the last)."""
+    stamps = []
+    async with engine.generate(request) as stream:
+        async for event in stream:
+            if event.token_id is not None or event.is_final:
+                stamps.append(time.perf_counter())
+    return stamps[: request.max_tokens]
 
 
 async def engine_stream(engine: Engine, request: GenerationRequest) -> tuple[float, float, int]:
@@ -106,23 +128,25 @@ async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], token
     round's ratio is the engine's mean rate over raw's; the median over rounds is reported.
     """
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
-    raw_decode_tps(raw_model, prompt, tokens)  # warm-up, both sides
-    await engine_stream(engine, request)
+    raw_decode_stamps(raw_model, prompt, tokens)  # warm-up, both sides
+    await engine_stamps(engine, request)
 
-    async def engine_tps() -> float:
-        return (await engine_stream(engine, request))[1]
+    async def engine_run() -> list[float]:
+        return await engine_stamps(engine, request)
 
-    async def raw_tps() -> float:
-        return raw_decode_tps(raw_model, prompt, tokens)
+    async def raw_run() -> list[float]:
+        return raw_decode_stamps(raw_model, prompt, tokens)
 
-    raw, eng, ratios = [], [], []
+    raw, eng, ratios, gap_ratios = [], [], [], []
     for r in range(rounds):
-        outer, inner = (raw_tps, engine_tps) if r % 2 == 0 else (engine_tps, raw_tps)
+        outer, inner = (raw_run, engine_run) if r % 2 == 0 else (engine_run, raw_run)
         a1, b1, b2, a2 = await outer(), await inner(), await inner(), await outer()
         raw_pair, eng_pair = ((a1, a2), (b1, b2)) if r % 2 == 0 else ((b1, b2), (a1, a2))
-        raw.append(statistics.fmean(raw_pair))
-        eng.append(statistics.fmean(eng_pair))
+        raw.append(statistics.fmean(rate(s) for s in raw_pair))
+        eng.append(statistics.fmean(rate(s) for s in eng_pair))
         ratios.append(eng[-1] / raw[-1])
+        gap_ratios.append(statistics.fmean(median_gap(s) for s in raw_pair)
+                          / statistics.fmean(median_gap(s) for s in eng_pair))
     return {
         "rounds": rounds,
         "design": "mirrored rounds (raw, engine, engine, raw / engine, raw, raw, engine)",
@@ -130,6 +154,8 @@ async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], token
         "engine_tps": median(eng),
         "ratio": median(ratios),
         "ratios": ratios,
+        "median_gap_ratio": median(gap_ratios),
+        "median_gap_ratios": gap_ratios,
         "raw_rounds": raw,
         "engine_rounds": eng,
     }
@@ -366,6 +392,8 @@ def print_table(meta: dict[str, Any], r: dict[str, Any]) -> None:
         ("single stream: raw generate_step tok/s", r["single_stream"]["raw_generate_step_tps"]),
         ("single stream: engine tok/s", r["single_stream"]["engine_tps"]),
         ("single stream: engine / raw", r["single_stream"]["ratio"]),
+        ("single stream: engine / raw, by median time between tokens",
+         r["single_stream"].get("median_gap_ratio")),
         *[(f"aggregate tok/s, {n} streams", v) for n, v in r["aggregate_tps"].items()],
         ("32 streams, max_concurrency=1 tok/s", r["serialized_vs_batched_32"]["max_concurrency_1_tps"]),
         ("32 streams, batched / serialized", r["serialized_vs_batched_32"]["ratio"]),
