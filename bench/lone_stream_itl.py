@@ -191,9 +191,7 @@ class Measured:
 async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str, ...]) -> Measured:
     from mlx_lm.utils import load
 
-    vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
-    rng = random.Random(1)
-    prompt = [rng.randrange(10, min(vocab, 4000)) for _ in range(128)]
+    prompt, rng, vocab = lone_prompt(model_path)
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
 
     def cold_request() -> GenerationRequest:
@@ -256,13 +254,37 @@ async def _ready(value: list[float]) -> list[float]:
     return value
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def lone_prompt(model_path: Path) -> tuple[list[int], random.Random, int]:
+    """The 128-token prompt every way runs, the generator that made it, and the vocab size."""
+    vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
+    rng = random.Random(1)
+    return [rng.randrange(10, min(vocab, 4000)) for _ in range(128)], rng, vocab
+
+
+def arguments(doc: str | None, json_default: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--json", default=json_default)
+    return parser
+
+
+def write_results(args: argparse.Namespace, **results: Any) -> None:
+    """Write `results` as JSON to `--json`, with the run's model, device, machine and date."""
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "model": args.model, "device": str(mx.default_device()), "machine": platform.platform(),
+        "date": time.strftime("%Y-%m-%d"), "tokens": args.tokens, "rounds": args.rounds,
+        **results,
+    }, indent=2))
+    print(f"\nwrote {out}")
+
+
+def main() -> None:
+    parser = arguments(__doc__, "bench/results/lone-stream-itl.json")
     parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated; raw-main is always run")
-    parser.add_argument("--json", default="bench/results/lone-stream-itl.json")
     args = parser.parse_args()
     chosen = tuple(dict.fromkeys(["raw-main", *args.ways.split(",")]))
     unknown = [way for way in chosen if way not in WAYS]
@@ -284,16 +306,11 @@ def main() -> None:
         if way in wait_medians:
             line += f"  post -> delivery {wait_medians[way]:.3f} ms"
         print(line)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "model": args.model, "device": str(mx.default_device()), "machine": platform.platform(),
-        "date": time.strftime("%Y-%m-%d"), "tokens": args.tokens, "rounds": args.rounds,
-        "median_gap_ms": medians, "rounds_gap_ms": gaps,
-        "rate_vs_raw_main": rate_ratios, "rounds_rate_tps": measured.rates, "p99_gap_ms": p99,
-        "median_post_to_delivery_ms": wait_medians, "rounds_post_to_delivery_ms": waits,
-    }, indent=2))
-    print(f"\nwrote {out}")
+    write_results(
+        args, median_gap_ms=medians, rounds_gap_ms=gaps,
+        rate_vs_raw_main=rate_ratios, rounds_rate_tps=measured.rates, p99_gap_ms=p99,
+        median_post_to_delivery_ms=wait_medians, rounds_post_to_delivery_ms=waits,
+    )
     release_mlx_streams()
 
 

@@ -26,12 +26,9 @@ import sys
 if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     sys.path.pop(0)  # bench/http.py would shadow the standard library's http package
 
-import argparse
+import functools
 import importlib.util
 import itertools
-import json
-import platform
-import random
 import statistics
 import time
 from pathlib import Path
@@ -103,6 +100,7 @@ class PhaseStamps:
         return {name: 1000 * statistics.median(values) for name, values in ms.items()}
 
 
+@functools.cache
 def _lone_stream_itl() -> Any:
     path = Path(__file__).with_name("lone_stream_itl.py")
     spec = importlib.util.spec_from_file_location("lone_stream_itl", path)
@@ -115,9 +113,7 @@ def _lone_stream_itl() -> Any:
 async def measure(model_path: Path, rounds: int, tokens: int) -> dict[str, dict[str, list[float]]]:
     itl = _lone_stream_itl()
     stamps = PhaseStamps()  # before the engine starts: its sequences bind the wrapped flush
-    vocab = json.loads((model_path / "config.json").read_text())["vocab_size"]
-    rng = random.Random(1)
-    prompt = [rng.randrange(10, min(vocab, 4000)) for _ in range(128)]
+    prompt = itl.lone_prompt(model_path)[0]
     request = GenerationRequest(prompt, max_tokens=tokens, sampling=SamplingParams(temperature=0.0),
                                 ignore_eos=True)
     results: dict[str, dict[str, list[float]]] = {w: {p: [] for p in PHASES} for w in WAYS}
@@ -149,26 +145,15 @@ async def measure(model_path: Path, rounds: int, tokens: int) -> dict[str, dict[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--json", default="bench/results/lone-stream-phases.json")
-    args = parser.parse_args()
+    itl = _lone_stream_itl()
+    args = itl.arguments(__doc__, "bench/results/lone-stream-phases.json").parse_args()
     results = trio.run(measure, Path(args.model), args.rounds, args.tokens)
     medians = {w: {p: statistics.median(v) for p, v in phases.items()} for w, phases in results.items()}
     print(f"\nlone stream, median ms per token on the engine thread: {args.model} on {mx.default_device()}")
     print(f"  {'way':<16}" + "".join(f"{p:>9}" for p in PHASES))
     for way in WAYS:
         print(f"  {way:<16}" + "".join(f"{medians[way][p]:9.3f}" for p in PHASES))
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "model": args.model, "device": str(mx.default_device()), "machine": platform.platform(),
-        "date": time.strftime("%Y-%m-%d"), "tokens": args.tokens, "rounds": args.rounds,
-        "median_ms": medians, "rounds_ms": results,
-    }, indent=2))
-    print(f"\nwrote {out}")
+    itl.write_results(args, median_ms=medians, rounds_ms=results)
     release_mlx_streams()
 
 
