@@ -58,8 +58,11 @@ def test_same_segments_as_mlx_lm_on_text_and_on_random_tokens(tokenizer: Any) ->
         [partial[0]] * 200,  # a degenerate run: every token ends incomplete
         [rng.choice(partial) for _ in range(100)] + tokenizer.encode(" and then text"),
     ]
-    space = next(i for i, t in enumerate(tokenizer.detokenizer.tokenmap) if t == "Ġ")
+    tokenmap = tokenizer.detokenizer.tokenmap
+    space = tokenmap.index("Ġ")
     runs.append([space, *tokenizer.encode("after a lone space"), space])
+    byte_zero = tokenmap.index("Ā")  # the byte table's 0, which mlx-lm's add_token maps as UTF-8
+    runs += [[byte_zero, *tokenizer.encode(" ok")], [partial[0], byte_zero], [partial[0], byte_zero, partial[0]]]
     for _ in range(20):
         runs.append([rng.choice(partial + [rng.randrange(vocab)]) for _ in range(60)])
     for tokens in runs:

@@ -58,7 +58,7 @@ class LinearBPEDetokenizer(StreamingDetokenizer):
         self.tokens.append(token)
         v = self._tokenmap[token] if token < len(self._tokenmap) else "!"  # as mlx-lm
         self._held_chars.append(v)
-        self._held_text += self._decoder.decode(self._token_bytes(v))
+        self._held_text += self._decoder.decode(self._bytes(v, table_zero=False))
         pending = self._decoder.getstate()[0]
         # mlx-lm: hold while the held text, decoded at once, ends in U+FFFD (an incomplete
         # sequence pending always does), and hold a single-space token for one more token.
@@ -69,21 +69,19 @@ class LinearBPEDetokenizer(StreamingDetokenizer):
         self._flush(self._held_text)
 
     def finalize(self) -> None:
-        # mlx-lm decodes what is held through the byte table here, without add_token's
-        # fallback; a character outside the table keeps its UTF-8 bytes (mlx-lm would raise).
-        held = "".join(self._held_chars)
-        data = bytearray()
-        for c in held:
-            value = self._byte_of.get(c)
-            data.extend(bytes([value]) if value is not None else c.encode("utf-8"))
-        self._flush(data.decode("utf-8", "replace"))
+        # mlx-lm decodes what is held through the byte table here, byte 0 included; a
+        # character outside the table keeps its UTF-8 bytes (mlx-lm would raise).
+        held = self._bytes("".join(self._held_chars), table_zero=True)
+        self._flush(held.decode("utf-8", "replace"))
 
-    def _token_bytes(self, v: str) -> bytes:
-        """mlx-lm's `_decode_bytes` mapping: a falsy table value (byte 0) is not used."""
+    def _bytes(self, chars: str, *, table_zero: bool) -> bytes:
+        """Map byte-level characters to bytes, as mlx-lm does; a character outside the table
+        keeps its UTF-8 bytes. mlx-lm's `add_token` skips the table's byte 0 (a falsy value)
+        and `finalize` does not: `table_zero` says which."""
         data = bytearray()
-        for c in v:
-            value = self._byte_of.get(c, False)
-            if value:
+        for c in chars:
+            value = self._byte_of.get(c)
+            if value is not None and (value or table_zero):
                 data.append(value)
             else:
                 data.extend(c.encode("utf-8"))
