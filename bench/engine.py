@@ -75,10 +75,6 @@ def raw_decode_stamps(model: Any, prompt: list[int], tokens: int) -> list[float]
     return [time.perf_counter() for _ in generate_step(mx.array(prompt), model, max_tokens=tokens)]
 
 
-def raw_decode_tps(model: Any, prompt: list[int], tokens: int) -> float:
-    return rate(raw_decode_stamps(model, prompt, tokens))
-
-
 def rate(stamps: list[float]) -> float:
     """Tokens per second after the first token, the slow ones included."""
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
