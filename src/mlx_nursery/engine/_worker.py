@@ -146,9 +146,9 @@ class Worker:
         self._detaching: list[tuple[_Sequence, SoloSequence | None]] = []
         """Ended sequences still in the batch (or on the fast path) until the next detach."""
         self._to_store: list[tuple[_Sequence, Any, Any]] = []
-        """Sequences that finished this iteration, with their KV state, for the prefix cache:
-        stored once their final events are posted, so that no final event waits for a store
-        (slicing every layer's KV, and a trie walk over every token)."""
+        """Sequences ended this iteration (finished, or detached after a cancel), with their KV
+        state, for the prefix cache: stored once their final events are posted, so that no
+        final event waits for a store (slicing every layer's KV, a trie walk over every token)."""
         self._solo_steps = 0
         self._handovers = 0
         self._previous_responses: list[Any] = []
@@ -544,20 +544,18 @@ class Worker:
         for sequence, solo in detaching:
             cache, tokens = solo.cancel() if solo is not None else caches.get(sequence.uid, (None, None))
             if not sequence.failures:
-                self._store_prefix(sequence, cache, tokens)
+                self._to_store.append((sequence, cache, tokens))
 
     def _store_finished(self) -> None:
+        """Keep the KV state of the sequences ended so far in the prefix cache."""
         to_store, self._to_store = self._to_store, []
         for sequence, cache, tokens in to_store:
-            self._store_prefix(sequence, cache, tokens)
-
-    def _store_prefix(self, sequence: _Sequence, cache: Any, tokens: Any) -> None:
-        if self._cache is None or not cache or not tokens:
-            return
-        try:
-            self._cache.insert(self._namespace(sequence.request), list(tokens), list(cache))
-        except Exception:  # caching is an optimisation, never a failure
-            log.exception("could not store a prefix-cache entry")
+            if self._cache is None or not cache or not tokens:
+                continue
+            try:
+                self._cache.insert(self._namespace(sequence.request), list(tokens), list(cache))
+            except Exception:  # caching is an optimisation, never a failure
+                log.exception("could not store a prefix-cache entry")
 
     def _forget(self, sequence: _Sequence) -> None:
         if sequence is self._solo:
