@@ -19,13 +19,17 @@ def tokenizer(tiny_model: Path) -> Any:
 
 
 def segments(detokenizer: Any, tokens: list[int]) -> list[str]:
-    """What the engine emits: one segment per token, then what finalize releases."""
+    """What the engine emits: one segment per token, then what finalize releases; and the
+    whole text, halfway and at the end."""
     out = []
-    for token in tokens:
+    for i, token in enumerate(tokens):
         detokenizer.add_token(token)
         out.append(detokenizer.last_segment)
+        if i == len(tokens) // 2:
+            out.append(detokenizer.text)
     detokenizer.finalize()
     out.append(detokenizer.last_segment)
+    out.append(detokenizer.text)
     return out
 
 
@@ -55,6 +59,7 @@ def test_same_segments_as_mlx_lm_on_text_and_on_random_tokens(tokenizer: Any) ->
     runs = [
         tokenizer.encode(" Hello, wörld! 你好 — naïve café ☕ \n  spaced  out"),
         [rng.randrange(vocab + 20) for _ in range(300)],  # ids past the vocab included
+        tokenizer.encode(" ".join(["word"] * 600)),  # more segments than are kept apart
         [partial[0]] * 200,  # a degenerate run: every token ends incomplete
         [rng.choice(partial) for _ in range(100)] + tokenizer.encode(" and then text"),
     ]
