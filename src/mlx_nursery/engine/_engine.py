@@ -21,15 +21,16 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import trio
 
 from ._config import EngineConfig
+from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._types import GenerationRequest, TokenEvent
-from ._worker import Delivery, ModelInfo, Worker, WorkerStats
+from ._worker import Delivery, ModelInfo, StepEvent, Worker, WorkerStats
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -56,10 +57,22 @@ class _Handle:
     request: GenerationRequest
     send: trio.MemorySendChannel[TokenEvent]
     receive: trio.MemoryReceiveChannel[TokenEvent]
+    detokenizer: Any
+    """The sequence's streaming detokenizer, run here rather than on the engine thread."""
     confirmed: trio.Event = attrs.Factory(trio.Event)
     stalled: bool = False
     cancel_requested_step: int | None = None
     confirmed_step: int | None = None
+
+    def token_event(self, step: StepEvent) -> TokenEvent:
+        """Detokenize a step's event. A stop token's text is never shown but releases
+        what was held back, as the end of the budget does; a cancel or error does not."""
+        detokenizer = self.detokenizer
+        if step.token_id is not None:
+            detokenizer.add_token(step.token_id)
+        if step.finish_reason in ("stop", "length"):
+            detokenizer.finalize()
+        return TokenEvent(step.token_id, detokenizer.last_segment, *step[1:])
 
 
 class TokenStream:
@@ -258,7 +271,7 @@ class Engine:
 
     def _new_handle(self, request: GenerationRequest) -> _Handle:
         send, receive = trio.open_memory_channel[TokenEvent](self.config.max_buffered_events)
-        return _Handle(next(self._ids), request, send, receive)
+        return _Handle(next(self._ids), request, send, receive, make_detokenizer(self.model.tokenizer))
 
     async def _acquire_lane(self, handle: _Handle) -> None:
         with trio.CancelScope() as waiting:
@@ -279,10 +292,11 @@ class Engine:
             # Before any lane is released: a waiter woken by it must see the engine is gone.
             self._state = delivery.closing
             self._wake_waiters()
-        for seq_id, event in delivery.events:
+        for seq_id, step in delivery.events:
             handle = self._handles.get(seq_id)
             if handle is not None:
-                self._push(handle, event)
+                if not handle.stalled:
+                    self._push(handle, handle.token_event(step))
             else:
                 self._late_events += 1
         for seq_id in delivery.finished:

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import attrs
 import mlx.core as mx
@@ -24,11 +24,10 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..models import LoadedModel, load_model
 from ._config import EngineConfig
-from ._detokenizer import make_detokenizer
 from ._prefix_cache import CacheHit, PrefixCache, PrefixCacheStats
 from ._sampling import make_request_processors, make_request_sampler
 from ._solo import SoloSequence
-from ._types import FinishReason, GenerationRequest, TokenEvent, TokenLogprob, Usage
+from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -77,11 +76,30 @@ class WorkerStats:
     """Lone sequences moved into the batch when company arrived."""
 
 
+class StepEvent(NamedTuple):
+    """One sequence's output in a step, before detokenizing.
+
+    The receiving side turns it into a `TokenEvent`: it detokenizes there, on its own
+    thread, while this one launches the next step. Detokenizing is the largest piece of
+    Python a token costs this thread, which a lone stream of a large model is bound by.
+    """
+
+    token_id: int | None
+    logprob: TokenLogprob | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None
+
+
 @attrs.frozen
 class Delivery:
     """One hop to Trio: every event of a step, and the sequences confirmed gone."""
 
-    events: list[tuple[int, TokenEvent]]
+    events: list[tuple[int, StepEvent]]
     finished: list[int]
     stats: WorkerStats
     closing: Literal["closed", "failed"] | None = None  # set on the thread's last delivery
@@ -102,7 +120,6 @@ class _Sequence:
     seq_id: int
     uid: int
     request: GenerationRequest
-    detokenizer: Any
     failures: list[BaseException]
     cached_tokens: int
     sampler: Any
@@ -131,7 +148,7 @@ class Worker:
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._active: dict[int, _Sequence] = {}  # by BatchGenerator uid
         self._uids: dict[int, int] = {}  # seq_id -> uid
-        self._events: list[tuple[int, TokenEvent]] = []
+        self._events: list[tuple[int, StepEvent]] = []
         self._finished: list[int] = []
         self._cache: PrefixCache | None = None
         self._generator: BatchGenerator | None = None
@@ -305,7 +322,6 @@ class Worker:
             seq_id=command.seq_id,
             uid=-1,
             request=request,
-            detokenizer=make_detokenizer(self._model.tokenizer),
             failures=failures,
             cached_tokens=0,
             sampler=make_request_sampler(request.sampling),
@@ -376,8 +392,8 @@ class Worker:
                                handover.cache_tokens, handover.max_tokens)
         except Exception:  # fails this request only, as a failed admission does
             log.exception("could not move sequence %d into the batch", sequence.seq_id)
-            self._events.append((sequence.seq_id, TokenEvent(
-                None, "", None, "error", sequence.usage(), "the engine could not continue this request")))
+            self._events.append((sequence.seq_id, StepEvent(
+                None, None, "error", sequence.usage(), "the engine could not continue this request")))
             self._forget(sequence)
             return
         self._track(sequence, uid)
@@ -462,23 +478,12 @@ class Worker:
         sequence.generated += 1
         self._generated_tokens += 1
         reason: FinishReason | None = response.finish_reason
-        token: int | None = int(response.token)
-        detokenizer = sequence.detokenizer
-        if reason == "stop":
-            token = None  # a stop token's text is never emitted
-            detokenizer.finalize()
-        else:
-            detokenizer.add_token(response.token)
-            if reason is not None:
-                detokenizer.finalize()
-        text = detokenizer.last_segment
+        token = None if reason == "stop" else int(response.token)  # a stop token is never shown
         logprob = self._logprob(sequence, response) if sequence.request.logprobs is not None else None
         if reason is None:
-            self._events.append((sequence.seq_id, TokenEvent(token, text, logprob)))
+            self._events.append((sequence.seq_id, StepEvent(token, logprob)))
             return
-        self._events.append(
-            (sequence.seq_id, TokenEvent(token, text, logprob, reason, sequence.usage()))
-        )
+        self._events.append((sequence.seq_id, StepEvent(token, logprob, reason, sequence.usage())))
         self._to_store.append((sequence, response.prompt_cache, response.all_tokens))
         self._forget(sequence)
 
@@ -517,9 +522,7 @@ class Worker:
         """
         sequence = self._active[uid]
         self._detaching.append((sequence, sequence.solo))
-        self._events.append(
-            (sequence.seq_id, TokenEvent(None, "", None, reason, sequence.usage(), error))
-        )
+        self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
         self._forget(sequence)
 
     def _detach_removed(self) -> None:
@@ -567,15 +570,13 @@ class Worker:
 
     def _finish_unstarted(self, command: Submit, reason: FinishReason, error: str | None = None) -> None:
         usage = Usage(len(command.request.prompt_tokens), 0, 0)
-        self._events.append((command.seq_id, TokenEvent(None, "", None, reason, usage, error)))
+        self._events.append((command.seq_id, StepEvent(None, None, reason, usage, error)))
         self._finished.append(command.seq_id)
 
     def _finish_active(self, reason: FinishReason, exc: BaseException | None) -> None:
         error = "the engine failed while serving this request" if exc is not None else None
         for sequence in list(self._active.values()):
-            self._events.append(
-                (sequence.seq_id, TokenEvent(None, "", None, reason, sequence.usage(), error))
-            )
+            self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
             self._forget(sequence)
 
     def _finish_all(self, reason: FinishReason, exc: BaseException | None) -> None:
