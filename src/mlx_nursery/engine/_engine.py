@@ -55,10 +55,12 @@ class _Handle:
 
     seq_id: int
     request: GenerationRequest
-    send: trio.MemorySendChannel[TokenEvent]
-    receive: trio.MemoryReceiveChannel[TokenEvent]
+    send: trio.MemorySendChannel[StepEvent]
+    receive: trio.MemoryReceiveChannel[StepEvent]
     detokenizer: Any
-    """The sequence's streaming detokenizer, run here rather than on the engine thread."""
+    """The sequence's streaming detokenizer. It runs in the consumer's task: not on the engine
+    thread, which a lone stream of a large model is bound by, and not in `_deliver`, which
+    every confirmation waits for."""
     confirmed: trio.Event = attrs.Factory(trio.Event)
     stalled: bool = False
     cancel_requested_step: int | None = None
@@ -97,13 +99,13 @@ class TokenStream:
         if self._done:
             raise StopAsyncIteration
         try:
-            event = await self._handle.receive.receive()
+            step = await self._handle.receive.receive()
         except trio.EndOfChannel:
             self._done = True
             reason = "the consumer fell behind" if self._handle.stalled else "the engine stopped"
             return TokenEvent(None, "", finish_reason="error", error=reason)
-        self._done = event.is_final
-        return event
+        self._done = step.is_final
+        return self._handle.token_event(step)
 
     @property
     def steps_in_flight_at_cancel(self) -> int | None:
@@ -197,7 +199,7 @@ class Engine:
         # Sequences the thread did not finish (it died, or they raced its exit) end here.
         for handle in list(self._handles.values()):
             reason = "error" if exc is not None else "cancelled"
-            self._push(handle, TokenEvent(None, "", finish_reason=reason, error="the engine stopped"))
+            self._push(handle, StepEvent(None, None, reason, None, "the engine stopped"))
             self._confirm(handle)
 
     def _wake_waiters(self) -> None:
@@ -270,7 +272,7 @@ class Engine:
             raise EngineOverloaded(waiting, self.config.max_queue)
 
     def _new_handle(self, request: GenerationRequest) -> _Handle:
-        send, receive = trio.open_memory_channel[TokenEvent](self.config.max_buffered_events)
+        send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
         return _Handle(next(self._ids), request, send, receive, make_detokenizer(self.model.tokenizer))
 
     async def _acquire_lane(self, handle: _Handle) -> None:
@@ -295,8 +297,7 @@ class Engine:
         for seq_id, step in delivery.events:
             handle = self._handles.get(seq_id)
             if handle is not None:
-                if not handle.stalled:
-                    self._push(handle, handle.token_event(step))
+                self._push(handle, step)
             else:
                 self._late_events += 1
         for seq_id in delivery.finished:
@@ -307,7 +308,7 @@ class Engine:
         if self._worker is not None:
             self._worker.delivered()
 
-    def _push(self, handle: _Handle, event: TokenEvent) -> None:
+    def _push(self, handle: _Handle, event: StepEvent) -> None:
         if handle.stalled:
             return
         try:

@@ -80,8 +80,8 @@ class StepEvent(NamedTuple):
     """One sequence's output in a step, before detokenizing.
 
     The receiving side turns it into a `TokenEvent`: it detokenizes there, on its own
-    thread, while this one launches the next step. Detokenizing is the largest piece of
-    Python a token costs this thread, which a lone stream of a large model is bound by.
+    thread, while this one launches the next step. Detokenizing was the largest piece of
+    Python a token cost this thread, which a lone stream of a large model is bound by.
     """
 
     token_id: int | None
