@@ -62,8 +62,7 @@ class LinearBPEDetokenizer(StreamingDetokenizer):
         self._held_chars: list[str] = []
         """The held tokens' strings, for `finalize`, which maps them as mlx-lm does there."""
         self._held_text: list[str] = []
-        self._held_ends_replaced = False
-        """The held text, decoded so far, ends in U+FFFD."""
+        """The held tokens decoded so far, in non-empty pieces."""
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def add_token(self, token: int) -> None:
@@ -73,11 +72,10 @@ class LinearBPEDetokenizer(StreamingDetokenizer):
         decoded = self._decoder.decode(self._bytes(v, table_zero=False))
         if decoded:
             self._held_text.append(decoded)
-            self._held_ends_replaced = decoded[-1] == "\ufffd"
         pending = self._decoder.getstate()[0]
         # mlx-lm: hold while the held text, decoded at once, ends in U+FFFD (an incomplete
         # sequence pending always does), and hold a single-space token for one more token.
-        if pending or self._held_ends_replaced:
+        if pending or (self._held_text and self._held_text[-1][-1] == "\ufffd"):
             return
         if len(v) == 1 and self._byte_of.get(v[0]) == _SPACE:
             return
@@ -124,5 +122,4 @@ class LinearBPEDetokenizer(StreamingDetokenizer):
             self._unread.append(text)
         self._held_chars = []
         self._held_text = []
-        self._held_ends_replaced = False
         self._decoder.reset()

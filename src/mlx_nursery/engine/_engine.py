@@ -21,10 +21,11 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import trio
+from mlx_lm.tokenizer_utils import StreamingDetokenizer
 
 from ._config import EngineConfig
 from ._detokenizer import make_detokenizer
@@ -57,7 +58,7 @@ class _Handle:
     request: GenerationRequest
     send: trio.MemorySendChannel[StepEvent]
     receive: trio.MemoryReceiveChannel[StepEvent]
-    detokenizer: Any
+    detokenizer: StreamingDetokenizer
     """The sequence's streaming detokenizer. It runs in the consumer's task: not on the engine
     thread, which a lone stream of a large model is bound by, and not in `_deliver`, which
     every confirmation waits for."""
@@ -74,7 +75,8 @@ class _Handle:
             detokenizer.add_token(step.token_id)
         if step.finish_reason in ("stop", "length"):
             detokenizer.finalize()
-        return TokenEvent(step.token_id, detokenizer.last_segment, *step[1:])
+        return TokenEvent(step.token_id, detokenizer.last_segment, step.logprob,
+                          step.finish_reason, step.usage, step.error)
 
 
 class TokenStream:
