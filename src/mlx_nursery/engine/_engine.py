@@ -15,6 +15,7 @@ therefore means the compute has stopped.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import logging
@@ -152,7 +153,7 @@ class Engine:
                 self._model, outcome["load"] = info, exc
                 ready.set()
 
-            _call_soon(token, apply)
+            _call_soon(token, _logging_failures(apply))
 
         def on_exit(exc: BaseException | None) -> None:
             def apply() -> None:
@@ -160,10 +161,11 @@ class Engine:
                 self._on_exit(exc)
                 exited.set()
 
-            _call_soon(token, apply)
+            _call_soon(token, _logging_failures(apply))
 
+        deliver = _logging_failures(self._deliver)
         self._worker = Worker(
-            self.config, lambda d: _call_soon(token, self._deliver, d), on_ready, on_exit
+            self.config, functools.partial(_call_soon, token, deliver), on_ready, on_exit
         )
         thread = threading.Thread(target=self._worker.run, name=THREAD_NAME, daemon=True)
         thread.start()
@@ -307,7 +309,7 @@ class Engine:
             if handle is not None:
                 handle.confirmed_step = delivery.stats.steps
                 self._confirm(handle)
-        if self._worker is not None:
+        if delivery.finished and self._worker is not None:
             self._worker.delivered()
 
     def _push(self, handle: _Handle, event: StepEvent) -> None:
@@ -345,17 +347,23 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def _call_soon(token: trio.lowlevel.TrioToken, fn: object, *args: object) -> None:
-    """Schedule `fn` on the Trio thread; an exception there would kill the run, so log it."""
+def _logging_failures(fn: Callable[..., None]) -> Callable[..., None]:
+    """`fn`, for the Trio thread's run_sync_soon: an exception there would end the Trio run."""
 
-    def guarded() -> None:
+    def guarded(*args: object) -> None:
         try:
-            fn(*args)  # type: ignore[operator]
+            fn(*args)
         except Exception:  # a failed delivery must not end the Trio run
             log.exception("engine delivery failed")
 
+    return guarded
+
+
+def _call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., None], *args: object) -> None:
+    """Schedule `fn(*args)` on the Trio thread, from the engine thread. Built once per
+    engine, not per call: on a lone stream this runs once per token on that thread."""
     try:
-        token.run_sync_soon(guarded)
+        token.run_sync_soon(fn, *args)
     except trio.RunFinishedError:
         pass
 

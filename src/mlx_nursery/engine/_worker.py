@@ -171,7 +171,8 @@ class Worker:
         self._previous_responses: list[Any] = []
         """The last step's responses (MLX arrays), released only once the next step has run."""
         self._delivered = threading.Event()
-        """Set by the receiving side once it has handled the last delivery."""
+        """Set by the receiving side once it has handled the last delivery that confirmed
+        sequences gone; cleared when such a delivery is posted."""
         self._post_at_launch = True
         """While a lone sequence has its next token in flight, post its token at the next launch.
 
@@ -198,7 +199,8 @@ class Worker:
         self._commands.put(Stop())
 
     def delivered(self) -> None:
-        """The receiving side calls this once it has handled a delivery."""
+        """The receiving side calls this once it has handled a delivery that confirms a
+        sequence gone (`Delivery.finished`): detaching waits for that, briefly."""
         self._delivered.set()
 
     # -- the thread -------------------------------------------------------------------------
@@ -255,19 +257,27 @@ class Worker:
                 self._previous_responses = []  # no next step: nothing to wait for
             if self._apply(self._take_commands(block=not self._active)):
                 return
-            # Confirm cancellations now, then detach them; a sequence ended is always detached
-            # before the next command is applied, so a lane it freed is never used twice.
-            self._flush_step()
-            self._detach_removed()
-            self._store_finished()
+            self._settle()
             if self._active:
                 self._step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
                 next_expiry_check = time.monotonic() + min(_IDLE_POLL_SECONDS, self._cache.ttl)
                 if self._cache.evict_expired():
                     self._flush(force=True)
-            self._flush_step()
-            self._detach_removed()  # those the step ended (a failed logits processor)
+            self._settle()  # again for those the step ended (a failed logits processor)
+
+    def _settle(self) -> None:
+        """Post what is due, then detach and store what ended.
+
+        Confirmations go out first, then the sequences are detached: a sequence ended is
+        always detached before the next command is applied, so a lane it freed is never
+        used twice. Called twice per token, so the common case (nothing ended) is a few
+        checks: on a lone stream this thread's Python is the token's bottleneck.
+        """
+        self._flush_step()
+        if self._detaching:
+            self._detach_removed()
+        if self._to_store:
             self._store_finished()
 
     def _take_commands(self, *, block: bool) -> list[Command]:
@@ -277,14 +287,14 @@ class Worker:
                 commands.append(self._commands.get(timeout=_IDLE_POLL_SECONDS))
             except queue.Empty:
                 return commands
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                return commands
+        while not self._commands.empty():  # this thread is the only reader
+            commands.append(self._commands.get_nowait())
+        return commands
 
     def _apply(self, commands: list[Command]) -> bool:
         """Apply commands; return True on Stop. Cancels win over submits of the same batch."""
+        if not commands:
+            return False
         stop = any(isinstance(c, Stop) for c in commands)
         cancelled = {c.seq_id for c in commands if isinstance(c, Cancel)}
         for seq_id in cancelled:
@@ -534,8 +544,6 @@ class Worker:
         the cancel applied to its confirmation received, against 0.4-0.5 ms p50). So the
         receiver gets a short head start; the step in flight keeps the device busy meanwhile.
         """
-        if not self._detaching:
-            return
         self._delivered.wait(_CONFIRMATION_HEADSTART_SECONDS)
         detaching, self._detaching = self._detaching, []
         # One removal for all of them: each call filters every layer's KV of the whole batch.
@@ -602,8 +610,9 @@ class Worker:
         if not (self._events or self._finished or force or closing):
             return
         delivery = Delivery(self._events, self._finished, self._stats(), closing)
+        if self._finished:
+            self._delivered.clear()  # only confirmations are waited for (`_detach_removed`)
         self._events, self._finished = [], []
-        self._delivered.clear()
         self._post(delivery)
 
     def _stats(self) -> WorkerStats:
