@@ -83,9 +83,9 @@ class _Handle:
 class TokenStream:
     """Async iterator over one sequence's events; it always ends with a final event."""
 
-    def __init__(self, handle: _Handle, cancel: Callable[[int], None]) -> None:
+    def __init__(self, handle: _Handle, worker: Worker) -> None:
         self._handle = handle
-        self._cancel = cancel
+        self._worker = worker
         self._done = False
 
     def stop(self) -> None:
@@ -93,7 +93,7 @@ class TokenStream:
         final event (finish reason "cancelled", with usage). For callers that decide to stop
         on their own terms (a stop string) but still want the accounting."""
         if not self._handle.confirmed.is_set():
-            self._cancel(self._handle.seq_id)
+            self._worker.cancel(self._handle.seq_id)
 
     def __aiter__(self) -> TokenStream:
         return self
@@ -108,6 +108,8 @@ class TokenStream:
             reason = "the consumer fell behind" if self._handle.stalled else "the engine stopped"
             return TokenEvent(None, "", finish_reason="error", error=reason)
         self._done = step.is_final
+        if step.is_final:
+            self._worker.confirmation_seen()  # it came with the confirmation
         return self._handle.token_event(step)
 
     @property
@@ -254,14 +256,16 @@ class Engine:
         assert self._worker is not None
         self._worker.submit(handle.seq_id, request)
         try:
-            yield TokenStream(handle, self._worker.cancel)
+            yield TokenStream(handle, self._worker)
         finally:
             if not handle.confirmed.is_set():
                 handle.cancel_requested_step = self._worker.steps
                 self._worker.cancel(handle.seq_id)
                 with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
                     await handle.confirmed.wait()
-                if not handle.confirmed.is_set():
+                if handle.confirmed.is_set():
+                    self._worker.confirmation_seen()
+                else:
                     log.error("sequence %d not confirmed stopped in time", handle.seq_id)
             handle.receive.close()
 
@@ -310,8 +314,6 @@ class Engine:
             if handle is not None:
                 handle.confirmed_step = delivery.stats.steps
                 self._confirm(handle)
-        if delivery.finished and self._worker is not None:
-            self._worker.delivered()
 
     def _push(self, handle: _Handle, event: StepEvent) -> None:
         if handle.stalled:

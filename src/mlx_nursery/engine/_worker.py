@@ -170,9 +170,9 @@ class Worker:
         self._handovers = 0
         self._previous_responses: list[Any] = []
         """The last step's responses (MLX arrays), released only once the next step has run."""
-        self._delivered = threading.Event()
-        """Set by the receiving side once it has handled the last delivery that confirmed
-        sequences gone; cleared when such a delivery is posted."""
+        self._confirmation_seen = threading.Event()
+        """Set by the receiving side once a caller has seen a sequence's end; cleared when a
+        delivery that confirms sequences gone is posted (see `_detach_removed`)."""
         self._post_at_launch = True
         """While a lone sequence has its next token in flight, post its token at the next launch.
 
@@ -198,10 +198,11 @@ class Worker:
     def stop(self) -> None:
         self._commands.put(Stop())
 
-    def delivered(self) -> None:
-        """The receiving side calls this once it has handled a delivery that confirms a
-        sequence gone (`Delivery.finished`): detaching waits for that, briefly."""
-        self._delivered.set()
+    def confirmation_seen(self) -> None:
+        """The receiving side calls this once a caller has seen a sequence's end (its final
+        event, or the confirmation it waited for after a cancel): detaching waits for that,
+        briefly."""
+        self._confirmation_seen.set()
 
     # -- the thread -------------------------------------------------------------------------
     def run(self) -> None:
@@ -542,9 +543,12 @@ class Worker:
         Python (slicing every layer's KV) holding the GIL, which the receiving thread needs
         to take a confirmation: on an H100 that made a cancel's tail (p99 2.1-3.4 ms from
         the cancel applied to its confirmation received, against 0.4-0.5 ms p50). So the
-        receiver gets a short head start; the step in flight keeps the device busy meanwhile.
+        caller gets a short head start; the step in flight keeps the device busy meanwhile.
+        It ends when the caller has seen the end, not when the delivery was handled: the
+        caller's task runs a scheduler pass later, and a detach that took the GIL in between
+        held it back for up to 8 ms (p99 3.7 ms on an H100).
         """
-        self._delivered.wait(_CONFIRMATION_HEADSTART_SECONDS)
+        self._confirmation_seen.wait(_CONFIRMATION_HEADSTART_SECONDS)
         detaching, self._detaching = self._detaching, []
         # One removal for all of them: each call filters every layer's KV of the whole batch.
         in_batch = [sequence.uid for sequence, solo in detaching if solo is None]
@@ -611,7 +615,7 @@ class Worker:
             return
         delivery = Delivery(self._events, self._finished, self._stats(), closing)
         if self._finished:
-            self._delivered.clear()  # only confirmations are waited for (`_detach_removed`)
+            self._confirmation_seen.clear()  # only confirmations are waited for
         self._events, self._finished = [], []
         self._post(delivery)
 
