@@ -9,11 +9,15 @@
                    at the next launch (Worker._post_at_launch off: the engine until 2026-11-22)
   fast-path-bare   the engine's fast path stepped in a bare loop on the engine's own thread:
                    no worker loop between steps, nothing posted to Trio until the end
+  fast-path-bare-wake  the same, waking the Trio thread for nothing (run_sync_soon of a no-op)
+                   just before each launch, as the engine's post does: what the wake costs
+  fast-path-bare-send  the same, with one send on a socket nobody waits on before each
+                   launch: the wake's syscall without a thread to wake
   raw-engine-thread    generate_step on the engine's thread, with the engine's model
   fast-path-raw-thread the fast path (`SoloSequence`) on raw-thread's thread, with its model
                    (the last two cross the loop with the thread, and the model loaded there)
 
-Each round runs every way on one prompt, in alternating order; the table gives the median
+Each round runs the chosen ways on one prompt, in alternating order; the table gives the median
 over rounds of each round's median inter-token time (the first two and last two gaps left
 out) and its ratio to raw-main, the median over rounds of each round's rate ratio to
 raw-main (first token to last: slow tokens count), and the 99th percentile of every gap. Inter-token time, unlike a token rate, is not moved by one
@@ -35,11 +39,13 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     sys.path.pop(0)  # bench/http.py would shadow the standard library's http package
 
 import argparse
+import contextlib
 import itertools
 import json
 import platform
 import queue
 import random
+import socket
 import statistics
 import threading
 import time
@@ -55,7 +61,7 @@ from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, Sampling
 
 GREEDY = SamplingParams(temperature=0.0)
 WAYS = ("raw-main", "raw-thread", "engine", "engine-cold", "engine-post-now", "fast-path-bare",
-        "raw-engine-thread", "fast-path-raw-thread")
+        "fast-path-bare-wake", "fast-path-bare-send", "raw-engine-thread", "fast-path-raw-thread")
 POSTING_WAYS = ("engine", "engine-post-now")
 
 
@@ -124,6 +130,8 @@ class BareFastPath:
         """Set with `armed`: run generate_step (prompt, tokens) on the engine's model instead;
         the engine's own sequence then runs as usual."""
         self.stamps: list[float] = []
+        self.before_launch: Any = None
+        """Set with `armed`: run before each launch instead of the worker's post."""
         step = worker._solo_step
 
         def bare() -> list[Any]:
@@ -135,6 +143,8 @@ class BareFastPath:
                 self.armed = False
                 return step()
             solo = worker._solo.solo
+            if self.before_launch is not None:
+                solo._before_launch = self.before_launch
             while True:
                 response = solo.step()
                 if response is not None:
@@ -199,6 +209,9 @@ async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str,
         return GenerationRequest(fresh, max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
     model = load(str(model_path))[0]
     other = RawThread(model, prompt, tokens)
+    unread, unwatched = socket.socketpair()  # for fast-path-bare-send: nobody waits on `unread`
+    unread.setblocking(False)
+    unwatched.setblocking(False)
     measured = Measured({w: [] for w in chosen}, {w: [] for w in chosen}, {w: [] for w in chosen},
                         {w: [] for w in POSTING_WAYS if w in chosen})
     gaps, waits = measured.gaps, measured.waits
@@ -216,13 +229,27 @@ async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str,
                 finally:
                     worker._post_at_launch = True
 
-            async def bare_stamps(*, raw: bool = False) -> list[float]:
+            async def bare_stamps(*, raw: bool = False, before_launch: Any = None) -> list[float]:
                 bare.armed, bare.stamps, bare.raw = True, [], (prompt, tokens) if raw else None
+                bare.before_launch = before_launch
                 try:
                     await engine_stamps(engine, request)
                 finally:
-                    bare.armed, bare.raw = False, None
+                    bare.armed, bare.raw, bare.before_launch = False, None, None
                 return bare.stamps
+
+            trio_token = trio.lowlevel.current_trio_token()
+            sends = itertools.count(1)
+
+            def wake_trio() -> None:
+                trio_token.run_sync_soon(lambda: None)
+
+            def send_unwatched() -> None:
+                with contextlib.suppress(BlockingIOError):  # as Trio's wake-up sends
+                    unwatched.send(b"\0")
+                if next(sends) % 256 == 0:  # keep the buffer from filling, rarely
+                    with contextlib.suppress(BlockingIOError):
+                        unread.recv(65536)
 
             ways = {
                 "raw-main": lambda: _ready(raw_stamps(model, prompt, tokens)),
@@ -231,6 +258,8 @@ async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str,
                 "engine-cold": lambda: engine_stamps(engine, cold_request()),
                 "engine-post-now": lambda: posting_stamps(at_launch=False),
                 "fast-path-bare": bare_stamps,
+                "fast-path-bare-wake": lambda: bare_stamps(before_launch=wake_trio),
+                "fast-path-bare-send": lambda: bare_stamps(before_launch=send_unwatched),
                 "raw-engine-thread": lambda: bare_stamps(raw=True),
                 "fast-path-raw-thread": lambda: _ready(other.run(fast_path_stamps)),
             }
@@ -247,6 +276,8 @@ async def measure(model_path: Path, tokens: int, rounds: int, chosen: tuple[str,
                 print(f"round {r}: " + ", ".join(f"{w} {gaps[w][-1]:.2f} ms" for w in chosen), flush=True)
     finally:
         other.close()
+        unread.close()
+        unwatched.close()
     return measured
 
 
