@@ -279,3 +279,37 @@ async def test_the_startup_heap_is_frozen_while_the_engine_runs(engine_config: E
         assert gc.get_freeze_count() > 0
         await collect(engine, request(engine, "hi", max_tokens=3))
     assert gc.get_freeze_count() == 0
+
+
+async def test_the_caller_acknowledges_every_end_it_sees(
+    engine_config: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before detaching a removed sequence (GIL-heavy), the engine thread waits briefly for
+    the caller to have seen its end. The wait is bounded, so a missing acknowledgement would
+    only show as latency; count them instead: one per end a caller saw, however the
+    request ended."""
+    from mlx_nursery.engine import _worker
+
+    seen = 0
+
+    def count(worker: _worker.Worker) -> None:
+        nonlocal seen
+        seen += 1
+
+    monkeypatch.setattr(_worker.Worker, "confirmation_seen", count)
+    async with open_engine(engine_config) as engine:
+        await collect(engine, request(engine, "runs to its end", max_tokens=3, ignore_eos=True))
+        assert seen == 1  # the final event, read from the stream
+
+        async with engine.generate(long_request(engine)) as stream:
+            async for _ in stream:
+                break  # leaving: generate() waits for the confirmation
+        assert seen == 2
+
+        async with engine.generate(long_request(engine)) as stream:
+            async for event in stream:
+                if not event.is_final:
+                    stream.stop()  # as a stop string does: the final event still comes
+        assert event.finish_reason == "cancelled"
+        assert seen == 3
+        assert_idle(engine)
