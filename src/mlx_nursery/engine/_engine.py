@@ -363,8 +363,9 @@ def _logging_failures(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 def _call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., None], *args: object) -> None:
-    """Schedule `fn(*args)` on the Trio thread, from the engine thread. Built once per
-    engine, not per call: on a lone stream this runs once per token on that thread."""
+    """Schedule `fn(*args)` on the Trio thread, from the engine thread. The engine binds its
+    delivery callable once (a partial of this), not per post: on a lone stream a post runs
+    once per token on the thread that stream is bound by."""
     try:
         token.run_sync_soon(fn, *args)
     except trio.RunFinishedError:

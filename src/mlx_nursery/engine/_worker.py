@@ -172,7 +172,8 @@ class Worker:
         """The last step's responses (MLX arrays), released only once the next step has run."""
         self._confirmation_seen = threading.Event()
         """Set by the receiving side once a caller has seen a sequence's end; cleared when a
-        delivery that confirms sequences gone is posted (see `_detach_removed`)."""
+        delivery that confirms sequences gone is posted (see `_detach_removed`). A caller
+        acknowledging an earlier end may end a wait early: it is a head start, not a handshake."""
         self._post_at_launch = True
         """While a lone sequence has its next token in flight, post its token at the next launch.
 
