@@ -1,68 +1,143 @@
-"""Samplers and logits processors for one request, built from mlx-lm's parts.
+"""Samplers and logits processors for one request.
 
-Two wrappers change mlx-lm's behaviour where ours must differ:
-- `SeededSampler`: mlx-lm samples from MLX's global random state, so a seed
-  would not reproduce under batching; this one owns its key.
-- `GuardedProcessor`: mlx-lm applies every row's processors inside one batched
-  step, so one request's exception would fail the whole batch; this records the
-  error on the request and leaves its logits unchanged, and the worker then
-  fails that request alone.
-Presence/frequency penalties see only generated tokens (OpenAI semantics),
-not the prompt.
+Where ours differ from mlx-lm's, and why:
+- `KeyedSampler` draws every token from a key of its own, seeded or not. mlx-lm's
+  samplers and filters (`make_sampler`, `apply_top_k`, ...) are compiled with MLX's
+  global random state as an input and an output; an exception inside one of them (a
+  `top_k` at the vocabulary's size, say) left that state without a primitive, and every
+  later unseeded request failed until the engine died. No request may touch that
+  state, so the filters here are our own, and a draw's key depends only on the seed and
+  the draw's index: a sequence replayed after a failed batch step draws again exactly
+  what it would have drawn (`rewind`).
+- `GuardedProcessor` / `GuardedSampler`: mlx-lm applies every row's processors and
+  samplers inside one batched step, so one request's exception would fail the whole
+  batch; these record the error on the request and leave its row usable, and the worker
+  then fails that request alone.
+Presence/frequency penalties see only generated tokens (OpenAI semantics), not the prompt.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import (
-    apply_min_p,
-    apply_top_k,
-    apply_top_p,
-    greedy_sampler,
-    make_logits_processors,
-    make_sampler,
-)
+from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
 from ._types import LogitsProcessor, SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 
 _WHOLE_SEQUENCE = 1 << 30
+_MASK64 = (1 << 64) - 1
 
 
-class SeededSampler:
-    """Top-p/min-p/top-k filtering as mlx-lm does it, then a categorical draw from our own key."""
+def key_for_draw(seed: int, draw: int) -> mx.array:
+    """The key of a sequence's `draw`-th token: splitmix64 of (seed, draw).
+
+    Any integer seed works (OpenAI's are signed 64-bit): it is taken modulo 2^64.
+    Keys come from the seed and the index alone, not from a chain of splits, so a
+    sampler can be rewound to any draw.
+    """
+    z = (seed + (draw + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return mx.random.key(z ^ (z >> 31))
+
+
+def _top_k(logprobs: mx.array, k: int) -> mx.array:
+    drop = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[..., k:]
+    return mx.put_along_axis(logprobs, drop, mx.array(-float("inf"), logprobs.dtype), axis=-1)
+
+
+@mx.compile
+def _top_p(logprobs: mx.array, top_p: mx.array) -> mx.array:
+    # mlx-lm's apply_top_p, without the global random state (and top_p an array: no retrace).
+    sorted_logprobs = mx.sort(logprobs, axis=-1)
+    sorted_probs = mx.exp(sorted_logprobs.astype(mx.float32))
+    mass_above = mx.cumsum(sorted_probs, axis=-1, reverse=True, inclusive=False)
+    total_mass = mass_above[..., :1] + sorted_probs[..., :1]
+    num_dropped = (mass_above >= top_p * total_mass).sum(axis=-1, keepdims=True)
+    threshold = mx.take_along_axis(sorted_logprobs, num_dropped, axis=-1)
+    return mx.where(logprobs < threshold, -float("inf"), logprobs)
+
+
+@mx.compile
+def _min_p(logprobs: mx.array, log_min_p: mx.array) -> mx.array:
+    threshold = mx.max(logprobs, axis=-1, keepdims=True) + log_min_p
+    return mx.where(logprobs < threshold, -float("inf"), logprobs)
+
+
+@mx.compile
+def _draw(logprobs: mx.array, key: mx.array, inverse_temperature: mx.array) -> mx.array:
+    return mx.random.categorical(logprobs * inverse_temperature, key=key)
+
+
+class KeyedSampler:
+    """Top-p, min-p and top-k filtering as mlx-lm does them, then a categorical draw with
+    this sequence's key for this draw. A request without a seed gets a random one."""
 
     def __init__(self, params: SamplingParams) -> None:
-        self._key = mx.random.key(params.seed if params.seed is not None else 0)
-        self._params = params
+        self._seed = params.seed if params.seed is not None else secrets.randbits(64)
+        self.draws = 0
+        """Tokens drawn so far; `rewind` sets it."""
+        self._top_p = mx.array(params.top_p) if 0.0 < params.top_p < 1.0 else None
+        self._log_min_p = mx.log(mx.array(params.min_p)) if params.min_p > 0.0 else None
+        self._top_k = params.top_k
+        self._inverse_temperature = mx.array(1.0 / params.temperature)
+
+    def rewind(self, draws: int) -> None:
+        """Draw next as the `draws`-th token (a replayed sequence discards the token in flight)."""
+        self.draws = draws
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        p = self._params
-        self._key, subkey = mx.random.split(self._key)
-        if 0.0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
-        if p.min_p > 0.0:
-            logprobs = apply_min_p(logprobs, p.min_p)
-        if p.top_k > 0:
-            logprobs = apply_top_k(logprobs, p.top_k)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=subkey)
+        key = key_for_draw(self._seed, self.draws)
+        self.draws += 1
+        if self._top_p is not None:
+            logprobs = _top_p(logprobs, self._top_p)
+        if self._log_min_p is not None:
+            logprobs = _min_p(logprobs, self._log_min_p)
+        if 0 < self._top_k < logprobs.shape[-1]:  # k at or past the vocabulary filters nothing
+            logprobs = _top_k(logprobs, self._top_k)
+        return _draw(logprobs, key, self._inverse_temperature)
 
 
-def make_request_sampler(params: SamplingParams) -> Sampler:
+class GuardedSampler:
+    """Run `sampler`; on an exception, record it in `failures` and take the row's argmax, so
+    that the batch's step completes. The worker then fails this request alone."""
+
+    def __init__(self, sampler: Sampler, failures: list[BaseException]) -> None:
+        self._sampler = sampler
+        self._failures = failures
+
+    def rewind(self, draws: int) -> None:
+        rewind_sampler(self._sampler, draws)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if not self._failures:
+            try:
+                token = self._sampler(logprobs)
+                if not isinstance(token, mx.array) or token.shape != logprobs.shape[:-1]:
+                    raise TypeError(f"sampler returned {type(token).__name__} "
+                                    f"{getattr(token, 'shape', '')}, expected shape {logprobs.shape[:-1]}")
+                return token
+            except Exception as exc:  # noqa: BLE001 - isolated per request by design
+                self._failures.append(exc)
+        return mx.argmax(logprobs, axis=-1)
+
+
+def make_request_sampler(params: SamplingParams, failures: list[BaseException]) -> Sampler:
     if params.temperature == 0.0:
         return greedy_sampler  # shared object: the batch samples greedy rows in one call
-    if params.seed is not None:
-        return SeededSampler(params)
-    return make_sampler(
-        temp=params.temperature,
-        top_p=params.top_p if params.top_p < 1.0 else 0.0,
-        min_p=params.min_p,
-        top_k=params.top_k,
-    )
+    return GuardedSampler(KeyedSampler(params), failures)
+
+
+def rewind_sampler(sampler: Sampler, draws: int) -> None:
+    """Make `sampler`'s next draw its `draws`-th (a no-op for stateless samplers)."""
+    rewind = getattr(sampler, "rewind", None)
+    if rewind is not None:
+        rewind(draws)
 
 
 class GeneratedOnly:

@@ -20,6 +20,11 @@ def _probability(_: object, attribute: attrs.Attribute[float], value: float) -> 
         raise ValueError(f"{attribute.name} must be within [0, 1], got {value}")
 
 
+def _seed(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and not -(1 << 63) <= value < 1 << 64:
+        raise ValueError(f"seed must be a 64-bit integer (signed or not), got {value}")
+
+
 @attrs.frozen
 class SamplingParams:
     """How the next token is chosen. Defaults leave the distribution untouched."""
@@ -28,7 +33,8 @@ class SamplingParams:
     top_p: float = attrs.field(default=1.0, validator=_probability)
     top_k: int = attrs.field(default=0, validator=v.ge(0))
     min_p: float = attrs.field(default=0.0, validator=_probability)
-    seed: int | None = None
+    seed: int | None = attrs.field(default=None, validator=_seed)
+    """Any 64-bit integer, signed or not (taken modulo 2^64); None draws a random one."""
     repetition_penalty: float | None = attrs.field(default=None, validator=v.optional(v.gt(0.0)))
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -20,12 +20,13 @@ from typing import Any, Literal, NamedTuple
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import BatchGenerator, StopSequences, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
 
 from ..models import LoadedModel, load_model
 from ._config import EngineConfig
 from ._prefix_cache import CacheHit, PrefixCache, PrefixCacheStats
-from ._sampling import make_request_processors, make_request_sampler
+from ._sampling import make_request_processors, make_request_sampler, rewind_sampler
 from ._solo import SoloSequence
 from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 
@@ -33,6 +34,8 @@ log = logging.getLogger("mlx_nursery.engine")
 
 _IDLE_POLL_SECONDS = 1.0
 _CONFIRMATION_HEADSTART_SECONDS = 0.002
+_STRIKES_TO_BLAME = 2
+"""Failed steps a sequence must be the one suspect of before it is failed alone."""
 """Longest the thread waits for Trio to take a cancel's confirmation before detaching."""
 
 
@@ -74,6 +77,10 @@ class WorkerStats:
     """Steps run on the single-sequence fast path (the rest went through BatchGenerator)."""
     handovers: int = 0
     """Lone sequences moved into the batch when company arrived."""
+    isolated_failures: int = 0
+    """Sequences failed alone because a step failed with them as the one suspect."""
+    replays: int = 0
+    """Sequences rebuilt (prompt and tokens so far prefilled again) after a failed step."""
 
 
 class StepEvent(NamedTuple):
@@ -128,6 +135,12 @@ class _Sequence:
     generated: int = 0
     solo: SoloSequence | None = None
     """Set while the sequence runs alone on the fast path, outside the BatchGenerator."""
+    tokens: list[int] = attrs.Factory(list)
+    """Every token posted so far: with the prompt, what a replay prefills."""
+    newcomer: bool = True
+    """Inserted since its last token: a suspect if a step fails now (see `_recover`)."""
+    strikes: int = 0
+    """Failed steps in which it was the one suspect."""
 
     def usage(self) -> Usage:
         return Usage(len(self.request.prompt_tokens), self.generated, self.cached_tokens)
@@ -168,6 +181,10 @@ class Worker:
         final event waits for a store (slicing every layer's KV, a trie walk over every token)."""
         self._solo_steps = 0
         self._handovers = 0
+        self._isolated_failures = 0
+        self._replays = 0
+        self._probation: dict[int, _Sequence] = {}
+        """By seq_id: sequences of a failed step waiting to be replayed one at a time."""
         self._previous_responses: list[Any] = []
         """The last step's responses (MLX arrays), released only once the next step has run."""
         self._confirmation_seen = threading.Event()
@@ -260,6 +277,8 @@ class Worker:
             if self._apply(self._take_commands(block=not self._active)):
                 return
             self._settle()
+            if self._probation:
+                self._replay_next_suspect()
             if self._active:
                 self._step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
@@ -284,7 +303,7 @@ class Worker:
 
     def _take_commands(self, *, block: bool) -> list[Command]:
         commands: list[Command] = []
-        if block:
+        if block and not self._probation:
             try:
                 commands.append(self._commands.get(timeout=_IDLE_POLL_SECONDS))
             except queue.Empty:
@@ -303,6 +322,8 @@ class Worker:
             uid = self._uids.get(seq_id)
             if uid is not None:
                 self._remove(uid, "cancelled")
+            elif seq_id in self._probation:
+                self._end_suspect(self._probation.pop(seq_id), "cancelled")
         admitted: list[Submit] = []
         for command in commands:
             if isinstance(command, Submit):
@@ -317,7 +338,8 @@ class Worker:
     # -- admission ---------------------------------------------------------------------------
     def _admit_all(self, commands: list[Submit]) -> None:
         """A lone sequence takes the fast path; any company moves everyone into the batch."""
-        if self._config.single_sequence_fast_path and not self._active and len(commands) == 1:
+        fast = self._config.single_sequence_fast_path and not self._probation
+        if fast and not self._active and len(commands) == 1:
             self._admit(commands[0], solo=True)
             return
         if self._solo is not None:
@@ -326,24 +348,26 @@ class Worker:
             self._admit(command, solo=False)
 
     def _admit(self, command: Submit, *, solo: bool) -> None:
+        """Start one sequence. Anything that fails here fails this request alone: building
+        its sampler and processors, fetching its cached prefix, starting it."""
         assert self._generator is not None and self._model is not None
         request = command.request
         prompt = list(request.prompt_tokens)
-        failures: list[BaseException] = []
-        sequence = _Sequence(
-            seq_id=command.seq_id,
-            uid=-1,
-            request=request,
-            failures=failures,
-            cached_tokens=0,
-            sampler=make_request_sampler(request.sampling),
-            processors=make_request_processors(
-                request.sampling, request.logits_processors, len(prompt), failures
-            ),
-            stop_ids=(frozenset() if request.ignore_eos else self._eos) | request.stop_token_ids,
-        )
-        hit = self._fetch_prefix(request, prompt)
         try:
+            failures: list[BaseException] = []
+            sequence = _Sequence(
+                seq_id=command.seq_id,
+                uid=-1,
+                request=request,
+                failures=failures,
+                cached_tokens=0,
+                sampler=make_request_sampler(request.sampling, failures),
+                processors=make_request_processors(
+                    request.sampling, request.logits_processors, len(prompt), failures
+                ),
+                stop_ids=(frozenset() if request.ignore_eos else self._eos) | request.stop_token_ids,
+            )
+            hit = self._fetch_prefix(request, prompt)
             if solo:
                 self._start_solo(sequence, prompt, hit)
                 return
@@ -386,31 +410,31 @@ class Worker:
         self._track(sequence, sequence.solo.uid)
 
     def _hand_over_solo(self) -> None:
-        """Move the lone sequence into the batch, KV cache and in-flight token included."""
+        """Move the lone sequence into the batch, KV cache and in-flight token included.
+        A failure here (reading the token in flight, inserting the cache) fails it alone."""
         sequence = self._solo
         assert sequence is not None and sequence.solo is not None
         solo = sequence.solo
         self._solo = None
         self._handovers += 1
-        handover = solo.handover()
-        if handover.response is not None:
-            self._emit_token(sequence, handover.response)
-            if handover.response.finish_reason is not None:
-                return  # it ended on the token that was in flight
-        sequence.solo = None
-        self._active.pop(solo.uid, None)
         try:
+            handover = solo.handover()
+            if handover.response is not None:
+                self._emit_token(sequence, handover.response)
+                if handover.response.finish_reason is not None:
+                    return  # it ended on the token that was in flight
+            sequence.solo = None
+            self._active.pop(solo.uid, None)
             uid = self._insert(sequence, handover.remaining_prompt, handover.cache,
                                handover.cache_tokens, handover.max_tokens)
         except Exception:  # fails this request only, as a failed admission does
             log.exception("could not move sequence %d into the batch", sequence.seq_id)
-            self._events.append((sequence.seq_id, StepEvent(
-                None, None, "error", sequence.usage(), "the engine could not continue this request")))
-            self._forget(sequence)
+            self._end_suspect(sequence, "error", "the engine could not continue this request")
             return
         self._track(sequence, uid)
 
     def _track(self, sequence: _Sequence, uid: int) -> None:
+        sequence.newcomer = True
         sequence.uid = uid
         self._active[uid] = sequence
         self._uids[sequence.seq_id] = uid
@@ -460,9 +484,8 @@ class Worker:
         assert self._generator is not None
         try:
             responses = self._solo_step() if self._solo is not None else self._generator.next()[1]
-        except Exception as exc:  # noqa: BLE001 - not attributable to one request
-            self._previous_responses = []
-            self._fail_batch(exc)
+        except Exception as exc:  # noqa: BLE001 - attributed, if at all, by _recover
+            self._recover(exc)
             return
         self._previous_responses = responses
         self.steps += 1
@@ -470,12 +493,14 @@ class Worker:
         for response in responses:
             sequence = self._active.get(response.uid)
             if sequence is not None:
-                self._emit_token(sequence, response)
+                sequence.newcomer = False
+                self._emit_checked(sequence, response)
         # The step returns token k while it computes token k+1 (pipelined), so a processor
         # failure recorded now concerns a token nobody has seen: emit k, never k+1.
         for sequence in [s for s in self._active.values() if s.failures]:
-            log.warning("logits processor failed for sequence %d: %r", sequence.seq_id, sequence.failures[0])
-            self._remove(sequence.uid, "error", f"logits processor failed: {sequence.failures[0]}")
+            log.warning("logits processor or sampler failed for sequence %d: %r",
+                        sequence.seq_id, sequence.failures[0])
+            self._remove(sequence.uid, "error", f"sampling failed: {sequence.failures[0]}")
 
     def _solo_step(self) -> list[Any]:
         assert self._solo is not None and self._solo.solo is not None
@@ -486,12 +511,25 @@ class Worker:
         self._solo_steps += 1
         return [] if response is None else [response]
 
+    def _emit_checked(self, sequence: _Sequence, response: Any) -> None:
+        """`_emit_token`, failing this sequence alone if its token or logprobs are unusable."""
+        try:
+            vocabulary = response.logprobs.shape[-1]
+            if not 0 <= int(response.token) < vocabulary:
+                raise ValueError(f"sampled token {int(response.token)} is outside the vocabulary")
+            self._emit_token(sequence, response)
+        except Exception as exc:  # noqa: BLE001 - isolated per request by design
+            log.warning("could not emit a token of sequence %d: %r", sequence.seq_id, exc)
+            if sequence.uid in self._active:
+                self._remove(sequence.uid, "error", "the engine could not read this request's token")
+
     def _emit_token(self, sequence: _Sequence, response: Any) -> None:
+        logprob = self._logprob(sequence, response) if sequence.request.logprobs is not None else None
         sequence.generated += 1
+        sequence.tokens.append(int(response.token))
         self._generated_tokens += 1
         reason: FinishReason | None = response.finish_reason
         token = None if reason == "stop" else int(response.token)  # a stop token is never shown
-        logprob = self._logprob(sequence, response) if sequence.request.logprobs is not None else None
         if reason is None:
             self._events.append((sequence.seq_id, StepEvent(token, logprob)))
             return
@@ -502,7 +540,7 @@ class Worker:
     @staticmethod
     def _logprob(sequence: _Sequence, response: Any) -> TokenLogprob:
         logprobs = response.logprobs
-        k = sequence.request.logprobs or 0
+        k = min(sequence.request.logprobs or 0, logprobs.shape[-1])
         top: tuple[tuple[int, float], ...] = ()
         if k:
             ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
@@ -511,16 +549,98 @@ class Worker:
             top = tuple((int(i), float(val)) for i, val in pairs)
         return TokenLogprob(int(response.token), float(logprobs[response.token].item()), top)
 
-    def _fail_batch(self, exc: Exception) -> None:
-        """A step failed for the whole batch: fail its sequences and start a fresh batch."""
+    # -- failed steps ------------------------------------------------------------------------
+    def _recover(self, exc: Exception) -> None:
+        """A step (or a detach) raised: find the sequence responsible instead of failing all.
+
+        The batch's state cannot be trusted after an exception inside a step, so the
+        generator is replaced and its sequences are replayed: their prompt and the tokens
+        they have posted are prefilled again and their samplers rewound, so they go on with
+        the tokens they would have had. The suspects are the sequences inserted since their
+        last token (newcomers). Suspects wait on probation while the others are replayed
+        at once, then are replayed one at a time, each the one newcomer in its batch; with
+        no suspect at all, everyone is. A sequence that is the one suspect of two failures
+        (retried without the others in between) is failed alone, provided the model still
+        computes without it (a one-token forward on a fresh cache); otherwise the failure
+        is the engine's. The engine fails after `max_consecutive_step_failures` failures in
+        a row that no suspect explains.
+        """
         self._failed_steps += 1
-        self._failures_in_a_row += 1
-        log.error("batch step failed (%d in a row): %r", self._failures_in_a_row, exc)
-        self._finish_active("error", exc)
-        if self._failures_in_a_row >= self._config.max_consecutive_step_failures:
-            raise FatalEngineError("batch steps keep failing") from exc
+        self._previous_responses = []
+        batch = list(self._active.values())
+        suspects = batch if self._solo is not None else [s for s in batch if s.newcomer]
+        log.error("a step failed with %d sequences (%d suspects): %r", len(batch), len(suspects), exc)
         self._retire_generator()
         self._generator = self._new_generator()
+        for sequence in batch:  # all on probation first: whatever happens next, each is tracked
+            self._active.pop(sequence.uid, None)
+            self._uids.pop(sequence.seq_id, None)
+            sequence.solo = None
+            self._probation[sequence.seq_id] = sequence
+        self._solo = None
+        if len(suspects) == 1:
+            suspect = suspects[0]
+            suspect.strikes += 1
+            if suspect.strikes >= _STRIKES_TO_BLAME:
+                self._probation.pop(suspect.seq_id)
+                if self._model_computes():
+                    self._isolated_failures += 1
+                    self._end_suspect(suspect, "error", "the engine could not compute this request")
+                else:
+                    self._end_suspect(suspect, "error", "the engine failed while serving this request")
+                    self._count_unexplained(exc)
+        elif not suspects:
+            self._count_unexplained(exc)
+            return  # all wait on probation
+        for sequence in batch:
+            if sequence.seq_id in self._probation and sequence not in suspects:
+                self._replay(self._probation.pop(sequence.seq_id))
+
+    def _count_unexplained(self, exc: Exception) -> None:
+        self._failures_in_a_row += 1
+        if self._failures_in_a_row >= self._config.max_consecutive_step_failures:
+            raise FatalEngineError("batch steps keep failing") from exc
+
+    def _model_computes(self) -> bool:
+        """Whether the model still runs a one-token forward on a fresh cache (after a failed
+        step: if it does not, the failure was not the suspect's)."""
+        assert self._model is not None
+        try:
+            with mx.stream(generation_stream):
+                logits = self._model.model(mx.array([[0]], dtype=mx.uint32), cache=make_prompt_cache(self._model.model))
+                mx.eval(logits)
+        except Exception:  # the answer is "no"
+            log.exception("the model fails on its own")
+            return False
+        return True
+
+    def _replay_next_suspect(self) -> None:
+        """Replay the next sequence on probation once no newcomer is in the batch."""
+        if any(s.newcomer for s in self._active.values()):
+            return
+        seq_id = next(iter(self._probation))
+        if self._solo is not None:
+            self._hand_over_solo()
+        self._replay(self._probation.pop(seq_id))
+
+    def _replay(self, sequence: _Sequence) -> None:
+        """Insert `sequence` into the batch afresh: its prompt and posted tokens are prefilled
+        again; its sampler's next draw is its next token's."""
+        self._replays += 1
+        rewind_sampler(sequence.sampler, len(sequence.tokens))
+        prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
+        try:
+            uid = self._insert(sequence, prompt, None, [], sequence.request.max_tokens - sequence.generated)
+        except Exception:  # fails this request only
+            log.exception("could not replay sequence %d", sequence.seq_id)
+            self._end_suspect(sequence, "error", "the engine could not continue this request")
+            return
+        self._track(sequence, uid)
+
+    def _end_suspect(self, sequence: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+        """End a sequence that is in no batch (on probation, or taken out of a failed one)."""
+        self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
+        self._forget(sequence)
 
     # -- leaving the batch -------------------------------------------------------------------
     def _remove(self, uid: int, reason: FinishReason, error: str | None = None) -> None:
@@ -556,7 +676,11 @@ class Worker:
         caches: dict[int, Any] = {}
         if in_batch:
             assert self._generator is not None
-            caches = self._generator.remove(in_batch, return_prompt_caches=self._cache is not None)
+            try:
+                caches = self._generator.remove(in_batch, return_prompt_caches=self._cache is not None)
+            except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
+                self._recover(exc)
+                return
         for sequence, solo in detaching:
             cache, tokens = solo.cancel() if solo is not None else caches.get(sequence.uid, (None, None))
             if not sequence.failures:
@@ -577,7 +701,8 @@ class Worker:
         if sequence is self._solo:
             self._solo = None
         sequence.solo = None
-        self._active.pop(sequence.uid, None)
+        if self._active.get(sequence.uid) is sequence:  # a replayed one's old uid may be reused
+            del self._active[sequence.uid]
         self._uids.pop(sequence.seq_id, None)
         self._finished.append(sequence.seq_id)
 
@@ -588,7 +713,8 @@ class Worker:
 
     def _finish_active(self, reason: FinishReason, exc: BaseException | None) -> None:
         error = "the engine failed while serving this request" if exc is not None else None
-        for sequence in list(self._active.values()):
+        probation, self._probation = list(self._probation.values()), {}
+        for sequence in [*self._active.values(), *probation]:
             self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
             self._forget(sequence)
 
@@ -626,13 +752,15 @@ class Worker:
         prefilled = int(getattr(counters, "prompt_tokens", 0))
         return WorkerStats(
             steps=self.steps,
-            active=len(self._active),
+            active=len(self._active) + len(self._probation),
             prompt_tokens_processed=self._prompt_tokens + prefilled,
             generated_tokens=self._generated_tokens,
             failed_steps=self._failed_steps,
             prefix_cache=self._cache.stats() if self._cache else None,
             solo_steps=self._solo_steps,
             handovers=self._handovers,
+            isolated_failures=self._isolated_failures,
+            replays=self._replays,
         )
 
     def _retire_generator(self) -> None:

@@ -97,9 +97,9 @@ async def generate_text(
 
 def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | None,
             logprobs: LogprobAligner | None) -> list[Output]:
-    assert event.usage is not None
     stopped_by_us = matcher.stopped or (tools is not None and tools.done)
-    if not stopped_by_us and event.finish_reason not in ("stop", "length"):
+    # No usage: the engine stopped under the sequence (its last event comes from the Trio side).
+    if event.usage is None or not stopped_by_us and event.finish_reason not in ("stop", "length"):
         log.error("generation ended with %s: %s", event.finish_reason, event.error)
         if event.finish_reason == "cancelled":
             raise Unavailable(f"the request was cancelled by the server: {event.error}",

@@ -94,7 +94,13 @@ def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
 
 
 class GrammarProcessor:
-    """A logits processor driving one llguidance matcher; one instance per request."""
+    """A logits processor driving one llguidance matcher; one instance per request.
+
+    Its matcher follows the context it is given, not a count of calls: the first call's
+    context is the prompt, and every later token in the context is one the grammar must
+    accept. The engine may replay a sequence after a failed batch step, dropping a token
+    the matcher already took; the matcher then rolls back to the context.
+    """
 
     def __init__(self, matcher: Any, vocab_size: int) -> None:
         import llguidance.numpy as lnp
@@ -103,17 +109,23 @@ class GrammarProcessor:
         self._vocab_size = vocab_size
         self._bitmask = lnp.allocate_token_bitmask(1, vocab_size)
         self._fill = lnp.fill_next_token_bitmask
-        self._started = False
+        self._prompt_length: int | None = None
+        self._consumed = 0
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
 
-        if self._started:
-            # The engine calls processors once per sampled token, in order: the last token of
-            # the context is the one sampled after our previous mask.
-            if not self._matcher.consume_token(int(tokens[-1].item())):
+        if self._prompt_length is None:
+            self._prompt_length = int(tokens.size)
+        generated = int(tokens.size) - self._prompt_length
+        if generated < self._consumed:  # a replay dropped tokens the matcher took
+            self._matcher.rollback(self._consumed - generated)
+            self._consumed = generated
+        if generated > self._consumed:
+            new = tokens[self._prompt_length + self._consumed:].tolist()
+            if not self._matcher.consume_tokens(new):
                 raise RuntimeError(f"constrained decoding diverged: {self._matcher.get_error()}")
-        self._started = True
+            self._consumed = generated
         self._fill(self._matcher, self._bitmask, 0)
         vocab = logits.shape[-1]
         allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:vocab]
