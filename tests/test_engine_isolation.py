@@ -259,3 +259,27 @@ def engine_model(engine: Engine) -> Any:
     worker = engine._worker
     assert worker is not None and worker._model is not None
     return worker._model.model
+
+
+async def test_a_constrained_sequence_is_replayed_with_its_grammar_in_step(engine: Engine) -> None:
+    """The step that fails has already fed the grammar a token nobody will see: the replay
+    rolls the matcher back, and the JSON comes out as it does alone."""
+    from mlx_nursery.openai._structured import Grammars
+
+    tokenizer = engine.model.tokenizer
+    grammars = Grammars(tokenizer, len(tokenizer.get_vocab()))
+
+    def constrained() -> GenerationRequest:
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
+                  "required": ["n", "s"]}
+        return request(engine, PROMPTS[0], max_tokens=40, logits_processors=[grammars.json_processor(schema, "x")])
+
+    alone = await collect(engine, constrained())
+    runs, failed = await run_beside(engine, [constrained(), *batch(engine)[1:]],
+                                    request(engine, PROMPTS[4], max_tokens=16, ignore_eos=True,
+                                            logits_processors=[poisoned_from(call=3)]))
+    assert failed.final.finish_reason == "error"
+    assert runs[0].final.finish_reason == "length", runs[0].final
+    assert runs[0].tokens == alone.tokens
+    stats = engine.statistics().worker
+    assert stats is not None and stats.replays >= 1
