@@ -152,17 +152,19 @@ class ForcedScript:
     """A logits processor that makes the model emit exactly `tokens`, then its EOS.
 
     The real tokenizer, engine, detokenizer and streaming path all run; only the choice of
-    each next token is dictated. One instance per request (it counts its steps)."""
+    each next token is dictated. One instance per request."""
 
     def __init__(self, tokens: list[int], eos: int) -> None:
         self._script = [*tokens, eos]
-        self._step = 0
+        self._prompt_length: int | None = None
 
-    def __call__(self, _context: Any, logits: Any) -> Any:
+    def __call__(self, context: Any, logits: Any) -> Any:
         import mlx.core as mx
 
-        token = self._script[min(self._step, len(self._script) - 1)]
-        self._step += 1
+        if self._prompt_length is None:  # the position follows the context, as replays need
+            self._prompt_length = int(context.size)
+        step = int(context.size) - self._prompt_length
+        token = self._script[min(step, len(self._script) - 1)]
         mask = mx.arange(logits.shape[-1]) == token
         return mx.where(mask, mx.zeros_like(logits), mx.full(logits.shape, -1e9, logits.dtype))
 

@@ -49,6 +49,9 @@ class GenerationRequest:
     unless `ignore_eos` is set (benchmarks on random-weight models need it).
     `logprobs`: None for none, 0 for the sampled token's, k for the top k as well.
     `cache_key` namespaces the prefix cache (per tenant, per conversation...).
+    `logits_processors` are called with the context (the prompt and every token fed so far)
+    and the logits; they must derive any state from that context, not from the number of
+    calls: after a failed batch step the engine replays a sequence from an earlier point.
     """
 
     prompt_tokens: tuple[int, ...] = attrs.field(converter=tuple, validator=v.min_len(1))
