@@ -10,7 +10,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .http import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
-from .http._errors import envelope_response, error_response
+from .http._errors import envelope_response, error_response, internal_error, log_failure
+from .http._keepalive import ShieldFinalBody
+from .http._limits import RequestLimits
 from .http._routes import routes
 from .http._service import RequestProcessors, Service
 from .openai import OpenAIError
@@ -21,13 +23,19 @@ log = logging.getLogger("mlx_nursery.http")
 REQUEST_ID_HEADER = "x-request-id"
 
 
+def asgi_app(app: QuartTrio) -> RequestLimits:
+    """`app` as Hypercorn serves it: the URL and header limits first (http/_limits.py), then
+    the keep-alive fix (http/_keepalive.py)."""
+    return RequestLimits(ShieldFinalBody(app))
+
+
 def create_app(settings: Settings | None = None, *,
                extra_processors: RequestProcessors | None = None) -> QuartTrio:
     """The app. `extra_processors` adds logits processors per request (tests force token
     scripts with it); it is not reachable over HTTP."""
     settings = settings or Settings.from_env()
     app = QuartTrio("mlx_nursery")
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
     app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
     service = Service(settings, extra_processors)
@@ -59,17 +67,17 @@ def create_app(settings: Settings | None = None, *,
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
+                415: "unsupported_media_type"}.get(
             error.code or 500
         )
         return envelope_response(error.code or 500, error.description or error.name,
                                  "invalid_request_error", code)
 
     @app.errorhandler(Exception)
-    async def internal_error(error: Exception) -> Response:
+    async def unexpected_error(error: Exception) -> Response:
         request_id = getattr(g, "request_id", "-")
-        log.exception("request %s failed with an internal error", request_id, exc_info=error)
-        return envelope_response(500, f"internal server error (request id {request_id})",
-                                 "server_error", "internal_error")
+        log_failure(request_id, "with an internal error", error)
+        return error_response(internal_error(request_id))
 
     return app

@@ -2,13 +2,14 @@
 
 Hypercorn's own CLI handles signals itself: on SIGTERM it stops accepting
 and cancels in-flight requests after its `--graceful-timeout`, without the
-final in-stream error event that `mlx-nursery serve` sends.
+final in-stream error event that `mlx-nursery serve` sends. Its `h11_max_incomplete_size`
+(16 KiB unless a `--config` file sets it; `serve` sets 64 KiB) then bounds the request head
+before our limits do (http/_limits.py), answering 431 with an empty body.
 """
 
 from __future__ import annotations
 
-from .app import create_app
-from .http._keepalive import ShieldFinalBody
+from .app import asgi_app, create_app
 from .settings import Settings
 
-app = ShieldFinalBody(create_app(Settings.from_env()))
+app = asgi_app(create_app(Settings.from_env()))

@@ -80,6 +80,7 @@ _SERVE_FLAGS: dict[str, tuple[type, str]] = {
     "responses_db": (str, "SQLite file of stored responses (default: user data dir; ':memory:')"),
     "responses_max": (int, "stored responses kept before the oldest are evicted (default 10000)"),
     "responses_max_age": (float, "seconds a stored response is kept (default 30 days)"),
+    "max_request_bytes": (int, "largest request body in bytes; past it, 413 (default 8 MiB)"),
 }
 
 

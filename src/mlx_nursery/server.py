@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import cast
 
 import attrs
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.typing import ASGIFramework
 
-from .app import create_app
-from .http._keepalive import ShieldFinalBody
+from .app import asgi_app, create_app
+from .http._limits import HYPERCORN_HEAD_BYTES
 from .http._service import RequestProcessors, Service
 from .settings import Settings
 
@@ -41,6 +43,7 @@ def hypercorn_config(settings: Settings) -> Config:
     config.bind = [f"{settings.host}:{settings.port}"]
     config.graceful_timeout = settings.shutdown_grace + _HYPERCORN_MARGIN
     config.keep_alive_timeout = 5
+    config.h11_max_incomplete_size = HYPERCORN_HEAD_BYTES  # ours are lower, in the envelope
     config.startup_timeout = 600  # the default model may be fetched and converted at first start
     config.accesslog = logging.getLogger("mlx_nursery.access") if settings.log_level == "debug" else None
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -79,7 +82,7 @@ async def serve(
             shutdown.set()
 
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        await hypercorn_serve(ShieldFinalBody(app), hypercorn_config(settings),
+        await hypercorn_serve(cast(ASGIFramework, asgi_app(app)), hypercorn_config(settings),
                               shutdown_trigger=stop_accepting.wait, task_status=task_status)
         nursery.cancel_scope.cancel()  # Hypercorn is done: stop the watchers
 

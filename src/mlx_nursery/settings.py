@@ -55,6 +55,9 @@ class Settings:
     """Stored responses kept; the oldest are evicted past it."""
     responses_max_age: float = attrs.field(default=30 * 24 * 3600.0, validator=v.gt(0))
     """Seconds a stored response is kept."""
+    max_request_bytes: int = attrs.field(default=8 << 20, validator=v.ge(1))
+    """Largest request body; past it, 413 before the body is read in full. 8 MiB holds many
+    times the text any served context can take, and bounds what one body costs to parse."""
 
     def responses_db_path(self) -> str:
         if self.responses_db:

@@ -4,15 +4,32 @@
 - 504 request timeout: `x-should-retry: false` (the SDK would otherwise retry a 5xx
   and run the same too-long request again).
 - 500: a generic message; details go to the log with the request id, never to the client.
+  The log names the exception's type and where it was raised, not its message, which may
+  quote the prompt (prompts and completions are never logged).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import traceback
 
 from quart import Response
 
 from ..openai import OpenAIError, Overloaded, RequestTimeout
+
+log = logging.getLogger("mlx_nursery.http")
+
+
+def internal_error(request_id: str) -> OpenAIError:
+    return OpenAIError(f"internal server error (request id {request_id})", code="internal_error")
+
+
+def log_failure(request_id: str, what: str, error: BaseException) -> None:
+    """Log an unexpected failure: its type and traceback, without its message."""
+    where = "".join(traceback.format_tb(error.__traceback__))
+    log.error("request %s failed %s with %s:\n%s", request_id, what, type(error).__name__,
+              where.rstrip())
 
 
 def error_response(error: OpenAIError) -> Response:

@@ -53,9 +53,13 @@ class Jobs:
         self._idle = trio.Event()
         self._idle.set()
 
-    async def start(self, prepared: Prepared) -> Job:
-        """Admit and start a job; raises the OpenAIError of a refused admission."""
-        deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
+    async def start(self, prepared: Prepared, deadline: float | None = None) -> Job:
+        """Admit and start a job; raises the OpenAIError of a refused admission.
+
+        `deadline`: when the request started earlier (its preparation); default now plus the
+        request timeout."""
+        if deadline is None:
+            deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
         send, receive = trio.open_memory_channel[JobItem](_BUFFER)
         job = Job(receive, trio.CancelScope(deadline=deadline))
         self._active.add(job)

@@ -10,19 +10,21 @@ import attrs
 from quart import Response, request
 
 from ..openai import Finished, OpenAIError, ResourceNotFound, TextDelta, ToolCallOut
-from ..openai._errors import InvalidRequest
+from ..openai._errors import InvalidRequest, quoted
+from ..openai._json import parse_json
 from ..openai._responses import (
     PreparedResponse,
     ResponseBuilder,
+    ResponsesRequest,
     input_items_page,
     parse_request,
     prepare_response,
 )
 from ..store import StoredResponse
 from ._batching import WriteBatcher, merged_text
-from ._errors import error_response
+from ._errors import error_response, internal_error, log_failure
 from ._jobs import Job
-from ._routes import _ended_early, _json_body, _service, routes
+from ._routes import _ended_early, _service, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS
 
@@ -31,21 +33,32 @@ from ._sse import HEADERS
 async def create_response() -> Response:
     service = _service()
     _, served, jobs = service.require_ready()
-    body = await _json_body()
-    parsed = parse_request(body)
+    deadline = service.deadline()
+    raw = await request_body()
+
+    def parse() -> tuple[Any, ResponsesRequest]:
+        body = parse_json(raw)
+        return body, parse_request(body)
+
+    body, parsed = await service.prepare(parse, deadline)
     previous = None
     if parsed.previous_response_id:
         stored = await service.store.get(parsed.previous_response_id)
         if stored is None:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
-    prepared = prepare_response(parsed, served, previous)
-    prepared = attrs.evolve(prepared, prepared=service.with_extra_processors(prepared.prepared, body))
-    job = await jobs.start(prepared.prepared)
+
+    def prepare() -> PreparedResponse:
+        prepared = prepare_response(parsed, served, previous)
+        return attrs.evolve(prepared,
+                            prepared=service.with_extra_processors(prepared.prepared, body))
+
+    prepared = await service.prepare(prepare, deadline)
+    job = await jobs.start(prepared.prepared, deadline)
     builder = ResponseBuilder(prepared)
     if parsed.stream:
-        response = Response(_stream(service, prepared, builder, job), content_type="text/event-stream",
-                            headers=HEADERS)
+        response = Response(_stream(service, prepared, builder, job, request_id()),
+                            content_type="text/event-stream", headers=HEADERS)
         response.timeout = None
         return response
     try:
@@ -70,16 +83,23 @@ def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
 
 
 async def _stream(service: Service, prepared: PreparedResponse, builder: ResponseBuilder,
-                  job: Job) -> AsyncIterator[bytes]:
+                  job: Job, request_id: str) -> AsyncIterator[bytes]:
+    """The named SSE events of one response. A failure while rendering (or storing) ends the
+    stream with an `error` event, logged with `request_id`, never a cut stream."""
     try:
         with service.writes.stream():
-            yield _events(builder.opening())
-            batches = WriteBatcher(job.receive, service.writes)
-            while (items := await batches.next()) is not None:
-                events, ended = await _render(service, prepared, builder, items)
-                yield _events(events)
-                if ended:
-                    return
+            try:
+                yield _events(builder.opening())
+                batches = WriteBatcher(job.receive, service.writes)
+                while (items := await batches.next()) is not None:
+                    events, ended = await _render(service, prepared, builder, items)
+                    yield _events(events)
+                    if ended:
+                        return
+                yield _events([builder.error_event(_ended_early())])
+            except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
+                log_failure(request_id, "while streaming", exc)
+                yield _events([builder.error_event(internal_error(request_id))])
     finally:
         job.cancel("client")
 
@@ -152,5 +172,5 @@ async def _stored(response_id: str) -> StoredResponse:
 
 
 def _not_found(response_id: str, param: str) -> ResourceNotFound:
-    return ResourceNotFound(f"Response with id '{response_id}' not found.", param=param,
+    return ResourceNotFound(f"Response with id {quoted(response_id)} not found.", param=param,
                             code="response_not_found")

@@ -1,4 +1,5 @@
-"""The routes: parse JSON, hand it to the OpenAI layer, run a job, write JSON or SSE."""
+"""The routes: check and read the body, prepare it on a worker thread (the OpenAI layer
+parses, validates and tokenizes), run a job, write JSON or SSE."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from quart import Blueprint, Response, current_app, request
+import trio
+from quart import Blueprint, Response, current_app, g, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..openai import (
     Finished,
-    InvalidRequest,
     ModelList,
     OpenAIError,
     Prepared,
@@ -22,9 +24,11 @@ from ..openai import (
     prepare_completion,
     to_json,
 )
+from ..openai._errors import RequestTooLarge, UnsupportedMediaType, quoted
+from ..openai._json import parse_json
 from ..openai._logprobs import LogprobEntry
 from ._batching import WriteBatcher, WritePolicy, merged_text
-from ._errors import error_response
+from ._errors import error_response, internal_error, log_failure
 from ._jobs import Job, JobItem
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
@@ -73,11 +77,18 @@ async def completions() -> Response:
 async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response:
     service = _service()
     _, served, jobs = service.require_ready()
-    body = await _json_body()
-    prepared = service.with_extra_processors(prepare(body, served), body)
-    job = await jobs.start(prepared)
+    deadline = service.deadline()
+    raw = await request_body()
+
+    def work() -> Prepared:
+        body = parse_json(raw)
+        trio.from_thread.check_cancelled()
+        return service.with_extra_processors(prepare(body, served), body)
+
+    prepared = await service.prepare(work, deadline)
+    job = await jobs.start(prepared, deadline)
     if prepared.stream:
-        body = _stream(prepared, job, service.writes)
+        body = _stream(prepared, job, service.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
@@ -87,12 +98,30 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
         job.cancel("client")  # a no-op once finished; on a disconnect it stops the compute
 
 
-async def _json_body() -> Any:
-    raw = await request.get_data()
+def request_id() -> str:
+    return str(getattr(g, "request_id", "-"))
+
+
+async def request_body() -> bytes:
+    """The raw body, after the checks that need no parsing.
+
+    415 for a Content-Type other than JSON (`application/json`, any parameters, a charset
+    only UTF-8); no Content-Type at all is read as JSON, as curl's `--json`-less scripts and
+    many clients send it. 413 past `--max-request-bytes`: at once when Content-Length says so,
+    else as soon as a chunked body passes it (Quart's MAX_CONTENT_LENGTH counts as it reads).
+    """
+    if "Content-Type" in request.headers:
+        charset = request.mimetype_params.get("charset", "utf-8").lower()
+        if request.mimetype != "application/json" or charset not in ("utf-8", "utf8"):
+            raise UnsupportedMediaType(
+                "the request body must be JSON (Content-Type: application/json), got "
+                f"{quoted(request.headers['Content-Type'])}", code="unsupported_media_type")
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        return await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    except RequestEntityTooLarge:
+        limit = current_app.config["MAX_CONTENT_LENGTH"]
+        raise RequestTooLarge(f"the request body is larger than {limit} bytes, this server's limit "
+                              "(--max-request-bytes)", code="request_too_large") from None
 
 
 async def _collect(prepared: Prepared, job: Job) -> Response:
@@ -113,11 +142,13 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
     raise _ended_early()
 
 
-async def _stream(prepared: Prepared, job: Job, writes: WritePolicy) -> AsyncIterator[bytes]:
+async def _stream(prepared: Prepared, job: Job, writes: WritePolicy,
+                  request_id: str) -> AsyncIterator[bytes]:
     """SSE for one job. Whatever the job produced since the last write goes out in one write,
     consecutive text merged into one delta: when the server is busy, its cost per token drops
     instead of its backlog growing. After the first write, `writes` says how many pieces a
-    write waits for (see _batching.py)."""
+    write waits for (see _batching.py). A failure while rendering ends the stream with an
+    error event (logged with `request_id`), never a cut stream."""
     offset = 0  # characters of content sent so far (completions' text_offset)
 
     def content(delta: TextDelta) -> bytes:
@@ -129,16 +160,20 @@ async def _stream(prepared: Prepared, job: Job, writes: WritePolicy) -> AsyncIte
 
     try:
         with writes.stream():
-            opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
-            if opening:
-                yield opening
-            batches = WriteBatcher(job.receive, writes)
-            while (items := await batches.next()) is not None:
-                write, ended = _render(prepared, items, content)
-                yield write
-                if ended:
-                    return
-            yield data_event(_ended_early().envelope())
+            try:
+                opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
+                if opening:
+                    yield opening
+                batches = WriteBatcher(job.receive, writes)
+                while (items := await batches.next()) is not None:
+                    write, ended = _render(prepared, items, content)
+                    yield write
+                    if ended:
+                        return
+                yield data_event(_ended_early().envelope())
+            except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
+                log_failure(request_id, "while streaming", exc)
+                yield data_event(internal_error(request_id).envelope())
     finally:
         job.cancel("client")
 

@@ -3,20 +3,25 @@
 The service starts in the app's nursery at startup. The model loads in the
 background: until it is ready /health answers 503 and requests get a 503, so
 a slow load never trips the ASGI server's startup timeout.
+
+Requests are prepared (JSON parsed, validated, chat template rendered, tokenized) on a
+worker thread, one at a time: see `Service.prepare`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import trio
 
 from ..engine import Engine, EngineConfig
-from ..openai import Prepared, ServedModel, Unavailable, with_processors
+from ..openai import Prepared, RequestTimeout, ServedModel, Unavailable, with_processors
+from ..openai._prompts import longest_token_bytes
 from ..openai._structured import Grammars
 from ..settings import Settings
 from ..store import ResponsesStore
@@ -26,6 +31,17 @@ from ._jobs import Jobs
 log = logging.getLogger("mlx_nursery.http")
 
 State = Literal["loading", "ready", "draining", "failed"]
+T = TypeVar("T")
+
+PREPARE_THREADS = 1
+"""Requests prepared at once. One: a Hugging Face fast tokenizer is one Rust object, whose
+encode holds a shared borrow of it with the GIL released, and transformers resets its
+truncation/padding state (a mutable borrow) whenever a call's settings differ from the
+current ones; the two at once raise "RuntimeError: Already borrowed" (huggingface/tokenizers#537).
+Nothing on our request path changes those settings today, but one thread at a time makes it
+impossible rather than unlikely; and beside the GIL (Jinja rendering is Python) and the
+engine's thread, a second preparation would gain little on a small machine. The prompt size
+check keeps any one preparation short."""
 
 
 RequestProcessors = Callable[[Any], tuple[Any, ...]]
@@ -47,6 +63,28 @@ class Service:
         """How streams batch their writes; it counts the streams open."""
         self.store = ResponsesStore(settings.responses_db_path(), max_responses=settings.responses_max,
                                     max_age_seconds=settings.responses_max_age)
+        self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
+
+    def deadline(self) -> float:
+        """The deadline of a request that starts now (the request timeout; inf without one)."""
+        timeout = self.settings.request_timeout
+        return trio.current_time() + timeout if timeout else math.inf
+
+    async def prepare(self, work: Callable[[], T], deadline: float) -> T:
+        """Run `work` (a request's parsing, validation, template and tokenizing) on a worker
+        thread, so that no request's input stalls the Trio thread: other streams and /health.
+
+        Waits for the one preparation slot (`PREPARE_THREADS`). Raises RequestTimeout past
+        `deadline`. Cancellation (a disconnect, the deadline) returns at once and abandons the
+        thread: it runs on to its next `trio.from_thread.check_cancelled()` or its end, and
+        holds the slot until then, so the tokenizer is never used by two threads at once.
+        """
+        with trio.move_on_at(deadline) as scope:
+            return await trio.to_thread.run_sync(work, limiter=self._preparing,
+                                                 abandon_on_cancel=True)
+        assert scope.cancelled_caught
+        raise RequestTimeout(f"the request did not complete within {self.settings.request_timeout:g} s",
+                             code="request_timeout")
 
     def with_extra_processors(self, prepared: Prepared, body: Any) -> Prepared:
         if self.extra_processors is None:
@@ -77,7 +115,7 @@ class Service:
             self._failed("the model failed to load")
             return
         self.engine = engine
-        vocab_size = len(engine.model.tokenizer.get_vocab())
+        vocab_size, max_token_bytes = await trio.to_thread.run_sync(_vocabulary, engine.model.tokenizer)
         self.served = ServedModel(
             name=self.settings.served_model_name or _public_name(self.settings.model),
             aliases=frozenset({self.settings.model or "default", str(engine.model.path)}),
@@ -85,6 +123,7 @@ class Service:
             tokenizer=engine.model.tokenizer,
             context_length=engine.model.context_length,
             vocab_size=vocab_size,
+            max_token_bytes=max_token_bytes,
             grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
         )
@@ -118,6 +157,15 @@ class Service:
             self.state = "draining"
         if self.jobs is not None:
             await self.jobs.drain(grace)
+
+
+def _vocabulary(tokenizer: Any) -> tuple[int, int]:
+    """The vocabulary's size and its longest token in bytes, computed once: `get_vocab()`
+    builds a dict of the whole vocabulary. Tokenizing once here also makes transformers'
+    one-time reset of the tokenizer's truncation state before any request can overlap it."""
+    vocabulary = tokenizer.get_vocab()
+    tokenizer.encode("warm up")
+    return len(vocabulary), longest_token_bytes(vocabulary)
 
 
 def _public_name(model: str | None) -> str:

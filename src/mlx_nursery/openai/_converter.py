@@ -3,7 +3,9 @@
 cattrs by default coerces (`int("5")`, `str(5)`); an API must not: a wrong
 type is a 400 naming the parameter. Unions are resolved by the JSON kind of
 the value (string, number, list, object), which is how OpenAI's schemas are
-written. Structuring errors become `InvalidRequest` with the parameter's path.
+written. Integers are 64-bit, as OpenAI's schemas declare them (int64): a larger one is a
+400 naming its field, never a value that breaks something later. Structuring errors become
+`InvalidRequest` with the parameter's path.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.v import format_exception
 
-from ._errors import InvalidRequest
+from ._errors import InvalidRequest, quoted, shortened
 
 T = TypeVar("T")
 
@@ -31,6 +33,7 @@ _JSON_KIND: dict[type, tuple[type, ...]] = {
     bool: (bool,),
 }
 _KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _strict(kind: type) -> Callable[[Any, Any], Any]:
@@ -40,7 +43,15 @@ def _strict(kind: type) -> Callable[[Any, Any], Any]:
         # bool is an int subclass in Python, never in JSON.
         if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
             raise TypeError(f"expected {_KIND_NAMES[kind]}, got {_json_name(value)}")
-        return kind(value) if kind is float else value
+        if isinstance(value, int) and not isinstance(value, bool):
+            if kind is int and not INT64_MIN <= value <= INT64_MAX:
+                raise ValueError("expected a 64-bit integer (from -2^63 to 2^63-1)")
+            if kind is float:
+                try:
+                    return float(value)
+                except OverflowError:  # an integer beyond a double's range
+                    raise ValueError("the number is too large") from None
+        return value
 
     return structure
 
@@ -85,11 +96,12 @@ converter.register_structure_hook_func(_is_union, _structure_union)
 def _structure_literal(value: Any, tp: Any) -> Any:
     allowed = typing.get_args(tp)
     if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
-        raise ValueError(f"expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+        raise ValueError(f"expected one of {', '.join(repr(a) for a in allowed)}, got {quoted(value)}")
     return value
 
 
-converter.register_structure_hook_func(lambda tp: typing.get_origin(tp) is typing.Literal, _structure_literal)
+converter.register_structure_hook_func(lambda tp: getattr(tp, "__origin__", None) is typing.Literal,
+                                      _structure_literal)
 
 
 def _describe(tp: Any) -> str:
@@ -133,8 +145,8 @@ def _as_invalid(path: str, leaf: BaseException) -> InvalidRequest:
             leaf.param = path
         return leaf
     if isinstance(leaf, ForbiddenExtraKeysError):
-        extra = sorted(leaf.extra_fields)
-        name = f"{path}.{extra[0]}" if path else extra[0]
+        extra = shortened(min(leaf.extra_fields))
+        name = f"{path}.{extra}" if path else extra
         return InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name,
                               code="unknown_parameter")
     if isinstance(leaf, KeyError):

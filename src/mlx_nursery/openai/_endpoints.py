@@ -17,10 +17,10 @@ import attrs
 from ..engine import GenerationRequest
 from . import _params as params
 from ._converter import structure
-from ._errors import InvalidRequest
+from ._errors import InvalidRequest, quoted
 from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
-from ._prompts import completion_tokens, render_chat
+from ._prompts import check_prompt_size, completion_tokens, message_texts, render_chat
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
 from ._structured import response_format_processor
@@ -106,9 +106,12 @@ class Prepared:
                 tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None,
             )
             choice = ChatChoice(0, message, finished.reason, self._logprobs(logprobs, 0))
-            return to_json(ChatCompletion(self.id, self.created, self.model, [choice], usage))
-        choice = CompletionChoice(0, text, finished.reason, self._logprobs(logprobs, 0))
-        return to_json(Completion(self.id, self.created, self.model, [choice], usage))
+            body: dict[str, Any] = to_json(ChatCompletion(self.id, self.created, self.model, [choice],
+                                                          usage))
+            return body
+        text_choice = CompletionChoice(0, text, finished.reason, self._logprobs(logprobs, 0))
+        body = to_json(Completion(self.id, self.created, self.model, [text_choice], usage))
+        return body
 
     def _logprobs(self, entries: Sequence[LogprobEntry], offset: int) -> dict[str, Any] | None:
         if self.token_text is None:
@@ -172,7 +175,7 @@ class Prepared:
     def _chat_chunk(self, delta: ChatDelta, finish_reason: str | None = None,
                     logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         choice = ChunkChoice(0, delta, finish_reason, logprobs)
-        chunk = to_json(ChatCompletionChunk(self.id, self.created, self.model, [choice]))
+        chunk: dict[str, Any] = to_json(ChatCompletionChunk(self.id, self.created, self.model, [choice]))
         # OpenAI sends `usage: null` on every chunk only when usage was asked for.
         if not self.include_usage:
             del chunk["usage"]
@@ -180,8 +183,8 @@ class Prepared:
 
     def _completion_chunk(self, text: str, finish_reason: str | None,
                           logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        chunk = to_json(Completion(self.id, self.created, self.model,
-                                   [CompletionChoice(0, text, finish_reason, logprobs)]))
+        chunk: dict[str, Any] = to_json(Completion(self.id, self.created, self.model,
+                                                   [CompletionChoice(0, text, finish_reason, logprobs)]))
         if not self.include_usage:
             del chunk["usage"]
         return chunk
@@ -190,6 +193,7 @@ class Prepared:
 def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     request = structure(body, ChatCompletionRequest)
     served.check(request.model)
+    check_prompt_size(served, message_texts(request.messages), "messages")
     params.reject_unimplemented(request, _CHAT_UNIMPLEMENTED)
     if request.max_tokens is not None and request.max_completion_tokens is not None:
         params.require(request.max_tokens == request.max_completion_tokens, "max_completion_tokens",
@@ -257,15 +261,25 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
 
 
 def _forced_name(choice: Any, tools: list[dict[str, Any]]) -> str | None:
+    """The function a tool_choice names: chat's `{"type": "function", "function": {"name"}}`
+    or the Responses API's `{"type": "function", "name"}`; None for "required"."""
     if choice == "required":
         return None
     if isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name") or choice.get("name")
+        function = choice.get("function")
+        if function is not None and not isinstance(function, dict):
+            raise InvalidRequest("tool_choice.function must be an object with a name",
+                                 param="tool_choice.function", code="invalid_value")
+        name = (function or {}).get("name", choice.get("name"))
+        if not isinstance(name, str):
+            raise InvalidRequest("tool_choice must name a function (a string)", param="tool_choice",
+                                 code="invalid_value")
         if name in {t["function"]["name"] for t in tools}:
-            return str(name)
-        raise InvalidRequest(f"tool_choice names {name!r}, which is not among the tools",
+            return name
+        raise InvalidRequest(f"tool_choice names {quoted(name)}, which is not among the tools",
                              param="tool_choice", code="invalid_value")
-    raise InvalidRequest(f"invalid tool_choice {choice!r}", param="tool_choice", code="invalid_value")
+    raise InvalidRequest(f"invalid tool_choice {quoted(choice)}", param="tool_choice",
+                         code="invalid_value")
 
 
 def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
@@ -273,8 +287,8 @@ def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
     added = tuple(p for p in processors if p is not None)
     if not added:
         return prepared
-    generation = attrs.evolve(prepared.generation,
-                              logits_processors=(*prepared.generation.logits_processors, *added))
+    chained = (*prepared.generation.logits_processors, *added)
+    generation = attrs.evolve(prepared.generation, logits_processors=chained)
     return attrs.evolve(prepared, generation=generation)
 
 
@@ -283,7 +297,7 @@ def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     served.check(request.model)
     params.reject_unimplemented(request, _COMPLETION_UNIMPLEMENTED)
     common = _common(request, served)
-    tokens = completion_tokens(served.tokenizer, request, served.vocab_size)
+    tokens = completion_tokens(served, request)
     prepared = _prepare("completion", request, served, tokens, request.max_tokens, "max_tokens", common)
     if request.logprobs is not None:
         params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
@@ -324,7 +338,7 @@ class _Common:
 
 def _common(request: SamplingFields, served: ServedModel) -> _Common:
     params.check_n(request.n)
-    sampling = params.sampling_from(request)
+    sampling = params.within_vocab(params.sampling_from(request), served.vocab_size)
     params.validate_vocab(sampling.logit_bias, served.vocab_size)
     stream = bool(request.stream)
     options = request.stream_options
@@ -348,7 +362,9 @@ def _prepare(
 ) -> Prepared:
     room = served.context_length - len(tokens)
     max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
-    generation = GenerationRequest(tokens, max_tokens, sampling=common.sampling, cache_key=cache_key)
+    # attrs' mypy plugin types a `converter=tuple` parameter as Iterable[_T_co], unbound
+    generation = GenerationRequest(tokens, max_tokens, sampling=common.sampling,  # type: ignore[arg-type]
+                                   cache_key=cache_key)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return Prepared(kind, generation, common.stops, common.stream, common.include_usage,
                     request.model, id=new_id(prefix))

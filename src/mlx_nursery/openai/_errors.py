@@ -1,6 +1,39 @@
-"""Errors of the OpenAI layer, each with the HTTP status and envelope fields OpenAI uses."""
+"""Errors of the OpenAI layer, each with the HTTP status and envelope fields OpenAI uses.
+
+Messages quote client values only through `quoted` (a short prefix), and every message and
+`param` is cut at a bound as well: an error never echoes a large body back.
+"""
 
 from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+QUOTE_CHARS = 80
+"""Characters of a client value an error message quotes; longer values end with "…"."""
+MESSAGE_CHARS = 2000
+"""A backstop for whole messages (and params), whatever they quote."""
+
+_REPR = reprlib.Repr()  # keyword arguments only from Python 3.12
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 2, 4, 4
+_REPR.maxstring = _REPR.maxlong = _REPR.maxother = QUOTE_CHARS
+
+
+def shortened(text: str, limit: int = QUOTE_CHARS) -> str:
+    """`text` cut to `limit` characters, with "…" when something was cut."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted(value: Any) -> str:
+    """A client value as an error message quotes it: its repr, at most `QUOTE_CHARS` long.
+
+    Bounded work whatever the value's size: a string is cut before it is repr'd, containers
+    through `reprlib`."""
+    if isinstance(value, str):
+        if len(value) <= QUOTE_CHARS:
+            return repr(value)
+        return repr(value[:QUOTE_CHARS]) + "…"
+    return shortened(_REPR.repr(value))
 
 
 class OpenAIError(Exception):
@@ -8,9 +41,10 @@ class OpenAIError(Exception):
     type = "server_error"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        message = shortened(message, MESSAGE_CHARS)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = None if param is None else shortened(param, MESSAGE_CHARS)
         self.code = code
 
     def envelope(self) -> dict[str, dict[str, str | None]]:
@@ -20,6 +54,26 @@ class OpenAIError(Exception):
 
 class InvalidRequest(OpenAIError):
     status = 400
+    type = "invalid_request_error"
+
+
+class RequestTooLarge(OpenAIError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class UnsupportedMediaType(OpenAIError):
+    status = 415
+    type = "invalid_request_error"
+
+
+class URITooLong(OpenAIError):
+    status = 414
+    type = "invalid_request_error"
+
+
+class HeadersTooLarge(OpenAIError):
+    status = 431
     type = "invalid_request_error"
 
 

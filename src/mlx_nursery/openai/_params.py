@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from ..engine import SamplingParams
-from ._errors import InvalidRequest
+from ._errors import InvalidRequest, quoted
 from ._schemas import SamplingFields
 
 MAX_STOP_STRINGS = 4
+_TOKEN_ID_DIGITS = 10
+"""A logit_bias key longer than this cannot be a token id of any vocabulary (and int() of a
+long digit string is not free)."""
 
 
 def require(condition: bool, param: str, message: str) -> None:
@@ -28,7 +34,7 @@ def reject_unimplemented(request: Any, fields: dict[str, object]) -> None:
         if value is None or value in allowed_values:
             continue
         raise InvalidRequest(
-            f"'{name}' is not supported by this server (got {value!r})",
+            f"'{name}' is not supported by this server (got {quoted(value)})",
             param=name, code="unsupported_parameter",
         )
 
@@ -65,15 +71,25 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
         return None
     bias: dict[int, float] = {}
     for key, value in raw.items():
-        require(key.isdigit(), "logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+        # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+        require(key.isascii() and key.isdigit() and len(key) <= _TOKEN_ID_DIGITS, "logit_bias",
+                f"logit_bias keys must be token ids, got {quoted(key)}")
         require(-100.0 <= value <= 100.0, "logit_bias", "logit_bias values must be between -100 and 100")
         bias[int(key)] = value
     return bias
 
 
-def validate_vocab(bias: dict[int, float] | None, vocab_size: int) -> None:
+def validate_vocab(bias: Mapping[int, float] | None, vocab_size: int) -> None:
     for token in bias or {}:
         require(token < vocab_size, "logit_bias", f"token id {token} is outside the vocabulary ({vocab_size})")
+
+
+def within_vocab(sampling: SamplingParams, vocab_size: int) -> SamplingParams:
+    """`top_k` at or beyond the vocabulary keeps every token: the same distribution as 0
+    (disabled), which is what the engine gets, never a k its top-k cannot take."""
+    if sampling.top_k >= vocab_size:
+        return attrs.evolve(sampling, top_k=0)
+    return sampling
 
 
 def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -1,12 +1,54 @@
-"""Prompts to token ids: chat messages through the model's chat template, raw completion prompts."""
+"""Prompts to token ids: chat messages through the model's chat template, raw completion prompts.
+
+Tokenizing is the costly part of preparing a request (seconds for megabytes of text), so a
+prompt whose text alone is far beyond what the context could hold is refused before it is
+tokenized: no token of the vocabulary covers more than `max_token_bytes` bytes of text, so
+text longer than `context_length * max_token_bytes` bytes cannot fit in the context.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._errors import InvalidRequest
+from ._errors import InvalidRequest, quoted
 from ._schemas import ChatMessage, CompletionRequest
+from ._served import ServedModel
 from ._tools import call_arguments_for_template
+
+
+def longest_token_bytes(vocabulary: Iterable[str | bytes]) -> int:
+    """The most bytes of text one token stands for, bounded from above: a token's UTF-8 length
+    is at least the bytes it decodes to (byte-level BPE: the same or more; SentencePiece's
+    "▁" and "<0x0A>" tokens: more)."""
+    return max((len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass"))
+                for t in vocabulary), default=0)
+
+
+def check_prompt_size(served: ServedModel, texts: Iterable[str], param: str) -> None:
+    """Refuse at once (400, context_length_exceeded) text that could not fit in the context."""
+    if not served.max_token_bytes:
+        return
+    limit = served.context_length * served.max_token_bytes
+    texts = list(texts)
+    chars = sum(len(t) for t in texts)
+    if chars * 4 <= limit:  # UTF-8: at most 4 bytes per character
+        return
+    size = chars if chars > limit else sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    if size > limit:
+        raise InvalidRequest(
+            f"This model's maximum context length is {served.context_length} tokens; the "
+            f"prompt's text ({size} bytes) is far longer than that many tokens can hold.",
+            param=param, code="context_length_exceeded")
+
+
+def message_texts(messages: Iterable[ChatMessage]) -> Iterator[str]:
+    """The text of each message's content (strings and text parts)."""
+    for message in messages:
+        if isinstance(message.content, str):
+            yield message.content
+        elif message.content:
+            yield from (part.text for part in message.content if isinstance(part.text, str))
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -57,13 +99,15 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
         raise InvalidRequest("a tool call needs a function with a name", param=where,
                              code="invalid_value")
     arguments = function.get("arguments", "{}")
+    param = f"{where}.function.arguments"
     if not isinstance(arguments, str):
-        raise InvalidRequest("tool call arguments must be a JSON string",
-                             param=f"{where}.function.arguments", code="invalid_value")
+        raise InvalidRequest("tool call arguments must be a JSON string", param=param,
+                             code="invalid_value")
     return {
         "id": call.get("id"),
         "type": "function",
-        "function": {"name": function["name"], "arguments": call_arguments_for_template(arguments)},
+        "function": {"name": function["name"],
+                     "arguments": call_arguments_for_template(arguments, param)},
     }
 
 
@@ -80,22 +124,24 @@ def _text(where: str, message: ChatMessage) -> str:
     for j, part in enumerate(content):
         if part.type != "text" or part.text is None:
             raise InvalidRequest(
-                f"content parts of type {part.type!r} are not supported (text only)",
+                f"content parts of type {quoted(part.type)} are not supported (text only)",
                 param=f"{where}.content[{j}].type", code="unsupported_content",
             )
         pieces.append(part.text)
     return "".join(pieces)
 
 
-def completion_tokens(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:
+def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[int]:
     prompt = request.prompt
+    vocab_size = served.vocab_size
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise InvalidRequest("one prompt per request is supported (a list of several was given)",
                                  param="prompt", code="unsupported_parameter")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        tokens = list(tokenizer.encode(prompt))
+        check_prompt_size(served, [prompt], "prompt")
+        tokens = list(served.tokenizer.encode(prompt))
     else:
         tokens = list(prompt)
         bad = [t for t in tokens if not 0 <= t < vocab_size]

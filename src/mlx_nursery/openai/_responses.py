@@ -26,10 +26,10 @@ from ._endpoints import (
     with_response_format,
     with_tools,
 )
-from ._errors import InvalidRequest, OpenAIError
+from ._errors import InvalidRequest, OpenAIError, quoted
 from ._generation import Finished
 from ._logprobs import LogprobEntry
-from ._prompts import render_chat
+from ._prompts import check_prompt_size, message_texts, render_chat
 from ._schemas import ChatMessage, SamplingFields
 from ._served import ServedModel
 from ._tools import ToolCallOut
@@ -124,6 +124,7 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
                              param="previous_response_id", code="conversation_too_long")
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     messages = [structure(m, ChatMessage) for m in system + conversation]
+    check_prompt_size(served, message_texts(messages), "input")
     fields = SamplingFields(model=request.model, stream=request.stream, temperature=request.temperature,
                             top_p=request.top_p, user=request.user)
     common = _common(fields, served)
@@ -173,22 +174,49 @@ def _item(where: str, item: dict[str, Any]) -> dict[str, Any]:
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "system", "developer", "assistant"):
-            raise InvalidRequest(f"unknown role {role!r}", param=f"{where}.role", code="invalid_value")
-        return {"type": "message", "id": item.get("id") or item_id("msg"), "role": role,
+            raise InvalidRequest(f"unknown role {quoted(role)}", param=f"{where}.role",
+                                 code="invalid_value")
+        return {"type": "message", "id": _item_id(where, item, "msg"), "role": role,
                 "content": _content_parts(where, item.get("content"), role), "status": "completed"}
     if kind == "function_call":
         _require_str(where, item, "call_id", "name", "arguments")
-        return {"type": "function_call", "id": item.get("id") or item_id("fc"), "call_id": item["call_id"],
+        return {"type": "function_call", "id": _item_id(where, item, "fc"), "call_id": item["call_id"],
                 "name": item["name"], "arguments": item["arguments"], "status": "completed"}
     if kind == "function_call_output":
         _require_str(where, item, "call_id", "output")
-        return {"type": "function_call_output", "id": item.get("id") or item_id("fco"),
+        return {"type": "function_call_output", "id": _item_id(where, item, "fco"),
                 "call_id": item["call_id"], "output": item["output"], "status": "completed"}
     if kind == "reasoning":
-        return {"type": "reasoning", "id": item.get("id") or item_id("rs"),
-                "summary": item.get("summary") or [], **({"content": item["content"]} if item.get("content") else {})}
-    raise InvalidRequest(f"input items of type {kind!r} are not supported", param=f"{where}.type",
+        content = item.get("content")
+        return {"type": "reasoning", "id": _item_id(where, item, "rs"),
+                "summary": _text_parts(f"{where}.summary", item.get("summary")),
+                **({"content": _text_parts(f"{where}.content", content)} if content else {})}
+    raise InvalidRequest(f"input items of type {quoted(kind)} are not supported", param=f"{where}.type",
                          code="unsupported_parameter")
+
+
+def _item_id(where: str, item: dict[str, Any], prefix: str) -> str:
+    given = item.get("id")
+    if given is None or given == "":
+        return item_id(prefix)
+    if not isinstance(given, str):
+        raise InvalidRequest(f"'{where}.id' must be a string", param=f"{where}.id",
+                             code="invalid_value")
+    return given
+
+
+def _text_parts(where: str, parts: Any) -> list[dict[str, Any]]:
+    """A reasoning item's `summary` / `content`: a list of parts, each an object with text."""
+    if parts is None:
+        return []
+    if not isinstance(parts, list):
+        raise InvalidRequest(f"'{where}' must be a list of text parts", param=where,
+                             code="invalid_value")
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"'{where}[{j}]' must be an object with a 'text' string",
+                                 param=f"{where}[{j}]", code="invalid_value")
+    return parts
 
 
 def _content_parts(where: str, content: Any, role: str) -> list[dict[str, Any]]:
@@ -203,7 +231,7 @@ def _content_parts(where: str, content: Any, role: str) -> list[dict[str, Any]]:
     for j, piece in enumerate(content):
         kind = piece.get("type") if isinstance(piece, dict) else None
         if kind not in ("input_text", "output_text", "text") or not isinstance(piece.get("text"), str):
-            raise InvalidRequest(f"content parts of type {kind!r} are not supported (text only)",
+            raise InvalidRequest(f"content parts of type {quoted(kind)} are not supported (text only)",
                                  param=f"{where}.content[{j}].type", code="unsupported_content")
         part = {"type": text_type, "text": piece["text"]}
         parts.append({**part, "annotations": [], "logprobs": []} if role == "assistant" else part)
@@ -417,7 +445,7 @@ def input_items_page(items: list[dict[str, Any]], *, after: str | None, limit: i
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise InvalidRequest(f"no input item {after!r} in this response", param="after",
+            raise InvalidRequest(f"no input item {quoted(after)} in this response", param="after",
                                  code="invalid_value")
         ordered = ordered[ids.index(after) + 1:]
     page = ordered[:limit]

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from ._errors import ModelNotFound
+from ._errors import ModelNotFound, quoted
 from ._wire import ModelCard
 
 
@@ -22,13 +22,16 @@ class ServedModel:
     """Computed once: `get_vocab()` builds a dict of the whole vocabulary (62 ms at 128k
     tokens), far too slow for the request path."""
     default_max_tokens: int | None = None
+    max_token_bytes: int = 0
+    """The most bytes of text one token stands for (`_prompts.longest_token_bytes`), computed
+    once; 0 turns the check of a prompt's size before tokenizing off."""
     grammars: Any = None
     """`_structured.Grammars` for this model's tokenizer (None: structured outputs unavailable)."""
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
             raise ModelNotFound(
-                f"The model '{requested}' does not exist. This server serves: '{self.name}'.",
+                f"The model {quoted(requested)} does not exist. This server serves: '{self.name}'.",
                 param="model", code="model_not_found",
             )
 

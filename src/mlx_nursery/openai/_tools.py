@@ -17,7 +17,8 @@ from typing import Any
 
 import attrs
 
-from ._errors import InvalidRequest
+from ._errors import InvalidRequest, quoted
+from ._json import TOO_DEEP, parse_json
 
 log = logging.getLogger("mlx_nursery.openai")
 
@@ -49,7 +50,7 @@ def normalize_tools(raw: list[Any] | None, param: str = "tools") -> list[dict[st
             raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_value")
         if tool.get("type") != "function":
             raise InvalidRequest(
-                f"tool type {tool.get('type')!r} is not supported; only 'function' tools are",
+                f"tool type {quoted(tool.get('type'))} is not supported; only 'function' tools are",
                 param=f"{where}.type", code="unsupported_parameter",
             )
         spec = tool.get("function", tool)
@@ -67,13 +68,19 @@ def normalize_tools(raw: list[Any] | None, param: str = "tools") -> list[dict[st
     return tools
 
 
-def call_arguments_for_template(arguments: Any) -> Any:
+def call_arguments_for_template(arguments: Any, param: str) -> Any:
     """Templates expect arguments as a mapping (most apply `tojson`): decode a JSON string once,
-    so that it is never encoded twice."""
+    so that it is never encoded twice.
+
+    Decoded within the body's limits (`_json.parse_json`): nesting too deep is a 400 naming
+    `param`; a string that is not JSON otherwise (or holds a lone surrogate) reaches the
+    template as the string it is."""
     if isinstance(arguments, str):
         try:
-            decoded = json.loads(arguments)
-        except json.JSONDecodeError:
+            decoded = parse_json(arguments, param=param)
+        except InvalidRequest as exc:
+            if exc.code == TOO_DEEP:
+                raise
             return arguments
         return decoded if isinstance(decoded, dict) else arguments
     return arguments
