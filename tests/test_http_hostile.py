@@ -98,8 +98,10 @@ def server(tiny_model: Path) -> Iterator[Hosted]:
         trio.from_thread.run_sync(hosted.stop.set, trio_token=hosted.token)
         thread.join(60)
         assert not thread.is_alive()
-    if not started.empty():
-        raise started.get()  # the server's run failed on the way out
+    if not started.empty():  # the server's run failed on the way out
+        failure = started.get()
+        assert isinstance(failure, BaseException)
+        raise failure
 
 
 @pytest.fixture
@@ -231,6 +233,14 @@ CASES: list[tuple[str, str, int, str | None, str | None]] = [
      400, "tool_choice", "invalid_value"),
     (RESPONSES, responses_json(tools=[TOOL], tool_choice={"type": "function", "function": "f"}),
      400, "tool_choice.function", "invalid_value"),
+    (RESPONSES, responses_json(tool_choice={"type": "function", "function": "f"}), 400,
+     "tool_choice.function", "invalid_value"),
+    (RESPONSES, responses_json(tool_choice={"type": "file_search"}), 400, "tool_choice",
+     "invalid_value"),
+    (CHAT, chat_json(tool_choice={"type": "function", "function": {"name": "f"}}), 400,
+     "tool_choice", "invalid_value"),
+    (CHAT, chat_json(tool_choice="required"), 400, "tool_choice", "invalid_value"),
+    (CHAT, chat_json(tool_choice="sometimes"), 400, "tool_choice", "invalid_value"),
     (RESPONSES, responses_json(input=[{"type": "reasoning", "summary": "thinking"}]), 400,
      "input[0].summary", "invalid_value"),
     (RESPONSES, responses_json(input=[{"type": "reasoning", "summary": [1]}]), 400,
@@ -263,6 +273,14 @@ CASES: list[tuple[str, str, int, str | None, str | None]] = [
      "context_length_exceeded"),
     (COMPLETIONS, completions_json(prompt="a" * 600_000), 400, "prompt", "context_length_exceeded"),
     (RESPONSES, responses_json(input="a" * 600_000), 400, "input", "context_length_exceeded"),
+    (CHAT, chat_json(tools=[{"type": "function", "function": {"name": "f", "description": "d" * 600_000}}]),
+     400, "messages", "context_length_exceeded"),
+    (CHAT, chat_json(messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "f", "arguments": json.dumps({"a": "b" * 600_000})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]), 400, "messages",
+     "context_length_exceeded"),
 ]
 
 
@@ -310,7 +328,7 @@ async def test_top_k_beyond_the_vocabulary_is_no_top_k(http: httpx.AsyncClient, 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), [
     (CHAT, {**chat_body(), "model": "m" * 1_000_000}, 404, "model"),
-    (CHAT, chat_body(**{"x" * 1_000_000: 1}), 400, "x" * 80 + "…"),
+    (CHAT, {**chat_body(), "x" * 1_000_000: 1}, 400, "x" * 80 + "…"),
     (CHAT, chat_body(logit_bias={"y" * 1_000_000: 1}), 400, "logit_bias"),
     (CHAT, chat_body(tools=[{"type": "z" * 1_000_000}]), 400, "tools[0].type"),
     (CHAT, {"model": "tiny", "messages": [{"role": "user", "content": [

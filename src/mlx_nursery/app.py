@@ -21,6 +21,7 @@ from .settings import Settings
 log = logging.getLogger("mlx_nursery.http")
 
 REQUEST_ID_HEADER = "x-request-id"
+MAX_REQUEST_ID_CHARS = 128
 
 
 def asgi_app(app: QuartTrio) -> RequestLimits:
@@ -52,7 +53,10 @@ def create_app(settings: Settings | None = None, *,
 
     @app.before_request
     async def assign_request_id() -> None:
-        g.request_id = request.headers.get(REQUEST_ID_HEADER) or f"req_{secrets.token_hex(12)}"
+        given = request.headers.get(REQUEST_ID_HEADER, "")
+        # The client's id, if it is one: it is echoed and logged, so a short printable one.
+        usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
+        g.request_id = given if usable else f"req_{secrets.token_hex(12)}"
 
     @app.after_request
     async def return_request_id(response: Response) -> Response:

@@ -20,7 +20,7 @@ from ._converter import structure
 from ._errors import InvalidRequest, quoted
 from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
-from ._prompts import check_prompt_size, completion_tokens, message_texts, render_chat
+from ._prompts import check_prompt_size, completion_tokens, prompt_texts, render_chat
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
 from ._structured import response_format_processor
@@ -193,7 +193,6 @@ class Prepared:
 def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     request = structure(body, ChatCompletionRequest)
     served.check(request.model)
-    check_prompt_size(served, message_texts(request.messages), "messages")
     params.reject_unimplemented(request, _CHAT_UNIMPLEMENTED)
     if request.max_tokens is not None and request.max_completion_tokens is not None:
         params.require(request.max_tokens == request.max_completion_tokens, "max_completion_tokens",
@@ -204,6 +203,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     )
     common = _common(request, served)
     tools, forced = _offered_tools(request, served)
+    check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
     tokens = render_chat(served.tokenizer, request.messages, tools)
     prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
                         cache_key=request.prompt_cache_key)
@@ -232,10 +232,16 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
     tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
     a named function force exactly one call by constrained decoding, with arguments valid
     against the tool's parameters. `strict: true` is only honoured where decoding is
-    constrained, so with "auto" it is a 400 rather than a promise not kept.
+    constrained, so with "auto" it is a 400 rather than a promise not kept. A tool_choice is
+    checked with or without tools: one that forces a call needs a tool to call.
     """
     tools = normalize_tools(request.tools)
     choice = request.tool_choice
+    forcing = choice not in (None, "auto", "none")
+    name = _forced_name(choice, tools) if forcing else None  # a 400 for any other shape
+    if forcing and not tools:
+        raise InvalidRequest("tool_choice 'required' needs tools to call", param="tool_choice",
+                             code="invalid_value")
     if choice == "none" or not tools:
         return [], None
     tokenizer = served.tokenizer
@@ -244,14 +250,13 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
             f"the model '{served.name}' has no tool-call format that this server can parse",
             param="tools", code="unsupported_parameter",
         )
-    if choice in (None, "auto"):
+    if not forcing:
         for i, raw in enumerate(request.tools or []):
             if isinstance(raw, dict) and (raw.get("function", raw) or {}).get("strict"):
                 raise InvalidRequest(
                     "strict tools are enforced only with tool_choice 'required' or a named "
                     "function", param=f"tools[{i}].strict", code="unsupported_parameter")
         return tools, None
-    name = _forced_name(choice, tools)
     if not getattr(tokenizer.tool_parser, "__module__", "").endswith("json_tools") or served.grammars is None:
         raise InvalidRequest(
             "tool_choice 'required' or a named function is supported for models with the "

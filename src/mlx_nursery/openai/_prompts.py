@@ -8,10 +8,11 @@ text longer than `context_length * max_token_bytes` bytes cannot fit in the cont
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ._errors import InvalidRequest, quoted
+from ._errors import InvalidRequest, quoted, shortened
 from ._schemas import ChatMessage, CompletionRequest
 from ._served import ServedModel
 from ._tools import call_arguments_for_template
@@ -42,13 +43,20 @@ def check_prompt_size(served: ServedModel, texts: Iterable[str], param: str) -> 
             param=param, code="context_length_exceeded")
 
 
-def message_texts(messages: Iterable[ChatMessage]) -> Iterator[str]:
-    """The text of each message's content (strings and text parts)."""
+def prompt_texts(messages: Iterable[ChatMessage], tools: list[dict[str, Any]]) -> Iterator[str]:
+    """The text a chat template certainly renders: message content (strings and text parts),
+    tool calls' arguments, and the tools shown (as JSON, which templates render them as)."""
     for message in messages:
         if isinstance(message.content, str):
             yield message.content
         elif message.content:
             yield from (part.text for part in message.content if isinstance(part.text, str))
+        for call in message.tool_calls or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                yield function["arguments"]
+    if tools:
+        yield json.dumps(tools, ensure_ascii=False)
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -61,7 +69,8 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[st
         tokens = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
                                                **extra)
     except Exception as exc:  # noqa: BLE001 - a template's own check (e.g. role order) is the client's
-        raise InvalidRequest(f"the model's chat template rejected the messages: {exc}",
+        reason = shortened(str(exc), 200)
+        raise InvalidRequest(f"the model's chat template rejected the messages: {reason}",
                              param="messages", code="invalid_value") from None
     # transformers 5 returns a BatchEncoding-like mapping for tokenize=True
     if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):

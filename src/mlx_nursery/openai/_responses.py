@@ -29,7 +29,7 @@ from ._endpoints import (
 from ._errors import InvalidRequest, OpenAIError, quoted
 from ._generation import Finished
 from ._logprobs import LogprobEntry
-from ._prompts import check_prompt_size, message_texts, render_chat
+from ._prompts import check_prompt_size, prompt_texts, render_chat
 from ._schemas import ChatMessage, SamplingFields
 from ._served import ServedModel
 from ._tools import ToolCallOut
@@ -124,11 +124,11 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
                              param="previous_response_id", code="conversation_too_long")
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     messages = [structure(m, ChatMessage) for m in system + conversation]
-    check_prompt_size(served, message_texts(messages), "input")
     fields = SamplingFields(model=request.model, stream=request.stream, temperature=request.temperature,
                             top_p=request.top_p, user=request.user)
     common = _common(fields, served)
     tools, forced = _offered_tools(_ToolView(request), served)
+    check_prompt_size(served, prompt_texts(messages, tools), "input")
     tokens = render_chat(served.tokenizer, messages, tools)
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
                         common, cache_key=request.prompt_cache_key)
@@ -155,8 +155,16 @@ class _ToolView:
 
     @property
     def tool_choice(self) -> Any:
+        """The Responses API's shapes only (`{"type": "function", "name"}`): the response echoes
+        tool_choice, so chat's `{"function": {...}}` form would be echoed in a shape the
+        Responses schema does not have."""
         choice = self.request.tool_choice
-        return choice.get("type") if isinstance(choice, dict) and choice.get("type") in ("none", "auto") else choice
+        if not isinstance(choice, dict):
+            return choice
+        if "function" in choice:
+            raise InvalidRequest("tool_choice names a function as {'type': 'function', 'name': ...}",
+                                 param="tool_choice.function", code="invalid_value")
+        return choice.get("type") if choice.get("type") in ("none", "auto") else choice
 
 
 # -- input ------------------------------------------------------------------------------------
