@@ -106,9 +106,10 @@ async def request_body() -> bytes:
     """The raw body, after the checks that need no parsing.
 
     415 for a Content-Type other than JSON (`application/json`, any parameters, a charset
-    only UTF-8); no Content-Type at all is read as JSON, as curl's `--json`-less scripts and
-    many clients send it. 413 past `--max-request-bytes`: at once when Content-Length says so,
-    else as soon as a chunked body passes it (Quart's MAX_CONTENT_LENGTH counts as it reads).
+    only UTF-8); no Content-Type at all is read as JSON, the only thing these routes take
+    (some clients send raw bytes without one). 413 past `--max-request-bytes`: at once when
+    Content-Length says so, else as soon as a chunked body passes it (Quart's
+    MAX_CONTENT_LENGTH counts as it reads).
     """
     if "Content-Type" in request.headers:
         charset = request.mimetype_params.get("charset", "utf-8").lower()
