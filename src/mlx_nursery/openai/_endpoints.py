@@ -207,7 +207,8 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     tokens = render_chat(served.tokenizer, request.messages, tools)
     prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
                         cache_key=request.prompt_cache_key)
-    prepared = with_response_format(prepared, served, request.response_format, "response_format")
+    prepared = with_response_format(prepared, served, request.response_format, "response_format",
+                                    forced_call=forced is not None)
     prepared = with_processors(prepared, forced)
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
@@ -376,8 +377,16 @@ def _prepare(
 
 
 def with_response_format(prepared: Prepared, served: ServedModel, response_format: Any,
-                         param: str) -> Prepared:
-    """Constrain decoding to `response_format` (a per-request logits processor)."""
+                         param: str, *, forced_call: bool = False) -> Prepared:
+    """Constrain decoding to `response_format` (a per-request logits processor).
+
+    Not together with a forced tool call (`forced_call`): the output is then the call, in the
+    model's markup, which no JSON grammar accepts; two constraints at once would leave no
+    token allowed, and the generation would fail instead of the request."""
+    if forced_call and response_format not in (None, {"type": "text"}):
+        raise InvalidRequest(
+            f"'{param}' cannot be enforced together with tool_choice 'required' or a named "
+            "function", param=param, code="unsupported_parameter")
     if response_format is None or served.grammars is None:
         if response_format not in (None, {"type": "text"}):
             raise InvalidRequest("structured outputs are not available for this model", param=param,

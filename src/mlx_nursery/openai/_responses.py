@@ -132,7 +132,8 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
     tokens = render_chat(served.tokenizer, messages, tools)
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
                         common, cache_key=request.prompt_cache_key)
-    prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format")
+    prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format",
+                                    forced_call=forced is not None)
     prepared = with_processors(prepared, forced)
     if LOGPROBS_INCLUDE in (request.include or []):
         if tools:
