@@ -241,11 +241,7 @@ CASES: list[tuple[str, str, int, str | None, str | None]] = [
      "tool_choice", "invalid_value"),
     (CHAT, chat_json(tool_choice="required"), 400, "tool_choice", "invalid_value"),
     (CHAT, chat_json(tool_choice="sometimes"), 400, "tool_choice", "invalid_value"),
-    (CHAT, chat_json(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}),
-     400, "response_format", "unsupported_parameter"),
-    (RESPONSES, responses_json(tools=[TOOL], tool_choice="required",
-                               text={"format": {"type": "json_object"}}),
-     400, "text.format", "unsupported_parameter"),
+
     (RESPONSES, responses_json(input=[{"type": "reasoning", "summary": "thinking"}]), 400,
      "input[0].summary", "invalid_value"),
     (RESPONSES, responses_json(input=[{"type": "reasoning", "summary": [1]}]), 400,
@@ -313,6 +309,36 @@ async def test_the_depth_limit_is_exact(http: httpx.AsyncClient) -> None:
     assert (await http.post(CHAT, json=body(MAX_JSON_DEPTH))).status_code == 200
     assert_envelope(await http.post(CHAT, json=body(MAX_JSON_DEPTH + 1)), 400,
                     "messages[1].tool_calls[0].function.arguments", "json_too_deep")
+
+
+@pytest.mark.parametrize("path", [CHAT, RESPONSES])
+async def test_a_forced_call_with_a_json_format_is_the_call(http: httpx.AsyncClient, path: str) -> None:
+    """Both constrain the output; the call wins (it leaves no content to format). Applied
+    together, the two grammars left no token allowed and the generation failed (a 500)."""
+    function = {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}}, "required": ["zone"],
+        "additionalProperties": False}}
+    tools = [{"type": "function", "function": function}] if path == CHAT else [
+        {"type": "function", **function}]
+    fields = {"tools": tools, "tool_choice": "required", "temperature": 0}
+    if path == CHAT:
+        body = chat_body(max_tokens=120, response_format={"type": "json_object"}, **fields)
+    else:
+        body = {"model": "tiny", "input": "hi", "max_output_tokens": 120,
+                "text": {"format": {"type": "json_object"}}, **fields}
+    response = await http.post(path, json=body)
+    assert response.status_code == 200, response.text
+    if path == CHAT:
+        calls = response.json()["choices"][0]["message"]["tool_calls"]
+    else:
+        calls = [item for item in response.json()["output"] if item["type"] == "function_call"]
+    assert len(calls) == 1
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "format": "not-a-format"}}}
+    assert_envelope(await http.post(CHAT, json=chat_body(response_format=bad_schema, tools=[TOOL],
+                                                         tool_choice="required")),
+                    400, "response_format.json_schema.schema")
+    await assert_still_serving(http)
 
 
 @pytest.mark.parametrize("top_k", [VOCAB, VOCAB + 1, 2**62])

@@ -380,16 +380,14 @@ def with_response_format(prepared: Prepared, served: ServedModel, response_forma
                          param: str, *, forced_call: bool = False) -> Prepared:
     """Constrain decoding to `response_format` (a per-request logits processor).
 
-    Not together with a forced tool call (`forced_call`): the output is then the call, in the
-    model's markup, which no JSON grammar accepts; two constraints at once would leave no
-    token allowed, and the generation would fail instead of the request."""
-    if forced_call and response_format not in (None, {"type": "text"}):
-        raise InvalidRequest(
-            f"'{param}' cannot be enforced together with tool_choice 'required' or a named "
-            "function", param=param, code="unsupported_parameter")
+    With a forced tool call (`forced_call`) the output is the call and no content, which the
+    format holds for trivially: it is checked (a bad schema is still a 400) but not applied.
+    Applied, its grammar would refuse the call's markup, leave no token allowed beside the
+    call's grammar, and fail the generation."""
     if response_format is None or served.grammars is None:
         if response_format not in (None, {"type": "text"}):
             raise InvalidRequest("structured outputs are not available for this model", param=param,
                                  code="unsupported_parameter")
         return prepared
-    return with_processors(prepared, response_format_processor(served.grammars, response_format, param))
+    processor = response_format_processor(served.grammars, response_format, param)
+    return prepared if forced_call else with_processors(prepared, processor)
