@@ -320,7 +320,7 @@ async def test_a_forced_call_with_a_json_format_is_the_call(http: httpx.AsyncCli
         "additionalProperties": False}}
     tools = [{"type": "function", "function": function}] if path == CHAT else [
         {"type": "function", **function}]
-    fields = {"tools": tools, "tool_choice": "required", "temperature": 0}
+    fields: dict[str, Any] = {"tools": tools, "tool_choice": "required", "temperature": 0}
     if path == CHAT:
         body = chat_body(max_tokens=120, response_format={"type": "json_object"}, **fields)
     else:
