@@ -341,6 +341,24 @@ async def test_a_forced_call_with_a_json_format_is_the_call(http: httpx.AsyncCli
     await assert_still_serving(http)
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 1e-50, 1 / VOCAB])
+@pytest.mark.parametrize("constrained", [False, True], ids=["free", "json_schema"])
+async def test_a_vanishing_top_p_keeps_the_most_likely_token(http: httpx.AsyncClient, top_p: float,
+                                                            constrained: bool) -> None:
+    """As greedy decoding does. A top_p that is 0 in float32 made the filter drop every token:
+    random output, and a 500 under a grammar."""
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a"], "additionalProperties": False}
+    extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+             } if constrained else {}
+    tiny = await http.post(CHAT, json=chat_body("hi", max_tokens=6, temperature=1.0, seed=3,
+                                                top_p=top_p, **extra))
+    assert tiny.status_code == 200, tiny.text
+    greedy = await http.post(CHAT, json=chat_body("hi", max_tokens=6, temperature=0, **extra))
+    assert tiny.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+    await assert_still_serving(http)
+
+
 @pytest.mark.parametrize("top_k", [VOCAB, VOCAB + 1, 2**62])
 async def test_top_k_beyond_the_vocabulary_is_no_top_k(http: httpx.AsyncClient, top_k: int) -> None:
     """Same distribution as top_k 0: with a seed, the same tokens; and the engine stays healthy

@@ -85,10 +85,17 @@ def validate_vocab(bias: Mapping[int, float] | None, vocab_size: int) -> None:
 
 
 def within_vocab(sampling: SamplingParams, vocab_size: int) -> SamplingParams:
-    """`top_k` at or beyond the vocabulary keeps every token: the same distribution as 0
-    (disabled), which is what the engine gets, never a k its top-k cannot take."""
+    """Filters the engine gets in the range its float32 arithmetic handles, same tokens kept.
+
+    `top_k` at or beyond the vocabulary keeps every token: the same as 0 (disabled), never a
+    k its top-k cannot take. `top_p` below 1 / vocab_size keeps only the most likely token,
+    as 1 / vocab_size does (the most likely token's share of the mass is at least that); a
+    much smaller one (the API allows 1e-300) is 0 in float32, and the filter dropped every
+    token."""
     if sampling.top_k >= vocab_size:
-        return attrs.evolve(sampling, top_k=0)
+        sampling = attrs.evolve(sampling, top_k=0)
+    if sampling.top_p < 1 / vocab_size:
+        sampling = attrs.evolve(sampling, top_p=1 / vocab_size)
     return sampling
 
 
