@@ -341,18 +341,22 @@ async def test_a_forced_call_with_a_json_format_is_the_call(http: httpx.AsyncCli
     await assert_still_serving(http)
 
 
-@pytest.mark.parametrize("top_p", [1e-300, 1e-50, 1 / VOCAB])
+@pytest.mark.parametrize("vanishing", [{"top_p": 1e-300}, {"top_p": 1e-50}, {"top_p": 1 / VOCAB},
+                                       {"temperature": 5e-324}, {"temperature": 1e-40}],
+                         ids=["top_p=1e-300", "top_p=1e-50", "top_p=1/V", "T=5e-324", "T=1e-40"])
 @pytest.mark.parametrize("constrained", [False, True], ids=["free", "json_schema"])
-async def test_a_vanishing_top_p_keeps_the_most_likely_token(http: httpx.AsyncClient, top_p: float,
-                                                            constrained: bool) -> None:
-    """As greedy decoding does. A top_p that is 0 in float32 made the filter drop every token:
-    random output, and a 500 under a grammar."""
+async def test_vanishing_top_p_or_temperature_is_greedy(http: httpx.AsyncClient,
+                                                        vanishing: dict[str, float],
+                                                        constrained: bool) -> None:
+    """The most likely token each time, as greedy decoding. Values that are 0 (or whose
+    inverse is inf) in float32 made the engine drop every token or draw from NaN: random
+    output, and a 500 under a grammar."""
     schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
               "required": ["a"], "additionalProperties": False}
     extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
              } if constrained else {}
-    tiny = await http.post(CHAT, json=chat_body("hi", max_tokens=6, temperature=1.0, seed=3,
-                                                top_p=top_p, **extra))
+    tiny = await http.post(CHAT, json=chat_body("hi", max_tokens=6, **{"temperature": 1.0, "seed": 3,
+                                                                      **vanishing, **extra}))
     assert tiny.status_code == 200, tiny.text
     greedy = await http.post(CHAT, json=chat_body("hi", max_tokens=6, temperature=0, **extra))
     assert tiny.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]

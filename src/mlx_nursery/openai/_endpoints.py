@@ -344,7 +344,7 @@ class _Common:
 
 def _common(request: SamplingFields, served: ServedModel) -> _Common:
     params.check_n(request.n)
-    sampling = params.within_vocab(params.sampling_from(request), served.vocab_size)
+    sampling = params.for_engine(params.sampling_from(request), served.vocab_size)
     params.validate_vocab(sampling.logit_bias, served.vocab_size)
     stream = bool(request.stream)
     options = request.stream_options

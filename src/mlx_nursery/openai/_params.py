@@ -84,18 +84,27 @@ def validate_vocab(bias: Mapping[int, float] | None, vocab_size: int) -> None:
         require(token < vocab_size, "logit_bias", f"token id {token} is outside the vocabulary ({vocab_size})")
 
 
-def within_vocab(sampling: SamplingParams, vocab_size: int) -> SamplingParams:
-    """Filters the engine gets in the range its float32 arithmetic handles, same tokens kept.
+MIN_TEMPERATURE = 1e-30
+"""Below this, temperature is 0 (greedy, its limit): the engine draws from
+`logprobs * (1 / temperature)` in float32, which must stay finite (5e-324, which JSON and
+the API allow, made it inf * 0: NaN, and a random token)."""
+
+
+def for_engine(sampling: SamplingParams, vocab_size: int) -> SamplingParams:
+    """The sampling parameters in the range the engine's float32 arithmetic handles, with the
+    same tokens kept.
 
     `top_k` at or beyond the vocabulary keeps every token: the same as 0 (disabled), never a
     k its top-k cannot take. `top_p` below 1 / vocab_size keeps only the most likely token,
     as 1 / vocab_size does (the most likely token's share of the mass is at least that); a
     much smaller one (the API allows 1e-300) is 0 in float32, and the filter dropped every
-    token."""
+    token. A temperature below MIN_TEMPERATURE is greedy decoding."""
     if sampling.top_k >= vocab_size:
         sampling = attrs.evolve(sampling, top_k=0)
     if sampling.top_p < 1 / vocab_size:
         sampling = attrs.evolve(sampling, top_p=1 / vocab_size)
+    if 0 < sampling.temperature < MIN_TEMPERATURE:
+        sampling = attrs.evolve(sampling, temperature=0.0)
     return sampling
 
 
