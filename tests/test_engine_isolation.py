@@ -283,3 +283,14 @@ async def test_a_constrained_sequence_is_replayed_with_its_grammar_in_step(engin
     assert runs[0].tokens == alone.tokens
     stats = engine.statistics().worker
     assert stats is not None and stats.replays >= 1
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1e-300, seed=1),
+                                      SamplingParams(temperature=1.0, top_p=1e-300, seed=1)],
+                         ids=["tiny temperature", "tiny top_p"])
+async def test_vanishing_temperature_or_top_p_is_argmax(engine: Engine, sampling: SamplingParams) -> None:
+    greedy = await collect(engine, request(engine, PROMPTS[3], max_tokens=12, ignore_eos=True))
+    vanishing = await collect(engine, request(engine, PROMPTS[3], max_tokens=12, ignore_eos=True,
+                                              sampling=sampling))
+    assert vanishing.tokens == greedy.tokens
+    assert_serving(engine)

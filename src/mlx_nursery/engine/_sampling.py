@@ -59,6 +59,8 @@ def _top_p(logprobs: mx.array, top_p: mx.array) -> mx.array:
     mass_above = mx.cumsum(sorted_probs, axis=-1, reverse=True, inclusive=False)
     total_mass = mass_above[..., :1] + sorted_probs[..., :1]
     num_dropped = (mass_above >= top_p * total_mass).sum(axis=-1, keepdims=True)
+    # A top_p that underflows drops everything: keep the most likely token, as top_p -> 0 does.
+    num_dropped = mx.minimum(num_dropped, logprobs.shape[-1] - 1)
     threshold = mx.take_along_axis(sorted_logprobs, num_dropped, axis=-1)
     return mx.where(logprobs < threshold, -float("inf"), logprobs)
 
@@ -127,8 +129,13 @@ class GuardedSampler:
         return mx.argmax(logprobs, axis=-1)
 
 
+_GREEDY_BELOW = 1e-30
+"""Temperatures this small are argmax: their inverse overflows float32, and logits times
+infinity are no distribution."""
+
+
 def make_request_sampler(params: SamplingParams, failures: list[BaseException]) -> Sampler:
-    if params.temperature == 0.0:
+    if params.temperature < _GREEDY_BELOW:
         return greedy_sampler  # shared object: the batch samples greedy rows in one call
     return GuardedSampler(KeyedSampler(params), failures)
 
