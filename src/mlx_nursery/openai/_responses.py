@@ -26,7 +26,7 @@ from ._endpoints import (
     with_response_format,
     with_tools,
 )
-from ._errors import InvalidRequest, OpenAIError, quoted
+from ._errors import InvalidRequest, OpenAIError, quoted, shortened
 from ._generation import Finished
 from ._logprobs import LogprobEntry
 from ._prompts import check_prompt_size, prompt_texts, render_chat
@@ -96,7 +96,39 @@ def parse_request(body: Any) -> ResponsesRequest:
                        f"top_logprobs needs include: ['{LOGPROBS_INCLUDE}']")
     if request.metadata is not None and len(request.metadata) > 16:
         raise InvalidRequest("metadata takes at most 16 keys", param="metadata", code="invalid_value")
+    _check_text(request.text)
     return request
+
+
+_FORMAT_FIELDS: dict[str, tuple[type, ...]] = {"type": (str,), "name": (str,), "description": (str,),
+                                               "schema": (dict,), "strict": (bool,)}
+
+
+def _check_text(text: dict[str, Any] | None) -> None:
+    """`text` is echoed in the response: only its fields, of their types. (The format's
+    meaning is checked where it becomes a grammar, `_structured`.)"""
+    for key, value in (text or {}).items():
+        if key == "verbosity" and value is not None:  # as chat's `verbosity`
+            raise InvalidRequest(f"'text.verbosity' is not supported by this server (got {quoted(value)})",
+                                 param="text.verbosity", code="unsupported_parameter")
+        if key not in ("format", "verbosity"):
+            raise InvalidRequest(f"Unrecognized request argument supplied: text.{shortened(key)}",
+                                 param=f"text.{shortened(key)}", code="unknown_parameter")
+    form = (text or {}).get("format")
+    if not isinstance(form, dict):
+        return  # None is the default; anything else is refused by `_structured`
+    for key, value in form.items():
+        kinds = _FORMAT_FIELDS.get(key)
+        if kinds is None:
+            raise InvalidRequest(f"Unrecognized request argument supplied: text.format.{shortened(key)}",
+                                 param=f"text.format.{shortened(key)}", code="unknown_parameter")
+        if value is not None and not isinstance(value, kinds):
+            raise InvalidRequest(f"'text.format.{key}' must be {_KIND_NAMES[kinds[0]]}",
+                                 param=f"text.format.{key}", code="invalid_value")
+
+
+_KIND_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
+
 
 
 @attrs.frozen
