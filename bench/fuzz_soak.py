@@ -239,7 +239,12 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
 
     def run_one(case: Case, flavour: str) -> None:
         nonlocal target
-        outcome = target.run(case)
+        try:
+            outcome = target.run(case)
+        except Exception as exc:  # noqa: BLE001 - a case this client cannot send: count it, go on
+            outcome = Outcome(case)
+            outcome.add("unsent", f"{type(exc).__name__}: {exc}")
+            outcome.health = target.health()
         record.add(outcome, flavour)
         if outcome.health != 200:  # an engine death: count it, then go on with a fresh server
             print(f"  engine death after: {outcome.report()[:400]}", flush=True)
@@ -249,6 +254,24 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
         if record.cases % 500 == 0:
             print(f"  {record.cases} cases, {time.monotonic() - started:.0f} s, problems {dict(record.problems)}",
                   flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(summary(), indent=2, ensure_ascii=False) + "\n")
+
+    def summary(exit_status: int | None = None) -> dict[str, Any]:
+        where = origins(log.read_text(errors="replace"))
+        failures = [{"signature": key, "count": entry["count"], "smallest": entry["example"],
+                     "detail": entry["detail"], "origin": where.get(entry["request_id"] or "")}
+                    for key, entry in sorted(record.failures.items(), key=lambda kv: -kv[1]["count"])]
+        return {
+            "machine": machine(), "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
+            "cases": record.cases, "by_flavour": dict(record.by_flavour), "streams": record.streams,
+            "statuses": dict(sorted(record.statuses.items())), "problems": dict(record.problems),
+            "non_2xx": record.non_2xx, "envelopes": record.envelopes,
+            "envelope_share": round(record.envelopes / record.non_2xx, 4) if record.non_2xx else None,
+            "engine_deaths": record.deaths, "server_starts": server.starts, "server_exit": exit_status,
+            "slowest_cases": [{"s": round(s, 2), "case": c} for s, c in record.slowest],
+            "failures": failures, "server_log": str(log),
+        }
 
     for flavour, share in FLAVOURS.items():
         count = round(args.cases * share)
@@ -261,24 +284,9 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
 
             drive = seed(args.seed)(drive)
         drive()
-    wall = time.monotonic() - started
     target.close()
     exit_status = server.stop()
-    where = origins(log.read_text(errors="replace"))
-    failures = []
-    for key, entry in sorted(record.failures.items(), key=lambda kv: -kv[1]["count"]):
-        failures.append({"signature": key, "count": entry["count"], "smallest": entry["example"],
-                         "detail": entry["detail"], "origin": where.get(entry["request_id"] or "", None)})
-    return {
-        "machine": machine(), "command": " ".join(sys.argv), "wall_s": round(wall, 1),
-        "cases": record.cases, "by_flavour": dict(record.by_flavour), "streams": record.streams,
-        "statuses": dict(sorted(record.statuses.items())), "problems": dict(record.problems),
-        "non_2xx": record.non_2xx, "envelopes": record.envelopes,
-        "envelope_share": round(record.envelopes / record.non_2xx, 4) if record.non_2xx else None,
-        "engine_deaths": record.deaths, "server_starts": server.starts, "server_exit": exit_status,
-        "slowest_cases": [{"s": round(s, 2), "case": c} for s, c in record.slowest],
-        "failures": failures, "server_log": str(log),
-    }
+    return summary(exit_status)
 
 
 # -- soak ------------------------------------------------------------------------------------

@@ -946,9 +946,9 @@ class Target(Judge):
 
     def run(self, case: Case) -> Outcome:
         outcome = Outcome(case)
-        headers = dict(case.headers)
+        headers = {name: value.encode("latin-1") for name, value in case.headers}  # bytes: sent as they are
         if case.content_type is not None:
-            headers["content-type"] = case.content_type
+            headers["content-type"] = case.content_type.encode("latin-1")
         path = case.url.replace("{stored}", self.stored[-1] if self.stored else "resp_none")
         started = time.monotonic()
         try:
