@@ -14,8 +14,12 @@ from .http_helpers import chat_body, engine_of, running_server, sse_events, vali
 
 def _check_entries(content: str, entries: list[dict[str, Any]], top: int, greedy: bool) -> None:
     assert "".join(e["token"] for e in entries) == content
+    # Each entry's bytes are its token's own: together they decode to the content (invalid
+    # sequences a random model emits become U+FFFD there, as in the content).
+    assert bytes(b for e in entries for b in e["bytes"]).decode("utf-8", "replace") == content
     for entry in entries:
-        assert entry["bytes"] == list(entry["token"].encode())
+        if entry["bytes"] and not entry["token"]:
+            assert bytes(entry["bytes"]).decode("utf-8", "replace").endswith("\ufffd")
         assert entry["logprob"] <= 0.0
         assert len(entry["top_logprobs"]) == top
         values = [t["logprob"] for t in entry["top_logprobs"]]
@@ -161,3 +165,40 @@ async def test_default_interval_follows_the_number_of_open_streams(tiny_model: P
                  if c["choices"] and c["choices"][0].get("logprobs")]
     assert sum(per_write) == 13
     assert all(n >= 3 for n in per_write[1:-1]), per_write
+
+
+async def test_logprob_bytes_are_the_tokens_own_bytes(tiny_model: Path) -> None:
+    """The random model emits tokens that hold parts of multi-byte characters: their text is
+    "" until a later token completes the character, but their bytes are what they hold."""
+    fields = {"max_tokens": 48, "temperature": 1.0, "logprobs": True, "top_logprobs": 2}
+    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+        split = []
+        for seed in range(8):
+            reply = (await http.post("/v1/chat/completions",
+                                     json=chat_body("Tell a tale.", seed=seed, **fields))).json()
+            choice = reply["choices"][0]
+            entries = choice["logprobs"]["content"]
+            _check_entries(choice["message"]["content"], entries, 2, greedy=False)
+            split += [e for e in entries if e["bytes"] and not e["token"]]
+            for entry in entries:
+                for alternative in entry["top_logprobs"]:  # alternatives are whole tokens
+                    assert bytes(alternative["bytes"]).decode("utf-8", "replace") == alternative["token"]
+    assert split, "the random model should split characters across tokens"
+
+
+async def test_completions_text_is_the_exact_continuation(tiny_model: Path) -> None:
+    """prompt + text is the whole: a first token with a leading space keeps it."""
+    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+        tokenizer = engine_of(server).model.tokenizer
+        space_first = [t for t in range(300, 2000) if tokenizer.decode([t]).startswith(" ")
+                       and tokenizer.decode([t]).strip().isalpha()][0]
+        body = {"model": "tiny", "prompt": "Hello, my name is", "max_tokens": 3, "temperature": 0,
+                "logprobs": 1, "logit_bias": {str(space_first): 100}}
+        reply = (await http.post("/v1/completions", json=body)).json()
+        chat = (await http.post("/v1/chat/completions", json=chat_body(
+            "hi", max_tokens=3, temperature=0, logit_bias={str(space_first): 100}))).json()
+    choice = reply["choices"][0]
+    word = tokenizer.decode([space_first])
+    assert choice["text"] == word * 3
+    assert choice["logprobs"]["tokens"] == [word] * 3
+    assert chat["choices"][0]["message"]["content"] == (word * 3)[1:]  # a chat reply drops it

@@ -26,6 +26,7 @@ mlx-lm's quirks, is reproduced, and a test compares both on random token runs.
 from __future__ import annotations
 
 import codecs
+import re
 from typing import Any
 
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer
@@ -40,17 +41,23 @@ _JOIN_AFTER = 256
 """Segments kept as pieces before they are joined into one string (see the module's doc)."""
 
 
-def make_detokenizer(tokenizer: Any) -> StreamingDetokenizer:
-    """A fresh streaming detokenizer for one request (`tokenizer` is mlx-lm's wrapper)."""
+def make_detokenizer(tokenizer: Any, *, trim_space: bool = True) -> StreamingDetokenizer:
+    """A fresh streaming detokenizer for one request (`tokenizer` is mlx-lm's wrapper).
+
+    `trim_space` drops one space from the start of the text, as mlx-lm's detokenizers do;
+    without it the text is the exact continuation of the prompt."""
     detokenizer = tokenizer.detokenizer
     if isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None:
-        return LinearBPEDetokenizer(detokenizer.tokenmap)
+        return LinearBPEDetokenizer(detokenizer.tokenmap, trim_space=trim_space)
+    if hasattr(detokenizer, "trim_space"):  # mlx-lm's SentencePiece detokenizer
+        detokenizer.trim_space = trim_space
     return detokenizer
 
 
 class LinearBPEDetokenizer(StreamingDetokenizer):
-    def __init__(self, tokenmap: list[str]) -> None:
+    def __init__(self, tokenmap: list[str], *, trim_space: bool = True) -> None:
         self._tokenmap = tokenmap  # shared, read-only: the wrapper's copy for this tokenizer
+        self._trim_space = trim_space
         self._byte_of: dict[str, int] = _byte_decoder()
         self.reset()
 
@@ -116,10 +123,59 @@ class LinearBPEDetokenizer(StreamingDetokenizer):
         return segment
 
     def _flush(self, text: str) -> None:
-        if text and text[0] == " " and not (self._read or self._unread):
+        if self._trim_space and text and text[0] == " " and not (self._read or self._unread):
             text = text[1:]
         if text:
             self._unread.append(text)
         self._held_chars = []
         self._held_text = []
         self._decoder.reset()
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_SPM_SPACE = "\u2581"
+
+
+class TokenBytes:
+    """A token id's exact bytes: what it stands for in the text, a partial UTF-8 sequence
+    included (logprobs' `bytes`, from which clients rebuild characters split across tokens).
+
+    Byte-level BPE: the token's characters through the GPT-2 byte table, as the detokenizer
+    maps them. SentencePiece: `<0xNN>` pieces are that byte, `▁` a space. Computed per
+    token on first use and kept (at most one entry per vocabulary id)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        detokenizer = tokenizer.detokenizer
+        bpe = isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None
+        self._tokenmap: list[str] | None = detokenizer.tokenmap if bpe else None
+        self._byte_of: dict[str, int] = _byte_decoder() if bpe else {}
+        self._known: dict[int, bytes] = {}
+
+    def __call__(self, token: int) -> bytes:
+        known = self._known.get(token)
+        if known is None:
+            known = self._known[token] = self._bytes(token)
+        return known
+
+    def _bytes(self, token: int) -> bytes:
+        if self._tokenmap is not None:
+            chars = self._tokenmap[token] if 0 <= token < len(self._tokenmap) else ""
+            data = bytearray()
+            for c in chars:
+                value = self._byte_of.get(c)
+                # As the detokenizer's text has it: outside the table (a special token's
+                # text), and the table's byte 0 (mlx-lm's quirk), a character keeps its UTF-8.
+                if value:
+                    data.append(value)
+                else:
+                    data.extend(c.encode("utf-8"))
+            return bytes(data)
+        piece = self._tokenizer.convert_ids_to_tokens(token)
+        if isinstance(piece, str):
+            byte = _BYTE_PIECE.fullmatch(piece)
+            if byte:
+                return bytes([int(byte.group(1), 16)])
+            if _SPM_SPACE in piece:
+                return piece.replace(_SPM_SPACE, " ").encode("utf-8")
+        return str(self._tokenizer.decode([token])).encode("utf-8", "replace")

@@ -282,7 +282,8 @@ class Engine:
 
     def _new_handle(self, request: GenerationRequest) -> _Handle:
         send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
-        return _Handle(next(self._ids), request, send, receive, make_detokenizer(self.model.tokenizer))
+        detokenizer = make_detokenizer(self.model.tokenizer, trim_space=request.trim_leading_space)
+        return _Handle(next(self._ids), request, send, receive, detokenizer)
 
     async def _acquire_lane(self, handle: _Handle) -> None:
         with trio.CancelScope() as waiting:

@@ -61,6 +61,9 @@ class GenerationRequest:
     ignore_eos: bool = False
     logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=tuple)
     logprobs: int | None = attrs.field(default=None, validator=v.optional(v.and_(v.ge(0), v.le(20))))
+    trim_leading_space: bool = False
+    """Drop one space from the start of the text (a chat reply); False gives the exact
+    continuation of the prompt (a completion), whatever its first token begins with."""
     cache_key: str | None = None
 
 

@@ -25,6 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..models import LoadedModel, load_model
 from ._config import EngineConfig
+from ._detokenizer import TokenBytes
 from ._prefix_cache import CacheHit, PrefixCache, PrefixCacheStats
 from ._sampling import make_request_processors, make_request_sampler, rewind_sampler
 from ._solo import SoloSequence
@@ -120,6 +121,8 @@ class ModelInfo:
     tokenizer: Any
     context_length: int
     eos_token_ids: frozenset[int]
+    token_bytes: Callable[[int], bytes]
+    """A token id's exact bytes (`_detokenizer.TokenBytes`)."""
 
 
 @attrs.define
@@ -258,6 +261,7 @@ class Worker:
             tokenizer=self._model.tokenizer,
             context_length=self._model.context_length,
             eos_token_ids=self._eos,
+            token_bytes=TokenBytes(self._model.tokenizer),
         )
 
     def _new_generator(self) -> BatchGenerator:

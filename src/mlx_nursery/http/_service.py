@@ -124,6 +124,7 @@ class Service:
             context_length=engine.model.context_length,
             vocab_size=vocab_size,
             max_token_bytes=max_token_bytes,
+            token_bytes=engine.model.token_bytes,
             grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
         )

@@ -82,9 +82,13 @@ class Prepared:
     parallel_tool_calls: bool = True
     token_text: Any = None
     """Decodes one token id; set when logprobs were asked for."""
+    token_bytes: Any = None
+    """A token id's exact bytes; set when logprobs were asked for."""
 
     def logprob_aligner(self) -> LogprobAligner | None:
-        return LogprobAligner(self.token_text) if self.token_text is not None else None
+        if self.token_text is None:
+            return None
+        return LogprobAligner(self.token_text, self.token_bytes)
 
     def tool_extractor(self) -> ToolCallExtractor | None:
         if not self.tools or self.tool_markup is None:
@@ -123,7 +127,7 @@ class Prepared:
             offsets.append(position)
             position += len(entry.token)
         return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [dict(e.top) for e in entries], "text_offset": offsets}
+                "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries], "text_offset": offsets}
 
     # -- streaming --------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict[str, Any]]:
@@ -330,8 +334,9 @@ def with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> P
         return prepared
     tokenizer = served.tokenizer
     generation = attrs.evolve(prepared.generation, logprobs=top)
+    token_bytes = served.token_bytes or (lambda token: tokenizer.decode([token]).encode())
     return attrs.evolve(prepared, generation=generation,
-                        token_text=lambda token: tokenizer.decode([token]))
+                        token_text=lambda token: tokenizer.decode([token]), token_bytes=token_bytes)
 
 
 @attrs.frozen
@@ -369,8 +374,9 @@ def _prepare(
     room = served.context_length - len(tokens)
     max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
     # attrs' mypy plugin types a `converter=tuple` parameter as Iterable[_T_co], unbound
+    # A chat reply drops one leading space; a completion is the exact continuation of its prompt.
     generation = GenerationRequest(tokens, max_tokens, sampling=common.sampling,  # type: ignore[arg-type]
-                                   cache_key=cache_key)
+                                   cache_key=cache_key, trim_leading_space=kind == "chat")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return Prepared(kind, generation, common.stops, common.stream, common.include_usage,
                     request.model, id=new_id(prefix))

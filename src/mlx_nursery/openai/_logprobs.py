@@ -5,6 +5,12 @@ later and may be cut (a stop string) but is always a prefix of the concatenated 
 `LogprobAligner` hands out a token's entry once all of its text has been emitted, so the
 entries' tokens concatenate to exactly the content; a token cut by a stop string keeps only
 its emitted part.
+
+`bytes` are the token's own bytes, not the UTF-8 of its text: a token holding part of a
+multi-byte character has the text "" (its character comes out with the token that
+completes it) and the bytes it stands for, so the entries' bytes concatenate to the UTF-8
+of the content. Two exceptions keep that true: a token cut by a stop string has the bytes
+of its emitted part, and a chat reply's first token loses the space its text lost.
 """
 
 from __future__ import annotations
@@ -22,16 +28,21 @@ from ..engine import TokenLogprob
 class LogprobEntry:
     token: str
     logprob: float
-    top: tuple[tuple[str, float], ...]
+    top: tuple[tuple[str, float, bytes], ...]
+    """(token text, logprob, token bytes), most likely first."""
+    bytes: bytes = b""
 
     def chat(self) -> dict[str, Any]:
-        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.token.encode()),
-                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in self.top]}
+        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in self.top]}
 
 
 class LogprobAligner:
-    def __init__(self, token_text: Callable[[int], str]) -> None:
+    def __init__(self, token_text: Callable[[int], str],
+                 token_bytes: Callable[[int], bytes] | None = None) -> None:
         self._token_text = token_text
+        self._token_bytes = token_bytes or (lambda token: token_text(token).encode())
+        self._first = True
         self._pending: deque[tuple[str, TokenLogprob]] = deque()
         self._raw_popped = 0  # chars of the pending tokens' text already handed out
         self._emitted = 0
@@ -54,10 +65,15 @@ class LogprobAligner:
         entries = []
         if self._pending and self._raw_popped < self._emitted:
             text, logprob = self._pending.popleft()
-            entries.append(self._entry(text[: self._emitted - self._raw_popped], logprob))
+            emitted = text[: self._emitted - self._raw_popped]
+            entries.append(self._entry(emitted, logprob, exact=False))
         self._pending.clear()
         return entries
 
-    def _entry(self, text: str, logprob: TokenLogprob) -> LogprobEntry:
-        top = tuple((self._token_text(token), value) for token, value in logprob.top)
-        return LogprobEntry(text, logprob.logprob, top)
+    def _entry(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> LogprobEntry:
+        top = tuple((self._token_text(token), value, self._token_bytes(token)) for token, value in logprob.top)
+        data = self._token_bytes(logprob.token_id) if exact else text.encode()
+        if self._first and data.startswith(b" ") and not text.startswith(" "):
+            data = data[1:]  # a chat reply's leading space, trimmed from its text
+        self._first = False
+        return LogprobEntry(text, logprob.logprob, top, data)
