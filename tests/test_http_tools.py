@@ -35,11 +35,12 @@ TWO_CALLS = (
     'and<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call> Done.'
 )
 SCRIPTS = {"one": ONE_CALL, "two": TWO_CALLS}
+CUT_AT = ONE_CALL.index('"Paris"')  # the script stops being long enough: max_tokens cuts the call
 
 
 def tool_request(user: str, **fields: Any) -> dict[str, Any]:
-    return chat_body("What is the weather in Paris?", user=user, tools=[WEATHER, TIME],
-                     max_tokens=80, temperature=0, **fields)
+    fields = {"max_tokens": 80, "temperature": 0, **fields}
+    return chat_body("What is the weather in Paris?", user=user, tools=[WEATHER, TIME], **fields)
 
 
 async def test_non_streaming_tool_call(tiny_model: Path) -> None:
@@ -132,3 +133,51 @@ async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) ->
     assert prompt.count('"arguments": {"city": "Paris"}') == 1
     assert '\\"city\\"' not in prompt  # never JSON-encoded twice
     assert '<tool_response>\n{"temperature_c": 21}\n</tool_response>' in prompt
+
+
+async def test_a_call_cut_off_by_max_tokens_is_returned_partial(tiny_model: Path) -> None:
+    """As OpenAI does: the call with the arguments generated so far and finish_reason length
+    (chat), a function_call item with status incomplete (Responses), streaming and not."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    budget = len(tokenizer.encode(ONE_CALL[:CUT_AT + 3], add_special_tokens=False))
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        client = sdk(server)
+        reply = await client.chat.completions.create(**tool_request("one", max_tokens=budget))
+        chunks = [c async for c in await client.chat.completions.create(
+            **tool_request("one", max_tokens=budget), stream=True)]
+        responses_request = {"model": "tiny", "input": "weather?", "user": "one", "temperature": 0,
+                             "max_output_tokens": budget,
+                             "tools": [{"type": "function", **WEATHER["function"]}]}
+        response = await client.responses.create(**responses_request)
+        async with client.responses.stream(**responses_request) as stream:
+            # The SDK's get_final_response() wants response.completed; this one is incomplete.
+            streamed = [e async for e in stream if e.type == "response.incomplete"][0].response
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert call.function.arguments.startswith('{"city": "Pa') and not call.function.arguments.endswith("}")
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    for result in (response, streamed):
+        assert result.status == "incomplete"
+        assert result.incomplete_details is not None
+        assert result.incomplete_details.reason == "max_output_tokens"
+        items = [item for item in result.output if item.type == "function_call"]
+        assert [(i.name, i.status) for i in items] == [("get_weather", "incomplete")]
+        assert items[0].arguments == call.function.arguments
+
+
+async def test_a_truncated_message_item_is_incomplete_as_its_response(tiny_model: Path) -> None:
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        cut = await client.responses.create(model="tiny", input="Tell a tale.", max_output_tokens=4,
+                                            temperature=0)
+        whole = await client.responses.create(model="tiny", input="Tell a tale.", max_output_tokens=400,
+                                              temperature=0)
+    validate(cut.model_dump(exclude_unset=True, mode="json", warnings=False), "Response")
+    assert (cut.status, cut.output[0].status) == ("incomplete", "incomplete")
+    assert whole.status == whole.output[0].status

@@ -49,3 +49,24 @@ def test_tools_in_both_wire_forms_normalize_to_the_nested_form() -> None:
     nested = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     flat = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     assert normalize_tools([nested]) == normalize_tools([flat]) == [nested]
+
+
+def test_a_call_cut_off_by_the_budget_comes_back_partial() -> None:
+    x = extractor()
+    assert x.feed('ok<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == [ContentText("ok")]
+    (call,) = x.finish(cut=True)
+    assert isinstance(call, ToolCallOut) and not call.complete
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Pa')
+
+
+def test_a_whole_call_missing_only_its_end_markup_is_complete() -> None:
+    x = extractor()
+    x.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n')
+    (call,) = x.finish(cut=True)
+    assert isinstance(call, ToolCallOut) and call.complete and json.loads(call.arguments) == {"a": 1}
+
+
+def test_a_call_cut_before_its_name_is_dropped() -> None:
+    x = extractor()
+    x.feed('<tool_call>\n{"na')
+    assert x.finish(cut=True) == []

@@ -112,7 +112,7 @@ def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | 
         if rest or entries:
             outputs.append(TextDelta(rest, entries))
     else:
-        pieces = (tools.feed(rest) if rest else []) + tools.finish()
+        pieces = (tools.feed(rest) if rest else []) + tools.finish(cut=event.finish_reason == "length")
         outputs += [TextDelta(p.text) if isinstance(p, ContentText) else p for p in pieces]
     reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
     if tools is not None and tools.calls and reason == "stop":

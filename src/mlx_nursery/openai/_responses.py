@@ -367,15 +367,17 @@ class ResponseBuilder:
         item["arguments"] = call.arguments
         events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                   output_index=index, name=call.name, arguments=call.arguments))
-        item["status"] = "completed"
+        item["status"] = "completed" if call.complete else "incomplete"
         events.append(self._event("response.output_item.done", output_index=index, item=_copy(item)))
         return events
 
     def finish(self, finished: Finished) -> list[dict[str, Any]]:
-        """Close the open item and settle the status; the final event comes from `final_event`."""
-        events = self._close_message()
+        """Close the open item and settle the status; the final event comes from `final_event`.
+        A message cut off by the token budget is `incomplete`, as its response is."""
+        cut = finished.reason == "length"
+        events = self._close_message("incomplete" if cut else "completed")
         self.usage = finished.usage
-        if finished.reason == "length":
+        if cut:
             self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
         else:
             self.status = "completed"
@@ -389,13 +391,13 @@ class ResponseBuilder:
         self.status = "failed"
         return self._event("error", code=error.code or error.type, message=error.message, param=error.param)
 
-    def _close_message(self) -> list[dict[str, Any]]:
+    def _close_message(self, status: str = "completed") -> list[dict[str, Any]]:
         message, self._message = self._message, None
         if message is None:
             return []
         index = self.output.index(message)
         part = message["content"][0]
-        message["status"] = "completed"
+        message["status"] = status
         return [
             self._event("response.output_text.done", item_id=message["id"], output_index=index,
                         content_index=0, text=part["text"], logprobs=_copy(part["logprobs"])),

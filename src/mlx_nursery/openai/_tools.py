@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,9 @@ class ToolCallOut:
     id: str
     name: str
     arguments: str
-    """A JSON string, as OpenAI sends it."""
+    """A JSON string, as OpenAI sends it (a prefix of one when the call was cut off)."""
+    complete: bool = True
+    """False for a call the token budget cut off: its arguments are what was generated."""
 
 
 @attrs.frozen
@@ -133,19 +136,44 @@ class ToolCallExtractor:
                 self._in_call = True
         return pieces
 
-    def finish(self) -> list[Piece]:
-        """The generation ended: release held-back text; an unterminated call is dropped."""
+    def finish(self, *, cut: bool = False) -> list[Piece]:
+        """The generation ended: release held-back text. A call left unterminated because the
+        token budget ran out (`cut`) is returned as generated, as OpenAI does: its name and
+        the prefix of its arguments, marked incomplete; otherwise it is dropped."""
         rest, self._buffer = self._buffer, ""
         if self._in_call:
+            self._in_call = False
+            if cut and not self.done:
+                return self._calls_from(rest, cut=True) or self._partial_call(rest)
             log.warning("dropped a tool call that the generation left unterminated")
             return []
         return [ContentText(rest)] if rest and not self.done else []
 
-    def _calls_from(self, body: str) -> list[Piece]:
+    def _partial_call(self, body: str) -> list[Piece]:
+        """A cut-off call in the JSON format (`{"name": ..., "arguments": ...`): its name and
+        what follows `"arguments":`. Other formats, or no name yet: nothing to return."""
+        name = _PARTIAL_NAME.search(body)
+        if name is None:
+            log.warning("dropped a tool call cut off before its name")
+            return []
+        try:
+            decoded_name = json.loads(f'"{name.group(1)}"')
+        except json.JSONDecodeError:
+            return []
+        arguments = _PARTIAL_ARGUMENTS.search(body, name.end()) or _PARTIAL_ARGUMENTS.search(body)
+        text = body[arguments.end():].rstrip() if arguments is not None else ""
+        call = ToolCallOut(self.calls, new_call_id(), decoded_name, text, complete=False)
+        self.calls += 1
+        return [call]
+
+    def _calls_from(self, body: str, *, cut: bool = False) -> list[Piece]:
+        """The calls in one call's markup; a body that does not parse is dropped, unless it
+        was `cut` off (the caller then returns it as a partial call)."""
         try:
             parsed = self._parse(body, self._tools)
         except Exception:  # noqa: BLE001 - a malformed call is the model's, not a server error
-            log.warning("the model emitted a tool call that does not parse; it is dropped")
+            if not cut:
+                log.warning("the model emitted a tool call that does not parse; it is dropped")
             return []
         calls = parsed if isinstance(parsed, list) else [parsed]
         pieces: list[Piece] = []
@@ -157,6 +185,10 @@ class ToolCallExtractor:
             pieces.append(ToolCallOut(self.calls, new_call_id(), call["name"], text))
             self.calls += 1
         return pieces
+
+
+_PARTIAL_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_PARTIAL_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
 def _partial_suffix(text: str, marker: str) -> int:
