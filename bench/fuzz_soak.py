@@ -4,7 +4,8 @@ fuzz: the strategies of tests/test_fuzz.py (valid, almost-valid and hostile requ
   completions and Responses, streaming and not) for N cases, one at a time. Counts the cases,
   statuses, 5xx, broken streams, error envelopes and engine deaths (/health not 200 after a
   case; the server is then restarted so that the run goes on), and lists each distinct failure
-  with its smallest request and, for a 500, where the server's log says it came from.
+  with its smallest request and, for a 500, where the server's log says it came from. A thread
+  polls /health meanwhile on its own connection: a case that blocks the server shows there.
 
 soak: thousands of mixed requests (chat, completions, Responses; streaming and not; prompts
   of a few to a few thousand tokens; temperature > 0 with and without seeds) at concurrency 16,
@@ -15,7 +16,7 @@ soak: thousands of mixed requests (chat, completions, Responses; streaming and n
   in process).
 
 Usage:
-  python bench/fuzz_soak.py fuzz --cases 10000              # ~1 hour on 2 CPU cores
+  python bench/fuzz_soak.py fuzz --cases 10000              # ~15 minutes on 2 CPU cores
   python bench/fuzz_soak.py soak --requests 10000           # ~15 minutes on 2 CPU cores
   python bench/fuzz_soak.py fuzz --cases 300 --json out.json
 """
@@ -41,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -224,21 +226,64 @@ def _driver(run_one: Callable[[Case, str], None], flavour: str) -> Callable[[Cas
     return drive
 
 
+class HealthProbe:
+    """Polls /health on a connection of its own while the cases run, one at a time: a case whose
+    preparation blocks the server shows as a slow probe. Keeps the slowest probes and the case
+    that was running."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.base_url = ""
+        self.current = ""
+        self.slowest: list[tuple[float, str]] = []
+        self.probes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-probe", daemon=True)
+
+    def start(self, base_url: str) -> None:
+        self.base_url = base_url
+        self._thread.start()
+
+    def _run(self) -> None:
+        client: httpx.Client | None = None
+        while not self._stop.wait(self.interval):
+            base, case = self.base_url, self.current
+            if client is None or client.base_url != httpx.URL(base):
+                client = httpx.Client(base_url=base, timeout=120)
+            start = time.perf_counter()
+            try:
+                client.get("/health")
+            except httpx.HTTPError:
+                client = None  # a restart: the next probe opens a new connection
+                continue
+            took = time.perf_counter() - start
+            self.probes += 1
+            if len(self.slowest) < 5 or took > self.slowest[-1][0]:
+                self.slowest = sorted([*self.slowest, (took, case)], reverse=True)[:5]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     from hypothesis import HealthCheck, Phase, given, settings
 
     scratch = Path(tempfile.mkdtemp(prefix="fuzz-"))
     log = scratch / "server.log"
     server = Server(model_dir(args.model, scratch), log, "--request-timeout", "20", "--max-concurrency", "4",
-                    "--log-level", "warning")
+                    "--default-max-tokens", "16", "--log-level", "warning")  # as tests/test_fuzz.py
     server.start()
     target = Target(server.base_url)
     record = Recorder()
     started = time.monotonic()
     strategies = {"valid": valid_case(), "almost": almost_valid_case(), "hostile": hostile_case(args.max_bytes)}
+    probe = HealthProbe()
+    probe.start(server.base_url)
 
     def run_one(case: Case, flavour: str) -> None:
         nonlocal target
+        probe.current = case.describe(160)
         try:
             outcome = target.run(case)
         except Exception as exc:  # noqa: BLE001 - a case this client cannot send: count it, go on
@@ -251,6 +296,7 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
             target.close()
             server.restart()
             target = Target(server.base_url)
+            probe.base_url = server.base_url
         if record.cases % 500 == 0:
             print(f"  {record.cases} cases, {time.monotonic() - started:.0f} s, problems {dict(record.problems)}",
                   flush=True)
@@ -270,6 +316,8 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
             "envelope_share": round(record.envelopes / record.non_2xx, 4) if record.non_2xx else None,
             "engine_deaths": record.deaths, "server_starts": server.starts, "server_exit": exit_status,
             "slowest_cases": [{"s": round(s, 2), "case": c} for s, c in record.slowest],
+            "health_probes": probe.probes,
+            "slowest_health_probes": [{"s": round(s, 3), "during": c} for s, c in probe.slowest],
             "failures": failures, "server_log": str(log),
         }
 
@@ -284,6 +332,7 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
 
             drive = seed(args.seed)(drive)
         drive()
+    probe.stop()
     target.close()
     exit_status = server.stop()
     return summary(exit_status)
