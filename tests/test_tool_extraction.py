@@ -11,7 +11,7 @@ from mlx_nursery.openai._tools import ContentText, ToolCallExtractor, ToolCallOu
 
 def extractor(parallel: bool = True) -> ToolCallExtractor:
     return ToolCallExtractor(json_tools.tool_call_start, json_tools.tool_call_end,
-                             json_tools.parse_tool_call, [], parallel=parallel)
+                             json_tools.parse_tool_call, [], max_calls=None if parallel else 1)
 
 
 def run(pieces: list[str], parallel: bool = True) -> list[object]:

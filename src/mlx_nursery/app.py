@@ -61,6 +61,7 @@ def create_app(settings: Settings | None = None, *,
     @app.after_request
     async def return_request_id(response: Response) -> Response:
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
+        response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
         return response
 
     @app.errorhandler(OpenAIError)

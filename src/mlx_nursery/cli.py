@@ -81,6 +81,8 @@ _SERVE_FLAGS: dict[str, tuple[type, str]] = {
     "responses_max": (int, "stored responses kept before the oldest are evicted (default 10000)"),
     "responses_max_age": (float, "seconds a stored response is kept (default 30 days)"),
     "max_request_bytes": (int, "largest request body in bytes; past it, 413 (default 8 MiB)"),
+    "strict_params": (bool, ("refuse with a 400 the hints otherwise accepted and ignored "
+                             "(reasoning_effort, verbosity, ...; see x-ignored-params)")),
 }
 
 
@@ -103,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Each flag can also be set as MLX_NURSERY_<FLAG> (e.g. MLX_NURSERY_PORT).",
     )
     for name, (kind, text) in _SERVE_FLAGS.items():
-        serve.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            serve.add_argument(flag, dest=name, action="store_const", const=True, default=None, help=text)
+        else:
+            serve.add_argument(flag, dest=name, type=kind, default=None, help=text)
     serve.set_defaults(handler=_serve)
 
     convert = commands.add_parser(

@@ -55,6 +55,8 @@ class Settings:
     """Stored responses kept; the oldest are evicted past it."""
     responses_max_age: float = attrs.field(default=30 * 24 * 3600.0, validator=v.gt(0))
     """Seconds a stored response is kept."""
+    strict_params: bool = False
+    """Refuse with a 400 the hints this server accepts and ignores (reasoning_effort, ...)."""
     max_request_bytes: int = attrs.field(default=8 << 20, validator=v.ge(1))
     """Largest request body; past it, 413 before the body is read in full. 8 MiB holds many
     times the text any served context can take, and bounds what one body costs to parse."""
@@ -88,6 +90,10 @@ def env_name(field: str) -> str:
 
 def _parse(field: attrs.Attribute[Any], raw: str) -> Any:
     kind = str(field.type)
+    if kind == "bool":
+        if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise SettingsError(f"{env_name(field.name)}={raw!r} is not a boolean (true or false)")
+        return raw.lower() in ("1", "true", "yes", "on")
     try:
         if kind.startswith("int"):
             return int(raw)

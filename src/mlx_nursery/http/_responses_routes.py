@@ -24,9 +24,12 @@ from ..store import StoredResponse
 from ._batching import WriteBatcher, merged_text
 from ._errors import error_response, internal_error, log_failure
 from ._jobs import Job
-from ._routes import _ended_early, _service, request_body, request_id, routes
+from ._routes import _ended_early, _service, note_ignored, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS
+
+TRUNCATED_HEADER = "x-truncated-messages"
+"""How many of the oldest messages `truncation: "auto"` left out of the prompt."""
 
 
 @routes.post("/v1/responses")
@@ -54,6 +57,8 @@ async def create_response() -> Response:
                             prepared=service.with_extra_processors(prepared.prepared, body))
 
     prepared = await service.prepare(prepare, deadline)
+    truncated = {TRUNCATED_HEADER: str(prepared.truncated_messages)} if prepared.truncated_messages else {}
+    note_ignored(prepared.prepared, **truncated)
     job = await jobs.start(prepared.prepared, deadline)
     builder = ResponseBuilder(prepared)
     if parsed.stream:

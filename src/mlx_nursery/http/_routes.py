@@ -74,6 +74,18 @@ async def completions() -> Response:
     return await _complete(prepare_completion)
 
 
+IGNORED_HEADER = "x-ignored-params"
+"""Names the hints a request set that this server accepted and did not act on."""
+
+
+def note_ignored(prepared: Prepared, **more: str) -> None:
+    """Headers about how the request was taken, added to whatever response it gets (app.py)."""
+    headers: dict[str, str] = dict(more)
+    if prepared.ignored:
+        headers[IGNORED_HEADER] = ", ".join(prepared.ignored)
+    g.response_headers = headers
+
+
 async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response:
     service = _service()
     _, served, jobs = service.require_ready()
@@ -86,6 +98,7 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
         return service.with_extra_processors(prepare(body, served), body)
 
     prepared = await service.prepare(work, deadline)
+    note_ignored(prepared)
     job = await jobs.start(prepared, deadline)
     if prepared.stream:
         body = _stream(prepared, job, service.writes, request_id())

@@ -125,6 +125,7 @@ class Service:
             vocab_size=vocab_size,
             max_token_bytes=max_token_bytes,
             token_bytes=engine.model.token_bytes,
+            strict_params=self.settings.strict_params,
             grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
         )

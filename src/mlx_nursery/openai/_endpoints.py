@@ -51,12 +51,16 @@ _CHAT_UNIMPLEMENTED: dict[str, object] = {
     "audio": (),
     "modalities": (["text"],),
     "prediction": (),
-    "reasoning_effort": (),
-    "verbosity": (),
     "web_search_options": (),
     "service_tier": ("auto", "default"),
-    "store": False,
-    "metadata": (),
+}
+_CHAT_HINTS: dict[str, object] = {
+    # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
+    "reasoning_effort": (),  # no model served here reasons
+    "verbosity": (),
+    "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
+    "store": False,  # no stored chat completions here
+    "metadata": ({},),  # kept only with stored completions
 }
 _COMPLETION_UNIMPLEMENTED: dict[str, object] = {
     "echo": False,
@@ -79,11 +83,14 @@ class Prepared:
     """Offered to the model (empty: no tool parsing)."""
     tool_markup: tuple[str, str, Any] | None = None
     """(start, end, parse) of the model's tool-call format, from mlx-lm."""
-    parallel_tool_calls: bool = True
+    max_tool_calls: int | None = None
+    """Generation stops after this many calls (1: parallel_tool_calls false); None: no cap."""
     token_text: Any = None
     """Decodes one token id; set when logprobs were asked for."""
     token_bytes: Any = None
     """A token id's exact bytes; set when logprobs were asked for."""
+    ignored: tuple[str, ...] = ()
+    """Hints the request set that this server does not act on (`x-ignored-params`)."""
 
     def logprob_aligner(self) -> LogprobAligner | None:
         if self.token_text is None:
@@ -94,7 +101,7 @@ class Prepared:
         if not self.tools or self.tool_markup is None:
             return None
         start, end, parse = self.tool_markup
-        return ToolCallExtractor(start, end, parse, self.tools, parallel=self.parallel_tool_calls)
+        return ToolCallExtractor(start, end, parse, self.tools, max_calls=self.max_tool_calls)
 
     @property
     def prompt_param(self) -> str:
@@ -198,6 +205,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     request = structure(body, ChatCompletionRequest)
     served.check(request.model)
     params.reject_unimplemented(request, _CHAT_UNIMPLEMENTED)
+    ignored = params.ignored_hints(request, _CHAT_HINTS, strict=served.strict_params)
     if request.max_tokens is not None and request.max_completion_tokens is not None:
         params.require(request.max_tokens == request.max_completion_tokens, "max_completion_tokens",
                        "max_tokens and max_completion_tokens disagree; set only one")
@@ -215,19 +223,24 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
                                     forced_call=forced is not None)
     prepared = with_processors(prepared, forced)
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
+    prepared = attrs.evolve(prepared, ignored=ignored)
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 
 def with_tools(prepared: Prepared, served: ServedModel, tools: list[dict[str, Any]], *,
-               parallel: bool) -> Prepared:
-    """Parse the model's output for calls of `tools`, in its own tool-call format."""
+               parallel: bool, max_calls: int | None = None) -> Prepared:
+    """Parse the model's output for calls of `tools`, in its own tool-call format; stop after
+    one call when not `parallel`, after `max_calls` in any case."""
     if not tools:
         return prepared
     tokenizer = served.tokenizer
+    limit = 1 if not parallel else None
+    if max_calls is not None:
+        limit = min(limit or max_calls, max_calls)
     return attrs.evolve(
         prepared, tools=tools,
         tool_markup=(tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser),
-        parallel_tool_calls=parallel,
+        max_tool_calls=limit,
     )
 
 

@@ -39,6 +39,27 @@ def reject_unimplemented(request: Any, fields: dict[str, object]) -> None:
         )
 
 
+def ignored_hints(request: Any, hints: dict[str, object], *, strict: bool) -> tuple[str, ...]:
+    """The hints set on `request` (to anything but their no-op values, `{field: no-op(s)}`)
+    that this server cannot act on: fields that would not change the answer (a reasoning
+    effort for a model without reasoning, a verbosity, a cache retention), which clients
+    send by default. They are accepted and named in the response's `x-ignored-params`
+    header; with `strict` (`--strict-params`) each is a 400, as unimplemented fields are."""
+    ignored: list[str] = []
+    for name, no_op in hints.items():
+        value = getattr(request, name)
+        if value is None or value in (no_op if isinstance(no_op, tuple) else (no_op,)):
+            continue
+        if strict:
+            raise InvalidRequest(
+                f"'{name}' is not supported by this server (got {quoted(value)}); it is accepted "
+                "and ignored unless the server runs with --strict-params",
+                param=name, code="unsupported_parameter",
+            )
+        ignored.append(name)
+    return tuple(ignored)
+
+
 def sampling_from(fields: SamplingFields) -> SamplingParams:
     temperature = 1.0 if fields.temperature is None else fields.temperature
     require(0.0 <= temperature <= 2.0, "temperature", "temperature must be between 0 and 2")

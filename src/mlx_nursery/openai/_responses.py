@@ -74,22 +74,39 @@ class ResponsesRequest:
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+REASONING_INCLUDE = "reasoning.encrypted_content"
+"""Satisfied as asked: no model served here emits reasoning items, so there is none to
+include (Codex-style clients send it with store: false)."""
+_INCLUDABLE = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
 _UNIMPLEMENTED: dict[str, object] = {
-    "include": ([], [LOGPROBS_INCLUDE]),
     "background": False,
     "service_tier": ("auto", "default"),
-    "max_tool_calls": (),
     "prompt": (),
     "conversation": (),
-    "truncation": ("disabled",),
-    "stream_options": (),
-    "prompt_cache_retention": (),
+    "truncation": ("disabled", "auto"),
+}
+_HINTS: dict[str, object] = {
+    # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
+    "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
+    "reasoning": ({}, {"effort": None}, {"summary": None}, {"effort": None, "summary": None}),
 }
 
 
 def parse_request(body: Any) -> ResponsesRequest:
     request = structure(body, ResponsesRequest)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
+    for i, included in enumerate(request.include or []):
+        if included not in _INCLUDABLE:
+            raise InvalidRequest(f"include {quoted(included)} is not supported by this server",
+                                 param=f"include[{i}]", code="unsupported_parameter")
+    if request.max_tool_calls is not None:
+        params.require(request.max_tool_calls >= 1, "max_tool_calls", "max_tool_calls must be at least 1")
+    if request.stream_options is not None:
+        params.require(bool(request.stream), "stream_options", "stream_options is only allowed when stream is true")
+        for key in request.stream_options:
+            if key != "include_obfuscation":
+                raise InvalidRequest(f"Unrecognized request argument supplied: stream_options.{shortened(key)}",
+                                     param=f"stream_options.{shortened(key)}", code="unknown_parameter")
     if request.top_logprobs is not None:
         params.require(0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20")
         params.require(LOGPROBS_INCLUDE in (request.include or []), "top_logprobs",
@@ -108,9 +125,6 @@ def _check_text(text: dict[str, Any] | None) -> None:
     """`text` is echoed in the response: only its fields, of their types. (The format's
     meaning is checked where it becomes a grammar, `_structured`.)"""
     for key, value in (text or {}).items():
-        if key == "verbosity" and value is not None:  # as chat's `verbosity`
-            raise InvalidRequest(f"'text.verbosity' is not supported by this server (got {quoted(value)})",
-                                 param="text.verbosity", code="unsupported_parameter")
         if key not in ("format", "verbosity"):
             raise InvalidRequest(f"Unrecognized request argument supplied: text.{shortened(key)}",
                                  param=f"text.{shortened(key)}", code="unknown_parameter")
@@ -137,7 +151,10 @@ class PreparedResponse:
     prepared: Prepared
     input_items: list[dict[str, Any]]
     conversation: list[dict[str, Any]]
-    """Previous conversation plus this turn's input, as chat messages."""
+    """Previous conversation plus this turn's input, as chat messages (stored whole, even
+    when `truncation: "auto"` left its oldest messages out of this prompt)."""
+    truncated_messages: int = 0
+    """Messages `truncation: "auto"` left out of the prompt (the x-truncated-messages header)."""
     id: str = attrs.field(factory=lambda: item_id("resp"))
     created_at: int = attrs.field(factory=lambda: int(time.time()))
 
@@ -149,6 +166,7 @@ class PreparedResponse:
 def prepare_response(request: ResponsesRequest, served: ServedModel,
                      previous: list[dict[str, Any]] | None) -> PreparedResponse:
     served.check(request.model)
+    ignored = _ignored_hints(request, served)
     items = _input_items(request.input)
     conversation = [*(previous or []), *_to_messages(items)]
     if len(conversation) > MAX_CONVERSATION_MESSAGES:
@@ -160,6 +178,9 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
                             top_p=request.top_p, user=request.user)
     common = _common(fields, served)
     tools, forced = _offered_tools(_ToolView(request), served)
+    dropped = 0
+    if request.truncation == "auto":
+        messages, dropped = _truncated(served, messages, len(system), tools, request.max_output_tokens)
     check_prompt_size(served, prompt_texts(messages, tools), "input")
     tokens = render_chat(served.tokenizer, messages, tools)
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
@@ -172,8 +193,55 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
             raise InvalidRequest("logprobs together with tools are not supported", param="include",
                                  code="unsupported_parameter")
         prepared = with_logprobs(prepared, served, request.top_logprobs or 0)
-    prepared = with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
-    return PreparedResponse(request, prepared, items, conversation)
+    prepared = attrs.evolve(prepared, ignored=ignored)
+    prepared = with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False,
+                          max_calls=request.max_tool_calls)
+    return PreparedResponse(request, prepared, items, conversation, truncated_messages=dropped)
+
+
+def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str, ...]:
+    """Chat's rule (`_params.ignored_hints`) for the Responses fields, nested ones included."""
+    ignored = list(params.ignored_hints(request, _HINTS, strict=served.strict_params))
+    nested = {"text.verbosity": (request.text or {}).get("verbosity"),
+              "stream_options.include_obfuscation": (request.stream_options or {}).get("include_obfuscation")}
+    for name, value in nested.items():
+        if value is None or value is False:
+            continue
+        if served.strict_params:
+            raise InvalidRequest(f"'{name}' is not supported by this server (got {quoted(value)})",
+                                 param=name, code="unsupported_parameter")
+        ignored.append(name)
+    return tuple(ignored)
+
+
+def _truncated(served: ServedModel, messages: list[ChatMessage], keep: int, tools: list[dict[str, Any]],
+               max_output_tokens: int | None) -> tuple[list[ChatMessage], int]:
+    """`truncation: "auto"`: leave out the oldest turns until the prompt and the output budget
+    fit the context, as OpenAI does. The first `keep` messages (the instructions) stay, and
+    the last turn always does; a turn is a message with the tool results that follow it, so
+    that no result is left without its call. Still too long: the usual 400."""
+    needed = max_output_tokens or 1
+    starts = [i for i in range(keep, len(messages)) if messages[i].role != "tool"]
+
+    def fits(drop: int) -> bool:
+        kept = messages[:keep] + messages[starts[drop]:]
+        texts = sum(len(t.encode("utf-8")) for t in prompt_texts(kept, tools))
+        if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
+            return False  # certainly too long: no need to render it
+        return len(render_chat(served.tokenizer, kept, tools)) + needed <= served.context_length
+
+    if len(starts) <= 1 or fits(0):
+        return messages, 0
+    low, high = 1, len(starts) - 1  # the fewest turns to drop: tokens fall as turns go
+    if not fits(high):
+        return messages[:keep] + messages[starts[high]:], starts[high] - keep
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return messages[:keep] + messages[starts[low]:], starts[low] - keep
 
 
 @attrs.frozen
@@ -430,7 +498,8 @@ class ResponseBuilder:
             "tools": [_flat_tool(t) for t in p.prepared.tools] if p.prepared.tools else [],
             "top_p": 1.0 if r.top_p is None else r.top_p,
             **({"top_logprobs": r.top_logprobs} if r.top_logprobs is not None else {}),
-            "truncation": "disabled",
+            "truncation": r.truncation or "disabled",
+            "max_tool_calls": r.max_tool_calls,
             "metadata": r.metadata or {},
         }
         # Absent rather than null: the spec types these as a string and an object.

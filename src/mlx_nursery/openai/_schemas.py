@@ -87,6 +87,7 @@ class ChatCompletionRequest(SamplingFields):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
 
 

@@ -97,19 +97,20 @@ class ToolCallExtractor:
     """Feed model text; get content text and completed tool calls, markup never included."""
 
     def __init__(self, start: str, end: str, parse: Callable[[str, Any], Any], tools: list[dict[str, Any]],
-                 *, parallel: bool = True) -> None:
+                 *, max_calls: int | None = None) -> None:
         self._start, self._end = start, end
         self._parse = parse
         self._tools = tools
-        self._parallel = parallel
+        self._max_calls = max_calls
         self._buffer = ""
         self._in_call = False
         self.calls = 0
 
     @property
     def done(self) -> bool:
-        """No more calls are allowed (parallel_tool_calls false, one call made): stop generating."""
-        return not self._parallel and self.calls > 0
+        """No more calls are allowed (`max_calls` made: 1 with parallel_tool_calls false, or
+        Responses' max_tool_calls): stop generating."""
+        return self._max_calls is not None and self.calls >= self._max_calls
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
