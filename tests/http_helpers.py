@@ -154,8 +154,10 @@ class ForcedScript:
     The real tokenizer, engine, detokenizer and streaming path all run; only the choice of
     each next token is dictated. One instance per request."""
 
-    def __init__(self, tokens: list[int], eos: int) -> None:
-        self._script = [*tokens, eos]
+    def __init__(self, tokens: list[int], eos: int | None) -> None:
+        """`eos` None: after the script, the model chooses freely (a forced prefix)."""
+        self._script = [*tokens, eos] if eos is not None else tokens
+        self._free_after = None if eos is not None else len(tokens)
         self._prompt_length: int | None = None
 
     def __call__(self, context: Any, logits: Any) -> Any:
@@ -164,13 +166,16 @@ class ForcedScript:
         if self._prompt_length is None:  # the position follows the context, as replays need
             self._prompt_length = int(context.size)
         step = int(context.size) - self._prompt_length
+        if self._free_after is not None and step >= self._free_after:
+            return logits
         token = self._script[min(step, len(self._script) - 1)]
         mask = mx.arange(logits.shape[-1]) == token
         return mx.where(mask, mx.zeros_like(logits), mx.full(logits.shape, -1e9, logits.dtype))
 
 
-def scripted(texts_by_user: dict[str, str], tokenizer_path: Path) -> Any:
-    """extra_processors for running_server: a request whose `user` names a script emits it."""
+def scripted(texts_by_user: dict[str, str], tokenizer_path: Path, *, then_free: bool = False) -> Any:
+    """extra_processors for running_server: a request whose `user` names a script emits it
+    (then its EOS; with `then_free`, whatever the model chooses after it)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
@@ -180,6 +185,6 @@ def scripted(texts_by_user: dict[str, str], tokenizer_path: Path) -> Any:
         text = texts_by_user.get(body.get("user") or body.get("safety_identifier") or "")
         if text is None:
             return ()
-        return (ForcedScript(tokenizer.encode(text, add_special_tokens=False), eos),)
+        return (ForcedScript(tokenizer.encode(text, add_special_tokens=False), None if then_free else eos),)
 
     return processors

@@ -130,8 +130,9 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         (chat_body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
         (chat_body(tools=[{"type": "function", "function": {"name": "f"}}],
                    tool_choice={"type": "function", "function": {"name": "g"}}), 400, "tool_choice"),
-        (chat_body(tools=[{"type": "function", "function": {"name": "f", "strict": True}}]),
-         400, "tools[0].strict"),
+        (chat_body(tools=[{"type": "function", "function": {  # strict, and not enforceable
+            "name": "f", "strict": True, "parameters": {"type": "object", "properties": {
+                "x": {"type": "string", "format": "not-a-format"}}}}}]), 400, "tools"),
         (chat_body(top_logprobs=3), 400, "top_logprobs"),
         (chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
         (chat_body(response_format={"type": "json_schema", "json_schema": {

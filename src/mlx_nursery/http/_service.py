@@ -23,6 +23,7 @@ from ..engine import Engine, EngineConfig
 from ..openai import Prepared, RequestTimeout, ServedModel, Unavailable, with_processors
 from ..openai._prompts import longest_token_bytes
 from ..openai._structured import Grammars
+from ..openai._tools import tool_format
 from ..settings import Settings
 from ..store import ResponsesStore
 from ._batching import WritePolicy
@@ -126,6 +127,7 @@ class Service:
             max_token_bytes=max_token_bytes,
             token_bytes=engine.model.token_bytes,
             strict_params=self.settings.strict_params,
+            tool_format=tool_format(engine.model.tokenizer),
             grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
         )

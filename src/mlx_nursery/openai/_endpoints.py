@@ -24,7 +24,7 @@ from ._prompts import check_prompt_size, completion_tokens, prompt_texts, render
 from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from ._served import ServedModel
 from ._structured import response_format_processor
-from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools
+from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools, strict_tool_names
 from ._wire import (
     AssistantMessage,
     ChatChoice,
@@ -216,7 +216,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     common = _common(request, served)
     tools, forced = _offered_tools(request, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
-    tokens = render_chat(served.tokenizer, request.messages, tools)
+    tokens = render_chat(served.tokenizer, request.messages, tools, native_tools=served.tool_format.native)
     prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
                         cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, request.response_format, "response_format",
@@ -233,25 +233,24 @@ def with_tools(prepared: Prepared, served: ServedModel, tools: list[dict[str, An
     one call when not `parallel`, after `max_calls` in any case."""
     if not tools:
         return prepared
-    tokenizer = served.tokenizer
+    form = served.tool_format
     limit = 1 if not parallel else None
     if max_calls is not None:
         limit = min(limit or max_calls, max_calls)
-    return attrs.evolve(
-        prepared, tools=tools,
-        tool_markup=(tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser),
-        max_tool_calls=limit,
-    )
+    return attrs.evolve(prepared, tools=tools, tool_markup=(form.start, form.end, form.parse),
+                        max_tool_calls=limit)
 
 
 def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, Any]], Any]:
-    """The tools the model is shown, and the constraint that forces a call (or None).
+    """The tools the model is shown, and the constraint on its calls (or None).
 
     tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
     a named function force exactly one call by constrained decoding, with arguments valid
-    against the tool's parameters. `strict: true` is only honoured where decoding is
-    constrained, so with "auto" it is a 400 rather than a promise not kept. A tool_choice is
-    checked with or without tools: one that forces a call needs a tool to call.
+    against the tool's parameters. Under "auto", `strict: true` tools are enforced lazily:
+    free text until the model opens a call, then a call whose arguments follow the schema
+    (`Grammars.strict_tools_processor`). Constraints need a JSON call format (the model's own,
+    or the fallback convention). A tool_choice is checked with or without tools: one that
+    forces a call needs a tool to call.
     """
     tools = normalize_tools(request.tools)
     choice = request.tool_choice
@@ -262,24 +261,17 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
                              code="invalid_value")
     if choice == "none" or not tools:
         return [], None
-    tokenizer = served.tokenizer
-    if not getattr(tokenizer, "has_tool_calling", False):
-        raise InvalidRequest(
-            f"the model '{served.name}' has no tool-call format that this server can parse",
-            param="tools", code="unsupported_parameter",
-        )
-    if not forcing:
-        for i, raw in enumerate(request.tools or []):
-            if isinstance(raw, dict) and (raw.get("function", raw) or {}).get("strict"):
-                raise InvalidRequest(
-                    "strict tools are enforced only with tool_choice 'required' or a named "
-                    "function", param=f"tools[{i}].strict", code="unsupported_parameter")
+    form = served.tool_format
+    markup = (form.start, form.end)
+    strict = strict_tool_names(request.tools)
+    if not forcing and not strict:
         return tools, None
-    if not getattr(tokenizer.tool_parser, "__module__", "").endswith("json_tools") or served.grammars is None:
-        raise InvalidRequest(
-            "tool_choice 'required' or a named function is supported for models with the "
-            "<tool_call> JSON format only", param="tool_choice", code="unsupported_parameter")
-    markup = (tokenizer.tool_call_start, tokenizer.tool_call_end)
+    if not form.json or served.grammars is None:
+        what = "tool_choice 'required' or a named function" if forcing else "strict tools"
+        raise InvalidRequest(f"{what} can be enforced only for models with the <tool_call> JSON format",
+                             param="tool_choice" if forcing else "tools", code="unsupported_parameter")
+    if not forcing:
+        return tools, served.grammars.strict_tools_processor(tools, strict, markup, "tools")
     return tools, served.grammars.tool_call_processor(tools, markup, "tool_choice", name=name)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from ._errors import InvalidRequest, quoted, shortened
 from ._schemas import ChatMessage, CompletionRequest
 from ._served import ServedModel
-from ._tools import call_arguments_for_template
+from ._tools import call_arguments_for_template, fallback_messages
 
 
 def longest_token_bytes(vocabulary: Iterable[str | bytes]) -> int:
@@ -59,11 +59,16 @@ def prompt_texts(messages: Iterable[ChatMessage], tools: list[dict[str, Any]]) -
         yield json.dumps(tools, ensure_ascii=False)
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
+def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
+                *, native_tools: bool = True) -> list[int]:
+    """Token ids of `messages` through the model's chat template. With `native_tools` false,
+    tools, calls and results are written in the fallback convention (`_tools.ToolFormat`)."""
     if not messages:
         raise InvalidRequest("'messages' must contain at least one message", param="messages",
                              code="invalid_value")
     rendered = [_message(i, m) for i, m in enumerate(messages)]
+    if not native_tools:
+        rendered, tools = fallback_messages(rendered, tools or []), None
     extra = {"tools": tools} if tools else {}
     try:
         tokens = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,

@@ -32,7 +32,7 @@ from ._logprobs import LogprobEntry
 from ._prompts import check_prompt_size, prompt_texts, render_chat
 from ._schemas import ChatMessage, SamplingFields
 from ._served import ServedModel
-from ._tools import ToolCallOut
+from ._tools import ToolCallOut, strict_tool_names
 
 MAX_CONVERSATION_MESSAGES = 1000
 
@@ -182,7 +182,7 @@ def prepare_response(request: ResponsesRequest, served: ServedModel,
     if request.truncation == "auto":
         messages, dropped = _truncated(served, messages, len(system), tools, request.max_output_tokens)
     check_prompt_size(served, prompt_texts(messages, tools), "input")
-    tokens = render_chat(served.tokenizer, messages, tools)
+    tokens = render_chat(served.tokenizer, messages, tools, native_tools=served.tool_format.native)
     prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
                         common, cache_key=request.prompt_cache_key)
     prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format",
@@ -228,7 +228,8 @@ def _truncated(served: ServedModel, messages: list[ChatMessage], keep: int, tool
         texts = sum(len(t.encode("utf-8")) for t in prompt_texts(kept, tools))
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
             return False  # certainly too long: no need to render it
-        return len(render_chat(served.tokenizer, kept, tools)) + needed <= served.context_length
+        tokens = render_chat(served.tokenizer, kept, tools, native_tools=served.tool_format.native)
+        return len(tokens) + needed <= served.context_length
 
     if len(starts) <= 1 or fits(0):
         return messages, 0
@@ -495,7 +496,7 @@ class ResponseBuilder:
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "text": {"format": (r.text or {}).get("format") or {"type": "text"}},
             "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
-            "tools": [_flat_tool(t) for t in p.prepared.tools] if p.prepared.tools else [],
+            "tools": [_flat_tool(t, strict_tool_names(r.tools)) for t in p.prepared.tools],
             "top_p": 1.0 if r.top_p is None else r.top_p,
             **({"top_logprobs": r.top_logprobs} if r.top_logprobs is not None else {}),
             "truncation": r.truncation or "disabled",
@@ -521,10 +522,10 @@ class ResponseBuilder:
         return [*self._p.conversation, reply]
 
 
-def _flat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+def _flat_tool(tool: dict[str, Any], strict: frozenset[str]) -> dict[str, Any]:
     function = tool["function"]
     return {"type": "function", "name": function["name"], "description": function.get("description"),
-            "parameters": function.get("parameters"), "strict": False}
+            "parameters": function.get("parameters"), "strict": function["name"] in strict}
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

@@ -25,6 +25,8 @@ class ServedModel:
     max_token_bytes: int = 0
     """The most bytes of text one token stands for (`_prompts.longest_token_bytes`), computed
     once; 0 turns the check of a prompt's size before tokenizing off."""
+    tool_format: Any = None
+    """`_tools.ToolFormat`: the model's own tool-call format, or the fallback convention."""
     strict_params: bool = False
     """Refuse the hints this server ignores (`_params.ignored_hints`) with a 400."""
     token_bytes: Any = None

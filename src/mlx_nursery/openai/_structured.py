@@ -64,6 +64,24 @@ class Grammars:
         return self._processor(lambda: llguidance.LLMatcher.grammar_from_lark(lark), param,
                                "cannot constrain to these tools")
 
+    def strict_tools_processor(self, tools: list[dict[str, Any]], strict: frozenset[str],
+                               markup: tuple[str, str], param: str) -> GrammarProcessor:
+        """Tool choice "auto" with strict tools: free text until the model opens a call (a lazy
+        trigger on the start markup, as llama.cpp's lazy grammars), then one call of a known
+        tool whose arguments match its schema if it is strict (any object if not), then free
+        text again; any number of calls. llguidance's StructTag writes the grammar."""
+        import llguidance
+        from llguidance._struct_tag import StructTag
+
+        schemas = [_call_schema(t["function"] if t["function"]["name"] in strict
+                                else {**t["function"], "parameters": {"type": "object"}}) for t in tools]
+        start, end = markup
+        tag = StructTag(trigger=start, begin=start + "\n", end="\n" + end,
+                        grammar={"anyOf": schemas, "x-guidance": _COMPACT})
+        lark = StructTag.to_grammar([tag], assume_special=False)
+        return self._processor(lambda: llguidance.LLMatcher.grammar_from_lark(lark), param,
+                               "cannot constrain to these tools")
+
     def _processor(self, compile_grammar: Any, param: str, problem: str) -> GrammarProcessor:
         """Compile and validate against this tokenizer; a grammar llguidance refuses is a 400
         whose message names what it could not enforce."""
