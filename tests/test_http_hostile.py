@@ -190,6 +190,10 @@ CASES: list[tuple[str, str, int, str | None, str | None]] = [
                                                 "schema": RAW(nested(1000))}}),
      400, None, "json_too_deep"),
     (RESPONSES, responses_json(input=RAW(nested(1000))), 400, None, "json_too_deep"),
+    (CHAT, chat_json(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}),
+     400, "response_format.json_schema.name", "missing_required_parameter"),
+    (RESPONSES, responses_json(text={"format": {"type": "json_schema", "name": "a b", "schema": {}}}),
+     400, "text.format.name", "invalid_value"),
     (CHAT, '{"model": "tiny", "messages": ' + "[" * 100_000, 400, None, "json_too_deep"),
     (CHAT, chat_json(messages=[
         {"role": "user", "content": "hi"},

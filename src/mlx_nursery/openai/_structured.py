@@ -14,12 +14,13 @@ complete, only EOS remains).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidRequest
+from ._errors import InvalidRequest, quoted
 
 
 class Grammars:
@@ -153,6 +154,9 @@ class GrammarProcessor:
         return mx.where(mask, logits, mx.array(-mx.inf, logits.dtype))
 
 
+_SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
 def response_format_processor(grammars: Grammars, response_format: Any, param: str) -> GrammarProcessor | None:
     """Chat's `response_format` ({"type": "text" | "json_object" | "json_schema"}) and the
     Responses `text.format` (the same, json_schema flattened) to a processor, or None."""
@@ -166,12 +170,21 @@ def response_format_processor(grammars: Grammars, response_format: Any, param: s
     if kind == "json_object":
         return grammars.json_processor(None, param)
     if kind == "json_schema":
+        nested = "json_schema" in response_format
         spec = response_format.get("json_schema", response_format)  # chat nests it; Responses does not
-        schema = spec.get("schema") if isinstance(spec, dict) else None
+        where = f"{param}.json_schema" if nested else param
+        if not isinstance(spec, dict):
+            raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_value")
+        name = spec.get("name")
+        if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+            # As OpenAI: a name is required, a-z, A-Z, 0-9, underscores and dashes, at most 64.
+            code = "missing_required_parameter" if name is None else "invalid_value"
+            raise InvalidRequest("json_schema needs a 'name' of at most 64 letters, digits, '_' or '-'",
+                                 param=f"{where}.name", code=code)
+        schema = spec.get("schema")
         if schema is None:
-            raise InvalidRequest("json_schema needs a 'schema'", param=f"{param}.json_schema",
+            raise InvalidRequest("json_schema needs a 'schema'", param=where,
                                  code="missing_required_parameter")
-        return grammars.json_processor(schema, f"{param}.json_schema.schema" if "json_schema" in response_format
-                                       else f"{param}.schema")
-    raise InvalidRequest(f"{param} type {kind!r} is not supported", param=f"{param}.type",
+        return grammars.json_processor(schema, f"{where}.schema")
+    raise InvalidRequest(f"{param} type {quoted(kind)} is not supported", param=f"{param}.type",
                          code="unsupported_parameter")
