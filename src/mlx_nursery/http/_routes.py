@@ -124,18 +124,21 @@ async def request_body() -> bytes:
     Content-Length says so, else as soon as a chunked body passes it (Quart's
     MAX_CONTENT_LENGTH counts as it reads).
     """
+    try:
+        # Read before refusing a Content-Type: a body left unread makes the server drop the
+        # connection, and a client reusing it (keep-alive) then sees no response at all.
+        data = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    except RequestEntityTooLarge:
+        limit = current_app.config["MAX_CONTENT_LENGTH"]
+        raise RequestTooLarge(f"the request body is larger than {limit} bytes, this server's limit "
+                              "(--max-request-bytes)", code="request_too_large") from None
     if "Content-Type" in request.headers:
         charset = request.mimetype_params.get("charset", "utf-8").lower()
         if request.mimetype != "application/json" or charset not in ("utf-8", "utf8"):
             raise UnsupportedMediaType(
                 "the request body must be JSON (Content-Type: application/json), got "
                 f"{quoted(request.headers['Content-Type'])}", code="unsupported_media_type")
-    try:
-        return await request.get_data(cache=False, as_text=False, parse_form_data=False)
-    except RequestEntityTooLarge:
-        limit = current_app.config["MAX_CONTENT_LENGTH"]
-        raise RequestTooLarge(f"the request body is larger than {limit} bytes, this server's limit "
-                              "(--max-request-bytes)", code="request_too_large") from None
+    return data
 
 
 async def _collect(prepared: Prepared, job: Job) -> Response:
