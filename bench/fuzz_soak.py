@@ -8,7 +8,7 @@ fuzz: the strategies of tests/test_fuzz.py (valid, almost-valid and hostile requ
   polls /health meanwhile on its own connection: a case that blocks the server shows there.
 
 soak: thousands of mixed requests (chat, completions, Responses; streaming and not; prompts
-  of a few to a few thousand tokens; temperature > 0 with and without seeds) at concurrency 16,
+  of a few to ~2800 tokens; temperature > 0 with and without seeds) at concurrency 16,
   ~30% of clients leaving at a random moment and some with short timeouts. Measures, from
   /proc, the server's threads, file descriptors and RSS before and after, its CPU once the
   load ends, time to first token before and after, and every status. Lanes and queue are not
@@ -345,7 +345,8 @@ PROMPT_WORDS = ["the", "lighthouse", "keeper", "watched", "sea", "while", "ships
 
 def soak_request(rng: random.Random) -> tuple[str, dict[str, Any]]:
     """One request of the mix: an endpoint, a prompt of a few to a few thousand tokens, sampling."""
-    words = rng.choice([rng.randint(1, 20), rng.randint(50, 300), rng.randint(800, 2000)])
+    words = rng.choices([rng.randint(1, 20), rng.randint(50, 300), rng.randint(400, 1000)],  # <= ~2800 tokens
+                        weights=[0.45, 0.4, 0.15])[0]
     prompt = " ".join(rng.choice(PROMPT_WORDS) for _ in range(words))
     sampling: dict[str, Any] = {"temperature": rng.choice([0.0, 0.7, 1.0, 1.3])}
     if rng.random() < 0.5:
@@ -391,9 +392,9 @@ async def one_soak_request(base: str, rng: random.Random, tally: collections.Cou
                     tally[f"status {reply.status_code}"] += 1
                     if outcome.problems:
                         tally["failed"] += 1
-                        failures.append(outcome.report()[:600])
+                        failures.append(f"{outcome.status} {outcome.problems}: {outcome.case.describe(200)}")
             if scope.cancelled_caught:
-                tally["left (cancelled)"] += 1
+                tally["left at a random moment"] += 1
         except httpx.TimeoutException:
             tally["client timed out"] += 1
         except httpx.HTTPError as exc:
@@ -426,15 +427,14 @@ async def ttft(base: str, samples: int) -> float:
     times = []
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         for _ in range(samples):
-            start = time.perf_counter()
+            start, first = time.perf_counter(), None
             async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
-                async for line in reply.aiter_lines():
-                    if line.startswith("data: {") and '"content":"' in line.replace(" ", "") \
-                            and '"content":""' not in line.replace(" ", ""):
-                        times.append(time.perf_counter() - start)
-                        break
-                async for _ in reply.aiter_raw():
-                    pass
+                async for line in reply.aiter_lines():  # read to the end: the connection is reused
+                    compact = line.replace(" ", "")
+                    if first is None and '"content":"' in compact and '"content":""' not in compact:
+                        first = time.perf_counter() - start
+            assert first is not None, "a stream without content"
+            times.append(first)
     return statistics.median(times)
 
 
@@ -472,7 +472,10 @@ def wait_back(pid: int, key: str, baseline: int, limit: float) -> tuple[int, flo
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="soak-"))
     log = scratch / "server.log"
-    server = Server(model_dir(args.model, scratch), log, "--log-level", "warning", *args.server_args)
+    # The bounded caches (prefix cache: 64 entries; stored responses: --responses-max) fill up
+    # during the warm-up, so that RSS growth after it counts what leaks, not what is kept.
+    server = Server(model_dir(args.model, scratch), log, "--log-level", "warning", "--responses-max", "100",
+                    *args.server_args)
     server.start()
     base, pid = server.base_url, server.pid
     tally: collections.Counter[str] = collections.Counter()
@@ -496,9 +499,16 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                     await trio.sleep(0.5)
 
             nursery.start_soon(watch)
-            await soak_load(base, args.requests, args.concurrency, args.seed, tally, failures)
+            for round_ in range(args.rounds):
+                share = args.requests // args.rounds + (round_ < args.requests % args.rounds)
+                await soak_load(base, share, args.concurrency, args.seed + 100 * round_, tally, failures)
+                # RSS at each round's end, once idle: a leak grows round after round, a bounded
+                # cache that was still filling does not.
+                await trio.to_thread.run_sync(wait_idle, pid)
+                rounds.append(round(proc_status(pid)["rss"] / 2**20, 1))
             nursery.cancel_scope.cancel()
 
+    rounds: list[float] = []
     trio.run(load_and_watch)
     wall = time.monotonic() - started
     idle_after, cpu_first_second = wait_idle(pid)
@@ -518,7 +528,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         "fds": {"before": before["fds"], "after": fds, "seconds_to_return": round(fds_s, 1)},
         "rss_mb": {"before": round(before["rss"] / 2**20, 1), "peak": round(peak_rss / 2**20, 1),
                    "after": round(after["rss"] / 2**20, 1),
-                   "growth_pct": round(100 * (after["rss"] - before["rss"]) / before["rss"], 2)},
+                   "growth_pct": round(100 * (after["rss"] - before["rss"]) / before["rss"], 2),
+                   "after_each_round": rounds,
+                   "growth_after_first_round_pct": round(100 * (after["rss"] / 2**20 - rounds[0]) / rounds[0], 2)},
         "cpu_after_load": {"seconds_to_idle": round(idle_after, 2),
                            "cpu_s_in_first_second": round(cpu_first_second, 3)},
         "ttft_ms": {"before": round(ttft_before * 1000, 1), "after": round(ttft_after * 1000, 1)},
@@ -537,7 +549,8 @@ def main() -> None:
     s = sub.add_parser("soak")
     s.add_argument("--requests", type=int, default=10_000)
     s.add_argument("--concurrency", type=int, default=16)
-    s.add_argument("--warmup", type=int, default=300)
+    s.add_argument("--rounds", type=int, default=4, help="RSS is read after each round, once idle")
+    s.add_argument("--warmup", type=int, default=400)
     s.add_argument("--ttft-samples", type=int, default=15)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
