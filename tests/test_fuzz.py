@@ -14,16 +14,20 @@ in three flavours, streaming and not:
   seeds like -1 and 2**64, top_k beyond the vocabulary, hostile JSON schemas, bodies that are
   not JSON, wrong content types, long URLs and headers, odd paths and methods.
 
-Every case goes through Hypercorn on a real socket serving the tiny random model; each
-outcome must hold: no 5xx other than 503/504; every non-2xx body is OpenAI's error envelope
-(and short: an error never echoes a large value back); every 200 body and SSE event parses
-and matches the spec; every 200 stream ends with a terminal event (a finish_reason then
-`[DONE]`, `response.completed` / `.incomplete` / `.failed`, or an error event that is not a
-server failure); `/health` is 200 after every case.
+Every case goes through Hypercorn on a real socket serving the tiny random model (in a
+thread of its own, restarted after a case that leaves it unhealthy); each outcome must hold:
+no 5xx other than 503/504; every non-2xx body is OpenAI's error envelope (and short: an error
+never echoes a large value back); every 200 body and SSE event parses and matches the spec;
+every 200 stream ends with a terminal event (a finish_reason then `[DONE]`,
+`response.completed` / `.incomplete` / `.failed`, or an error event that is not a server
+failure); the keep-alive connection still serves the next request; `/health` is 200 after
+every case.
 
-`MLX_NURSERY_FUZZ_EXAMPLES` sets the examples per flavour (default `DEFAULT_EXAMPLES`);
-`MLX_NURSERY_FUZZ_MAX_BYTES` the largest generated string or body. bench/fuzz_soak.py runs
-the same strategies for 10,000 cases against a server process and counts the outcomes.
+`MLX_NURSERY_FUZZ_EXAMPLES` sets the examples per flavour (default `DEFAULT_EXAMPLES`, about
+15 s a flavour on 2 CPU cores); `MLX_NURSERY_FUZZ_MAX_BYTES` the largest generated string or
+body; `MLX_NURSERY_FUZZ_SHRINK=1` shrinks a failure to a minimal case (minutes per failure).
+The derandomized examples are the same in every run. bench/fuzz_soak.py runs the same
+strategies for 10,000 cases against a server process and counts the outcomes.
 """
 
 from __future__ import annotations
@@ -219,7 +223,7 @@ chat_content = st.one_of(short_text, content_parts)
 tool_calls = st.lists(st.fixed_dictionaries({
     "id": ids, "type": st.just("function"),
     "function": st.fixed_dictionaries({"name": names, "arguments": json_arguments})}),
-    min_size=1, max_size=2, unique_by=lambda c: c["id"])
+    min_size=1, max_size=2, unique_by=lambda c: str(c["id"]))
 user_message = st.fixed_dictionaries({"role": st.just("user"), "content": nonempty_text})
 
 
@@ -619,7 +623,8 @@ def targeted(draw: st.DrawFn, endpoint: str, max_bytes: int) -> tuple[dict[str, 
             ({"include": draw(st.sampled_from([["\ud800"], ["message.output_text.logprobs", 5], "x"])),
               "top_logprobs": draw(st.sampled_from([2**64, -1, 21, 5]))}, "include"),
         ]
-    return draw(st.sampled_from(options))
+    chosen: tuple[dict[str, Any], str] = draw(st.sampled_from(options))
+    return chosen
 
 
 NOT_JSON = [b"", b"{", b"}", b"null", b"[]", b"1", b'"x"', b"true", b"\xff\xfe{}", b"\x00" * 100,
@@ -948,9 +953,9 @@ class Target(Judge):
 
     def run(self, case: Case) -> Outcome:
         outcome = Outcome(case)
-        headers = {name: value.encode("latin-1") for name, value in case.headers}  # bytes: sent as they are
+        headers = {name.encode(): value.encode("latin-1") for name, value in case.headers}  # sent as they are
         if case.content_type is not None:
-            headers["content-type"] = case.content_type.encode("latin-1")
+            headers[b"content-type"] = case.content_type.encode("latin-1")
         path = case.url.replace("{stored}", self.stored[-1] if self.stored else "resp_none")
         started = time.monotonic()
         reply: httpx.Response | None = None
