@@ -134,7 +134,15 @@ async def test_a_model_without_a_tool_format_gets_the_fallback(toolless_model: P
         round_trip = await http.post("/v1/chat/completions", json={
             "model": "tiny", "messages": history, "tools": [PLAN], "max_tokens": 4, "logprobs": False})
         prompt = await http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+        stream = await sdk(server).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "trip?"}], tools=[PLAN], user="call",
+            max_tokens=80, temperature=0, stream=True)
+        chunks = [c async for c in stream]
     assert prompt.status_code == 200
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in deltas if d.function and d.function.name] == ["plan_trip"]
+    assert json.loads("".join(d.function.arguments or "" for d in deltas if d.function)) == {"city": "Rome", "days": 2}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     choice = scripted_reply["choices"][0]
     assert (choice["finish_reason"], choice["message"]["content"]) == ("tool_calls", "Let me plan.")
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
