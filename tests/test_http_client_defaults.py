@@ -93,13 +93,14 @@ async def test_auto_truncation_drops_the_oldest_turns_to_fit(tiny_model: Path) -
         refused = await http.post("/v1/responses", json=request)
         truncated = await http.post("/v1/responses", json={**request, "truncation": "auto"})
         short = await http.post("/v1/responses", json={**request, "input": turns[-1:], "truncation": "auto"})
+        dropped = int(truncated.headers["x-truncated-messages"])
+        # One turn fewer dropped would not fit: only as many turns as needed went.
+        one_more_turn = await http.post("/v1/responses", json={**request, "input": turns[dropped - 2:]})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
     assert truncated.status_code == 200, truncated.text
-    dropped = int(truncated.headers["x-truncated-messages"])
-    assert 0 < dropped < len(turns)
-    usage = truncated.json()["usage"]
-    assert usage["input_tokens"] + 8 <= 4096
-    assert usage["input_tokens"] > 4096 // 2  # only as many turns as needed went
+    assert 0 < dropped < len(turns) and turns[dropped]["role"] == "user"  # the rest starts a turn
+    assert truncated.json()["usage"]["input_tokens"] + 8 <= 4096
+    assert one_more_turn.status_code == 400 and one_more_turn.json()["error"]["code"] == "context_length_exceeded"
     assert short.status_code == 200 and "x-truncated-messages" not in short.headers
 
 

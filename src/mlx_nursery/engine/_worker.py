@@ -188,6 +188,9 @@ class Worker:
         self._replays = 0
         self._probation: dict[int, _Sequence] = {}
         """By seq_id: sequences of a failed step waiting to be replayed one at a time."""
+        self._held: list[Submit] = []
+        """Submissions that arrived during probation: admitted once it is over, so that new
+        arrivals (each a newcomer for all its prefill) cannot keep a suspect from its replay."""
         self._previous_responses: list[Any] = []
         """The last step's responses (MLX arrays), released only once the next step has run."""
         self._confirmation_seen = threading.Event()
@@ -278,11 +281,15 @@ class Worker:
         while True:
             if not self._active:
                 self._previous_responses = []  # no next step: nothing to wait for
-            if self._apply(self._take_commands(block=not self._active)):
+            idle = not (self._active or self._probation or self._held)
+            if self._apply(self._take_commands(block=idle)):
                 return
             self._settle()
             if self._probation:
                 self._replay_next_suspect()
+            elif self._held:
+                held, self._held = self._held, []
+                self._admit_all(held)
             if self._active:
                 self._step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
@@ -307,7 +314,7 @@ class Worker:
 
     def _take_commands(self, *, block: bool) -> list[Command]:
         commands: list[Command] = []
-        if block and not self._probation:
+        if block:
             try:
                 commands.append(self._commands.get(timeout=_IDLE_POLL_SECONDS))
             except queue.Empty:
@@ -328,6 +335,9 @@ class Worker:
                 self._remove(uid, "cancelled")
             elif seq_id in self._probation:
                 self._end_suspect(self._probation.pop(seq_id), "cancelled")
+        for command in [c for c in self._held if c.seq_id in cancelled]:
+            self._held.remove(command)
+            self._finish_unstarted(command, "cancelled")
         admitted: list[Submit] = []
         for command in commands:
             if isinstance(command, Submit):
@@ -335,7 +345,9 @@ class Worker:
                     self._finish_unstarted(command, "cancelled")
                 else:
                     admitted.append(command)
-        if admitted:
+        if admitted and self._probation:
+            self._held += admitted
+        elif admitted:
             self._admit_all(admitted)
         return stop
 
@@ -726,7 +738,8 @@ class Worker:
         """On exit: finish the batch and every submission still queued; nobody waits forever."""
         self._finish_active(reason, exc)
         error = "the engine stopped before serving this request" if exc is not None else None
-        for command in self._take_commands(block=False):
+        held, self._held = self._held, []
+        for command in [*held, *self._take_commands(block=False)]:
             if isinstance(command, Submit):
                 self._finish_unstarted(command, reason, error)
 
@@ -756,7 +769,7 @@ class Worker:
         prefilled = int(getattr(counters, "prompt_tokens", 0))
         return WorkerStats(
             steps=self.steps,
-            active=len(self._active) + len(self._probation),
+            active=len(self._active) + len(self._probation) + len(self._held),
             prompt_tokens_processed=self._prompt_tokens + prefilled,
             generated_tokens=self._generated_tokens,
             failed_steps=self._failed_steps,

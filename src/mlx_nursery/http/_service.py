@@ -39,8 +39,8 @@ PREPARE_THREADS = 1
 encode holds a shared borrow of it with the GIL released, and transformers resets its
 truncation/padding state (a mutable borrow) whenever a call's settings differ from the
 current ones; the two at once raise "RuntimeError: Already borrowed" (huggingface/tokenizers#537).
-Nothing on our request path changes those settings today, but one thread at a time makes it
-impossible rather than unlikely; and beside the GIL (Jinja rendering is Python) and the
+Nothing on our request path changes those settings today, and one thread at a time rules out
+two encodes at once (the Trio thread only decodes single tokens, a shared borrow); and beside the GIL (Jinja rendering is Python) and the
 engine's thread, a second preparation would gain little on a small machine. The prompt size
 check keeps any one preparation short."""
 

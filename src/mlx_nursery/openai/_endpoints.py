@@ -95,7 +95,8 @@ class Prepared:
     def logprob_aligner(self) -> LogprobAligner | None:
         if self.token_text is None:
             return None
-        return LogprobAligner(self.token_text, self.token_bytes)
+        return LogprobAligner(self.token_text, self.token_bytes,
+                              trimmed_space=self.generation.trim_leading_space)
 
     def tool_extractor(self) -> ToolCallExtractor | None:
         if not self.tools or self.tool_markup is None:

@@ -10,7 +10,8 @@ its emitted part.
 multi-byte character has the text "" (its character comes out with the token that
 completes it) and the bytes it stands for, so the entries' bytes concatenate to the UTF-8
 of the content. Two exceptions keep that true: a token cut by a stop string has the bytes
-of its emitted part, and a chat reply's first token loses the space its text lost.
+of its emitted part, and a chat reply's leading space, dropped from its text, is dropped
+from its bytes.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ class LogprobEntry:
 
 class LogprobAligner:
     def __init__(self, token_text: Callable[[int], str],
-                 token_bytes: Callable[[int], bytes] | None = None) -> None:
+                 token_bytes: Callable[[int], bytes] | None = None, *, trimmed_space: bool = False) -> None:
+        """`trimmed_space`: the text lost one leading space (a chat reply's), so the bytes do."""
         self._token_text = token_text
         self._token_bytes = token_bytes or (lambda token: token_text(token).encode())
-        self._first = True
+        self._trim_pending = trimmed_space
         self._pending: deque[tuple[str, TokenLogprob]] = deque()
         self._raw_popped = 0  # chars of the pending tokens' text already handed out
         self._emitted = 0
@@ -73,7 +75,11 @@ class LogprobAligner:
     def _entry(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> LogprobEntry:
         top = tuple((self._token_text(token), value, self._token_bytes(token)) for token, value in logprob.top)
         data = self._token_bytes(logprob.token_id) if exact else text.encode()
-        if self._first and data.startswith(b" ") and not text.startswith(" "):
-            data = data[1:]  # a chat reply's leading space, trimmed from its text
-        self._first = False
+        if self._trim_pending:
+            # The detokenizer drops one space from the start of the text (held tokens'
+            # text is "" until the first piece comes out): the first bytes lose it too.
+            if data.startswith(b" ") and exact:
+                data, self._trim_pending = data[1:], False
+            elif text:
+                self._trim_pending = False
         return LogprobEntry(text, logprob.logprob, top, data)

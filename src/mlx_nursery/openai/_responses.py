@@ -218,17 +218,23 @@ def _truncated(served: ServedModel, messages: list[ChatMessage], keep: int, tool
                max_output_tokens: int | None) -> tuple[list[ChatMessage], int]:
     """`truncation: "auto"`: leave out the oldest turns until the prompt and the output budget
     fit the context, as OpenAI does. The first `keep` messages (the instructions) stay, and
-    the last turn always does; a turn is a message with the tool results that follow it, so
-    that no result is left without its call. Still too long: the usual 400."""
+    the last turn always does; a turn starts at a user message (templates that insist on
+    alternating roles want the rest to start there, and no tool result is left without its
+    call), or at any other message but a tool result when there is no user message left.
+    A cut the template still refuses counts as not fitting. Still too long: the usual 400."""
     needed = max_output_tokens or 1
-    starts = [i for i in range(keep, len(messages)) if messages[i].role != "tool"]
+    starts = [i for i in range(keep, len(messages)) if messages[i].role == "user"] or [
+        i for i in range(keep, len(messages)) if messages[i].role != "tool"]
 
     def fits(drop: int) -> bool:
         kept = messages[:keep] + messages[starts[drop]:]
         texts = sum(len(t.encode("utf-8")) for t in prompt_texts(kept, tools))
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
             return False  # certainly too long: no need to render it
-        tokens = render_chat(served.tokenizer, kept, tools, native_tools=served.tool_format.native)
+        try:
+            tokens = render_chat(served.tokenizer, kept, tools, native_tools=served.tool_format.native)
+        except InvalidRequest:
+            return False
         return len(tokens) + needed <= served.context_length
 
     if len(starts) <= 1 or fits(0):

@@ -1,0 +1,46 @@
+"""LogprobAligner with the real streaming detokenizer: the entries' bytes are the tokens' own
+and decode to the content, whether the text keeps its leading space (completions) or drops
+it (chat), and when characters are split across tokens."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.tokenizer_utils import _byte_decoder
+
+from mlx_nursery.engine import TokenLogprob
+from mlx_nursery.engine._detokenizer import LinearBPEDetokenizer
+from mlx_nursery.openai._logprobs import LogprobAligner
+
+TO_CHAR = {value: char for char, value in _byte_decoder().items()}
+
+
+def run(pieces: list[bytes], *, trim: bool) -> tuple[str, bytes]:
+    """Detokenize and align tokens standing for `pieces`; the content and the joined bytes."""
+    tokenmap = ["".join(TO_CHAR[b] for b in piece) for piece in pieces]
+    detokenizer = LinearBPEDetokenizer(tokenmap, trim_space=trim)
+    aligner = LogprobAligner(lambda t: tokenmap[t], lambda t: pieces[t], trimmed_space=trim)
+    content, entries = "", []
+    for token in range(len(pieces)):
+        detokenizer.add_token(token)
+        if token == len(pieces) - 1:
+            detokenizer.finalize()
+        segment = detokenizer.last_segment
+        aligner.add(segment, TokenLogprob(token, -0.5))
+        content += segment
+        entries += aligner.take(segment)
+    entries += aligner.finish()
+    assert "".join(e.token for e in entries) == content
+    return content, b"".join(e.bytes for e in entries)
+
+
+@pytest.mark.parametrize("pieces", [
+    [b" \xe4", b"\xbd\xa0", b"\xe5\xa5\xbd"],  # a space and a character split across tokens
+    [b" ", b" world"],  # a lone space token, held back, then a spaced word
+    [b"\xe4", b"\xbd\xa0", b" x"],  # a split character first, then a spaced word
+    [b" Hello", b",", b" world"],
+])
+@pytest.mark.parametrize("trim", [False, True], ids=["completion", "chat"])
+def test_entry_bytes_decode_to_the_content(pieces: list[bytes], trim: bool) -> None:
+    content, data = run(pieces, trim=trim)
+    assert data.decode("utf-8") == content
+    assert content == b"".join(pieces).decode()[1 if trim and pieces[0].startswith(b" ") else 0:]
