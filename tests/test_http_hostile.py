@@ -591,3 +591,32 @@ async def test_a_failure_while_streaming_ends_with_an_error_event(
         assert events[-1]["code"] == "internal_error"
     assert caplog.records and all(secret not in r.getMessage() for r in caplog.records)
     await assert_still_serving(http)
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("POST", "/v1//chat/completions", 404),  # werkzeug would redirect (308) with an HTML body
+    ("POST", "/v1/chat/completions/", 404),
+    ("DELETE", "/v1/completions", 405),
+    ("POST", "/v1/nothing", 404),
+])
+async def test_unrouted_requests_get_the_envelope_and_keep_the_connection(
+    server: Hosted, method: str, path: str, status: int
+) -> None:
+    """Answered before the route reads the body: the body is read all the same, so that the
+    keep-alive connection serves the next request (one connection: the pool's limit is 1)."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60, limits=limits) as http:
+        for _ in range(3):
+            response = await http.request(method, path, json=chat_body(max_tokens=1, padding="x" * 60_000))
+            assert_envelope(response, status, None)
+            await assert_still_serving(http)
+
+
+async def test_null_format_fields_are_not_echoed(http: httpx.AsyncClient) -> None:
+    form = {"type": "json_schema", "name": "o", "description": None, "strict": None,
+            "schema": {"type": "object", "properties": {}, "additionalProperties": False}}
+    response = await http.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 3,
+                                                      "text": {"format": form}})
+    assert response.status_code == 200, response.text
+    validate(response.json(), "Response")
+    assert response.json()["text"]["format"] == {k: v for k, v in form.items() if v is not None}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 
 from quart import Response, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from .http import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
 from .http._errors import envelope_response, error_response, internal_error, log_failure
@@ -36,6 +37,8 @@ def create_app(settings: Settings | None = None, *,
     scripts with it); it is not reachable over HTTP."""
     settings = settings or Settings.from_env()
     app = QuartTrio("mlx_nursery")
+    # `/v1//chat/completions` is a 404 in the envelope, not werkzeug's HTML redirect (308).
+    app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
     app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
@@ -68,6 +71,7 @@ def create_app(settings: Settings | None = None, *,
     async def openai_error(error: OpenAIError) -> Response:
         if error.status >= 500:
             log.warning("request %s failed: %s", getattr(g, "request_id", "-"), error.message)
+        await _drain_body(error.status)
         return error_response(error)
 
     @app.errorhandler(HTTPException)
@@ -76,6 +80,7 @@ def create_app(settings: Settings | None = None, *,
                 415: "unsupported_media_type"}.get(
             error.code or 500
         )
+        await _drain_body(error.code or 500)
         return envelope_response(error.code or 500, error.description or error.name,
                                  "invalid_request_error", code)
 
@@ -83,6 +88,18 @@ def create_app(settings: Settings | None = None, *,
     async def unexpected_error(error: Exception) -> Response:
         request_id = getattr(g, "request_id", "-")
         log_failure(request_id, "with an internal error", error)
+        await _drain_body(500)
         return error_response(internal_error(request_id))
 
     return app
+
+
+async def _drain_body(status: int) -> None:
+    """Read what is left of the request body before an error answers it (not past
+    --max-request-bytes, and not for a 413): a body left unread makes the server drop the
+    connection, and a keep-alive client's next request on it then gets no response at all.
+    Cancellation: a checkpoint; a body that stops arriving is bounded by BODY_TIMEOUT."""
+    if status == 413:
+        return
+    with contextlib.suppress(RequestEntityTooLarge, RequestTimeout):
+        await request.get_data(cache=False, parse_form_data=False)

@@ -500,7 +500,7 @@ class ResponseBuilder:
             "reasoning": {"effort": None, "summary": None},
             "store": p.store,
             "temperature": 1.0 if r.temperature is None else r.temperature,
-            "text": {"format": (r.text or {}).get("format") or {"type": "text"}},
+            "text": {"format": _echoed_format((r.text or {}).get("format"))},
             "tool_choice": r.tool_choice if r.tool_choice is not None else "auto",
             "tools": [_flat_tool(t, strict_tool_names(r.tools)) for t in p.prepared.tools],
             "top_p": 1.0 if r.top_p is None else r.top_p,
@@ -526,6 +526,14 @@ class ResponseBuilder:
         if calls:
             reply["tool_calls"] = calls
         return [*self._p.conversation, reply]
+
+
+def _echoed_format(form: Any) -> dict[str, Any]:
+    """`text.format` as the response echoes it: fields sent as null are left out (the spec
+    types them as strings and booleans, not nullable)."""
+    if not isinstance(form, dict):
+        return {"type": "text"}
+    return {key: value for key, value in form.items() if value is not None}
 
 
 def _flat_tool(tool: dict[str, Any], strict: frozenset[str]) -> dict[str, Any]:
