@@ -75,11 +75,10 @@ class LogprobAligner:
     def _entry(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> LogprobEntry:
         top = tuple((self._token_text(token), value, self._token_bytes(token)) for token, value in logprob.top)
         data = self._token_bytes(logprob.token_id) if exact else text.encode()
-        if self._trim_pending:
-            # The detokenizer drops one space from the start of the text (held tokens'
-            # text is "" until the first piece comes out): the first bytes lose it too.
-            if data.startswith(b" ") and exact:
-                data, self._trim_pending = data[1:], False
-            elif text:
-                self._trim_pending = False
+        if self._trim_pending and data:
+            # The detokenizer drops one space from the start of the text, which it does when
+            # the first byte of the output is one: the first token's bytes lose it too.
+            if exact and data.startswith(b" "):
+                data = data[1:]
+            self._trim_pending = False
         return LogprobEntry(text, logprob.logprob, top, data)
