@@ -153,7 +153,7 @@ def model_dir(given: str | None, scratch: Path) -> Path:
 def machine() -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
     dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True, check=False)
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit.stdout.strip(),
+    return {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit.stdout.strip(),
             "src_modified": bool(dirty.stdout.strip()), "platform": platform.platform(),
             "python": platform.python_version(), "cpus": os.cpu_count()}
 
@@ -269,6 +269,7 @@ class HealthProbe:
 def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     from hypothesis import HealthCheck, Phase, given, settings
 
+    at_start = machine()  # the commit the server runs
     scratch = Path(tempfile.mkdtemp(prefix="fuzz-"))
     log = scratch / "server.log"
     server = Server(model_dir(args.model, scratch), log, "--request-timeout", "20", "--max-concurrency", "4",
@@ -309,7 +310,7 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
                      "detail": entry["detail"], "origin": where.get(entry["request_id"] or "")}
                     for key, entry in sorted(record.failures.items(), key=lambda kv: -kv[1]["count"])]
         return {
-            "machine": machine(), "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
+            "machine": at_start, "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
             "cases": record.cases, "by_flavour": dict(record.by_flavour), "streams": record.streams,
             "statuses": dict(sorted(record.statuses.items())), "problems": dict(record.problems),
             "non_2xx": record.non_2xx, "envelopes": record.envelopes,
@@ -470,6 +471,7 @@ def wait_back(pid: int, key: str, baseline: int, limit: float) -> tuple[int, flo
 
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
+    at_start = machine()  # the commit the server runs
     scratch = Path(tempfile.mkdtemp(prefix="soak-"))
     log = scratch / "server.log"
     # The bounded caches (prefix cache: 64 entries; stored responses: --responses-max) fill up
@@ -521,7 +523,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     statuses = {k: v for k, v in tally.items() if v}
     five_xx = sum(v for k, v in statuses.items() if k.startswith("status 5") and k not in ("status 503", "status 504"))
     return {
-        "machine": machine(), "command": " ".join(sys.argv), "requests": args.requests,
+        "machine": at_start, "command": " ".join(sys.argv), "requests": args.requests,
         "concurrency": args.concurrency, "wall_s": round(wall, 1), "outcomes": dict(sorted(statuses.items())),
         "5xx_other_than_503_504": five_xx, "failures": failures[:20], "failure_count": len(failures),
         "threads": {"before": before["threads"], "after": threads, "seconds_to_return": round(threads_s, 1)},
