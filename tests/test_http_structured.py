@@ -13,7 +13,7 @@ import pytest
 import trio
 from pydantic import BaseModel, Field
 
-from .http_helpers import chat_body, running_server, sdk, sse_events, validate
+from .http_helpers import chat_body, running_server, sdk, sse_events, validate, validate_error
 
 NESTED = {
     "type": "object",
@@ -143,3 +143,25 @@ async def test_forced_tool_choice_always_yields_a_valid_call(tiny_model: Path, c
                                                  tool_choice="required", max_output_tokens=120)
         (call_item,) = [item for item in response.output if item.type == "function_call"]
         jsonschema.validate(json.loads(call_item.arguments), schemas[call_item.name])
+
+
+async def test_a_grammar_too_complex_to_follow_is_the_requests_error(tiny_model: Path) -> None:
+    """llguidance gives up on some schemas only while decoding (1000 optional properties pass
+    validation, then exceed its parser's limits at the first token): a 400 naming the format,
+    in-stream for a stream, never a 500; the server goes on."""
+    schema = {"type": "object", "properties": {str(i): {"type": "string"} for i in range(1000)},
+              "additionalProperties": False}
+    fields = {"max_tokens": 8, "temperature": 0,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}}
+    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+        refused = await http.post("/v1/chat/completions", json=chat_body(**fields))
+        async with http.stream("POST", "/v1/chat/completions", json=chat_body(stream=True, **fields)) as response:
+            events = await sse_events(response)
+        health = await http.get("/health")
+    assert refused.status_code == 400
+    validate_error(refused.json())
+    assert refused.json()["error"]["param"] == "response_format.json_schema.schema"
+    assert len(refused.json()["error"]["message"]) < 1000
+    assert events[-1]["error"]["type"] == "invalid_request_error"
+    assert events[-1]["error"]["code"] == "constraint_failed"
+    assert health.status_code == 200

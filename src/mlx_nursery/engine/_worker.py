@@ -35,6 +35,8 @@ log = logging.getLogger("mlx_nursery.engine")
 
 _IDLE_POLL_SECONDS = 1.0
 _CONFIRMATION_HEADSTART_SECONDS = 0.002
+_MAX_REASON_CHARS = 500
+"""Of an exception's text kept in logs and error events (a grammar's may quote all of it)."""
 _STRIKES_TO_BLAME = 2
 """Failed steps a sequence must be the one suspect of before it is failed alone."""
 """Longest the thread waits for Trio to take a cancel's confirmation before detaching."""
@@ -514,9 +516,9 @@ class Worker:
         # The step returns token k while it computes token k+1 (pipelined), so a processor
         # failure recorded now concerns a token nobody has seen: emit k, never k+1.
         for sequence in [s for s in self._active.values() if s.failures]:
-            log.warning("logits processor or sampler failed for sequence %d: %r",
-                        sequence.seq_id, sequence.failures[0])
-            self._remove(sequence.uid, "error", f"sampling failed: {sequence.failures[0]}")
+            reason = repr(sequence.failures[0])[:_MAX_REASON_CHARS]  # may quote a whole grammar
+            log.warning("logits processor or sampler failed for sequence %d: %s", sequence.seq_id, reason)
+            self._remove(sequence.uid, "error", f"sampling failed: {reason}")
 
     def _solo_step(self) -> list[Any]:
         assert self._solo is not None and self._solo.solo is not None

@@ -45,7 +45,9 @@ class RequestLimits:
         body = json.dumps(error.envelope()).encode()
         await send({"type": "http.response.start", "status": error.status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", f"req_{secrets.token_hex(12)}".encode())]})
+            (b"x-request-id", f"req_{secrets.token_hex(12)}".encode()),
+            # The body is left unread: say the connection ends, so no client reuses it.
+            (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _refusal(self, scope: dict[str, Any]) -> OpenAIError | None:

@@ -8,7 +8,7 @@ caller owns the task and its deadline (see `http._jobs`).
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -22,7 +22,7 @@ from ..engine import (
     TokenEvent,
     Usage,
 )
-from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable
+from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable, shortened
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._stop import StopMatcher
 from ._tools import ContentText, ToolCallExtractor, ToolCallOut
@@ -82,7 +82,7 @@ async def generate_text(
                     if matcher.stopped or (tools is not None and tools.done):
                         stream.stop()  # ends before the next step; the final event still comes
                 if event.is_final:
-                    for output in _finish(event, matcher, tools, logprobs):
+                    for output in _finish(event, matcher, tools, logprobs, request.logits_processors):
                         await send.send(output)
     # Admission errors: raised before the sequence got a lane, so before `started`.
     except PromptTooLong as exc:
@@ -96,10 +96,16 @@ async def generate_text(
 
 
 def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | None,
-            logprobs: LogprobAligner | None) -> list[Output]:
+            logprobs: LogprobAligner | None, processors: tuple[Any, ...] = ()) -> list[Output]:
     stopped_by_us = matcher.stopped or (tools is not None and tools.done)
     # No usage: the engine stopped under the sequence (its last event comes from the Trio side).
     if event.usage is None or not stopped_by_us and event.finish_reason not in ("stop", "length"):
+        for processor in processors:  # a grammar the output could not follow: the request's
+            failure = getattr(processor, "failure", None)
+            if event.finish_reason == "error" and failure:
+                raise InvalidRequest(f"the output could not be held to {processor.param}: "
+                                     f"{shortened(failure, 300)}", param=processor.param,
+                                     code="constraint_failed")
         log.error("generation ended with %s: %s", event.finish_reason, event.error)
         if event.finish_reason == "cancelled":
             raise Unavailable(f"the request was cancelled by the server: {event.error}",

@@ -96,7 +96,7 @@ class Grammars:
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise InvalidRequest(f"{problem}: {error}", param=param, code="unsupported_schema")
-        return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size)
+        return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size, param)
 
 
 _COMPACT = {"whitespace_flexible": False}
@@ -121,9 +121,14 @@ class GrammarProcessor:
     the matcher already took; the matcher then rolls back to the context.
     """
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, param: str | None = None) -> None:
         import llguidance.numpy as lnp
 
+        self.param = param
+        """The request field the grammar enforces (for errors)."""
+        self.failure: str | None = None
+        """Why the matcher stopped, if it did: the grammar could not be followed (llguidance's
+        parser limits, a schema it cannot complete), which is the request's doing."""
         self._matcher = matcher
         self._vocab_size = vocab_size
         self._bitmask = lnp.allocate_token_bitmask(1, vocab_size)
@@ -143,7 +148,8 @@ class GrammarProcessor:
         if generated > self._consumed:
             new = tokens[self._prompt_length + self._consumed:].tolist()
             if not self._matcher.consume_tokens(new):
-                raise RuntimeError(f"constrained decoding diverged: {self._matcher.get_error()}")
+                self.failure = self._matcher.get_error()
+                raise RuntimeError(f"constrained decoding diverged: {self.failure}")
             self._consumed = generated
         self._fill(self._matcher, self._bitmask, 0)
         vocab = logits.shape[-1]
