@@ -99,15 +99,23 @@ async def test_timeout_while_generating(tiny_model: Path) -> None:
 
 
 async def test_timeout_while_queued_costs_no_compute(tiny_model: Path) -> None:
+    """The only lane is taken (by the test itself: a request holding it would time out too,
+    and under load could free it before the queued one's deadline), so the request waits in
+    the queue until its deadline: a 504, and not one engine step for it."""
     async with running_server(tiny_model, max_concurrency=1, request_timeout=1.0) as server:
+        engine = engine_of(server)
+        busy = object()
         async with httpx.AsyncClient(base_url=server.base_url) as http:
-            holder = await raw_http(port_of(server), post_request(
-                "/v1/chat/completions", chat_body(max_tokens=LONG, temperature=0, stream=True)))
-            await read_until(holder, b"data: ")
+            assert (await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))).status_code == 200
+            await engine.limiter.acquire_on_behalf_of(busy)
+            steps = engine.statistics().worker.steps  # type: ignore[union-attr]
             queued = await http.post("/v1/chat/completions", json=chat_body("queued", max_tokens=4))
             assert queued.status_code == 504
             assert queued.json()["error"]["code"] == "request_timeout"
-            await holder.aclose()
+            assert engine.statistics().worker.steps == steps  # type: ignore[union-attr]
+            assert engine.statistics().queued == 0
+            engine.limiter.release_on_behalf_of(busy)
+            assert (await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))).status_code == 200
 
 
 async def test_queue_full_is_503_with_retry_after(tiny_model: Path) -> None:
