@@ -1061,10 +1061,18 @@ class Fuzz:
     def run(self, case: Case) -> Outcome:
         outcome = self.target.run(case)
         if outcome.health != 200:
-            self.target.close()
-            self.server.restart()
-            self.target = Target(self.server.base_url)  # the new server's store is empty
+            try:
+                self.restart()
+            except AssertionError as exc:  # the case's failure stands; say how the shutdown went
+                outcome.add("health", f"and the server did not shut down cleanly: {exc!r} ({exc.__cause__!r})")
         return outcome
+
+    def restart(self) -> None:
+        self.target.close()
+        try:
+            self.server.restart()
+        finally:
+            self.target = Target(self.server.base_url)  # the new server's store is empty
 
     def close(self) -> None:
         self.target.close()
@@ -1195,3 +1203,8 @@ def test_the_fuzz_judge_catches_what_it_looks_for(fuzz: Fuzz) -> None:
     refused = fuzz.target.run(attrs.evolve(_chat(), flavour="valid", body={"model": "nope", "messages": []}))
     assert refused.status == 404 or refused.status == 400
     assert refused.of("rejected") and not refused.of("envelope")
+    # What an engine death sets off: the server is replaced, its threads joined, the new one serves.
+    threads, restarts = len(engine_threads()), fuzz.server.restarts
+    fuzz.restart()
+    assert fuzz.server.restarts == restarts + 1 and len(engine_threads()) == threads
+    assert fuzz.target.health() == 200
