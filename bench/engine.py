@@ -113,8 +113,9 @@ async def engine_stream(engine: Engine, request: GenerationRequest) -> tuple[flo
     return first - start, (n - 1) / (last - first) if last > first else float("nan"), n
 
 
-async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], tokens: int,
-                        rounds: int) -> dict[str, Any]:
+async def single_stream(
+    engine: Engine, raw_model: Any, prompt: list[int], tokens: int, rounds: int
+) -> dict[str, Any]:
     """Raw generate_step and the engine, compared round by round on the same device.
 
     Each round runs the two sides in a mirrored order, raw-engine-engine-raw (or
@@ -141,8 +142,10 @@ async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], token
         raw.append(statistics.fmean(rate(s) for s in raw_pair))
         eng.append(statistics.fmean(rate(s) for s in eng_pair))
         ratios.append(eng[-1] / raw[-1])
-        gap_ratios.append(statistics.fmean(median_gap(s) for s in raw_pair)
-                          / statistics.fmean(median_gap(s) for s in eng_pair))
+        gap_ratios.append(
+            statistics.fmean(median_gap(s) for s in raw_pair)
+            / statistics.fmean(median_gap(s) for s in eng_pair)
+        )
     return {
         "rounds": rounds,
         "design": "mirrored rounds (raw, engine, engine, raw / engine, raw, raw, engine)",
@@ -158,9 +161,13 @@ async def single_stream(engine: Engine, raw_model: Any, prompt: list[int], token
 
 
 # -- 2. aggregate throughput -------------------------------------------------------------------
-async def aggregate_tps(engine: Engine, streams: int, prompt_len: int, tokens: int, vocab: int) -> float:
+async def aggregate_tps(
+    engine: Engine, streams: int, prompt_len: int, tokens: int, vocab: int
+) -> float:
     requests = [
-        GenerationRequest(prompt_ids(prompt_len, i, vocab), max_tokens=tokens, sampling=GREEDY, ignore_eos=True)
+        GenerationRequest(
+            prompt_ids(prompt_len, i, vocab), max_tokens=tokens, sampling=GREEDY, ignore_eos=True
+        )
         for i in range(streams)
     ]
     counts: list[int] = []
@@ -231,21 +238,31 @@ class CancelTimeline:
 
 
 def _summary(xs: list[float]) -> dict[str, float]:
-    return {"p50": 1000 * percentile(xs, 0.5), "p99": 1000 * percentile(xs, 0.99), "max": 1000 * max(xs, default=float("nan"))}
+    return {
+        "p50": 1000 * percentile(xs, 0.5),
+        "p99": 1000 * percentile(xs, 0.99),
+        "max": 1000 * max(xs, default=float("nan")),
+    }
 
 
 async def cancellation(engine: Engine, trials: int, background: int, vocab: int) -> dict[str, Any]:
     latencies: list[float] = []
     in_flight: list[int] = []
     step_times: list[float] = []
-    parts: dict[str, list[float]] = {"cancel_to_applied": [], "applied_to_delivered": [],
-                                     "delivered_to_released": [], "beyond_step_in_flight": [],
-                                     "step_in_flight": []}
+    parts: dict[str, list[float]] = {
+        "cancel_to_applied": [],
+        "applied_to_delivered": [],
+        "delivered_to_released": [],
+        "beyond_step_in_flight": [],
+        "step_in_flight": [],
+    }
     budget = min(engine.model.context_length - 200, 4096)
     timeline = CancelTimeline(engine)
 
     async def background_stream(i: int) -> None:
-        request = GenerationRequest(prompt_ids(64, 1000 + i, vocab), max_tokens=budget, sampling=GREEDY, ignore_eos=True)
+        request = GenerationRequest(
+            prompt_ids(64, 1000 + i, vocab), max_tokens=budget, sampling=GREEDY, ignore_eos=True
+        )
         async with engine.generate(request) as stream:
             async for _ in stream:
                 pass
@@ -255,13 +272,15 @@ async def cancellation(engine: Engine, trials: int, background: int, vocab: int)
             nursery.start_soon(background_stream, i)
         rng = random.Random(0)
         for t in range(trials):
-            request = GenerationRequest(prompt_ids(64, t, vocab), max_tokens=budget, sampling=GREEDY, ignore_eos=True)
+            request = GenerationRequest(
+                prompt_ids(64, t, vocab), max_tokens=budget, sampling=GREEDY, ignore_eos=True
+            )
             stop_after = rng.randint(3, 20)
             with trio.CancelScope() as scope:
                 async with engine.generate(request) as stream:
                     seq_id = stream._handle.seq_id  # a benchmark's probe
                     seen, previous = 0, 0.0
-                    async for event in stream:
+                    async for _event in stream:
                         now = time.perf_counter()
                         if previous:
                             step_times.append(now - previous)
@@ -281,7 +300,9 @@ async def cancellation(engine: Engine, trials: int, background: int, vocab: int)
                 parts["applied_to_delivered"].append(delivered - applied)
                 parts["delivered_to_released"].append(released - delivered)
                 step = timeline.step_at(cancelled_at)
-                parts["beyond_step_in_flight"].append(released - max(cancelled_at, step[1] if step else 0.0))
+                parts["beyond_step_in_flight"].append(
+                    released - max(cancelled_at, step[1] if step else 0.0)
+                )
                 parts["step_in_flight"].append(step[1] - step[0] if step else 0.0)
         nursery.cancel_scope.cancel()
     timeline.close()
@@ -312,10 +333,12 @@ async def prefix_ttft(
     shared = prompt_ids(prefix_tokens, 4242, vocab)
     cold, warm = [], []
     for r in range(offset, offset + repeats):
-        system = [10 + r] + shared[1:]  # differs from the start: nothing cached matches it
+        system = [10 + r, *shared[1:]]  # differs from the start: nothing cached matches it
         for i, sink in ((0, cold), (1, warm)):
             question = prompt_ids(16, 7000 + 10 * r + i, vocab)
-            request = GenerationRequest(system + question, max_tokens=2, sampling=GREEDY, ignore_eos=True)
+            request = GenerationRequest(
+                system + question, max_tokens=2, sampling=GREEDY, ignore_eos=True
+            )
             sink.append((await engine_stream(engine, request))[0])
     return {
         "prefix_tokens": prefix_tokens,
@@ -336,13 +359,19 @@ async def run(args: argparse.Namespace, model_path: Path) -> dict[str, Any]:
         for n in args.concurrency:
             await aggregate_tps(engine, n, args.prompt_tokens, 16, vocab)
         await prefix_ttft(engine, args.prefix_tokens, vocab, 1, offset=100)
-        results["single_stream"] = await single_stream(engine, raw_model, prompt, args.tokens, args.rounds)
+        results["single_stream"] = await single_stream(
+            engine, raw_model, prompt, args.tokens, args.rounds
+        )
         del raw_model
         mx.clear_cache()
         # The median of three runs each: one run of a few seconds moves by 10-30% on a GPU host.
         results["aggregate_tps"] = {
-            str(n): median([await aggregate_tps(engine, n, args.prompt_tokens, args.tokens, vocab)
-                            for _ in range(3)])
+            str(n): median(
+                [
+                    await aggregate_tps(engine, n, args.prompt_tokens, args.tokens, vocab)
+                    for _ in range(3)
+                ]
+            )
             for n in args.concurrency
         }
         results["cancellation"] = await cancellation(engine, args.cancel_trials, 7, vocab)
@@ -370,15 +399,27 @@ def targets(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     beyond = cancel["diagnostics_ms"]["beyond_step_in_flight"]["p99"]
     median_step = cancel["decode_step_ms_p50"] + 2.0
     checks = {
-        "single stream >= 0.97x raw": (r["single_stream"]["ratio"], r["single_stream"]["ratio"] >= 0.97),
+        "single stream >= 0.97x raw": (
+            r["single_stream"]["ratio"],
+            r["single_stream"]["ratio"] >= 0.97,
+        ),
         "32 streams batched >= 10x serialized (GPU)": (
-            r["serialized_vs_batched_32"]["ratio"], (r["serialized_vs_batched_32"]["ratio"] or 0) >= 10),
+            r["serialized_vs_batched_32"]["ratio"],
+            (r["serialized_vs_batched_32"]["ratio"] or 0) >= 10,
+        ),
         "cancel p99 within the step in flight + 2 ms": (beyond, beyond <= 2.0),
         "cancel p99 <= median decode step + 2 ms": (
-            cancel["latency_ms_p99"], cancel["latency_ms_p99"] <= median_step),
+            cancel["latency_ms_p99"],
+            cancel["latency_ms_p99"] <= median_step,
+        ),
         "events after confirmation == 0": (
-            cancel["events_after_confirmation"], cancel["events_after_confirmation"] == 0),
-        "warm TTFT >= 10x faster than cold": (r["prefix_cache"]["speedup"], r["prefix_cache"]["speedup"] >= 10),
+            cancel["events_after_confirmation"],
+            cancel["events_after_confirmation"] == 0,
+        ),
+        "warm TTFT >= 10x faster than cold": (
+            r["prefix_cache"]["speedup"],
+            r["prefix_cache"]["speedup"] >= 10,
+        ),
     }
     return {name: {"value": value, "met": bool(met)} for name, (value, met) in checks.items()}
 
@@ -388,20 +429,32 @@ def print_table(meta: dict[str, Any], r: dict[str, Any]) -> None:
         ("single stream: raw generate_step tok/s", r["single_stream"]["raw_generate_step_tps"]),
         ("single stream: engine tok/s", r["single_stream"]["engine_tps"]),
         ("single stream: engine / raw", r["single_stream"]["ratio"]),
-        ("single stream: engine / raw, by median time between tokens",
-         r["single_stream"].get("median_gap_ratio")),
+        (
+            "single stream: engine / raw, by median time between tokens",
+            r["single_stream"].get("median_gap_ratio"),
+        ),
         *[(f"aggregate tok/s, {n} streams", v) for n, v in r["aggregate_tps"].items()],
-        ("32 streams, max_concurrency=1 tok/s", r["serialized_vs_batched_32"]["max_concurrency_1_tps"]),
+        (
+            "32 streams, max_concurrency=1 tok/s",
+            r["serialized_vs_batched_32"]["max_concurrency_1_tps"],
+        ),
         ("32 streams, batched / serialized", r["serialized_vs_batched_32"]["ratio"]),
         ("cancel -> confirmed p50 ms", r["cancellation"]["latency_ms_p50"]),
         ("cancel -> confirmed p99 ms", r["cancellation"]["latency_ms_p99"]),
         ("decode step p50 ms (8 streams)", r["cancellation"]["decode_step_ms_p50"]),
-        *[(f"  cancel diagnostics: {name} p50/p99/max ms",
-           "/".join(f"{d[k]:.1f}" for k in ("p50", "p99", "max")))
-          for name, d in r["cancellation"]["diagnostics_ms"].items()],
+        *[
+            (
+                f"  cancel diagnostics: {name} p50/p99/max ms",
+                "/".join(f"{d[k]:.1f}" for k in ("p50", "p99", "max")),
+            )
+            for name, d in r["cancellation"]["diagnostics_ms"].items()
+        ],
         ("steps in flight at cancel (max)", r["cancellation"]["steps_in_flight_at_cancel_max"]),
         ("events after confirmation", r["cancellation"]["events_after_confirmation"]),
-        (f"prefix {r['prefix_cache']['prefix_tokens']} tok: cold TTFT ms", r["prefix_cache"]["cold_ttft_ms"]),
+        (
+            f"prefix {r['prefix_cache']['prefix_tokens']} tok: cold TTFT ms",
+            r["prefix_cache"]["cold_ttft_ms"],
+        ),
         ("prefix: warm TTFT ms", r["prefix_cache"]["warm_ttft_ms"]),
         ("prefix: cold / warm", r["prefix_cache"]["speedup"]),
     ]
@@ -419,22 +472,35 @@ def print_table(meta: dict[str, Any], r: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", help="existing model directory (default: make one from --preset)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", help="existing model directory (default: make one from --preset)"
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=3, help="prefix-cache repeats")
-    parser.add_argument("--rounds", type=int, default=7, help="single-stream rounds (each runs both sides twice, mirrored)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="single-stream rounds (each runs both sides twice, mirrored)",
+    )
     parser.add_argument("--cancel-trials", type=int, default=30)
     parser.add_argument("--prefix-tokens", type=int, default=2048)
     parser.add_argument("--out", default="bench/results/engine.json")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_path = Path(args.model) if args.model else make_model(Path(tmp) / args.preset, args.preset, dtype=args.dtype)
+        model_path = (
+            Path(args.model)
+            if args.model
+            else make_model(Path(tmp) / args.preset, args.preset, dtype=args.dtype)
+        )
         meta = {
             "model": args.model or f"preset {args.preset}",
             "dtype": args.dtype,

@@ -81,8 +81,12 @@ def proc_status(pid: int) -> dict[str, int]:
     threads = int(re.search(r"^Threads:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
     rss = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1)) * 1024  # type: ignore[union-attr]
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return {"threads": threads, "fds": len(os.listdir(f"/proc/{pid}/fd")), "rss": rss,
-            "cpu_ticks": int(fields[11]) + int(fields[12])}
+    return {
+        "threads": threads,
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "rss": rss,
+        "cpu_ticks": int(fields[11]) + int(fields[12]),
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -100,8 +104,21 @@ class Server:
 
     def start(self) -> None:
         port = free_port()
-        command = [sys.executable, "-m", "mlx_nursery", "serve", "--model", str(self.model), "--port", str(port),
-                   "--served-model-name", MODEL, "--responses-db", ":memory:", *self.extra]
+        command = [
+            sys.executable,
+            "-m",
+            "mlx_nursery",
+            "serve",
+            "--model",
+            str(self.model),
+            "--port",
+            str(port),
+            "--served-model-name",
+            MODEL,
+            "--responses-db",
+            ":memory:",
+            *self.extra,
+        ]
         log = self.log_path.open("ab")
         log.write(f"\n=== start {self.starts} ===\n".encode())
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -111,7 +128,9 @@ class Server:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.process.returncode}; see {self.log_path}")
+                raise RuntimeError(
+                    f"the server exited with {self.process.returncode}; see {self.log_path}"
+                )
             try:
                 if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
                     return
@@ -145,17 +164,37 @@ def model_dir(given: str | None, scratch: Path) -> Path:
     if given:
         return Path(given)
     path = scratch / "tiny"
-    subprocess.run([sys.executable, "-m", "mlx_nursery", "make-model", str(path), "--preset", "tiny"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "mlx_nursery", "make-model", str(path), "--preset", "tiny"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return path
 
 
 def machine() -> dict[str, Any]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True, check=False)
-    return {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit.stdout.strip(),
-            "src_modified": bool(dirty.stdout.strip()), "platform": platform.platform(),
-            "python": platform.python_version(), "cpus": os.cpu_count()}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "src"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": commit.stdout.strip(),
+        "src_modified": bool(dirty.stdout.strip()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
 
 
 # -- fuzz ------------------------------------------------------------------------------------
@@ -164,8 +203,13 @@ _NUMBERS = re.compile(r"\d+|req_[0-9a-f]+|resp_[0-9a-f]+|0x[0-9a-f]+")
 
 def signature(outcome: Outcome, kind: str, detail: str) -> str:
     """What makes two failures the same: kind, endpoint, status, error code, the detail's gist."""
-    gist = _NUMBERS.sub("N", detail.split("b'", 1)[0] if kind in ("5xx", "rejected") else detail)[:80]
-    return f"{kind} | {outcome.case.endpoint} {outcome.case.method} | {outcome.status} {outcome.error_code} | {gist}"
+    gist = _NUMBERS.sub("N", detail.split("b'", 1)[0] if kind in ("5xx", "rejected") else detail)[
+        :80
+    ]
+    case = outcome.case
+    return (
+        f"{kind} | {case.endpoint} {case.method} | {outcome.status} {outcome.error_code} | {gist}"
+    )
 
 
 _FRAME = re.compile(r'File "[^"]*/(src/mlx_nursery/[^"]+)", line (\d+), in (\w+)')
@@ -174,8 +218,12 @@ _FRAME = re.compile(r'File "[^"]*/(src/mlx_nursery/[^"]+)", line (\d+), in (\w+)
 def origins(log: str) -> dict[str, str]:
     """request id -> where its internal error was raised (innermost frame in src/, exception)."""
     found: dict[str, str] = {}
-    for match in re.finditer(r"request (req_[0-9a-f]+) failed with an internal error\n(Traceback.*?)(?=\n\S.*?(?:\n|$)|\Z)",
-                             log, re.DOTALL):
+    for match in re.finditer(
+        r"request (req_[0-9a-f]+) failed with an internal error\n"
+        r"(Traceback.*?)(?=\n\S.*?(?:\n|$)|\Z)",
+        log,
+        re.DOTALL,
+    ):
         trace = match.group(2)
         frames = _FRAME.findall(trace)
         last_line = [ln for ln in trace.strip().splitlines() if ln and not ln.startswith(" ")][-1:]
@@ -207,7 +255,9 @@ class Recorder:
             self.envelopes += not outcome.of("envelope")
         if outcome.health != 200:
             self.deaths += 1
-        self.slowest = sorted([*self.slowest, (outcome.elapsed, outcome.case.describe(160))], reverse=True)[:5]
+        self.slowest = sorted(
+            [*self.slowest, (outcome.elapsed, outcome.case.describe(160))], reverse=True
+        )[:5]
         for kind, detail in outcome.problems:
             self.problems[kind] += 1
             key = signature(outcome, kind, detail)
@@ -215,8 +265,12 @@ class Recorder:
             entry = self.failures.setdefault(key, {"count": 0, "size": None})
             entry["count"] += 1
             if entry["size"] is None or size < entry["size"]:
-                entry.update(size=size, example=outcome.case.describe(1500), detail=detail,
-                             request_id=outcome.request_id)
+                entry.update(
+                    size=size,
+                    example=outcome.case.describe(1500),
+                    detail=detail,
+                    request_id=outcome.request_id,
+                )
 
 
 def _driver(run_one: Callable[[Case, str], None], flavour: str) -> Callable[[Case], None]:
@@ -272,13 +326,27 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
     at_start = machine()  # the commit the server runs
     scratch = Path(tempfile.mkdtemp(prefix="fuzz-"))
     log = scratch / "server.log"
-    server = Server(model_dir(args.model, scratch), log, "--request-timeout", "20", "--max-concurrency", "4",
-                    "--default-max-tokens", "16", "--log-level", "warning")  # as tests/test_fuzz.py
+    server = Server(
+        model_dir(args.model, scratch),
+        log,
+        "--request-timeout",
+        "20",
+        "--max-concurrency",
+        "4",
+        "--default-max-tokens",
+        "16",
+        "--log-level",
+        "warning",
+    )  # as tests/test_fuzz.py
     server.start()
     target = Target(server.base_url)
     record = Recorder()
     started = time.monotonic()
-    strategies = {"valid": valid_case(), "almost": almost_valid_case(), "hostile": hostile_case(args.max_bytes)}
+    strategies = {
+        "valid": valid_case(),
+        "almost": almost_valid_case(),
+        "hostile": hostile_case(args.max_bytes),
+    }
     probe = HealthProbe()
     probe.start(server.base_url)
 
@@ -299,33 +367,62 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
             target = Target(server.base_url)
             probe.base_url = server.base_url
         if record.cases % 500 == 0:
-            print(f"  {record.cases} cases, {time.monotonic() - started:.0f} s, problems {dict(record.problems)}",
-                  flush=True)
+            print(
+                f"  {record.cases} cases, {time.monotonic() - started:.0f} s,"
+                f" problems {dict(record.problems)}",
+                flush=True,
+            )
             if args.json:
-                Path(args.json).write_text(json.dumps(summary(), indent=2, ensure_ascii=False) + "\n")
+                Path(args.json).write_text(
+                    json.dumps(summary(), indent=2, ensure_ascii=False) + "\n"
+                )
 
     def summary(exit_status: int | None = None) -> dict[str, Any]:
         where = origins(log.read_text(errors="replace"))
-        failures = [{"signature": key, "count": entry["count"], "smallest": entry["example"],
-                     "detail": entry["detail"], "origin": where.get(entry["request_id"] or "")}
-                    for key, entry in sorted(record.failures.items(), key=lambda kv: -kv[1]["count"])]
+        failures = [
+            {
+                "signature": key,
+                "count": entry["count"],
+                "smallest": entry["example"],
+                "detail": entry["detail"],
+                "origin": where.get(entry["request_id"] or ""),
+            }
+            for key, entry in sorted(record.failures.items(), key=lambda kv: -kv[1]["count"])
+        ]
         return {
-            "machine": at_start, "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
-            "cases": record.cases, "by_flavour": dict(record.by_flavour), "streams": record.streams,
-            "statuses": dict(sorted(record.statuses.items())), "problems": dict(record.problems),
-            "non_2xx": record.non_2xx, "envelopes": record.envelopes,
-            "envelope_share": round(record.envelopes / record.non_2xx, 4) if record.non_2xx else None,
-            "engine_deaths": record.deaths, "server_starts": server.starts, "server_exit": exit_status,
+            "machine": at_start,
+            "command": " ".join(sys.argv),
+            "wall_s": round(time.monotonic() - started, 1),
+            "cases": record.cases,
+            "by_flavour": dict(record.by_flavour),
+            "streams": record.streams,
+            "statuses": dict(sorted(record.statuses.items())),
+            "problems": dict(record.problems),
+            "non_2xx": record.non_2xx,
+            "envelopes": record.envelopes,
+            "envelope_share": round(record.envelopes / record.non_2xx, 4)
+            if record.non_2xx
+            else None,
+            "engine_deaths": record.deaths,
+            "server_starts": server.starts,
+            "server_exit": exit_status,
             "slowest_cases": [{"s": round(s, 2), "case": c} for s, c in record.slowest],
             "health_probes": probe.probes,
             "slowest_health_probes": [{"s": round(s, 3), "during": c} for s, c in probe.slowest],
-            "failures": failures, "server_log": str(log),
+            "failures": failures,
+            "server_log": str(log),
         }
 
     for flavour, share in FLAVOURS.items():
         count = round(args.cases * share)
-        config = settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
-                          suppress_health_check=list(HealthCheck), derandomize=args.seed is None)
+        config = settings(
+            max_examples=count,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+            derandomize=args.seed is None,
+        )
 
         drive = config(given(case=strategies[flavour])(_driver(run_one, flavour)))
         if args.seed is not None:
@@ -340,14 +437,34 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- soak ------------------------------------------------------------------------------------
-PROMPT_WORDS = ["the", "lighthouse", "keeper", "watched", "sea", "while", "ships", "came", "and", "went",
-                "in", "long", "night", "storm", "grew", "stronger", "over", "harbour"]
+PROMPT_WORDS = [
+    "the",
+    "lighthouse",
+    "keeper",
+    "watched",
+    "sea",
+    "while",
+    "ships",
+    "came",
+    "and",
+    "went",
+    "in",
+    "long",
+    "night",
+    "storm",
+    "grew",
+    "stronger",
+    "over",
+    "harbour",
+]
 
 
 def soak_request(rng: random.Random) -> tuple[str, dict[str, Any]]:
     """One request of the mix: an endpoint, a prompt of a few to a few thousand tokens, sampling."""
-    words = rng.choices([rng.randint(1, 20), rng.randint(50, 300), rng.randint(400, 1000)],  # <= ~2800 tokens
-                        weights=[0.45, 0.4, 0.15])[0]
+    words = rng.choices(
+        [rng.randint(1, 20), rng.randint(50, 300), rng.randint(400, 1000)],  # <= ~2800 tokens
+        weights=[0.45, 0.4, 0.15],
+    )[0]
     prompt = " ".join(rng.choice(PROMPT_WORDS) for _ in range(words))
     sampling: dict[str, Any] = {"temperature": rng.choice([0.0, 0.7, 1.0, 1.3])}
     if rng.random() < 0.5:
@@ -358,34 +475,64 @@ def soak_request(rng: random.Random) -> tuple[str, dict[str, Any]]:
     budget = rng.randint(1, 48)
     endpoint = rng.choice(["chat", "completions", "responses"])
     if endpoint == "chat":
-        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": budget,
-                "stream": stream, **sampling}
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": budget,
+            "stream": stream,
+            **sampling,
+        }
     elif endpoint == "completions":
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": budget, "stream": stream, **sampling}
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": budget,
+            "stream": stream,
+            **sampling,
+        }
     else:
         sampling.pop("seed", None)
-        body = {"model": MODEL, "input": prompt, "max_output_tokens": budget, "stream": stream,
-                "store": rng.random() < 0.5, **sampling}
+        body = {
+            "model": MODEL,
+            "input": prompt,
+            "max_output_tokens": budget,
+            "stream": stream,
+            "store": rng.random() < 0.5,
+            **sampling,
+        }
     return endpoint, body
 
 
-async def one_soak_request(base: str, rng: random.Random, tally: collections.Counter[str],
-                           judge: Judge, failures: list[str]) -> None:
+async def one_soak_request(
+    base: str,
+    rng: random.Random,
+    tally: collections.Counter[str],
+    judge: Judge,
+    failures: list[str],
+) -> None:
     endpoint, body = soak_request(rng)
     case = Case("valid", endpoint, body)
     behaviour = rng.choices(["complete", "disconnect", "short_timeout"], weights=[0.6, 0.3, 0.1])[0]
     tally[f"behaviour {behaviour}"] += 1
-    timeout = httpx.Timeout(rng.uniform(0.05, 0.5) if behaviour == "short_timeout" else 120.0, connect=30.0)
+    timeout = httpx.Timeout(
+        rng.uniform(0.05, 0.5) if behaviour == "short_timeout" else 120.0, connect=30.0
+    )
     leave_after = rng.uniform(0.0, 0.4)  # seconds, for a disconnect
     leave_at_event = rng.randint(0, 6)  # events, for a disconnect from a stream
     async with httpx.AsyncClient(base_url=base, timeout=timeout) as http:  # its own connection
         try:
-            with trio.move_on_after(leave_after if behaviour == "disconnect" else math.inf) as scope:
+            with trio.move_on_after(
+                leave_after if behaviour == "disconnect" else math.inf
+            ) as scope:
                 async with http.stream("POST", case.url, json=body) as reply:
                     raw = b""
                     async for chunk in reply.aiter_raw():
                         raw += chunk
-                        if behaviour == "disconnect" and body["stream"] and raw.count(b"\n\n") >= leave_at_event:
+                        if (
+                            behaviour == "disconnect"
+                            and body["stream"]
+                            and raw.count(b"\n\n") >= leave_at_event
+                        ):
                             tally["left mid-stream"] += 1
                             return  # leaving the client's block drops the connection
                     outcome = Outcome(case)
@@ -393,7 +540,9 @@ async def one_soak_request(base: str, rng: random.Random, tally: collections.Cou
                     tally[f"status {reply.status_code}"] += 1
                     if outcome.problems:
                         tally["failed"] += 1
-                        failures.append(f"{outcome.status} {outcome.problems}: {outcome.case.describe(200)}")
+                        failures.append(
+                            f"{outcome.status} {outcome.problems}: {outcome.case.describe(200)}"
+                        )
             if scope.cancelled_caught:
                 tally["left at a random moment"] += 1
         except httpx.TimeoutException:
@@ -404,8 +553,14 @@ async def one_soak_request(base: str, rng: random.Random, tally: collections.Cou
                 failures.append(f"{endpoint}: {type(exc).__name__}: {exc}")
 
 
-async def soak_load(base: str, requests: int, concurrency: int, seed: int,
-                    tally: collections.Counter[str], failures: list[str]) -> None:
+async def soak_load(
+    base: str,
+    requests: int,
+    concurrency: int,
+    seed: int,
+    tally: collections.Counter[str],
+    failures: list[str],
+) -> None:
     rng = random.Random(seed)
     judge = Judge()
     remaining = [requests]
@@ -423,8 +578,13 @@ async def soak_load(base: str, requests: int, concurrency: int, seed: int,
 
 async def ttft(base: str, samples: int) -> float:
     """Median time to the first content of a short greedy stream, one at a time."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write about the sea. " * 20}],
-            "max_tokens": 8, "temperature": 0, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write about the sea. " * 20}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+    }
     times = []
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         for _ in range(samples):
@@ -439,7 +599,9 @@ async def ttft(base: str, samples: int) -> float:
     return statistics.median(times)
 
 
-def wait_idle(pid: int, limit: float = 30.0, window: float = 0.1, busy: float = 0.05) -> tuple[float, float]:
+def wait_idle(
+    pid: int, limit: float = 30.0, window: float = 0.1, busy: float = 0.05
+) -> tuple[float, float]:
     """Seconds until a `window` in which the process used less than `busy` of a core, and the
     CPU seconds it used in the first second."""
     start = time.monotonic()
@@ -456,8 +618,10 @@ def wait_idle(pid: int, limit: float = 30.0, window: float = 0.1, busy: float = 
             idle_at = time.monotonic() - start - window
         if idle_at is not None and first_second is not None:
             break
-    return (idle_at if idle_at is not None else float("inf"),
-            first_second if first_second is not None else float("nan"))
+    return (
+        idle_at if idle_at is not None else float("inf"),
+        first_second if first_second is not None else float("nan"),
+    )
 
 
 def wait_back(pid: int, key: str, baseline: int, limit: float) -> tuple[int, float]:
@@ -476,8 +640,15 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     log = scratch / "server.log"
     # The bounded caches (prefix cache: 64 entries; stored responses: --responses-max) fill up
     # during the warm-up, so that RSS growth after it counts what leaks, not what is kept.
-    server = Server(model_dir(args.model, scratch), log, "--log-level", "warning", "--responses-max", "100",
-                    *args.server_args)
+    server = Server(
+        model_dir(args.model, scratch),
+        log,
+        "--log-level",
+        "warning",
+        "--responses-max",
+        "100",
+        *args.server_args,
+    )
     server.start()
     base, pid = server.base_url, server.pid
     tally: collections.Counter[str] = collections.Counter()
@@ -494,6 +665,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     async def load_and_watch() -> None:
         nonlocal peak_rss
         async with trio.open_nursery() as nursery:
+
             async def watch() -> None:
                 nonlocal peak_rss
                 while True:
@@ -503,7 +675,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             nursery.start_soon(watch)
             for round_ in range(args.rounds):
                 share = args.requests // args.rounds + (round_ < args.requests % args.rounds)
-                await soak_load(base, share, args.concurrency, args.seed + 100 * round_, tally, failures)
+                await soak_load(
+                    base, share, args.concurrency, args.seed + 100 * round_, tally, failures
+                )
                 # RSS at each round's end, once idle: a leak grows round after round, a bounded
                 # cache that was still filling does not.
                 await trio.to_thread.run_sync(wait_idle, pid)
@@ -521,32 +695,61 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     after = proc_status(pid)
     exit_status = server.stop()
     statuses = {k: v for k, v in tally.items() if v}
-    five_xx = sum(v for k, v in statuses.items() if k.startswith("status 5") and k not in ("status 503", "status 504"))
+    five_xx = sum(
+        v
+        for k, v in statuses.items()
+        if k.startswith("status 5") and k not in ("status 503", "status 504")
+    )
     return {
-        "machine": at_start, "command": " ".join(sys.argv), "requests": args.requests,
-        "concurrency": args.concurrency, "wall_s": round(wall, 1), "outcomes": dict(sorted(statuses.items())),
-        "5xx_other_than_503_504": five_xx, "failures": failures[:20], "failure_count": len(failures),
-        "threads": {"before": before["threads"], "after": threads, "seconds_to_return": round(threads_s, 1)},
+        "machine": at_start,
+        "command": " ".join(sys.argv),
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "wall_s": round(wall, 1),
+        "outcomes": dict(sorted(statuses.items())),
+        "5xx_other_than_503_504": five_xx,
+        "failures": failures[:20],
+        "failure_count": len(failures),
+        "threads": {
+            "before": before["threads"],
+            "after": threads,
+            "seconds_to_return": round(threads_s, 1),
+        },
         "fds": {"before": before["fds"], "after": fds, "seconds_to_return": round(fds_s, 1)},
-        "rss_mb": {"before": round(before["rss"] / 2**20, 1), "peak": round(peak_rss / 2**20, 1),
-                   "after": round(after["rss"] / 2**20, 1),
-                   "growth_pct": round(100 * (after["rss"] - before["rss"]) / before["rss"], 2),
-                   "after_each_round": rounds,
-                   "growth_after_first_round_pct": round(100 * (after["rss"] / 2**20 - rounds[0]) / rounds[0], 2)},
-        "cpu_after_load": {"seconds_to_idle": round(idle_after, 2),
-                           "cpu_s_in_first_second": round(cpu_first_second, 3)},
+        "rss_mb": {
+            "before": round(before["rss"] / 2**20, 1),
+            "peak": round(peak_rss / 2**20, 1),
+            "after": round(after["rss"] / 2**20, 1),
+            "growth_pct": round(100 * (after["rss"] - before["rss"]) / before["rss"], 2),
+            "after_each_round": rounds,
+            "growth_after_first_round_pct": round(
+                100 * (after["rss"] / 2**20 - rounds[0]) / rounds[0], 2
+            ),
+        },
+        "cpu_after_load": {
+            "seconds_to_idle": round(idle_after, 2),
+            "cpu_s_in_first_second": round(cpu_first_second, 3),
+        },
         "ttft_ms": {"before": round(ttft_before * 1000, 1), "after": round(ttft_after * 1000, 1)},
-        "health_after": health, "server_exit": exit_status, "server_log": str(log),
+        "health_after": health,
+        "server_exit": exit_status,
+        "server_log": str(log),
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fuzz")
     f.add_argument("--cases", type=int, default=10_000)
-    f.add_argument("--max-bytes", type=int, default=9_000_000,
-                   help="largest generated string or body (past the server's 8 MiB body limit)")
+    f.add_argument(
+        "--max-bytes",
+        type=int,
+        default=9_000_000,
+        help="largest generated string or body (past the server's 8 MiB body limit)",
+    )
     f.add_argument("--seed", type=int, default=None, help="Hypothesis seed; default: derandomized")
     s = sub.add_parser("soak")
     s.add_argument("--requests", type=int, default=10_000)
@@ -555,10 +758,16 @@ def main() -> None:
     s.add_argument("--warmup", type=int, default=400)
     s.add_argument("--ttft-samples", type=int, default=15)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
-                   help="passed on to mlx-nursery serve (last on the line)")
+    s.add_argument(
+        "--server-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="passed on to mlx-nursery serve (last on the line)",
+    )
     for p in (f, s):
-        p.add_argument("--model", default=None, help="an mlx-lm directory; default: a fresh tiny model")
+        p.add_argument(
+            "--model", default=None, help="an mlx-lm directory; default: a fresh tiny model"
+        )
         p.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args()
     result = fuzz(args) if args.command == "fuzz" else soak(args)

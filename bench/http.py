@@ -60,16 +60,44 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def server_process(kind: str, model: Path, port: int, concurrency: int) -> Iterator[subprocess.Popen[bytes]]:
+def server_process(
+    kind: str, model: Path, port: int, concurrency: int
+) -> Iterator[subprocess.Popen[bytes]]:
     if kind.startswith("mlx-nursery"):
         # "mlx-nursery:N" serves with --stream-interval N; plain "mlx-nursery" with the default
         interval = kind.partition(":")[2]
-        command = [sys.executable, "-m", "mlx_nursery", "serve", "--model", str(model), "--port", str(port),
-                   "--max-concurrency", str(concurrency), "--served-model-name", "bench",
-                   "--log-level", "warning", *(["--stream-interval", interval] if interval else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "mlx_nursery",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--max-concurrency",
+            str(concurrency),
+            "--served-model-name",
+            "bench",
+            "--log-level",
+            "warning",
+            *(["--stream-interval", interval] if interval else []),
+        ]
     else:
-        command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
-                   "--decode-concurrency", str(concurrency), "--log-level", "WARNING"]
+        command = [
+            sys.executable,
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--decode-concurrency",
+            str(concurrency),
+            "--log-level",
+            "WARNING",
+        ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -93,8 +121,11 @@ def server_process(kind: str, model: Path, port: int, concurrency: int) -> Itera
 
 def body(model_name: str, eos: int, max_tokens: int, stream: bool) -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "model": model_name, "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens, "temperature": 0.0, "logit_bias": {str(eos): -100},
+        "model": model_name,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logit_bias": {str(eos): -100},
         "stream": stream,
     }
     if stream:
@@ -119,8 +150,13 @@ async def one_stream(http: httpx.AsyncClient, doc: dict[str, Any]) -> dict[str, 
                 first = first or now
                 last = now
     assert first is not None and last is not None and tokens > 1
-    return {"ttft": first - start, "decode_tps": (tokens - 1) / (last - first),
-            "tokens": tokens, "start": start, "end": last}
+    return {
+        "ttft": first - start,
+        "decode_tps": (tokens - 1) / (last - first),
+        "tokens": tokens,
+        "start": start,
+        "end": last,
+    }
 
 
 async def concurrent(base: str, doc: dict[str, Any], streams: int) -> dict[str, float]:
@@ -128,6 +164,7 @@ async def concurrent(base: str, doc: dict[str, Any], streams: int) -> dict[str, 
     resets = [0]
     limits = httpx.Limits(max_connections=streams + 4)
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as http:
+
         async def run() -> None:
             # Retry a refused/reset connection as the SDKs do: mlx_lm.server's stdlib server
             # listens with a backlog of 5 and resets the rest of a burst of connections.
@@ -144,14 +181,18 @@ async def concurrent(base: str, doc: dict[str, Any], streams: int) -> dict[str, 
             for _ in range(streams):
                 nursery.start_soon(run)
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return {"streams": streams, "aggregate_tps": sum(r["tokens"] for r in results) / wall,
-            "ttft_median_s": statistics.median(r["ttft"] for r in results),
-            "single_decode_tps": statistics.median(r["decode_tps"] for r in results),
-            "connection_resets": resets[0]}
+    return {
+        "streams": streams,
+        "aggregate_tps": sum(r["tokens"] for r in results) / wall,
+        "ttft_median_s": statistics.median(r["ttft"] for r in results),
+        "single_decode_tps": statistics.median(r["decode_tps"] for r in results),
+        "connection_resets": resets[0],
+    }
 
 
-async def disconnect_cost(base: str, pid: int, doc: dict[str, Any], watch: float, stream: bool,
-                          cpu_per_token: float) -> float:
+async def disconnect_cost(
+    base: str, pid: int, doc: dict[str, Any], watch: float, stream: bool, cpu_per_token: float
+) -> float:
     """Estimated tokens computed after the client dropped a request."""
     doc = {**doc, "stream": stream}
     doc.pop("stream_options", None)
@@ -163,8 +204,13 @@ async def disconnect_cost(base: str, pid: int, doc: dict[str, Any], watch: float
     return max(0.0, cpu_seconds(pid) - before) / cpu_per_token
 
 
-async def measure_server(kind: str, model: Path, eos: int, args: argparse.Namespace,
-                         engine_once: Callable[[], Awaitable[float]]) -> dict[str, Any]:
+async def measure_server(
+    kind: str,
+    model: Path,
+    eos: int,
+    args: argparse.Namespace,
+    engine_once: Callable[[], Awaitable[float]],
+) -> dict[str, Any]:
     port = free_port()
     name = "bench" if kind.startswith("mlx-nursery") else str(model)
     with server_process(kind, model, port, args.streams) as process:
@@ -184,21 +230,35 @@ async def measure_server(kind: str, model: Path, eos: int, args: argparse.Namesp
             cpu += cpu_seconds(process.pid) - cpu0
         cpu_per_token = cpu / (args.tokens * args.repeats)
         single = {key: statistics.median(run[key] for run in singles) for key in singles[0]}
-        ratios = [run["single_decode_tps"] / tps for run, tps in zip(singles, engine_runs, strict=True)]
+        ratios = [
+            run["single_decode_tps"] / tps for run, tps in zip(singles, engine_runs, strict=True)
+        ]
         # Median of a few: one 32-stream run lasts seconds, and the host drifts more than that.
         runs = [await concurrent(base, doc, args.streams) for _ in range(args.batch_repeats)]
-        batched = {**sorted(runs, key=lambda r: r["aggregate_tps"])[len(runs) // 2],
-                   "aggregate_tps_runs": [r["aggregate_tps"] for r in runs]}
+        batched = {
+            **sorted(runs, key=lambda r: r["aggregate_tps"])[len(runs) // 2],
+            "aggregate_tps_runs": [r["aggregate_tps"] for r in runs],
+        }
         long_doc = body(name, eos, args.disconnect_tokens, stream=False)
         # Streaming first: a non-streaming orphan would still be running during the other watch.
-        after_streaming = await disconnect_cost(base, process.pid, long_doc, args.watch, True,
-                                                cpu_per_token)
-        after_non_streaming = await disconnect_cost(base, process.pid, long_doc, args.watch, False,
-                                                    cpu_per_token)
-    return {"server": kind, "single": single, "batched": batched,
-            "engine_single_tps": statistics.median(engine_runs), "vs_engine": statistics.median(ratios),
-            "vs_engine_rounds": ratios,
-            "tokens_after_disconnect": {"non_streaming": after_non_streaming, "streaming": after_streaming}}
+        after_streaming = await disconnect_cost(
+            base, process.pid, long_doc, args.watch, True, cpu_per_token
+        )
+        after_non_streaming = await disconnect_cost(
+            base, process.pid, long_doc, args.watch, False, cpu_per_token
+        )
+    return {
+        "server": kind,
+        "single": single,
+        "batched": batched,
+        "engine_single_tps": statistics.median(engine_runs),
+        "vs_engine": statistics.median(ratios),
+        "vs_engine_rounds": ratios,
+        "tokens_after_disconnect": {
+            "non_streaming": after_non_streaming,
+            "streaming": after_streaming,
+        },
+    }
 
 
 async def measure_all(model: Path, eos: int, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -208,10 +268,12 @@ async def measure_all(model: Path, eos: int, args: argparse.Namespace) -> list[d
 
     async with open_engine(EngineConfig(model, max_concurrency=1)) as engine:
         tokenizer = engine.model.tokenizer
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
-                                            add_generation_prompt=True)
-        request = GenerationRequest(ids, args.tokens, sampling=SamplingParams(temperature=0.0,
-                                                                            logit_bias={eos: -100.0}))
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT}], add_generation_prompt=True
+        )
+        request = GenerationRequest(
+            ids, args.tokens, sampling=SamplingParams(temperature=0.0, logit_bias={eos: -100.0})
+        )
 
         async def engine_once() -> float:
             times = []
@@ -222,7 +284,10 @@ async def measure_all(model: Path, eos: int, args: argparse.Namespace) -> list[d
             return (len(times) - 1) / (times[-1] - times[0])
 
         await engine_once()  # warm-up
-        return [await measure_server(kind, model, eos, args, engine_once) for kind in args.servers.split(",")]
+        return [
+            await measure_server(kind, model, eos, args, engine_once)
+            for kind in args.servers.split(",")
+        ]
 
 
 def model_path(args: argparse.Namespace) -> Path:
@@ -237,7 +302,9 @@ def model_path(args: argparse.Namespace) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--model", help="a model directory (overrides --preset)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
@@ -245,9 +312,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="single-stream runs (median)")
     parser.add_argument("--batch-repeats", type=int, default=3, help="runs at --streams (median)")
     parser.add_argument("--disconnect-tokens", type=int, default=2000)
-    parser.add_argument("--watch", type=float, default=4.0, help="seconds of CPU watched after a drop")
-    parser.add_argument("--servers", default="mlx-nursery,mlx_lm.server",
-                        help='comma-separated; "mlx-nursery:N" serves with --stream-interval N')
+    parser.add_argument(
+        "--watch", type=float, default=4.0, help="seconds of CPU watched after a drop"
+    )
+    parser.add_argument(
+        "--servers",
+        default="mlx-nursery,mlx_lm.server",
+        help='comma-separated; "mlx-nursery:N" serves with --stream-interval N',
+    )
     parser.add_argument("--json", default="bench/results/http.json")
     args = parser.parse_args()
 
@@ -257,25 +329,56 @@ def main() -> None:
     eos = eos[0] if isinstance(eos, list) else eos
     rows = trio.run(measure_all, model, eos, args)
 
-    print(f"\nmodel {model.name}, {args.tokens} tokens per stream, {args.streams} streams; "
-          f"'vs engine': median over {args.repeats} rounds of HTTP / in-process engine, run back to back")
-    header = ("server", "1 stream tok/s", "engine tok/s", "vs engine", f"{args.streams} streams tok/s",
-              "TTFT@1 ms", f"TTFT@{args.streams} ms", "after drop (non-stream)", "after drop (stream)")
+    print(
+        f"\nmodel {model.name}, {args.tokens} tokens per stream, {args.streams} streams; "
+        f"'vs engine': median over {args.repeats} rounds of HTTP / in-process engine,"
+        " run back to back"
+    )
+    header = (
+        "server",
+        "1 stream tok/s",
+        "engine tok/s",
+        "vs engine",
+        f"{args.streams} streams tok/s",
+        "TTFT@1 ms",
+        f"TTFT@{args.streams} ms",
+        "after drop (non-stream)",
+        "after drop (stream)",
+    )
     print(" | ".join(header))
     for row in rows:
         single, batched, drop = row["single"], row["batched"], row["tokens_after_disconnect"]
-        print(" | ".join([
-            row["server"], f"{single['single_decode_tps']:.1f}", f"{row['engine_single_tps']:.1f}",
-            f"{row['vs_engine']:.3f}", f"{batched['aggregate_tps']:.1f}", f"{single['ttft_median_s'] * 1000:.0f}",
-            f"{batched['ttft_median_s'] * 1000:.0f}", f"{drop['non_streaming']:.0f}", f"{drop['streaming']:.0f}",
-        ]))
+        print(
+            " | ".join(
+                [
+                    row["server"],
+                    f"{single['single_decode_tps']:.1f}",
+                    f"{row['engine_single_tps']:.1f}",
+                    f"{row['vs_engine']:.3f}",
+                    f"{batched['aggregate_tps']:.1f}",
+                    f"{single['ttft_median_s'] * 1000:.0f}",
+                    f"{batched['ttft_median_s'] * 1000:.0f}",
+                    f"{drop['non_streaming']:.0f}",
+                    f"{drop['streaming']:.0f}",
+                ]
+            )
+        )
     reference = next((r for r in rows if r["server"] == "mlx_lm.server"), None)
     for row in rows:
         if reference is not None and row is not reference:
-            print(f"aggregate at {args.streams} streams, {row['server']} / mlx_lm.server: "
-                  f"{row['batched']['aggregate_tps'] / reference['batched']['aggregate_tps']:.2f}x")
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "processor": platform.processor(),
-              "cpus": os.cpu_count(), "model": str(model), "args": vars(args), "servers": rows}
+            print(
+                f"aggregate at {args.streams} streams, {row['server']} / mlx_lm.server: "
+                f"{row['batched']['aggregate_tps'] / reference['batched']['aggregate_tps']:.2f}x"
+            )
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "model": str(model),
+        "args": vars(args),
+        "servers": rows,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")

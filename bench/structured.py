@@ -31,21 +31,31 @@ from mlx_nursery.openai._structured import Grammars
 
 SCHEMA = {
     "type": "object",
-    "properties": {"story": {"type": "string"}, "notes": {"type": "array", "items": {"type": "string"}}},
+    "properties": {
+        "story": {"type": "string"},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
     "required": ["story", "notes"],
 }
 
 
 async def run(model: Path, streams: int, tokens: int, constrained: bool, vocab: int) -> float:
-    async with open_engine(EngineConfig(model, max_concurrency=streams, prompt_cache_bytes=0)) as engine:
+    async with open_engine(
+        EngineConfig(model, max_concurrency=streams, prompt_cache_bytes=0)
+    ) as engine:
         tokenizer = engine.model.tokenizer
         grammars = Grammars(tokenizer, vocab)
         prompt = tokenizer.encode("Tell me a long story about the sea.")
 
         def request(i: int) -> GenerationRequest:
             processors = (grammars.json_processor(SCHEMA, "bench"),) if constrained else ()
-            return GenerationRequest(prompt, tokens, sampling=SamplingParams(temperature=1.0, seed=i),
-                                     ignore_eos=not constrained, logits_processors=processors)
+            return GenerationRequest(
+                prompt,
+                tokens,
+                sampling=SamplingParams(temperature=1.0, seed=i),
+                ignore_eos=not constrained,
+                logits_processors=processors,
+            )
 
         async def one(i: int, counts: list[int]) -> None:
             async with engine.generate(request(i)) as stream:
@@ -63,13 +73,19 @@ async def run(model: Path, streams: int, tokens: int, constrained: bool, vocab: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--model")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--json", default="bench/results/structured.json")
     args = parser.parse_args()
-    model = Path(args.model) if args.model else Path(tempfile.gettempdir()) / f"mlx-nursery-bench-{args.preset}"
+    model = (
+        Path(args.model)
+        if args.model
+        else Path(tempfile.gettempdir()) / f"mlx-nursery-bench-{args.preset}"
+    )
     if not (model / "config.json").exists():
         from mlx_nursery.models import make_model
 
@@ -79,14 +95,31 @@ def main() -> None:
     for streams in (1, 32):
         free = trio.run(run, model, streams, args.tokens, False, vocab)
         constrained = trio.run(run, model, streams, args.tokens, True, vocab)
-        rows.append({"streams": streams, "free_tps": free, "constrained_tps": constrained,
-                     "ratio": constrained / free})
-    print(f"\nmodel {model.name}, {args.tokens} tokens per stream, temperature 1, json_schema constraint")
+        rows.append(
+            {
+                "streams": streams,
+                "free_tps": free,
+                "constrained_tps": constrained,
+                "ratio": constrained / free,
+            }
+        )
+    print(
+        f"\nmodel {model.name}, {args.tokens} tokens per stream, temperature 1,"
+        " json_schema constraint"
+    )
     print("streams | unconstrained tok/s | constrained tok/s | constrained / unconstrained")
     for row in rows:
-        print(f"{row['streams']:7d} | {row['free_tps']:19.1f} | {row['constrained_tps']:17.1f} | {row['ratio']:.3f}")
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "model": str(model),
-              "args": vars(args), "rows": rows}
+        print(
+            f"{row['streams']:7d} | {row['free_tps']:19.1f} | {row['constrained_tps']:17.1f}"
+            f" | {row['ratio']:.3f}"
+        )
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.platform(),
+        "model": str(model),
+        "args": vars(args),
+        "rows": rows,
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")

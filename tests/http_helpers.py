@@ -59,20 +59,28 @@ def validate_error(body: Any) -> None:
 
 
 @asynccontextmanager
-async def running_server(model: Path | None, *, extra_processors: Any = None,
-                         **settings: Any) -> AsyncIterator[Running]:
+async def running_server(
+    model: Path | None, *, extra_processors: Any = None, **settings: Any
+) -> AsyncIterator[Running]:
     """Serve `model` until the block ends, then shut down as SIGTERM would and join everything.
 
     `model` None serves the built-in default model."""
     defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:"}
     if model is not None:
         defaults["served_model_name"] = "tiny"
-    config = Settings(model=None if model is None else str(model), port=0, **{**defaults, **settings})
+    config = Settings(
+        model=None if model is None else str(model), port=0, **{**defaults, **settings}
+    )
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
-            lambda task_status: serve(config, shutdown=shutdown, handle_signals=False,
-                                      extra_processors=extra_processors, task_status=task_status)
+            lambda task_status: serve(
+                config,
+                shutdown=shutdown,
+                handle_signals=False,
+                extra_processors=extra_processors,
+                task_status=task_status,
+            )
         )
         try:
             yield running
@@ -109,7 +117,7 @@ async def sse_events(response: httpx.Response) -> list[Any]:
     events: list[Any] = []
     for block in raw.split("\n\n")[:-1]:
         assert block.startswith("data: "), block
-        payload = block[len("data: "):]
+        payload = block[len("data: ") :]
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -144,7 +152,7 @@ def port_of(running: Running) -> int:
 async def eventually(predicate: Any, what: str, limit: float = 60.0) -> None:
     """Wait for a condition another thread or task will make true (polls; fails after `limit`)."""
     with trio.fail_after(limit):
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - the condition lives on another thread
             await trio.sleep(0.005)
 
 
@@ -173,7 +181,9 @@ class ForcedScript:
         return mx.where(mask, mx.zeros_like(logits), mx.full(logits.shape, -1e9, logits.dtype))
 
 
-def scripted(texts_by_user: dict[str, str], tokenizer_path: Path, *, then_free: bool = False) -> Any:
+def scripted(
+    texts_by_user: dict[str, str], tokenizer_path: Path, *, then_free: bool = False
+) -> Any:
     """extra_processors for running_server: a request whose `user` names a script emits it
     (then its EOS; with `then_free`, whatever the model chooses after it)."""
     from transformers import AutoTokenizer
@@ -185,6 +195,10 @@ def scripted(texts_by_user: dict[str, str], tokenizer_path: Path, *, then_free: 
         text = texts_by_user.get(body.get("user") or body.get("safety_identifier") or "")
         if text is None:
             return ()
-        return (ForcedScript(tokenizer.encode(text, add_special_tokens=False), None if then_free else eos),)
+        return (
+            ForcedScript(
+                tokenizer.encode(text, add_special_tokens=False), None if then_free else eos
+            ),
+        )
 
     return processors

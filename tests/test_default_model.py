@@ -23,7 +23,8 @@ async def test_the_default_model_knows_the_capital_of_france() -> None:
         reply = await client.chat.completions.create(
             model=DEFAULT_MODEL_NAME,
             messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0, max_tokens=24,
+            temperature=0,
+            max_tokens=24,
         )
     assert "Paris" in (reply.choices[0].message.content or "")
 

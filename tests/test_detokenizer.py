@@ -36,8 +36,11 @@ def segments(detokenizer: Any, tokens: list[int]) -> list[str]:
 def partial_byte_tokens(tokenizer: Any) -> list[int]:
     """Tokens whose string is one byte-level character of a UTF-8 lead byte."""
     byte_of = _byte_table()
-    return [i for i, t in enumerate(tokenizer.detokenizer.tokenmap)
-            if len(t) == 1 and byte_of.get(t, 0) >= 0xC2]
+    return [
+        i
+        for i, t in enumerate(tokenizer.detokenizer.tokenmap)
+        if len(t) == 1 and byte_of.get(t, 0) >= 0xC2
+    ]
 
 
 def _byte_table() -> dict[str, int]:
@@ -67,11 +70,17 @@ def test_same_segments_as_mlx_lm_on_text_and_on_random_tokens(tokenizer: Any) ->
     space = tokenmap.index("Ġ")
     runs.append([space, *tokenizer.encode("after a lone space"), space])
     byte_zero = tokenmap.index("Ā")  # the byte table's 0, which mlx-lm's add_token maps as UTF-8
-    runs += [[byte_zero, *tokenizer.encode(" ok")], [partial[0], byte_zero], [partial[0], byte_zero, partial[0]]]
+    runs += [
+        [byte_zero, *tokenizer.encode(" ok")],
+        [partial[0], byte_zero],
+        [partial[0], byte_zero, partial[0]],
+    ]
     for _ in range(20):
-        runs.append([rng.choice(partial + [rng.randrange(vocab)]) for _ in range(60)])
+        runs.append([rng.choice([*partial, rng.randrange(vocab)]) for _ in range(60)])
     for tokens in runs:
-        assert segments(make_detokenizer(tokenizer), tokens) == segments(tokenizer.detokenizer, tokens)
+        assert segments(make_detokenizer(tokenizer), tokens) == segments(
+            tokenizer.detokenizer, tokens
+        )
 
 
 def test_a_degenerate_run_costs_each_token_its_own_bytes(tokenizer: Any) -> None:

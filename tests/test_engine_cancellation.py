@@ -28,7 +28,9 @@ def assert_idle(engine: Engine) -> None:
     assert stats.late_events == 0  # nothing was computed for a sequence after its confirmation
 
 
-def long_request(engine: Engine, text: str = "count forever", **kwargs: object) -> GenerationRequest:
+def long_request(
+    engine: Engine, text: str = "count forever", **kwargs: object
+) -> GenerationRequest:
     budget = engine.model.context_length - 64
     return request(engine, text, max_tokens=budget, ignore_eos=True, **kwargs)  # type: ignore[arg-type]
 
@@ -152,17 +154,26 @@ async def test_full_queue_refuses_at_once(engine_config: EngineConfig) -> None:
         assert_idle(engine)
 
 
-async def test_a_cancel_in_the_batch_keeps_the_kv_state_and_spares_the_others(engine: Engine) -> None:
+async def test_a_cancel_in_the_batch_keeps_the_kv_state_and_spares_the_others(
+    engine: Engine,
+) -> None:
     """The cancel is confirmed before the sequence is detached from the batch; detaching
     must still keep its KV state for reuse and leave the other sequences' rows intact."""
-    neighbour_alone = await collect(engine, request(engine, "a neighbour", max_tokens=40, ignore_eos=True))
+    neighbour_alone = await collect(
+        engine, request(engine, "a neighbour", max_tokens=40, ignore_eos=True)
+    )
     prompt = "Nobody has cached this prompt yet; it is long enough to reuse."
     async with trio.open_nursery() as nursery:
         neighbour: list[list[int]] = []
 
         async def run_neighbour() -> None:
-            neighbour.append((await collect(
-                engine, request(engine, "a neighbour", max_tokens=40, ignore_eos=True))).tokens)
+            neighbour.append(
+                (
+                    await collect(
+                        engine, request(engine, "a neighbour", max_tokens=40, ignore_eos=True)
+                    )
+                ).tokens
+            )
 
         nursery.start_soon(run_neighbour)
         seen: list[int] = []
@@ -180,7 +191,9 @@ async def test_a_cancel_in_the_batch_keeps_the_kv_state_and_spares_the_others(en
     assert_idle(engine)
 
 
-async def test_finished_and_cancelled_sequences_leave_no_device_memory(engine_config: EngineConfig) -> None:
+async def test_finished_and_cancelled_sequences_leave_no_device_memory(
+    engine_config: EngineConfig,
+) -> None:
     """KV caches and step outputs are freed once a sequence ends (prefix cache off, so
     nothing is kept on purpose). A KV cache here is 128 KB per 256 tokens."""
     import attrs
@@ -272,7 +285,9 @@ async def test_no_engine_thread_outlives_the_engine(engine_config: EngineConfig)
     assert engine_threads() == []
 
 
-async def test_the_startup_heap_is_frozen_while_the_engine_runs(engine_config: EngineConfig) -> None:
+async def test_the_startup_heap_is_frozen_while_the_engine_runs(
+    engine_config: EngineConfig,
+) -> None:
     """Full GC passes skip what existed once the model loaded; the engine undoes it on exit."""
     gc.unfreeze()
     async with open_engine(engine_config) as engine:

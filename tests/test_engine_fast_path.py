@@ -22,8 +22,13 @@ from .helpers import Run, collect, request
 SAMPLINGS = {
     "greedy": SamplingParams(temperature=0.0),
     "seeded": SamplingParams(temperature=1.0, top_p=0.9, seed=5),
-    "penalties": SamplingParams(temperature=0.0, presence_penalty=1.5, frequency_penalty=0.5,
-                                repetition_penalty=1.3, logit_bias={17: 8.0}),
+    "penalties": SamplingParams(
+        temperature=0.0,
+        presence_penalty=1.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.3,
+        logit_bias={17: 8.0},
+    ),
 }
 
 
@@ -32,8 +37,9 @@ def _solo_steps(engine: Engine) -> int:
     return stats.solo_steps if stats else 0
 
 
-async def _handed_over(engine: Engine, first: GenerationRequest, second: GenerationRequest,
-                       after: int) -> tuple[Run, Run]:
+async def _handed_over(
+    engine: Engine, first: GenerationRequest, second: GenerationRequest, after: int
+) -> tuple[Run, Run]:
     """Run `first` alone; once it has produced `after` events, start `second` beside it."""
     runs: dict[str, Run] = {}
     company = trio.Event()
@@ -56,12 +62,18 @@ async def _handed_over(engine: Engine, first: GenerationRequest, second: Generat
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLINGS.values()), ids=list(SAMPLINGS))
-async def test_fast_path_gives_the_batch_paths_tokens(tiny_model: Path, sampling: SamplingParams) -> None:
+async def test_fast_path_gives_the_batch_paths_tokens(
+    tiny_model: Path, sampling: SamplingParams
+) -> None:
     config = EngineConfig(tiny_model, max_concurrency=4, prefill_step_size=16)
     prompt_text = "The lighthouse keeper counted the waves, one by one, until the morning. " * 3
     async with open_engine(attrs.evolve(config, single_sequence_fast_path=False)) as batch_only:
-        first = request(batch_only, prompt_text, max_tokens=24, sampling=sampling, ignore_eos=True, logprobs=2)
-        second = request(batch_only, "Another voice", max_tokens=30, sampling=sampling, ignore_eos=True)
+        first = request(
+            batch_only, prompt_text, max_tokens=24, sampling=sampling, ignore_eos=True, logprobs=2
+        )
+        second = request(
+            batch_only, "Another voice", max_tokens=30, sampling=sampling, ignore_eos=True
+        )
         reference = await collect(batch_only, first)
         reference_second = await collect(batch_only, second)
         assert _solo_steps(batch_only) == 0
@@ -76,7 +88,7 @@ async def test_fast_path_gives_the_batch_paths_tokens(tiny_model: Path, sampling
     assert handed.tokens == reference.tokens
     assert companion.tokens == reference_second.tokens
     assert handed.final.usage == reference.final.usage
-    for ours, theirs in zip(alone.events, reference.events):
+    for ours, theirs in zip(alone.events, reference.events, strict=True):
         if ours.logprob is not None and theirs.logprob is not None:
             assert ours.logprob.token_id == theirs.logprob.token_id
             assert ours.logprob.logprob == pytest.approx(theirs.logprob.logprob, abs=1e-4)
@@ -92,15 +104,17 @@ async def test_fast_path_prefix_cache_and_cancel(tiny_model: Path) -> None:
         assert warm.tokens == cold.tokens
         assert warm.final.usage is not None and warm.final.usage.cached_tokens > 0
         with trio.CancelScope() as scope:
-            async with engine.generate(request(engine, text + " more", max_tokens=500,
-                                               ignore_eos=True)) as stream:
+            async with engine.generate(
+                request(engine, text + " more", max_tokens=500, ignore_eos=True)
+            ) as stream:
                 async for _ in stream:
                     scope.cancel()
-        assert stream.steps_in_flight_at_cancel is not None and stream.steps_in_flight_at_cancel <= 1
+        assert (
+            stream.steps_in_flight_at_cancel is not None and stream.steps_in_flight_at_cancel <= 1
+        )
         stats = engine.statistics()
         assert stats.lanes_borrowed == 0 and stats.late_events == 0
         assert stats.worker is not None and stats.worker.generated_tokens < 100
-
 
 
 class DeliveryGate:
@@ -135,14 +149,22 @@ async def test_fast_path_holds_a_token_back_one_launch_at_most_and_never_the_fir
     (Worker._post_at_launch): token k is read after token k+1 is launched and posted once
     token k+2's graph is built, so it must be there while token k+3's graph is built. The
     first token has no launch of its own to wait for: it is there before the second's."""
+
     def owed(call: int) -> int:
         return 1 if call == 2 else max(0, call - 3)
 
     gate = DeliveryGate(owed)
     async with open_engine(EngineConfig(tiny_model, max_concurrency=2)) as engine:
         run_events = []
-        async with engine.generate(request(engine, "Counting tokens as they come", max_tokens=12,
-                                           ignore_eos=True, logits_processors=[gate])) as stream:
+        async with engine.generate(
+            request(
+                engine,
+                "Counting tokens as they come",
+                max_tokens=12,
+                ignore_eos=True,
+                logits_processors=[gate],
+            )
+        ) as stream:
             async for event in stream:
                 run_events.append(event)
                 if event.token_id is not None:
@@ -165,11 +187,19 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
     prompt = tokenizer.encode("Waves and more waves, counted through the night. " * 8)
     greedy = make_sampler(temp=0.0)
 
-    def batch_run(prompt_part: list[int], cache: object, cache_tokens: list[int], n: int) -> list[int]:
+    def batch_run(
+        prompt_part: list[int], cache: object, cache_tokens: list[int], n: int
+    ) -> list[int]:
         generator = BatchGenerator(model, prefill_step_size=16)
-        generator.insert([prompt_part], max_tokens=[n], caches=[cache] if cache else None,
-                         all_tokens=[cache_tokens], samplers=[greedy], logits_processors=[[]],
-                         stop_sequences=[StopSequences([])])
+        generator.insert(
+            [prompt_part],
+            max_tokens=[n],
+            caches=[cache] if cache else None,
+            all_tokens=[cache_tokens],
+            samplers=[greedy],
+            logits_processors=[[]],
+            stop_sequences=[StopSequences([])],
+        )
         tokens: list[int] = []
         while len(tokens) < n:
             tokens += [r.token for r in generator.next()[1]]
@@ -177,22 +207,38 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
         return tokens
 
     reference = batch_run(prompt, None, [], 12)
-    solo = SoloSequence(model, -1, prompt, cache=None, cached_tokens=0, sampler=greedy, processors=[],
-                        max_tokens=12, stop_tokens=frozenset(), prefill_step_size=16)
+    solo = SoloSequence(
+        model,
+        -1,
+        prompt,
+        cache=None,
+        cached_tokens=0,
+        sampler=greedy,
+        processors=[],
+        max_tokens=12,
+        stop_tokens=frozenset(),
+        prefill_step_size=16,
+    )
     assert solo.step() is None and solo.step() is None  # two prefill chunks, no token yet
     handover = solo.handover()
     assert handover.response is None and handover.cache_tokens == prompt[:32]
     assert handover.remaining_prompt == prompt[32:] and handover.max_tokens == 12
-    assert batch_run(handover.remaining_prompt, handover.cache, handover.cache_tokens, 12) == reference
+    assert (
+        batch_run(handover.remaining_prompt, handover.cache, handover.cache_tokens, 12) == reference
+    )
 
 
-async def test_a_failed_handover_fails_only_that_request(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failed_handover_fails_only_that_request(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mlx_nursery.engine import _worker
 
     original = _worker.Worker._insert
 
     def failing_for_handed_over(self, sequence, prompt, cache, cache_tokens, max_tokens):  # type: ignore[no-untyped-def]
-        if cache is not None:  # only the lone sequence arrives with a KV cache (no prefix cache here)
+        if (
+            cache is not None
+        ):  # only the lone sequence arrives with a KV cache (no prefix cache here)
             raise RuntimeError("simulated insert failure")
         return original(self, sequence, prompt, cache, cache_tokens, max_tokens)
 

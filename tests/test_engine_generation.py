@@ -43,8 +43,12 @@ async def test_stream_ends_with_usage_and_deltas_rebuild_the_text(engine: Engine
     [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.9, seed=7)],
     ids=["greedy", "seeded"],
 )
-async def test_concurrent_streams_match_their_solo_runs(engine: Engine, sampling: SamplingParams) -> None:
-    requests = [request(engine, p, max_tokens=20, sampling=sampling, ignore_eos=True) for p in PROMPTS]
+async def test_concurrent_streams_match_their_solo_runs(
+    engine: Engine, sampling: SamplingParams
+) -> None:
+    requests = [
+        request(engine, p, max_tokens=20, sampling=sampling, ignore_eos=True) for p in PROMPTS
+    ]
     solo = [await collect(engine, r) for r in requests]
     together = await collect_all(engine, requests)
     assert [t.tokens for t in together] == [s.tokens for s in solo]
@@ -54,7 +58,10 @@ async def test_concurrent_streams_match_their_solo_runs(engine: Engine, sampling
 async def test_seed_reproduces_and_differs_by_seed(engine: Engine) -> None:
     def seeded(seed: int) -> GenerationRequest:
         return request(
-            engine, PROMPTS[1], max_tokens=30, ignore_eos=True,
+            engine,
+            PROMPTS[1],
+            max_tokens=30,
+            ignore_eos=True,
             sampling=SamplingParams(temperature=1.5, seed=seed),
         )
 
@@ -81,14 +88,21 @@ async def test_logit_bias_forces_a_token(engine: Engine) -> None:
     forced = engine.model.tokenizer.encode(" Paris")[0]
     run = await collect(
         engine,
-        request(engine, PROMPTS[0], max_tokens=5, ignore_eos=True,
-                sampling=SamplingParams(temperature=0.0, logit_bias={forced: 1000.0})),
+        request(
+            engine,
+            PROMPTS[0],
+            max_tokens=5,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=0.0, logit_bias={forced: 1000.0}),
+        ),
     )
     assert run.tokens == [forced] * 5
 
 
 async def test_logprobs_report_the_sampled_token_and_sorted_top_k(engine: Engine) -> None:
-    run = await collect(engine, request(engine, PROMPTS[3], max_tokens=6, ignore_eos=True, logprobs=3))
+    run = await collect(
+        engine, request(engine, PROMPTS[3], max_tokens=6, ignore_eos=True, logprobs=3)
+    )
     for event in run.events:
         if event.token_id is None:
             continue
@@ -106,7 +120,10 @@ async def test_failing_logits_processor_fails_only_its_request(engine: Engine) -
     healthy_request = request(engine, PROMPTS[4], max_tokens=20, ignore_eos=True)
     solo = await collect(engine, healthy_request)
     broken = request(
-        engine, PROMPTS[5], max_tokens=20, ignore_eos=True,
+        engine,
+        PROMPTS[5],
+        max_tokens=20,
+        ignore_eos=True,
         logits_processors=[raising_processor(3, lambda: ValueError("boom"))],
     )
     results = {}
@@ -135,7 +152,9 @@ async def test_prompt_longer_than_context_is_refused(engine: Engine) -> None:
     assert engine.limiter.borrowed_tokens == 0
 
 
-async def test_strict_serialization_gives_the_same_tokens(engine_config: EngineConfig, engine: Engine) -> None:
+async def test_strict_serialization_gives_the_same_tokens(
+    engine_config: EngineConfig, engine: Engine
+) -> None:
     requests = [request(engine, p, max_tokens=12, ignore_eos=True) for p in PROMPTS[:3]]
     batched = [(await collect(engine, r)).tokens for r in requests]
     serial_config = EngineConfig(engine_config.model, max_concurrency=1)

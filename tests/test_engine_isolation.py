@@ -8,6 +8,7 @@ and inside a batch step where no guard can see whose it is (an array that fails 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,13 +17,27 @@ import numpy as np
 import pytest
 import trio
 
-from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
-from mlx_nursery.engine import _prefix_cache, _sampling, _solo, _worker
+from mlx_nursery.engine import (
+    Engine,
+    EngineConfig,
+    GenerationRequest,
+    SamplingParams,
+    _prefix_cache,
+    _sampling,
+    _solo,
+    _worker,
+    open_engine,
+)
 
 from .helpers import CallSignal, Run, collect, collect_all, request
 
-PROMPTS = ["What is the capital of France?", "hello world", "list of numbers: 1 2 3",
-           "The weather today is", "please call the tool with arguments"]
+PROMPTS = [
+    "What is the capital of France?",
+    "hello world",
+    "list of numbers: 1 2 3",
+    "The weather today is",
+    "please call the tool with arguments",
+]
 GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=5)
 
@@ -30,12 +45,15 @@ SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=5)
 def batch(engine: Engine, **kwargs: Any) -> list[GenerationRequest]:
     """Healthy requests, greedy and seeded: what the batch must keep producing."""
     kwargs.setdefault("max_tokens", 16)
-    return [request(engine, p, sampling=GREEDY if i % 2 else SEEDED, ignore_eos=True, **kwargs)
-            for i, p in enumerate(PROMPTS[:4])]
+    return [
+        request(engine, p, sampling=GREEDY if i % 2 else SEEDED, ignore_eos=True, **kwargs)
+        for i, p in enumerate(PROMPTS[:4])
+    ]
 
 
-async def run_beside(engine: Engine, healthy: list[GenerationRequest],
-                     doomed: GenerationRequest) -> tuple[list[Run], Run]:
+async def run_beside(
+    engine: Engine, healthy: list[GenerationRequest], doomed: GenerationRequest
+) -> tuple[list[Run], Run]:
     runs = await collect_all(engine, [*healthy, doomed])
     return runs[:-1], runs[-1]
 
@@ -57,10 +75,8 @@ def poisoned_from(call: int) -> Callable[[Any, Any], Any]:
         leaked.append(x * 2)
         raise RuntimeError("stop tracing")
 
-    try:
+    with contextlib.suppress(RuntimeError):
         mx.compile(trace)(mx.array([1.0]))
-    except RuntimeError:
-        pass
     unevaluable = leaked[0]  # a tracer that escaped its compile: it has no primitive
     calls = 0
 
@@ -75,8 +91,13 @@ def poisoned_from(call: int) -> Callable[[Any, Any], Any]:
 @pytest.mark.parametrize("seed", [-1, -(1 << 63), (1 << 64) - 1, 0])
 async def test_any_64_bit_seed_samples_and_reproduces(engine: Engine, seed: int) -> None:
     def seeded() -> GenerationRequest:
-        return request(engine, PROMPTS[1], max_tokens=12, ignore_eos=True,
-                       sampling=SamplingParams(temperature=1.5, seed=seed))
+        return request(
+            engine,
+            PROMPTS[1],
+            max_tokens=12,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=1.5, seed=seed),
+        )
 
     first, again = await collect(engine, seeded()), await collect(engine, seeded())
     assert first.final.finish_reason == "length"
@@ -86,10 +107,17 @@ async def test_any_64_bit_seed_samples_and_reproduces(engine: Engine, seed: int)
 
 async def test_signed_seeds_are_taken_modulo_2_to_the_64(engine: Engine) -> None:
     def seeded(seed: int) -> GenerationRequest:
-        return request(engine, PROMPTS[0], max_tokens=12, ignore_eos=True,
-                       sampling=SamplingParams(temperature=1.5, seed=seed))
+        return request(
+            engine,
+            PROMPTS[0],
+            max_tokens=12,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=1.5, seed=seed),
+        )
 
-    assert (await collect(engine, seeded(-1))).tokens == (await collect(engine, seeded((1 << 64) - 1))).tokens
+    assert (await collect(engine, seeded(-1))).tokens == (
+        await collect(engine, seeded((1 << 64) - 1))
+    ).tokens
     with pytest.raises(ValueError, match="64-bit"):
         SamplingParams(seed=1 << 64)
 
@@ -97,10 +125,17 @@ async def test_signed_seeds_are_taken_modulo_2_to_the_64(engine: Engine) -> None
 @pytest.mark.parametrize("top_k", [2048, 4096, 1 << 63])
 async def test_top_k_past_the_vocabulary_filters_nothing(engine: Engine, top_k: int) -> None:
     def sampled(k: int, seed: int | None = 3) -> GenerationRequest:
-        return request(engine, PROMPTS[2], max_tokens=12, ignore_eos=True,
-                       sampling=SamplingParams(temperature=1.0, top_k=k, seed=seed))
+        return request(
+            engine,
+            PROMPTS[2],
+            max_tokens=12,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=1.0, top_k=k, seed=seed),
+        )
 
-    assert (await collect(engine, sampled(top_k))).tokens == (await collect(engine, sampled(0))).tokens
+    assert (await collect(engine, sampled(top_k))).tokens == (
+        await collect(engine, sampled(0))
+    ).tokens
     after = await collect(engine, sampled(0, seed=None))  # unseeded sampling still works
     assert after.final.finish_reason == "length"
     assert_serving(engine)
@@ -108,9 +143,16 @@ async def test_top_k_past_the_vocabulary_filters_nothing(engine: Engine, top_k: 
 
 async def test_sampling_never_touches_mlx_global_random_state(engine: Engine) -> None:
     before = np.array(mx.random.state[0])
-    requests = [request(engine, p, max_tokens=8, ignore_eos=True,
-                        sampling=SamplingParams(temperature=1.0, top_p=0.8, min_p=0.05, top_k=40))
-                for p in PROMPTS]
+    requests = [
+        request(
+            engine,
+            p,
+            max_tokens=8,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=1.0, top_p=0.8, min_p=0.05, top_k=40),
+        )
+        for p in PROMPTS
+    ]
     runs = await collect_all(engine, requests)
     assert all(r.final.finish_reason == "length" for r in runs)
     assert np.array_equal(np.array(mx.random.state[0]), before)
@@ -129,8 +171,13 @@ async def test_a_failing_sampler_fails_only_its_request(
         return real(seed, draw)
 
     monkeypatch.setattr(_sampling, "key_for_draw", key_for_draw)
-    doomed = request(engine, PROMPTS[4], max_tokens=16, ignore_eos=True,
-                     sampling=SamplingParams(temperature=1.0, seed=666))
+    doomed = request(
+        engine,
+        PROMPTS[4],
+        max_tokens=16,
+        ignore_eos=True,
+        sampling=SamplingParams(temperature=1.0, seed=666),
+    )
     runs, failed = await run_beside(engine, healthy, doomed)
     assert failed.final.finish_reason == "error" and "sampler broke" in (failed.final.error or "")
     assert [r.tokens for r in runs] == [s.tokens for s in solo]
@@ -144,22 +191,38 @@ async def test_a_failure_while_admitting_fails_only_that_request(
     healthy = batch(engine)
     solo = [await collect(engine, r) for r in healthy]
 
-    def breaks_for_poison(real: Callable[..., Any], key_of: Callable[..., Any]) -> Callable[..., Any]:
+    def breaks_for_poison(
+        real: Callable[..., Any], key_of: Callable[..., Any]
+    ) -> Callable[..., Any]:
         def wrapper(*args: Any) -> Any:
             if key_of(*args) == "poison":
                 raise RuntimeError(f"{where} broke")
             return real(*args)
+
         return wrapper
 
     if where == "processors":
         # The poisoned request is the one whose prompt length is 1.
-        monkeypatch.setattr(_worker, "make_request_processors", breaks_for_poison(
-            _worker.make_request_processors, lambda p, e, n, f: "poison" if n == 1 else None))
+        monkeypatch.setattr(
+            _worker,
+            "make_request_processors",
+            breaks_for_poison(
+                _worker.make_request_processors, lambda p, e, n, f: "poison" if n == 1 else None
+            ),
+        )
     else:
-        monkeypatch.setattr(_prefix_cache.PrefixCache, "fetch", breaks_for_poison(
-            _prefix_cache.PrefixCache.fetch, lambda self, namespace, prompt: namespace[1]))
-    doomed = GenerationRequest([5], max_tokens=8, cache_key="poison") if where == "processors" else \
-        request(engine, PROMPTS[4], max_tokens=8, cache_key="poison")
+        monkeypatch.setattr(
+            _prefix_cache.PrefixCache,
+            "fetch",
+            breaks_for_poison(
+                _prefix_cache.PrefixCache.fetch, lambda self, namespace, prompt: namespace[1]
+            ),
+        )
+    doomed = (
+        GenerationRequest([5], max_tokens=8, cache_key="poison")
+        if where == "processors"
+        else request(engine, PROMPTS[4], max_tokens=8, cache_key="poison")
+    )
     runs, failed = await run_beside(engine, healthy, doomed)
     assert failed.final.finish_reason == "error" and failed.tokens == []
     assert [r.tokens for r in runs] == [s.tokens for s in solo]
@@ -200,8 +263,13 @@ async def test_a_step_failure_nobody_can_attribute_fails_only_its_culprit(engine
     alone, while the others go on with exactly their solo tokens."""
     healthy = batch(engine)
     solo = [await collect(engine, r) for r in healthy]
-    doomed = request(engine, PROMPTS[4], max_tokens=16, ignore_eos=True,
-                     logits_processors=[poisoned_from(call=4)])
+    doomed = request(
+        engine,
+        PROMPTS[4],
+        max_tokens=16,
+        ignore_eos=True,
+        logits_processors=[poisoned_from(call=4)],
+    )
     runs, failed = await run_beside(engine, healthy, doomed)
     assert failed.final.finish_reason == "error"
     assert [r.tokens for r in runs] == [s.tokens for s in solo]
@@ -217,8 +285,13 @@ async def test_a_poison_that_is_new_is_failed_without_disturbing_the_batch(engin
     healthy = batch(engine, max_tokens=40)
     solo = [await collect(engine, r) for r in healthy]
     signal = CallSignal(trio.lowlevel.current_trio_token(), after_calls=6)
-    healthy[0] = GenerationRequest(healthy[0].prompt_tokens, 40, sampling=healthy[0].sampling,
-                                   ignore_eos=True, logits_processors=[signal])
+    healthy[0] = GenerationRequest(
+        healthy[0].prompt_tokens,
+        40,
+        sampling=healthy[0].sampling,
+        ignore_eos=True,
+        logits_processors=[signal],
+    )
     results: list[Run] = []
 
     async def run_batch() -> None:
@@ -227,8 +300,10 @@ async def test_a_poison_that_is_new_is_failed_without_disturbing_the_batch(engin
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_batch)
         await signal.event.wait()  # the batch is decoding: the poison arrives as a newcomer
-        failed = await collect(engine, request(engine, PROMPTS[4], max_tokens=8,
-                                               logits_processors=[poisoned_from(call=1)]))
+        failed = await collect(
+            engine,
+            request(engine, PROMPTS[4], max_tokens=8, logits_processors=[poisoned_from(call=1)]),
+        )
     assert failed.final.finish_reason == "error" and failed.tokens == []
     assert [r.tokens for r in results] == [s.tokens for s in solo]
     stats = engine.statistics().worker
@@ -249,7 +324,9 @@ async def test_a_model_that_fails_on_its_own_ends_the_engine(
             raise RuntimeError("device lost")
 
         monkeypatch.setattr(type(engine_model(engine)), "__call__", broken)
-        finals = [(await collect(engine, request(engine, p, max_tokens=4))).final for p in PROMPTS[:2]]
+        finals = [
+            (await collect(engine, request(engine, p, max_tokens=4))).final for p in PROMPTS[:2]
+        ]
         assert [f.finish_reason for f in finals] == ["error", "error"]
         assert not engine.healthy and engine.statistics().state == "failed"
         assert engine.statistics().lanes_borrowed == 0
@@ -270,14 +347,30 @@ async def test_a_constrained_sequence_is_replayed_with_its_grammar_in_step(engin
     grammars = Grammars(tokenizer, len(tokenizer.get_vocab()))
 
     def constrained() -> GenerationRequest:
-        schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
-                  "required": ["n", "s"]}
-        return request(engine, PROMPTS[0], max_tokens=40, logits_processors=[grammars.json_processor(schema, "x")])
+        schema = {
+            "type": "object",
+            "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
+            "required": ["n", "s"],
+        }
+        return request(
+            engine,
+            PROMPTS[0],
+            max_tokens=40,
+            logits_processors=[grammars.json_processor(schema, "x")],
+        )
 
     alone = await collect(engine, constrained())
-    runs, failed = await run_beside(engine, [constrained(), *batch(engine)[1:]],
-                                    request(engine, PROMPTS[4], max_tokens=16, ignore_eos=True,
-                                            logits_processors=[poisoned_from(call=3)]))
+    runs, failed = await run_beside(
+        engine,
+        [constrained(), *batch(engine)[1:]],
+        request(
+            engine,
+            PROMPTS[4],
+            max_tokens=16,
+            ignore_eos=True,
+            logits_processors=[poisoned_from(call=3)],
+        ),
+    )
     assert failed.final.finish_reason == "error"
     assert runs[0].final.finish_reason == "length", runs[0].final
     assert runs[0].tokens == alone.tokens
@@ -285,12 +378,20 @@ async def test_a_constrained_sequence_is_replayed_with_its_grammar_in_step(engin
     assert stats is not None and stats.replays >= 1
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1e-300, seed=1),
-                                      SamplingParams(temperature=1.0, top_p=1e-300, seed=1)],
-                         ids=["tiny temperature", "tiny top_p"])
-async def test_vanishing_temperature_or_top_p_is_argmax(engine: Engine, sampling: SamplingParams) -> None:
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=1e-300, seed=1),
+        SamplingParams(temperature=1.0, top_p=1e-300, seed=1),
+    ],
+    ids=["tiny temperature", "tiny top_p"],
+)
+async def test_vanishing_temperature_or_top_p_is_argmax(
+    engine: Engine, sampling: SamplingParams
+) -> None:
     greedy = await collect(engine, request(engine, PROMPTS[3], max_tokens=12, ignore_eos=True))
-    vanishing = await collect(engine, request(engine, PROMPTS[3], max_tokens=12, ignore_eos=True,
-                                              sampling=sampling))
+    vanishing = await collect(
+        engine, request(engine, PROMPTS[3], max_tokens=12, ignore_eos=True, sampling=sampling)
+    )
     assert vanishing.tokens == greedy.tokens
     assert_serving(engine)

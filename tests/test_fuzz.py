@@ -32,6 +32,7 @@ strategies for 10,000 cases against a server process and counts the outcomes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -55,7 +56,11 @@ from .http_helpers import SPEC, running_server, validate, validate_error
 
 MODEL = "tiny"
 VOCAB = 2048  # the tiny model's vocabulary: top_k and token ids beyond it are out of range
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+}
 DEFAULT_EXAMPLES = 250
 EXAMPLES = int(os.environ.get("MLX_NURSERY_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
 MAX_BYTES = int(os.environ.get("MLX_NURSERY_FUZZ_MAX_BYTES") or 300_000)
@@ -68,7 +73,11 @@ MAX_ERROR_BODY = 32 * 1024
 """An error body larger than this echoes the request back."""
 READ_TIMEOUT = 60.0
 CASE_DEADLINE = 120.0
-SERVER_SETTINGS: dict[str, Any] = {"request_timeout": 20.0, "max_concurrency": 4, "default_max_tokens": 16}
+SERVER_SETTINGS: dict[str, Any] = {
+    "request_timeout": 20.0,
+    "max_concurrency": 4,
+    "default_max_tokens": 16,
+}
 """default_max_tokens: a request without a budget (a dropped max_tokens) would otherwise run to
 the end of the context, seconds of compute for nothing the checks need."""
 
@@ -125,7 +134,11 @@ class Case:
         return encode(self.body, stored, ascii=self.ascii).encode("utf-8", "surrogatepass")
 
     def describe(self, limit: int = 600) -> str:
-        body = self.body if isinstance(self.body, bytes) or self.body is None else encode(self.body, [])
+        body = (
+            self.body
+            if isinstance(self.body, bytes) or self.body is None
+            else encode(self.body, [])
+        )
         head = f"{self.flavour} {self.method} {_short(self.url, 120)}"
         if self.content_type != "application/json":
             head += f" [content-type {self.content_type!r}]"
@@ -147,8 +160,10 @@ def encode(value: Any, stored: list[str], *, ascii: bool = True) -> str:
     if isinstance(value, Previous):
         return json.dumps(stored[value.pick % len(stored)]) if stored else "null"
     if isinstance(value, dict):
-        items = (f"{json.dumps(k, ensure_ascii=ascii)}:{encode(v, stored, ascii=ascii)}"
-                 for k, v in value.items())
+        items = (
+            f"{json.dumps(k, ensure_ascii=ascii)}:{encode(v, stored, ascii=ascii)}"
+            for k, v in value.items()
+        )
         return "{" + ",".join(items) + "}"
     if isinstance(value, list):
         return "[" + ",".join(encode(v, stored, ascii=ascii) for v in value) + "]"
@@ -156,11 +171,36 @@ def encode(value: Any, stored: list[str], *, ascii: bool = True) -> str:
 
 
 # -- valid requests ---------------------------------------------------------------------------
-_WORDS = ["hello", "world", "the", "capital", "of", "France", "is", " ", "\n", "é", "中文", "🙂",
-          "{", "}", '"', "\\", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "0"]
-short_text = st.one_of(st.text(max_size=24), st.lists(st.sampled_from(_WORDS), max_size=8).map("".join))
-nonempty_text = st.one_of(st.text(min_size=1, max_size=24),
-                          st.lists(st.sampled_from(_WORDS), min_size=1, max_size=8).map("".join))
+_WORDS = [
+    "hello",
+    "world",
+    "the",
+    "capital",
+    "of",
+    "France",
+    "is",
+    " ",
+    "\n",
+    "é",
+    "中文",
+    "🙂",
+    "{",
+    "}",
+    '"',
+    "\\",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+    "0",
+]
+short_text = st.one_of(
+    st.text(max_size=24), st.lists(st.sampled_from(_WORDS), max_size=8).map("".join)
+)
+nonempty_text = st.one_of(
+    st.text(min_size=1, max_size=24),
+    st.lists(st.sampled_from(_WORDS), min_size=1, max_size=8).map("".join),
+)
 names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_-]{0,16}", fullmatch=True)
 ids = st.from_regex(r"call_[a-zA-Z0-9]{1,12}", fullmatch=True)
 small_tokens = st.integers(1, 8)
@@ -169,35 +209,57 @@ small_tokens = st.integers(1, 8)
 def number(low: float, high: float, *, exclude_min: bool = False) -> st.SearchStrategy[float | int]:
     """A JSON number in range, as a float or, where one fits, an integer (OpenAI accepts both)."""
     first = math.floor(low) + 1 if exclude_min else math.ceil(low)
-    return st.one_of(st.floats(low, high, exclude_min=exclude_min), st.integers(first, math.floor(high)))
+    return st.one_of(
+        st.floats(low, high, exclude_min=exclude_min), st.integers(first, math.floor(high))
+    )
 
 
-scalar_schema = st.sampled_from([{"type": "string"}, {"type": "integer"}, {"type": "number"},
-                                 {"type": "boolean"}, {"type": "string", "enum": ["a", "b"]},
-                                 {"type": "array", "items": {"type": "integer"}, "maxItems": 3}])
+scalar_schema = st.sampled_from(
+    [
+        {"type": "string"},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "string", "enum": ["a", "b"]},
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+    ]
+)
 object_schema = st.dictionaries(names, scalar_schema, max_size=3).map(
-    lambda props: {"type": "object", "properties": props, "required": sorted(props),
-                   "additionalProperties": False})
-json_arguments = st.dictionaries(names, st.one_of(st.integers(-5, 5), short_text, st.booleans()),
-                                 max_size=3).map(json.dumps)
+    lambda props: {
+        "type": "object",
+        "properties": props,
+        "required": sorted(props),
+        "additionalProperties": False,
+    }
+)
+json_arguments = st.dictionaries(
+    names, st.one_of(st.integers(-5, 5), short_text, st.booleans()), max_size=3
+).map(json.dumps)
 
 
 def sampling_fields() -> st.SearchStrategy[dict[str, Any]]:
     """Chat and completions share these (top_k, min_p, repetition_penalty are this server's)."""
-    return st.fixed_dictionaries({}, optional={
-        "temperature": number(0, 2),
-        "top_p": number(0, 1, exclude_min=True),
-        "top_k": st.integers(0, VOCAB - 1),
-        "min_p": number(0, 1),
-        "seed": st.integers(-(2**63), 2**63 - 1),
-        "presence_penalty": number(-2, 2),
-        "frequency_penalty": number(-2, 2),
-        "repetition_penalty": number(0.5, 2),
-        "logit_bias": st.dictionaries(st.integers(0, VOCAB - 1).map(str), number(-100, 100), max_size=4),
-        "stop": st.one_of(st.none(), nonempty_text, st.lists(nonempty_text, min_size=1, max_size=4)),
-        "n": st.just(1),
-        "user": short_text,
-    })
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "temperature": number(0, 2),
+            "top_p": number(0, 1, exclude_min=True),
+            "top_k": st.integers(0, VOCAB - 1),
+            "min_p": number(0, 1),
+            "seed": st.integers(-(2**63), 2**63 - 1),
+            "presence_penalty": number(-2, 2),
+            "frequency_penalty": number(-2, 2),
+            "repetition_penalty": number(0.5, 2),
+            "logit_bias": st.dictionaries(
+                st.integers(0, VOCAB - 1).map(str), number(-100, 100), max_size=4
+            ),
+            "stop": st.one_of(
+                st.none(), nonempty_text, st.lists(nonempty_text, min_size=1, max_size=4)
+            ),
+            "n": st.just(1),
+            "user": short_text,
+        },
+    )
 
 
 def with_stream(fields: dict[str, Any], stream: bool, include_usage: bool | None) -> dict[str, Any]:
@@ -211,19 +273,33 @@ def with_stream(fields: dict[str, Any], stream: bool, include_usage: bool | None
 
 
 def chat_tools() -> st.SearchStrategy[list[dict[str, Any]]]:
-    function = st.fixed_dictionaries({"name": names}, optional={
-        "description": short_text, "parameters": object_schema})
-    return st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": function}),
-                    min_size=1, max_size=3, unique_by=lambda t: t["function"]["name"])
+    function = st.fixed_dictionaries(
+        {"name": names}, optional={"description": short_text, "parameters": object_schema}
+    )
+    return st.lists(
+        st.fixed_dictionaries({"type": st.just("function"), "function": function}),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda t: t["function"]["name"],
+    )
 
 
-content_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": short_text}),
-                         min_size=1, max_size=3)
+content_parts = st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": short_text}), min_size=1, max_size=3
+)
 chat_content = st.one_of(short_text, content_parts)
-tool_calls = st.lists(st.fixed_dictionaries({
-    "id": ids, "type": st.just("function"),
-    "function": st.fixed_dictionaries({"name": names, "arguments": json_arguments})}),
-    min_size=1, max_size=2, unique_by=lambda c: str(c["id"]))
+tool_calls = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": ids,
+            "type": st.just("function"),
+            "function": st.fixed_dictionaries({"name": names, "arguments": json_arguments}),
+        }
+    ),
+    min_size=1,
+    max_size=2,
+    unique_by=lambda c: str(c["id"]),
+)
 user_message = st.fixed_dictionaries({"role": st.just("user"), "content": nonempty_text})
 
 
@@ -232,14 +308,22 @@ def chat_messages(draw: st.DrawFn) -> list[dict[str, Any]]:
     """A conversation OpenAI accepts: every tool call answered by a tool message right after it,
     a user message last."""
     messages: list[dict[str, Any]] = []
-    for kind in draw(st.lists(st.sampled_from(["system", "developer", "user", "assistant", "tools"]),
-                              max_size=3)):
+    for kind in draw(
+        st.lists(st.sampled_from(["system", "developer", "user", "assistant", "tools"]), max_size=3)
+    ):
         if kind == "tools":
             calls = draw(tool_calls)
-            messages.append({"role": "assistant", "content": draw(st.one_of(st.none(), short_text)),
-                             "tool_calls": calls})
-            messages += [{"role": "tool", "tool_call_id": call["id"], "content": draw(chat_content)}
-                         for call in calls]
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": draw(st.one_of(st.none(), short_text)),
+                    "tool_calls": calls,
+                }
+            )
+            messages += [
+                {"role": "tool", "tool_call_id": call["id"], "content": draw(chat_content)}
+                for call in calls
+            ]
         else:
             message = {"role": kind, "content": draw(chat_content)}
             if draw(st.integers(0, 3)) == 0:
@@ -249,8 +333,10 @@ def chat_messages(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 
 def json_schema_format(flat: bool) -> st.SearchStrategy[dict[str, Any]]:
-    inner = st.fixed_dictionaries({"name": names, "schema": object_schema},
-                                  optional={"strict": st.booleans(), "description": short_text})
+    inner = st.fixed_dictionaries(
+        {"name": names, "schema": object_schema},
+        optional={"strict": st.booleans(), "description": short_text},
+    )
     if flat:
         return inner.map(lambda f: {"type": "json_schema", **f})
     return inner.map(lambda f: {"type": "json_schema", "json_schema": f})
@@ -263,8 +349,11 @@ def tool_choice_for(draw: st.DrawFn, tools: list[dict[str, Any]], flat: bool) ->
     choice = draw(st.sampled_from(["none", "auto", "required", "named", "absent"]))
     if choice == "named":
         name = draw(st.sampled_from(function_names))
-        return ({"type": "function", "name": name} if flat
-                else {"type": "function", "function": {"name": name}}), True
+        return (
+            {"type": "function", "name": name}
+            if flat
+            else {"type": "function", "function": {"name": name}}
+        ), True
     return (None if choice == "absent" else choice), choice == "required"
 
 
@@ -288,12 +377,22 @@ def valid_chat(draw: st.DrawFn) -> Case:
         body["logprobs"] = True
         if draw(st.booleans()):
             body["top_logprobs"] = draw(st.integers(0, 20))
-    body["response_format"] = draw(st.one_of(
-        st.none(), st.just({"type": "text"}), st.just({"type": "json_object"}), json_schema_format(flat=False)))
+    body["response_format"] = draw(
+        st.one_of(
+            st.none(),
+            st.just({"type": "text"}),
+            st.just({"type": "json_object"}),
+            json_schema_format(flat=False),
+        )
+    )
     if body["response_format"] is None:
         del body["response_format"]
-    for name, values in (("prompt_cache_key", short_text), ("safety_identifier", short_text),
-                         ("store", st.just(False)), ("service_tier", st.sampled_from(["auto", "default"]))):
+    for name, values in (
+        ("prompt_cache_key", short_text),
+        ("safety_identifier", short_text),
+        ("store", st.just(False)),
+        ("service_tier", st.sampled_from(["auto", "default"])),
+    ):
         if draw(st.integers(0, 5)) == 0:
             body[name] = draw(values)
     with_stream(body, draw(st.booleans()), draw(st.one_of(st.none(), st.booleans())))
@@ -310,36 +409,77 @@ completion_prompt = st.one_of(
 
 @st.composite
 def valid_completion(draw: st.DrawFn) -> Case:
-    body: dict[str, Any] = {"model": MODEL, "prompt": draw(completion_prompt), "max_tokens": draw(small_tokens)}
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": draw(completion_prompt),
+        "max_tokens": draw(small_tokens),
+    }
     body.update(draw(sampling_fields()))
-    body.update(draw(st.fixed_dictionaries({}, optional={
-        "logprobs": st.one_of(st.none(), st.integers(0, 5)), "echo": st.just(False), "best_of": st.just(1)})))
+    body.update(
+        draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "logprobs": st.one_of(st.none(), st.integers(0, 5)),
+                    "echo": st.just(False),
+                    "best_of": st.just(1),
+                },
+            )
+        )
+    )
     with_stream(body, draw(st.booleans()), draw(st.one_of(st.none(), st.booleans())))
     return Case("valid", "completions", body)
 
 
 def input_message(role: str) -> st.SearchStrategy[dict[str, Any]]:
     part = "output_text" if role == "assistant" else "input_text"
-    parts = st.lists(st.fixed_dictionaries({"type": st.just(part), "text": short_text}), min_size=1, max_size=2)
-    return st.fixed_dictionaries({"role": st.just(role), "content": st.one_of(short_text, parts)},
-                                 optional={"type": st.just("message")})
+    parts = st.lists(
+        st.fixed_dictionaries({"type": st.just(part), "text": short_text}), min_size=1, max_size=2
+    )
+    return st.fixed_dictionaries(
+        {"role": st.just(role), "content": st.one_of(short_text, parts)},
+        optional={"type": st.just("message")},
+    )
 
 
 @st.composite
 def response_items(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """Input items OpenAI accepts: each function call followed by its output; a user message last."""
+    """Input items OpenAI accepts: each function call, then its output; a user message last."""
     items: list[dict[str, Any]] = []
-    for kind in draw(st.lists(st.sampled_from(["user", "system", "developer", "assistant", "call", "reasoning"]),
-                              max_size=3)):
+    for kind in draw(
+        st.lists(
+            st.sampled_from(["user", "system", "developer", "assistant", "call", "reasoning"]),
+            max_size=3,
+        )
+    ):
         if kind == "call":
             call_id = draw(ids)
-            items.append({"type": "function_call", "call_id": call_id, "name": draw(names),
-                          "arguments": draw(json_arguments)})
-            items.append({"type": "function_call_output", "call_id": call_id, "output": draw(short_text)})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": draw(names),
+                    "arguments": draw(json_arguments),
+                }
+            )
+            items.append(
+                {"type": "function_call_output", "call_id": call_id, "output": draw(short_text)}
+            )
         elif kind == "reasoning":
-            items.append({"type": "reasoning", "id": draw(st.from_regex(r"rs_[a-z0-9]{1,12}", fullmatch=True)),
-                          "summary": draw(st.lists(st.fixed_dictionaries(
-                              {"type": st.just("summary_text"), "text": short_text}), max_size=2))})
+            items.append(
+                {
+                    "type": "reasoning",
+                    "id": draw(st.from_regex(r"rs_[a-z0-9]{1,12}", fullmatch=True)),
+                    "summary": draw(
+                        st.lists(
+                            st.fixed_dictionaries(
+                                {"type": st.just("summary_text"), "text": short_text}
+                            ),
+                            max_size=2,
+                        )
+                    ),
+                }
+            )
         else:
             items.append(draw(input_message(kind)))
     return [*items, draw(input_message("user"))]
@@ -350,16 +490,33 @@ metadata = st.dictionaries(st.text(min_size=1, max_size=64), st.text(max_size=51
 
 @st.composite
 def valid_response(draw: st.DrawFn) -> Case:
-    body: dict[str, Any] = {"model": MODEL, "input": draw(st.one_of(
-        nonempty_text, response_items()))}
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "input": draw(st.one_of(nonempty_text, response_items())),
+    }
     body["max_output_tokens"] = draw(small_tokens)
-    body.update(draw(st.fixed_dictionaries({}, optional={
-        "instructions": short_text, "metadata": metadata, "temperature": number(0, 2),
-        "top_p": number(0, 1, exclude_min=True), "store": st.booleans(), "user": short_text,
-        "safety_identifier": short_text, "prompt_cache_key": short_text, "truncation": st.just("disabled"),
-        "reasoning": st.fixed_dictionaries({}, optional={"effort": st.sampled_from(["low", "medium", "high"])}),
-        "previous_response_id": st.integers(0, 1000).map(Previous),
-    })))
+    body.update(
+        draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "instructions": short_text,
+                    "metadata": metadata,
+                    "temperature": number(0, 2),
+                    "top_p": number(0, 1, exclude_min=True),
+                    "store": st.booleans(),
+                    "user": short_text,
+                    "safety_identifier": short_text,
+                    "prompt_cache_key": short_text,
+                    "truncation": st.just("disabled"),
+                    "reasoning": st.fixed_dictionaries(
+                        {}, optional={"effort": st.sampled_from(["low", "medium", "high"])}
+                    ),
+                    "previous_response_id": st.integers(0, 1000).map(Previous),
+                },
+            )
+        )
+    )
     tools = draw(st.one_of(st.none(), chat_tools()))
     if tools:
         flat = [{"type": "function", **t["function"]} for t in tools]
@@ -375,8 +532,14 @@ def valid_response(draw: st.DrawFn) -> Case:
         body["include"] = ["message.output_text.logprobs"]
         if draw(st.booleans()):
             body["top_logprobs"] = draw(st.integers(0, 20))
-    text_format = draw(st.one_of(st.none(), st.just({"type": "text"}), st.just({"type": "json_object"}),
-                                 json_schema_format(flat=True)))
+    text_format = draw(
+        st.one_of(
+            st.none(),
+            st.just({"type": "text"}),
+            st.just({"type": "json_object"}),
+            json_schema_format(flat=True),
+        )
+    )
     if text_format is not None:
         body["text"] = {"format": text_format}
     with_stream(body, draw(st.booleans()), None)
@@ -388,31 +551,68 @@ def valid_case() -> st.SearchStrategy[Case]:
 
 
 # -- almost valid -----------------------------------------------------------------------------
-REQUIRED = {"chat": ("model", "messages"), "completions": ("model", "prompt"), "responses": ("model", "input")}
+REQUIRED = {
+    "chat": ("model", "messages"),
+    "completions": ("model", "prompt"),
+    "responses": ("model", "input"),
+}
 _SAMPLING_RANGE: dict[str, list[Any]] = {
-    "temperature": [-0.5, 2.5, 3], "top_p": [0, -0.1, 1.01, 2], "top_k": [-1, -100], "min_p": [-0.1, 1.5],
-    "presence_penalty": [-2.01, 2.5], "frequency_penalty": [-3, 2.01], "repetition_penalty": [0, -1],
-    "max_tokens": [0, -1], "n": [0, 2, -1], "stop": [[""], ["a", "b", "c", "d", "e"], ""],
+    "temperature": [-0.5, 2.5, 3],
+    "top_p": [0, -0.1, 1.01, 2],
+    "top_k": [-1, -100],
+    "min_p": [-0.1, 1.5],
+    "presence_penalty": [-2.01, 2.5],
+    "frequency_penalty": [-3, 2.01],
+    "repetition_penalty": [0, -1],
+    "max_tokens": [0, -1],
+    "n": [0, 2, -1],
+    "stop": [[""], ["a", "b", "c", "d", "e"], ""],
     "logit_bias": [{"1": 101}, {"1": -100.5}, {str(VOCAB): 1}, {"-1": 1}, {"abc": 1}],
 }
 OUT_OF_RANGE: dict[str, dict[str, list[Any]]] = {
-    "chat": {**_SAMPLING_RANGE, "top_logprobs": [-1, 21], "max_completion_tokens": [0, -5], "messages": [[]],
-             "tool_choice": ["required", {"type": "function", "function": {"name": "nope"}}],
-             "response_format": [{"type": "json_schema"}, {"type": "nope"}],
-             "logprobs": [None], "parallel_tool_calls": [None]},
-    "completions": {**_SAMPLING_RANGE, "logprobs": [-1, 6], "prompt": ["", [], [[]], [VOCAB], [-1]],
-                    "best_of": [2], "echo": [True], "suffix": ["x"]},
-    "responses": {"temperature": [-0.5, 2.5], "top_p": [0, 1.01], "max_output_tokens": [0, -1],
-                  "top_logprobs": [-1, 21], "input": ["", []], "truncation": ["auto"],
-                  "include": [["file_search_call.results"]], "background": [True],
-                  "metadata": [{str(i): "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"}],
-                  "text": [{"format": {"type": "json_schema", "name": "x"}}, {"format": {"type": "nope"}}],
-                  "tool_choice": ["required", {"type": "function", "name": "nope"}],
-                  "previous_response_id": ["resp_doesnotexist"]},
+    "chat": {
+        **_SAMPLING_RANGE,
+        "top_logprobs": [-1, 21],
+        "max_completion_tokens": [0, -5],
+        "messages": [[]],
+        "tool_choice": ["required", {"type": "function", "function": {"name": "nope"}}],
+        "response_format": [{"type": "json_schema"}, {"type": "nope"}],
+        "logprobs": [None],
+        "parallel_tool_calls": [None],
+    },
+    "completions": {
+        **_SAMPLING_RANGE,
+        "logprobs": [-1, 6],
+        "prompt": ["", [], [[]], [VOCAB], [-1]],
+        "best_of": [2],
+        "echo": [True],
+        "suffix": ["x"],
+    },
+    "responses": {
+        "temperature": [-0.5, 2.5],
+        "top_p": [0, 1.01],
+        "max_output_tokens": [0, -1],
+        "top_logprobs": [-1, 21],
+        "input": ["", []],
+        "truncation": ["auto"],
+        "include": [["file_search_call.results"]],
+        "background": [True],
+        "metadata": [{str(i): "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"}],
+        "text": [{"format": {"type": "json_schema", "name": "x"}}, {"format": {"type": "nope"}}],
+        "tool_choice": ["required", {"type": "function", "name": "nope"}],
+        "previous_response_id": ["resp_doesnotexist"],
+    },
 }
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10, 10), st.floats(-1e3, 1e3), short_text)
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(short_text, inner, max_size=3)), max_leaves=6)
+json_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10), st.floats(-1e3, 1e3), short_text
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(short_text, inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 def _kind(value: Any) -> str:
@@ -441,8 +641,11 @@ def almost_valid_case(draw: st.DrawFn) -> Case:
     case = draw(valid_case())
     body = copy.deepcopy(case.body)
     places = list(slots(body))
-    kind = draw(st.sampled_from(["drop_required", "drop", "unknown", "retype", "retype", "range", "range",
-                                 "model"]))
+    kind = draw(
+        st.sampled_from(
+            ["drop_required", "drop", "unknown", "retype", "retype", "range", "range", "model"]
+        )
+    )
     if kind == "drop_required":
         name = draw(st.sampled_from(REQUIRED[case.endpoint]))
         del body[name]
@@ -482,46 +685,131 @@ def deep(depth: int, kind: str = "list") -> Raw:
     return Raw('{"a":' * depth + "1" + "}" * depth)
 
 
-HUGE_NUMBERS = [Raw("9" * 5000), Raw("-" + "9" * 5000), Raw("1e999"), Raw("-1e999"), Raw("NaN"),
-                Raw("Infinity"), Raw("-Infinity"), Raw("1" + "0" * 400 + ".5"), Raw("1e-400"), Raw("-0"),
-                2**64, 2**63, -(2**63) - 1, 2**31, -1, 1.5, 1e308]
+HUGE_NUMBERS = [
+    Raw("9" * 5000),
+    Raw("-" + "9" * 5000),
+    Raw("1e999"),
+    Raw("-1e999"),
+    Raw("NaN"),
+    Raw("Infinity"),
+    Raw("-Infinity"),
+    Raw("1" + "0" * 400 + ".5"),
+    Raw("1e-400"),
+    Raw("-0"),
+    2**64,
+    2**63,
+    -(2**63) - 1,
+    2**31,
+    -1,
+    1.5,
+    1e308,
+]
 SURROGATES = ["\ud800", "a\udfffb", "\udc80" * 8, "x\ud83d"]
-ODD_STRINGS = ["\x00", "\u2028\u2029", "\ufeff", "\ufffe\uffff", "١٢٣", "²", "Ⅻ", "<|im_start|>system\n",
-               "<|im_end|>", "<tool_call>{\"name\":", "{{ raise_exception('x') }}", "%s%n", "../../etc/passwd"]
-ODD_DIGIT_KEYS = ["²", "١٢", "①", "٣", "𝟙", "߁", " 1", "1 ", "+1", "-1", "1.0", "", "0x1", "1e3",
-                  "99999999999999999999999999", str(VOCAB), "\ud800", "١" * 5000, "0" * 5000 + "1"]
+ODD_STRINGS = [
+    "\x00",
+    "\u2028\u2029",
+    "\ufeff",
+    "\ufffe\uffff",
+    "١٢٣",
+    "²",
+    "Ⅻ",
+    "<|im_start|>system\n",
+    "<|im_end|>",
+    '<tool_call>{"name":',
+    "{{ raise_exception('x') }}",
+    "%s%n",
+    "../../etc/passwd",
+]
+ODD_DIGIT_KEYS = [
+    "²",
+    "١٢",
+    "①",
+    "٣",
+    "𝟙",
+    "߁",
+    " 1",
+    "1 ",
+    "+1",
+    "-1",
+    "1.0",
+    "",
+    "0x1",
+    "1e3",
+    "99999999999999999999999999",
+    str(VOCAB),
+    "\ud800",
+    "١" * 5000,
+    "0" * 5000 + "1",
+]
 ODD_TOOL_CHOICES: list[Any] = [
-    {"type": "function", "function": "f"}, {"type": "function"}, {"type": "function", "function": {}},
-    {"type": "function", "function": {"name": 5}}, {"type": "function", "name": "nope"},
-    {"type": "function", "function": {"name": "f"}, "name": "f"}, {"type": "function", "name": {"x": 1}},
+    {"type": "function", "function": "f"},
+    {"type": "function"},
+    {"type": "function", "function": {}},
+    {"type": "function", "function": {"name": 5}},
+    {"type": "function", "name": "nope"},
+    {"type": "function", "function": {"name": "f"}, "name": "f"},
+    {"type": "function", "name": {"x": 1}},
     {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]},
-    {"type": "file_search"}, {"type": "custom", "name": "f"}, {"type": "mcp"}, {"type": None}, {"function": {"name": "f"}},
-    [], ["auto"], 5, "", "REQUIRED", "function", None, {"type": "function", "function": {"name": "\ud800"}},
+    {"type": "file_search"},
+    {"type": "custom", "name": "f"},
+    {"type": "mcp"},
+    {"type": None},
+    {"function": {"name": "f"}},
+    [],
+    ["auto"],
+    5,
+    "",
+    "REQUIRED",
+    "function",
+    None,
+    {"type": "function", "function": {"name": "\ud800"}},
 ]
 HOSTILE_SCHEMAS: list[Any] = [
-    deep(2000, "object"), {"$ref": "#"}, {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
-    {"type": "string", "pattern": "(a+)+$"}, {"type": "string", "pattern": "["}, {"type": "array", "minItems": 100000},
-    {"type": "string", "minLength": 10**9}, {"type": "integer", "minimum": Raw("1e999")},
-    {"enum": list(range(5000))}, {"type": "object", "properties": {str(i): {"type": "string"} for i in range(500)}},
-    {"anyOf": [{"type": "string"}] * 300}, {"type": ["string", 5]}, {"type": "nope"}, [], "x", True,
-    {"type": "object", "properties": {"a": {"type": "string", "format": "date-time", "pattern": "^\\d{1,1000}$"}}},
-    {"allOf": [{"type": "string"}, {"type": "integer"}]}, {"not": {}},
+    deep(2000, "object"),
+    {"$ref": "#"},
+    {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    {"type": "string", "pattern": "(a+)+$"},
+    {"type": "string", "pattern": "["},
+    {"type": "array", "minItems": 100000},
+    {"type": "string", "minLength": 10**9},
+    {"type": "integer", "minimum": Raw("1e999")},
+    {"enum": list(range(5000))},
+    {"type": "object", "properties": {str(i): {"type": "string"} for i in range(500)}},
+    {"anyOf": [{"type": "string"}] * 300},
+    {"type": ["string", 5]},
+    {"type": "nope"},
+    [],
+    "x",
+    True,
+    {
+        "type": "object",
+        "properties": {"a": {"type": "string", "format": "date-time", "pattern": "^\\d{1,1000}$"}},
+    },
+    {"allOf": [{"type": "string"}, {"type": "integer"}]},
+    {"not": {}},
 ]
 
 
 def huge_strings(max_bytes: int) -> st.SearchStrategy[str]:
-    sizes = [n for n in (10_000, 100_000, 300_000, 2_000_000, 9_000_000) if n <= max_bytes] or [max_bytes]
-    return st.tuples(st.sampled_from(sizes), st.sampled_from(["a", "€", "🙂 ", "hello world ", "\ud800"])).map(
-        lambda p: (p[1] * (p[0] // len(p[1].encode("utf-8", "surrogatepass"))))[: p[0]])
+    sizes = [n for n in (10_000, 100_000, 300_000, 2_000_000, 9_000_000) if n <= max_bytes] or [
+        max_bytes
+    ]
+    return st.tuples(
+        st.sampled_from(sizes), st.sampled_from(["a", "€", "🙂 ", "hello world ", "\ud800"])
+    ).map(lambda p: (p[1] * (p[0] // len(p[1].encode("utf-8", "surrogatepass"))))[: p[0]])
 
 
 def hostile_values(max_bytes: int) -> st.SearchStrategy[Any]:
     return st.one_of(
-        st.sampled_from([deep(1000), deep(5000), deep(100_000), deep(1000, "object"), deep(20_000, "object")]),
+        st.sampled_from(
+            [deep(1000), deep(5000), deep(100_000), deep(1000, "object"), deep(20_000, "object")]
+        ),
         st.sampled_from(HUGE_NUMBERS),
         st.sampled_from(SURROGATES + ODD_STRINGS),
         huge_strings(max_bytes),
-        st.sampled_from([[1] * 100_000, [{}] * 10_000, ["x"] * 10_000, {str(i): i for i in range(10_000)}]),
+        st.sampled_from(
+            [[1] * 100_000, [{}] * 10_000, ["x"] * 10_000, {str(i): i for i in range(10_000)}]
+        ),
         st.sampled_from([True, None, "", [], {}, [[]], {"": None}, 0]),
     )
 
@@ -531,150 +819,489 @@ def targeted(draw: st.DrawFn, endpoint: str, max_bytes: int) -> tuple[dict[str, 
     """Fields that have broken servers: each a (fields to set, note)."""
     budget = "max_output_tokens" if endpoint == "responses" else "max_tokens"
     options: list[tuple[dict[str, Any], str]] = [
-        ({"temperature": draw(st.sampled_from([Raw("NaN"), Raw("1e999"), 1e308, -0.0, 5e-324])),
-          "top_p": draw(st.sampled_from([1, 5e-324, Raw("NaN")]))}, "temperature/top_p"),
+        (
+            {
+                "temperature": draw(
+                    st.sampled_from([Raw("NaN"), Raw("1e999"), 1e308, -0.0, 5e-324])
+                ),
+                "top_p": draw(st.sampled_from([1, 5e-324, Raw("NaN")])),
+            },
+            "temperature/top_p",
+        ),
         ({budget: draw(st.sampled_from([2**31, 2**63, 10**30, Raw("9" * 5000), 10**9]))}, "budget"),
-        ({"tool_choice": draw(st.sampled_from(ODD_TOOL_CHOICES)),
-          "tools": draw(st.sampled_from([None, [{"type": "function", "function": {"name": "f"}, "name": "f"}]]))},
-         "tool_choice shape"),
+        (
+            {
+                "tool_choice": draw(st.sampled_from(ODD_TOOL_CHOICES)),
+                "tools": draw(
+                    st.sampled_from(
+                        [None, [{"type": "function", "function": {"name": "f"}, "name": "f"}]]
+                    )
+                ),
+            },
+            "tool_choice shape",
+        ),
         ({"user": draw(st.sampled_from(SURROGATES)), "stream": True}, "user surrogate"),
         ({"model": draw(st.sampled_from(["\ud800", "a" * 10_000, "tiny\x00"]))}, "model"),
-        ({"stream": draw(st.sampled_from(["true", 1, Raw("NaN")])),
-          "stream_options": draw(st.sampled_from([{"include_usage": "yes"}, [], {"include_obfuscation": True}]))},
-         "stream flags"),
+        (
+            {
+                "stream": draw(st.sampled_from(["true", 1, Raw("NaN")])),
+                "stream_options": draw(
+                    st.sampled_from([{"include_usage": "yes"}, [], {"include_obfuscation": True}])
+                ),
+            },
+            "stream flags",
+        ),
     ]
     if endpoint != "responses":
         options += [
-            ({"seed": draw(st.sampled_from([-1, 2**64, 2**63, -(2**63), -(2**63) - 1, 2**64 - 1, Raw("9" * 5000),
-                                            Raw("-1.0"), Raw("1e20")]))}, "seed"),
-            ({"top_k": draw(st.sampled_from([VOCAB, VOCAB + 1, 4096, 2**31, 2**63 - 1, 2**63, 10**30])),
-              "temperature": draw(st.sampled_from([0, 1]))}, "top_k"),
+            (
+                {
+                    "seed": draw(
+                        st.sampled_from(
+                            [
+                                -1,
+                                2**64,
+                                2**63,
+                                -(2**63),
+                                -(2**63) - 1,
+                                2**64 - 1,
+                                Raw("9" * 5000),
+                                Raw("-1.0"),
+                                Raw("1e20"),
+                            ]
+                        )
+                    )
+                },
+                "seed",
+            ),
+            (
+                {
+                    "top_k": draw(
+                        st.sampled_from([VOCAB, VOCAB + 1, 4096, 2**31, 2**63 - 1, 2**63, 10**30])
+                    ),
+                    "temperature": draw(st.sampled_from([0, 1])),
+                },
+                "top_k",
+            ),
             ({"logit_bias": {draw(st.sampled_from(ODD_DIGIT_KEYS)): 1}}, "logit_bias key"),
-            ({"logit_bias": {"1": draw(st.sampled_from([Raw("NaN"), Raw("Infinity"), 1e308, -101, "1", None]))}},
-             "logit_bias value"),
-            ({"stop": draw(st.sampled_from([["\ud800"], ["a" * 100_000], "\ud800", [""] * 4, 5]))}, "stop"),
+            (
+                {
+                    "logit_bias": {
+                        "1": draw(
+                            st.sampled_from([Raw("NaN"), Raw("Infinity"), 1e308, -101, "1", None])
+                        )
+                    }
+                },
+                "logit_bias value",
+            ),
+            (
+                {
+                    "stop": draw(
+                        st.sampled_from([["\ud800"], ["a" * 100_000], "\ud800", [""] * 4, 5])
+                    )
+                },
+                "stop",
+            ),
         ]
     if endpoint == "chat":
         schema = draw(st.sampled_from(HOSTILE_SCHEMAS))
         options += [
-            ({"messages": [{"role": "user", "content": draw(hostile_values(max_bytes))}]}, "content"),
-            ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
-              "function": {"name": "f", "arguments": draw(st.sampled_from(
-                  ["[" * 5000 + "]" * 5000, '{"a":' * 1000 + "1" + "}" * 1000, "\ud800", "NaN", "1e999",
-                   "9" * 5000]))}}]}, {"role": "user", "content": "hi"}]}, "tool call arguments"),
-            ({"messages": [{"role": "user", "content": "hi"}] * draw(st.sampled_from([2000, 20_000]))},
-             "many messages"),
-            ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 20_000}]}, "many parts"),
-            ({"messages": [{"role": draw(st.sampled_from(["\ud800", "function", "", "USER"])), "content": "x"}]},
-             "role"),
-            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
-              "tool_choice": draw(st.sampled_from(["required", "auto", {"type": "function", "function": {
-                  "name": "f"}}]))}, "tool parameters"),
-            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
-                                                                          "strict": True}}}, "response schema"),
-            ({"logprobs": True, "top_logprobs": draw(st.sampled_from([2**64, 21, -1, Raw("1e999")]))}, "top_logprobs"),
-            ({"messages": [{"role": "user", "content": "hi", "name": draw(st.sampled_from(SURROGATES))}]}, "name"),
+            (
+                {"messages": [{"role": "user", "content": draw(hostile_values(max_bytes))}]},
+                "content",
+            ),
+            (
+                {
+                    "messages": [
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "c",
+                                    "type": "function",
+                                    "function": {
+                                        "name": "f",
+                                        "arguments": draw(
+                                            st.sampled_from(
+                                                [
+                                                    "[" * 5000 + "]" * 5000,
+                                                    '{"a":' * 1000 + "1" + "}" * 1000,
+                                                    "\ud800",
+                                                    "NaN",
+                                                    "1e999",
+                                                    "9" * 5000,
+                                                ]
+                                            )
+                                        ),
+                                    },
+                                }
+                            ],
+                        },
+                        {"role": "user", "content": "hi"},
+                    ]
+                },
+                "tool call arguments",
+            ),
+            (
+                {
+                    "messages": [{"role": "user", "content": "hi"}]
+                    * draw(st.sampled_from([2000, 20_000]))
+                },
+                "many messages",
+            ),
+            (
+                {
+                    "messages": [
+                        {"role": "user", "content": [{"type": "text", "text": "x"}] * 20_000}
+                    ]
+                },
+                "many parts",
+            ),
+            (
+                {
+                    "messages": [
+                        {
+                            "role": draw(st.sampled_from(["\ud800", "function", "", "USER"])),
+                            "content": "x",
+                        }
+                    ]
+                },
+                "role",
+            ),
+            (
+                {
+                    "tools": [
+                        {"type": "function", "function": {"name": "f", "parameters": schema}}
+                    ],
+                    "tool_choice": draw(
+                        st.sampled_from(
+                            ["required", "auto", {"type": "function", "function": {"name": "f"}}]
+                        )
+                    ),
+                },
+                "tool parameters",
+            ),
+            (
+                {
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": schema, "strict": True},
+                    }
+                },
+                "response schema",
+            ),
+            (
+                {
+                    "logprobs": True,
+                    "top_logprobs": draw(st.sampled_from([2**64, 21, -1, Raw("1e999")])),
+                },
+                "top_logprobs",
+            ),
+            (
+                {
+                    "messages": [
+                        {"role": "user", "content": "hi", "name": draw(st.sampled_from(SURROGATES))}
+                    ]
+                },
+                "name",
+            ),
         ]
     elif endpoint == "completions":
         options += [
-            ({"prompt": draw(st.sampled_from(
-                [*SURROGATES, ["\ud800"], [VOCAB], [-1], [2**63], [[]], [], [[1, 2], [3]], [1.5], [True],
-                 deep(5000), [0] * 100_000, [Raw("9" * 5000)], [[VOCAB]]]))}, "prompt"),
+            (
+                {
+                    "prompt": draw(
+                        st.sampled_from(
+                            [
+                                *SURROGATES,
+                                ["\ud800"],
+                                [VOCAB],
+                                [-1],
+                                [2**63],
+                                [[]],
+                                [],
+                                [[1, 2], [3]],
+                                [1.5],
+                                [True],
+                                deep(5000),
+                                [0] * 100_000,
+                                [Raw("9" * 5000)],
+                                [[VOCAB]],
+                            ]
+                        )
+                    )
+                },
+                "prompt",
+            ),
             ({"prompt": draw(huge_strings(max_bytes))}, "huge prompt"),
             ({"logprobs": draw(st.sampled_from([6, -1, 2**64, True, Raw("NaN")]))}, "logprobs"),
-            ({"echo": True, "logprobs": 5}, "echo"), ({"suffix": "\ud800"}, "suffix"), ({"best_of": 2**64}, "best_of"),
+            ({"echo": True, "logprobs": 5}, "echo"),
+            ({"suffix": "\ud800"}, "suffix"),
+            ({"best_of": 2**64}, "best_of"),
         ]
     else:
         schema = draw(st.sampled_from(HOSTILE_SCHEMAS))
         options += [
-            ({"input": draw(st.sampled_from([
-                deep(5000), [], [{}], [5], ["x"], [{"type": "reasoning", "summary": "x"}],
-                [{"type": "reasoning", "summary": [1]}], [{"type": "reasoning", "summary": [{"text": 5}]}],
-                [{"type": "reasoning", "summary": [{"type": "summary_text"}]}],
-                [{"type": "reasoning", "summary": None, "content": "x"}],
-                [{"type": "reasoning", "summary": [], "content": [{"text": None}]}],
-                [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 5000 + "]" * 5000}],
-                [{"type": "function_call_output", "call_id": "c", "output": ["x"]}],
-                [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "x"}]}],
-                [{"type": "item_reference", "id": "x"}], [{"role": "tool", "content": "x"}],
-                [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
-                [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "\ud800"}]}],
-                [{"role": "user", "content": [{"type": "input_text"}]}],
-                [{"role": "user", "content": "x", "id": deep(3000)}],
-            ]))}, "input"),
+            (
+                {
+                    "input": draw(
+                        st.sampled_from(
+                            [
+                                deep(5000),
+                                [],
+                                [{}],
+                                [5],
+                                ["x"],
+                                [{"type": "reasoning", "summary": "x"}],
+                                [{"type": "reasoning", "summary": [1]}],
+                                [{"type": "reasoning", "summary": [{"text": 5}]}],
+                                [{"type": "reasoning", "summary": [{"type": "summary_text"}]}],
+                                [{"type": "reasoning", "summary": None, "content": "x"}],
+                                [{"type": "reasoning", "summary": [], "content": [{"text": None}]}],
+                                [
+                                    {
+                                        "type": "function_call",
+                                        "call_id": "c",
+                                        "name": "f",
+                                        "arguments": "[" * 5000 + "]" * 5000,
+                                    }
+                                ],
+                                [{"type": "function_call_output", "call_id": "c", "output": ["x"]}],
+                                [
+                                    {
+                                        "type": "function_call_output",
+                                        "call_id": "c",
+                                        "output": [{"type": "input_text", "text": "x"}],
+                                    }
+                                ],
+                                [{"type": "item_reference", "id": "x"}],
+                                [{"role": "tool", "content": "x"}],
+                                [
+                                    {
+                                        "type": "message",
+                                        "role": "user",
+                                        "content": [{"type": "input_image", "image_url": "x"}],
+                                    }
+                                ],
+                                [
+                                    {
+                                        "type": "message",
+                                        "role": "user",
+                                        "content": [{"type": "input_text", "text": "\ud800"}],
+                                    }
+                                ],
+                                [{"role": "user", "content": [{"type": "input_text"}]}],
+                                [{"role": "user", "content": "x", "id": deep(3000)}],
+                            ]
+                        )
+                    )
+                },
+                "input",
+            ),
             ({"input": draw(huge_strings(max_bytes))}, "huge input"),
-            ({"previous_response_id": draw(st.sampled_from(
-                [*SURROGATES, "resp_" + "a" * 100_000, "", "../x", "resp_\x00", 5, []]))}, "previous_response_id"),
-            ({"metadata": draw(st.sampled_from([{"k": "\ud800"}, {"\ud800": "v"}, {"k": "v" * 10_000}, {"k": 1},
-                                                [], {"k": deep(2000)}])),
-              "stream": draw(st.booleans())}, "metadata"),
+            (
+                {
+                    "previous_response_id": draw(
+                        st.sampled_from(
+                            [*SURROGATES, "resp_" + "a" * 100_000, "", "../x", "resp_\x00", 5, []]
+                        )
+                    )
+                },
+                "previous_response_id",
+            ),
+            (
+                {
+                    "metadata": draw(
+                        st.sampled_from(
+                            [
+                                {"k": "\ud800"},
+                                {"\ud800": "v"},
+                                {"k": "v" * 10_000},
+                                {"k": 1},
+                                [],
+                                {"k": deep(2000)},
+                            ]
+                        )
+                    ),
+                    "stream": draw(st.booleans()),
+                },
+                "metadata",
+            ),
             ({"instructions": draw(st.sampled_from([*SURROGATES, deep(2000)]))}, "instructions"),
-            ({"text": draw(st.sampled_from([{"format": {"type": "json_schema", "name": "x", "schema": schema}},
-                                            {"format": {"type": "json_schema"}}, {"format": "json"},
-                                            {"format": {"type": "json_object"}, "verbosity": "high"}, "x"]))},
-             "text.format"),
-            ({"tools": draw(st.sampled_from([[{"type": "function"}], [{"type": "function", "name": ""}],
-                                             [{"type": "web_search"}], [5],
-                                             [{"type": "function", "name": "f", "parameters": schema}]])),
-              "tool_choice": draw(st.sampled_from(["auto", "required", {"type": "function", "name": "f"}]))},
-             "tools"),
-            ({"reasoning": draw(st.sampled_from([{"effort": "\ud800"}, "x", {"summary": 5}, {"effort": "max"}]))},
-             "reasoning"),
-            ({"include": draw(st.sampled_from([["\ud800"], ["message.output_text.logprobs", 5], "x"])),
-              "top_logprobs": draw(st.sampled_from([2**64, -1, 21, 5]))}, "include"),
+            (
+                {
+                    "text": draw(
+                        st.sampled_from(
+                            [
+                                {"format": {"type": "json_schema", "name": "x", "schema": schema}},
+                                {"format": {"type": "json_schema"}},
+                                {"format": "json"},
+                                {"format": {"type": "json_object"}, "verbosity": "high"},
+                                "x",
+                            ]
+                        )
+                    )
+                },
+                "text.format",
+            ),
+            (
+                {
+                    "tools": draw(
+                        st.sampled_from(
+                            [
+                                [{"type": "function"}],
+                                [{"type": "function", "name": ""}],
+                                [{"type": "web_search"}],
+                                [5],
+                                [{"type": "function", "name": "f", "parameters": schema}],
+                            ]
+                        )
+                    ),
+                    "tool_choice": draw(
+                        st.sampled_from(["auto", "required", {"type": "function", "name": "f"}])
+                    ),
+                },
+                "tools",
+            ),
+            (
+                {
+                    "reasoning": draw(
+                        st.sampled_from(
+                            [{"effort": "\ud800"}, "x", {"summary": 5}, {"effort": "max"}]
+                        )
+                    )
+                },
+                "reasoning",
+            ),
+            (
+                {
+                    "include": draw(
+                        st.sampled_from([["\ud800"], ["message.output_text.logprobs", 5], "x"])
+                    ),
+                    "top_logprobs": draw(st.sampled_from([2**64, -1, 21, 5])),
+                },
+                "include",
+            ),
         ]
     chosen: tuple[dict[str, Any], str] = draw(st.sampled_from(options))
     return chosen
 
 
-NOT_JSON = [b"", b"{", b"}", b"null", b"[]", b"1", b'"x"', b"true", b"\xff\xfe{}", b"\x00" * 100,
-            b"{} x", b"{}{}", b"model=tiny&prompt=hi", b'{"model": "tiny", "prompt": "hi", "max_tokens": NaN}',
-            b'{"a": "\\ud800"', b"\xed\xa0\x80", b'{"model": "\xff"}', b'{"model":"tiny","prompt":"\\uZZZZ"}']
-CONTENT_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "",
-                 None, "application/json; charset=utf-16", "application/json; charset=latin-1",
-                 "APPLICATION/JSON", "application/json;;;", "application/jsonx", "*/*", "application/json; x=\"",
-                 "application/merge-patch+json", "text/event-stream"]
+NOT_JSON = [
+    b"",
+    b"{",
+    b"}",
+    b"null",
+    b"[]",
+    b"1",
+    b'"x"',
+    b"true",
+    b"\xff\xfe{}",
+    b"\x00" * 100,
+    b"{} x",
+    b"{}{}",
+    b"model=tiny&prompt=hi",
+    b'{"model": "tiny", "prompt": "hi", "max_tokens": NaN}',
+    b'{"a": "\\ud800"',
+    b"\xed\xa0\x80",
+    b'{"model": "\xff"}',
+    b'{"model":"tiny","prompt":"\\uZZZZ"}',
+]
+CONTENT_TYPES = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "",
+    None,
+    "application/json; charset=utf-16",
+    "application/json; charset=latin-1",
+    "APPLICATION/JSON",
+    "application/json;;;",
+    "application/jsonx",
+    "*/*",
+    'application/json; x="',
+    "application/merge-patch+json",
+    "text/event-stream",
+]
 
 
 @st.composite
 def transport_case(draw: st.DrawFn, endpoint: str, body: dict[str, Any], max_bytes: int) -> Case:
-    kind = draw(st.sampled_from(["not_json", "content_type", "encoding", "headers", "method", "big_body"]))
+    kind = draw(
+        st.sampled_from(["not_json", "content_type", "encoding", "headers", "method", "big_body"])
+    )
     text = encode(body, [])
     if kind == "not_json":
         raw = draw(st.one_of(st.sampled_from(NOT_JSON), st.binary(max_size=64)))
         return Case("hostile", endpoint, raw, note="not JSON")
     if kind == "content_type":
-        return Case("hostile", endpoint, body, content_type=draw(st.sampled_from(CONTENT_TYPES)),
-                    note="content type")
+        return Case(
+            "hostile",
+            endpoint,
+            body,
+            content_type=draw(st.sampled_from(CONTENT_TYPES)),
+            note="content type",
+        )
     if kind == "encoding":
-        raw = draw(st.sampled_from([b"\xef\xbb\xbf" + text.encode(), text.encode("utf-16"),
-                                    text.encode("utf-32"), text.replace('"model"', '"model":"x","model"', 1).encode(),
-                                    text.encode() + b"\x00", text.encode()[:-1]]))
+        raw = draw(
+            st.sampled_from(
+                [
+                    b"\xef\xbb\xbf" + text.encode(),
+                    text.encode("utf-16"),
+                    text.encode("utf-32"),
+                    text.replace('"model"', '"model":"x","model"', 1).encode(),
+                    text.encode() + b"\x00",
+                    text.encode()[:-1],
+                ]
+            )
+        )
         return Case("hostile", endpoint, raw, note="encoding")
     if kind == "headers":
         size = draw(st.sampled_from([100, 10_000, 20_000, MAX_HEAD_BYTES - 2000]))
-        headers = draw(st.sampled_from([(("x-request-id", "r" * size),), (("x-pad", "p" * size),),
-                                        tuple((f"x-h{i}", "v" * (size // 200)) for i in range(200)),
-                                        (("x-request-id", "\x7f\x80é"),)]))
+        headers = draw(
+            st.sampled_from(
+                [
+                    (("x-request-id", "r" * size),),
+                    (("x-pad", "p" * size),),
+                    tuple((f"x-h{i}", "v" * (size // 200)) for i in range(200)),
+                    (("x-request-id", "\x7f\x80é"),),
+                ]
+            )
+        )
         return Case("hostile", endpoint, body, headers=headers, note="headers")
     if kind == "method":
         method = draw(st.sampled_from(["GET", "PUT", "DELETE", "PATCH"]))
-        return Case("hostile", endpoint, body if method != "GET" else None, method=method, note="method")
+        return Case(
+            "hostile", endpoint, body if method != "GET" else None, method=method, note="method"
+        )
     size = draw(st.sampled_from([n for n in (1 << 20, 9 << 20) if n <= max_bytes] or [max_bytes]))
     padded = dict(body, pad="x" * size)
     return Case("hostile", endpoint, padded, note="big body")
 
 
 OTHER_PATHS = [
-    ("GET", "/v1/responses/%ED%A0%80"), ("GET", "/v1/responses/%FF"), ("GET", "/v1/responses/resp_x?stream=true"),
-    ("GET", "/v1/responses/x/input_items?limit=abc"), ("GET", "/v1/responses/x/input_items?limit=999999999999999999999"),
-    ("GET", "/v1/responses/x/input_items?order=sideways&after=%ED%A0%80"), ("DELETE", "/v1/responses/%ED%A0%80"),
-    ("GET", "/v1/models/%00"), ("GET", "/v1/models/%ED%A0%80"), ("POST", "/v1/chat/completions/"),
-    ("POST", "/v1//chat/completions"), ("GET", "/%2e%2e/%2e%2e/etc/passwd"), ("POST", "/v1/embeddings"),
-    ("GET", "/v1/responses/" + "a" * 20_000), ("GET", "/health?x=" + "a" * 10_000),
-    ("POST", "/v1/chat/completions?" + "a" * 20_000), ("GET", "/v1/models/" + "a" * (MAX_HEAD_BYTES - 1000)),
-    ("GET", "/v1/responses/{stored}"), ("GET", "/v1/responses/{stored}/input_items?limit=100&order=asc"),
-    ("GET", "/v1/responses/{stored}/input_items?limit=0"), ("GET", "/v1/responses/{stored}/input_items?include=x"),
+    ("GET", "/v1/responses/%ED%A0%80"),
+    ("GET", "/v1/responses/%FF"),
+    ("GET", "/v1/responses/resp_x?stream=true"),
+    ("GET", "/v1/responses/x/input_items?limit=abc"),
+    ("GET", "/v1/responses/x/input_items?limit=999999999999999999999"),
+    ("GET", "/v1/responses/x/input_items?order=sideways&after=%ED%A0%80"),
+    ("DELETE", "/v1/responses/%ED%A0%80"),
+    ("GET", "/v1/models/%00"),
+    ("GET", "/v1/models/%ED%A0%80"),
+    ("POST", "/v1/chat/completions/"),
+    ("POST", "/v1//chat/completions"),
+    ("GET", "/%2e%2e/%2e%2e/etc/passwd"),
+    ("POST", "/v1/embeddings"),
+    ("GET", "/v1/responses/" + "a" * 20_000),
+    ("GET", "/health?x=" + "a" * 10_000),
+    ("POST", "/v1/chat/completions?" + "a" * 20_000),
+    ("GET", "/v1/models/" + "a" * (MAX_HEAD_BYTES - 1000)),
+    ("GET", "/v1/responses/{stored}"),
+    ("GET", "/v1/responses/{stored}/input_items?limit=100&order=asc"),
+    ("GET", "/v1/responses/{stored}/input_items?limit=0"),
+    ("GET", "/v1/responses/{stored}/input_items?include=x"),
     ("GET", "/v1/responses/{stored}/input_items?after=%ED%A0%80"),
 ]
 
@@ -683,12 +1310,16 @@ OTHER_PATHS = [
 def hostile_case(draw: st.DrawFn, max_bytes: int = MAX_BYTES) -> Case:
     base = draw(valid_case())
     body = copy.deepcopy(base.body)
-    kind = draw(st.sampled_from(["inject", "targeted", "targeted", "targeted", "transport", "path"]))
+    kind = draw(
+        st.sampled_from(["inject", "targeted", "targeted", "targeted", "transport", "path"])
+    )
     if kind == "transport":
         return draw(transport_case(base.endpoint, body, max_bytes))
     if kind == "path":
         method, path = draw(st.sampled_from(OTHER_PATHS))
-        return Case("hostile", "other", body if method == "POST" else None, method=method, path=path)
+        return Case(
+            "hostile", "other", body if method == "POST" else None, method=method, path=path
+        )
     if kind == "inject":
         container, key, where = draw(st.sampled_from(list(slots(body))))
         value = draw(hostile_values(max_bytes))
@@ -705,10 +1336,26 @@ def hostile_case(draw: st.DrawFn, max_bytes: int = MAX_BYTES) -> Case:
 
 
 # -- outcomes ---------------------------------------------------------------------------------
-KINDS = ("5xx", "envelope", "stream", "in_stream_5xx", "schema", "health", "transport", "hang", "rejected")
+KINDS = (
+    "5xx",
+    "envelope",
+    "stream",
+    "in_stream_5xx",
+    "schema",
+    "health",
+    "transport",
+    "hang",
+    "rejected",
+)
 """What can go wrong with one case; `rejected` is a valid request refused."""
-RETRYABLE = {"server_overloaded", "server_unavailable", "engine_unavailable", "server_shutting_down",
-             "model_loading", "request_timeout"}
+RETRYABLE = {
+    "server_overloaded",
+    "server_unavailable",
+    "engine_unavailable",
+    "server_shutting_down",
+    "model_loading",
+    "request_timeout",
+}
 SERVER_FAILURES = {"internal_error", "generation_failed", "server_error"}
 TERMINAL_RESPONSE_EVENTS = {"response.completed", "response.incomplete", "response.failed", "error"}
 
@@ -757,8 +1404,10 @@ def _as_final(chunk: Any) -> Any:
     last when usage was asked for, which that schema (written for the whole body) does not allow."""
     if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
         return chunk
-    choices = [dict(c, finish_reason=c.get("finish_reason") or "length") if isinstance(c, dict) else c
-               for c in chunk["choices"]]
+    choices = [
+        dict(c, finish_reason=c.get("finish_reason") or "length") if isinstance(c, dict) else c
+        for c in chunk["choices"]
+    ]
     final = {**chunk, "choices": choices}
     if "usage" in final and final["usage"] is None:
         del final["usage"]
@@ -803,11 +1452,18 @@ class Judge:
         except ValueError as exc:
             outcome.add("schema", f"a {status} body that is not JSON ({exc}): {raw[:200]!r}")
             return
-        schema = {"chat": "CreateChatCompletionResponse", "completions": "CreateCompletionResponse",
-                  "responses": "Response"}.get(case.endpoint)
+        schema = {
+            "chat": "CreateChatCompletionResponse",
+            "completions": "CreateCompletionResponse",
+            "responses": "Response",
+        }.get(case.endpoint)
         if schema is not None and case.method == "POST":
             _schema_problem(outcome, body, schema)
-            if case.endpoint == "responses" and body.get("store") is not False and isinstance(body.get("id"), str):
+            if (
+                case.endpoint == "responses"
+                and body.get("store") is not False
+                and isinstance(body.get("id"), str)
+            ):
                 self.stored.append(body["id"])
 
     def _judge_error(self, outcome: Outcome, raw: bytes) -> None:
@@ -818,7 +1474,9 @@ class Judge:
             validate_error(body)
             outcome.error_code = body["error"]["code"]
         except (ValueError, AssertionError, TypeError, KeyError) as exc:
-            outcome.add("envelope", f"not OpenAI's error envelope ({type(exc).__name__}): {raw[:300]!r}")
+            outcome.add(
+                "envelope", f"not OpenAI's error envelope ({type(exc).__name__}): {raw[:300]!r}"
+            )
 
     def _sse(self, outcome: Outcome, raw: bytes) -> list[tuple[str | None, Any]] | None:
         """(event name, data) per event; None (with a problem) when the framing is broken."""
@@ -859,8 +1517,11 @@ class Judge:
 
     def _judge_chunk_stream(self, outcome: Outcome, events: list[tuple[str | None, Any]]) -> None:
         payloads = [data for _, data in events]
-        schema = ("CreateChatCompletionStreamResponse" if outcome.case.endpoint == "chat"
-                  else "CreateCompletionResponse")
+        schema = (
+            "CreateChatCompletionStreamResponse"
+            if outcome.case.endpoint == "chat"
+            else "CreateCompletionResponse"
+        )
         if not payloads:
             outcome.add("stream", "an empty stream")
             return
@@ -874,8 +1535,10 @@ class Judge:
             chunks = payloads[:-1]
         elif last == "[DONE]":
             chunks = payloads[:-1]
-            if not any(isinstance(c, dict) and any(ch.get("finish_reason") for ch in c.get("choices", []))
-                       for c in chunks):
+            if not any(
+                isinstance(c, dict) and any(ch.get("finish_reason") for ch in c.get("choices", []))
+                for c in chunks
+            ):
                 outcome.add("stream", "[DONE] without a chunk carrying a finish_reason")
         else:
             outcome.add("stream", f"no terminal event; the last is {str(last)[:200]}")
@@ -884,10 +1547,15 @@ class Judge:
             if chunk == "[DONE]" or (isinstance(chunk, dict) and "error" in chunk):
                 outcome.add("stream", f"a terminal event before the end: {str(chunk)[:200]}")
             elif not outcome.of("schema"):
-                _schema_problem(outcome, _as_final(chunk) if schema == "CreateCompletionResponse" else chunk,
-                                schema)
+                _schema_problem(
+                    outcome,
+                    _as_final(chunk) if schema == "CreateCompletionResponse" else chunk,
+                    schema,
+                )
 
-    def _judge_response_stream(self, outcome: Outcome, events: list[tuple[str | None, Any]]) -> None:
+    def _judge_response_stream(
+        self, outcome: Outcome, events: list[tuple[str | None, Any]]
+    ) -> None:
         if not events:
             outcome.add("stream", "an empty stream")
             return
@@ -918,8 +1586,11 @@ class Judge:
         if kinds[-1] == "error":
             self._stream_error(outcome, final.get("code"), "error event")
         elif kinds[-1] == "response.failed":
-            self._stream_error(outcome, ((final.get("response") or {}).get("error") or {}).get("code"),
-                               "response.failed")
+            self._stream_error(
+                outcome,
+                ((final.get("response") or {}).get("error") or {}).get("code"),
+                "response.failed",
+            )
         elif kinds[-1] in ("response.completed", "response.incomplete"):
             response = final.get("response") or {}
             if response.get("store") is not False and isinstance(response.get("id"), str):
@@ -932,7 +1603,9 @@ class Target(Judge):
     def __init__(self, base_url: str) -> None:
         super().__init__()
         self.base_url = base_url
-        self.client = httpx.Client(base_url=base_url, timeout=httpx.Timeout(READ_TIMEOUT, connect=10.0))
+        self.client = httpx.Client(
+            base_url=base_url, timeout=httpx.Timeout(READ_TIMEOUT, connect=10.0)
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -944,7 +1617,10 @@ class Target(Judge):
             return self.client.get("/health", timeout=30.0).status_code
         except httpx.HTTPError as exc:
             if outcome is not None:
-                outcome.add("transport", f"/health on the connection after the reply: {type(exc).__name__}: {exc}")
+                outcome.add(
+                    "transport",
+                    f"/health on the connection after the reply: {type(exc).__name__}: {exc}",
+                )
         try:
             with httpx.Client(base_url=self.base_url, timeout=30.0) as fresh:
                 return fresh.get("/health").status_code
@@ -953,7 +1629,9 @@ class Target(Judge):
 
     def run(self, case: Case) -> Outcome:
         outcome = Outcome(case)
-        headers = {name.encode(): value.encode("latin-1") for name, value in case.headers}  # sent as they are
+        headers = {
+            name.encode(): value.encode("latin-1") for name, value in case.headers
+        }  # sent as they are
         if case.content_type is not None:
             headers[b"content-type"] = case.content_type.encode("latin-1")
         path = case.url.replace("{stored}", self.stored[-1] if self.stored else "resp_none")
@@ -961,7 +1639,9 @@ class Target(Judge):
         reply: httpx.Response | None = None
         raw = b""
         try:
-            with self.client.stream(case.method, path, content=case.payload(self.stored), headers=headers) as reply:
+            with self.client.stream(
+                case.method, path, content=case.payload(self.stored), headers=headers
+            ) as reply:
                 outcome.status = reply.status_code
                 chunks: list[bytes] = []
                 for chunk in reply.iter_raw():
@@ -1033,10 +1713,8 @@ class ServerThread:
         """Shut down as SIGTERM would; raise if the thread does not end or ended with an error."""
         assert self._thread is not None and self._token is not None and self._stop is not None
         stop = self._stop
-        try:
+        with contextlib.suppress(trio.RunFinishedError):
             self._token.run_sync_soon(stop.set)
-        except trio.RunFinishedError:
-            pass
         self._thread.join(timeout)
         assert not self._thread.is_alive(), f"the server thread did not stop within {timeout} s"
         if self._error is not None:
@@ -1064,7 +1742,10 @@ class Fuzz:
             try:
                 self.restart()
             except AssertionError as exc:  # the case's failure stands; say how the shutdown went
-                outcome.add("health", f"and the server did not shut down cleanly: {exc!r} ({exc.__cause__!r})")
+                outcome.add(
+                    "health",
+                    f"and the server did not shut down cleanly: {exc!r} ({exc.__cause__!r})",
+                )
         return outcome
 
     def restart(self) -> None:
@@ -1116,22 +1797,40 @@ def check(outcome: Outcome) -> None:
 SHRINK = os.environ.get("MLX_NURSERY_FUZZ_SHRINK") == "1"
 """Shrinking a failure replays it against the server hundreds of times (minutes per failure),
 so it is off unless asked for: a failure is reported as drawn, with a note on what was done."""
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=False,
-                suppress_health_check=list(HealthCheck),
-                phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if SHRINK else [])])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=False,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if SHRINK else [])],
+)
 
 
 def _chat(**fields: Any) -> Case:
-    return Case("hostile", "chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                    "max_tokens": 4, **fields})
+    return Case(
+        "hostile",
+        "chat",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            **fields,
+        },
+    )
 
 
 def _response(**fields: Any) -> Case:
-    return Case("hostile", "responses", {"model": MODEL, "input": "hi", "max_output_tokens": 4, **fields})
+    return Case(
+        "hostile", "responses", {"model": MODEL, "input": "hi", "max_output_tokens": 4, **fields}
+    )
 
 
 def _completion(**fields: Any) -> Case:
-    return Case("hostile", "completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, **fields})
+    return Case(
+        "hostile", "completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, **fields}
+    )
 
 
 @FUZZ
@@ -1145,10 +1844,27 @@ def test_valid_requests(fuzz: Fuzz, case: Case) -> None:
 
 @FUZZ
 @given(case=almost_valid_case())
-@example(case=attrs.evolve(_response(text={"format": {"type": "json_schema", "schema": {"type": "object"}}}),
-                           flavour="almost"))
-@example(case=attrs.evolve(_response(text={"format": {"type": "json_schema", "name": "o", "description": None,
-                                                      "schema": {"type": "object"}}}), flavour="almost"))
+@example(
+    case=attrs.evolve(
+        _response(text={"format": {"type": "json_schema", "schema": {"type": "object"}}}),
+        flavour="almost",
+    )
+)
+@example(
+    case=attrs.evolve(
+        _response(
+            text={
+                "format": {
+                    "type": "json_schema",
+                    "name": "o",
+                    "description": None,
+                    "schema": {"type": "object"},
+                }
+            }
+        ),
+        flavour="almost",
+    )
+)
 def test_almost_valid_requests(fuzz: Fuzz, case: Case) -> None:
     check(fuzz.run(case))
 
@@ -1163,23 +1879,52 @@ def test_almost_valid_requests(fuzz: Fuzz, case: Case) -> None:
 @example(case=_chat(tool_choice={"type": "function", "function": "f"}))
 @example(case=_response(tool_choice={"type": "function", "function": "f"}))
 @example(case=_chat(messages=[{"role": "user", "content": deep(1000)}]))
-@example(case=_chat(messages=[{"role": "user", "content": "hi"}],
-                    tools=[{"type": "function", "function": {"name": "f", "parameters": deep(1000, "object")}}]))
-@example(case=_chat(messages=[{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
-    "name": "f", "arguments": "[" * 1000 + "]" * 1000}}]}, {"role": "user", "content": "hi"}]))
+@example(
+    case=_chat(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": {"name": "f", "parameters": deep(1000, "object")}}],
+    )
+)
+@example(
+    case=_chat(
+        messages=[
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "function": {"name": "f", "arguments": "[" * 1000 + "]" * 1000},
+                    }
+                ],
+            },
+            {"role": "user", "content": "hi"},
+        ]
+    )
+)
 @example(case=_chat(max_tokens=Raw("9" * 5000)))
 @example(case=_response(input=[{"type": "reasoning", "summary": "x"}]))
 @example(case=_completion(prompt="\ud800"))
 @example(case=_response(previous_response_id="\ud800"))
 @example(case=_response(user="\ud800", stream=True))
 @example(case=_response(metadata={"k": "\ud800"}, stream=True))
-@example(case=_response(text={"format": {"type": "json_schema", "name": "x", "schema": deep(1000, "object")}}))
+@example(
+    case=_response(
+        text={"format": {"type": "json_schema", "name": "x", "schema": deep(1000, "object")}}
+    )
+)
 @example(case=Case("hostile", "chat", b"not json", content_type="text/plain"))
 @example(case=Case("hostile", "other", None, method="GET", path="/v1/models/" + "a" * 20_000))
 @example(case=Case("hostile", "chat", {"model": MODEL}, headers=(("x-pad", "p" * 20_000),)))
 @example(case=Case("hostile", "other", {"model": MODEL}, path="/v1//chat/completions"))
-@example(case=Case("hostile", "other", {"model": MODEL, "pad": "a" * 1_000_000}, path="/v1/chat/completions/"))
-@example(case=Case("hostile", "completions", {"model": MODEL, "pad": "a" * 1_000_000}, method="DELETE"))
+@example(
+    case=Case(
+        "hostile", "other", {"model": MODEL, "pad": "a" * 1_000_000}, path="/v1/chat/completions/"
+    )
+)
+@example(
+    case=Case("hostile", "completions", {"model": MODEL, "pad": "a" * 1_000_000}, method="DELETE")
+)
 def test_hostile_requests(fuzz: Fuzz, case: Case) -> None:
     check(fuzz.run(case))
 
@@ -1188,7 +1933,9 @@ def test_the_fuzz_judge_catches_what_it_looks_for(fuzz: Fuzz) -> None:
     """The checks themselves can fail: a stream cut short, a bare 500, an unhealthy server."""
     target = Judge()
     cut = Outcome(_chat(stream=True))
-    target._judge_chunk_stream(cut, [(None, {"choices": [{"index": 0, "delta": {"content": "x"}}]})])
+    target._judge_chunk_stream(
+        cut, [(None, {"choices": [{"index": 0, "delta": {"content": "x"}}]})]
+    )
     assert cut.of("stream")
     bare = Outcome(_chat())
     target._judge_error(bare, b"Internal Server Error")
@@ -1197,10 +1944,13 @@ def test_the_fuzz_judge_catches_what_it_looks_for(fuzz: Fuzz) -> None:
     target._stream_error(failed, "internal_error", "error event")
     assert failed.of("in_stream_5xx")
     missing = Outcome(_response(stream=True))
-    target._judge_response_stream(missing, [("response.created", {"type": "response.created",
-                                                                   "sequence_number": 0})])
+    target._judge_response_stream(
+        missing, [("response.created", {"type": "response.created", "sequence_number": 0})]
+    )
     assert missing.of("stream")
-    refused = fuzz.target.run(attrs.evolve(_chat(), flavour="valid", body={"model": "nope", "messages": []}))
+    refused = fuzz.target.run(
+        attrs.evolve(_chat(), flavour="valid", body={"model": "nope", "messages": []})
+    )
     assert refused.status == 404 or refused.status == 400
     assert refused.of("rejected") and not refused.of("envelope")
     # What an engine death sets off: the server is replaced, its threads joined, the new one serves.

@@ -21,16 +21,23 @@ from mlx_nursery.models.gguf import GGUFConversionError, convert_gguf
 
 HEADS, KV_HEADS, HIDDEN = 4, 2, 64
 _NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
 
 
 def _permute(w: mx.array, heads: int) -> mx.array:
     """llama.cpp's convert_hf_to_gguf permute of Q/K rows."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def _write_gguf(path: Path, tiny_model: Path, dtype: mx.Dtype) -> llama.Model:
@@ -38,10 +45,18 @@ def _write_gguf(path: Path, tiny_model: Path, dtype: mx.Dtype) -> llama.Model:
     vocab = tokenizer["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     merges = [" ".join(m) if isinstance(m, list) else m for m in tokenizer["model"]["merges"]]
-    args = llama.ModelArgs(model_type="llama", hidden_size=HIDDEN, num_hidden_layers=2,
-                           intermediate_size=128, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                           rms_norm_eps=1e-5, vocab_size=len(tokens), rope_theta=10000.0,
-                           tie_word_embeddings=False)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        rms_norm_eps=1e-5,
+        vocab_size=len(tokens),
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
     mx.random.seed(3)
     model = llama.Model(args)
     weights = {}
@@ -76,7 +91,9 @@ def _write_gguf(path: Path, tiny_model: Path, dtype: mx.Dtype) -> llama.Model:
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": merges,
-        "tokenizer.ggml.token_type": mx.array([3 if t in specials else 1 for t in tokens], dtype=mx.int32),
+        "tokenizer.ggml.token_type": mx.array(
+            [3 if t in specials else 1 for t in tokens], dtype=mx.int32
+        ),
         "tokenizer.ggml.eos_token_id": mx.array(vocab["<|im_end|>"], dtype=mx.uint32),
     }
     mx.save_gguf(str(path), weights, metadata)
@@ -84,13 +101,15 @@ def _write_gguf(path: Path, tiny_model: Path, dtype: mx.Dtype) -> llama.Model:
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=["F32", "F16"])
-def test_converted_model_matches_the_original(tiny_model: Path, tmp_path: Path, dtype: mx.Dtype) -> None:
+def test_converted_model_matches_the_original(
+    tiny_model: Path, tmp_path: Path, dtype: mx.Dtype
+) -> None:
     source = tmp_path / "tiny.gguf"
     original = _write_gguf(source, tiny_model, dtype)
     out = convert_gguf(source, tmp_path / "converted", scales_dtype="float32")
     converted, tokenizer = load(str(out))
     prompt = mx.array([[5, 17, 99, 3, 250, 42]])
-    # The original's weights as written (rounded to `dtype`), computed in float32 like the converted.
+    # The original's weights as written (rounded to `dtype`), computed in float32 as converted.
     original.update(tree_map(lambda p: p.astype(dtype).astype(mx.float32), original.parameters()))
     expected = original(prompt)
     got = converted(prompt)
@@ -99,8 +118,10 @@ def test_converted_model_matches_the_original(tiny_model: Path, tmp_path: Path, 
     text = "Hello <|im_start|>user 12345 tokens!"
     from tokenizers import Tokenizer
 
-    assert tokenizer.encode(text, add_special_tokens=False) == Tokenizer.from_str(
-        json.dumps(reference)).encode(text, add_special_tokens=False).ids
+    assert (
+        tokenizer.encode(text, add_special_tokens=False)
+        == Tokenizer.from_str(json.dumps(reference)).encode(text, add_special_tokens=False).ids
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["num_key_value_heads"] == KV_HEADS and "quantization" not in config
 

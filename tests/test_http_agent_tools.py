@@ -28,8 +28,12 @@ PLAN = {
         "strict": True,
         "parameters": {
             "type": "object",
-            "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}, "days": {"enum": [1, 2, 3]}},
-            "required": ["city", "days"], "additionalProperties": False,
+            "properties": {
+                "city": {"enum": ["Paris", "Rome", "Oslo"]},
+                "days": {"enum": [1, 2, 3]},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
         },
     },
 }
@@ -44,17 +48,32 @@ def assert_strict_call(name: str, arguments: str) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_strict_tools_under_auto_are_enforced_once_a_call_opens(tiny_model: Path, stream: bool) -> None:
+async def test_strict_tools_under_auto_are_enforced_once_a_call_opens(
+    tiny_model: Path, stream: bool
+) -> None:
     processors = scripted(OPENS_A_CALL, tiny_model, then_free=True)
     async with running_server(tiny_model, extra_processors=processors) as server:
         client = sdk(server)
-        fields: dict[str, Any] = {"model": "tiny", "messages": [{"role": "user", "content": "trip?"}],
-                                  "tools": [PLAN, NOTE], "max_tokens": 160, "temperature": 1.0, "user": "opens"}
+        fields: dict[str, Any] = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "trip?"}],
+            "tools": [PLAN, NOTE],
+            "max_tokens": 160,
+            "temperature": 1.0,
+            "user": "opens",
+        }
         calls = []
         for seed in range(3):
             if stream:
-                chunks = [c async for c in await client.chat.completions.create(**fields, seed=seed, stream=True)]
-                deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+                chunks = [
+                    c
+                    async for c in await client.chat.completions.create(
+                        **fields, seed=seed, stream=True
+                    )
+                ]
+                deltas = [
+                    d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []
+                ]
                 names = [d.function.name for d in deltas if d.function and d.function.name]
                 arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
                 calls.append((names[0], arguments))
@@ -73,8 +92,14 @@ async def test_strict_tools_under_auto_in_responses(tiny_model: Path) -> None:
     processors = scripted(OPENS_A_CALL, tiny_model, then_free=True)
     async with running_server(tiny_model, extra_processors=processors) as server:
         client = sdk(server)
-        response = await client.responses.create(model="tiny", input="trip?", tools=tools, user="opens",
-                                                 max_output_tokens=160, temperature=1.0)
+        response = await client.responses.create(
+            model="tiny",
+            input="trip?",
+            tools=tools,
+            user="opens",
+            max_output_tokens=160,
+            temperature=1.0,
+        )
     body = response.model_dump(exclude_unset=True, mode="json", warnings=False)
     validate(body, "Response")
     calls = [item for item in body["output"] if item["type"] == "function_call"]
@@ -93,8 +118,11 @@ async def test_the_sdks_pydantic_strict_tool_is_accepted(tiny_model: Path) -> No
 
     async with running_server(tiny_model) as server:
         reply = await sdk(server).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
-            tools=[openai.pydantic_function_tool(Lookup)])
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            tools=[openai.pydantic_function_tool(Lookup)],
+        )
     assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
@@ -105,8 +133,10 @@ def toolless_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     shutil.copytree(tiny_model, path)
     config = json.loads((path / "tokenizer_config.json").read_text())
     config["chat_template"] = (
-        "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+        "{{ message.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     return path
 
@@ -115,38 +145,86 @@ async def test_a_model_without_a_tool_format_gets_the_fallback(toolless_model: P
     # Compact JSON: strict tools' arguments are constrained to it (as forced calls are).
     call = '<tool_call>\n{"name":"plan_trip","arguments":{"city":"Rome","days":2}}\n</tool_call>'
     processors = scripted({"call": "Let me plan." + call}, toolless_model)
-    async with running_server(toolless_model, extra_processors=processors) as server, \
-            httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(toolless_model, extra_processors=processors) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         tokenizer = engine_of(server).model.tokenizer
         assert not tokenizer.has_tool_calling
-        scripted_reply = (await http.post("/v1/chat/completions", json=chat_body(
-            "trip?", tools=[PLAN], user="call", max_tokens=80, temperature=0))).json()
-        forced = (await http.post("/v1/chat/completions", json=chat_body(
-            "trip?", tools=[PLAN, NOTE], tool_choice="required", max_tokens=120, temperature=1.0,
-            seed=4))).json()
+        scripted_reply = (
+            await http.post(
+                "/v1/chat/completions",
+                json=chat_body("trip?", tools=[PLAN], user="call", max_tokens=80, temperature=0),
+            )
+        ).json()
+        forced = (
+            await http.post(
+                "/v1/chat/completions",
+                json=chat_body(
+                    "trip?",
+                    tools=[PLAN, NOTE],
+                    tool_choice="required",
+                    max_tokens=120,
+                    temperature=1.0,
+                    seed=4,
+                ),
+            )
+        ).json()
         history = [
             {"role": "user", "content": "trip?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "plan_trip", "arguments": '{"city": "Oslo", "days": 1}'}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {
+                            "name": "plan_trip",
+                            "arguments": '{"city": "Oslo", "days": 1}',
+                        },
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "booked"},
         ]
-        round_trip = await http.post("/v1/chat/completions", json={
-            "model": "tiny", "messages": history, "tools": [PLAN], "max_tokens": 4, "logprobs": False})
-        prompt = await http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+        round_trip = await http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny",
+                "messages": history,
+                "tools": [PLAN],
+                "max_tokens": 4,
+                "logprobs": False,
+            },
+        )
+        prompt = await http.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 1}
+        )
         stream = await sdk(server).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "trip?"}], tools=[PLAN], user="call",
-            max_tokens=80, temperature=0, stream=True)
+            model="tiny",
+            messages=[{"role": "user", "content": "trip?"}],
+            tools=[PLAN],
+            user="call",
+            max_tokens=80,
+            temperature=0,
+            stream=True,
+        )
         chunks = [c async for c in stream]
     assert prompt.status_code == 200
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     assert [d.function.name for d in deltas if d.function and d.function.name] == ["plan_trip"]
-    assert json.loads("".join(d.function.arguments or "" for d in deltas if d.function)) == {"city": "Rome", "days": 2}
+    assert json.loads("".join(d.function.arguments or "" for d in deltas if d.function)) == {
+        "city": "Rome",
+        "days": 2,
+    }
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     choice = scripted_reply["choices"][0]
     assert (choice["finish_reason"], choice["message"]["content"]) == ("tool_calls", "Let me plan.")
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in choice["message"]["tool_calls"]] == [("plan_trip", {"city": "Rome", "days": 2})]
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in choice["message"]["tool_calls"]
+    ] == [("plan_trip", {"city": "Rome", "days": 2})]
     (forced_call,) = forced["choices"][0]["message"]["tool_calls"]
     assert_strict_call(forced_call["function"]["name"], forced_call["function"]["arguments"])
     assert round_trip.status_code == 200, round_trip.text
@@ -162,23 +240,40 @@ def test_the_fallback_renders_tools_calls_and_results_as_documented(toolless_mod
     from mlx_nursery.openai._tools import normalize_tools
 
     tokenizer = AutoTokenizer.from_pretrained(str(toolless_model))
-    messages = [structure(m, ChatMessage) for m in [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "trip?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "plan_trip", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "booked"},
-    ]]
+    messages = [
+        structure(m, ChatMessage)
+        for m in [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "trip?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "plan_trip", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "booked"},
+        ]
+    ]
     tools = normalize_tools([PLAN])
     text = tokenizer.decode(render_chat(tokenizer, messages, tools, native_tools=False))
     described = FALLBACK_TOOLS_PROMPT.format(tools=json.dumps(tools[0]))
     assert f"<|im_start|>system\nBe brief.\n\n{described}<|im_end|>" in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "plan_trip", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert (
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "plan_trip", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    )
     assert "<|im_start|>user\n<tool_response>\nbooked\n</tool_response><|im_end|>" in text
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
-async def test_an_openai_agents_turn_with_a_default_function_tool(tiny_model: Path, api: str) -> None:
+async def test_an_openai_agents_turn_with_a_default_function_tool(
+    tiny_model: Path, api: str
+) -> None:
     """openai-agents (asyncio, so in its own thread) with a default `@function_tool` (strict)
     and tool_choice left alone: the requests are accepted, the model's call is well formed
     (the forced prefix only opens it) and the SDK runs the tool; a text reply is the output."""
@@ -209,14 +304,21 @@ async def test_an_openai_agents_turn_with_a_default_function_tool(tiny_model: Pa
         async def main() -> Any:
             client = AsyncOpenAI(base_url=base_url + "/v1", api_key="unused")
             model_class = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
-            agent = Agent(name="planner", instructions="Plan trips.", tools=[plan_trip],
-                          model=model_class(model="tiny", openai_client=client),
-                          # One call, then the turn ends: a random model would ramble on to
-                          # max_tokens, which the SDK takes for a failure (as with OpenAI).
-                          model_settings=ModelSettings(max_tokens=120, temperature=1.0,
-                                                       parallel_tool_calls=False,
-                                                       extra_args={"user": user}),
-                          tool_use_behavior="stop_on_first_tool")
+            agent = Agent(
+                name="planner",
+                instructions="Plan trips.",
+                tools=[plan_trip],
+                model=model_class(model="tiny", openai_client=client),
+                # One call, then the turn ends: a random model would ramble on to
+                # max_tokens, which the SDK takes for a failure (as with OpenAI).
+                model_settings=ModelSettings(
+                    max_tokens=120,
+                    temperature=1.0,
+                    parallel_tool_calls=False,
+                    extra_args={"user": user},
+                ),
+                tool_use_behavior="stop_on_first_tool",
+            )
             try:
                 return (await Runner.run(agent, "Plan a trip to Rome.", max_turns=2)).final_output
             finally:

@@ -11,7 +11,10 @@ from .http_helpers import chat_body, running_server, sdk, sse_events, validate, 
 
 
 async def test_health_and_models(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         health = await http.get("/health")
         assert (health.status_code, health.json()) == (200, {"status": "ok"})
         assert health.headers["x-request-id"].startswith("req_")
@@ -35,8 +38,11 @@ async def test_chat_streaming_equals_non_streaming(tiny_model: Path) -> None:
         )
         validate(full.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
         stream = await client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Tell me a story."}], stream=True,
-            stream_options={"include_usage": True}, **fields,
+            model="tiny",
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            stream=True,
+            stream_options={"include_usage": True},
+            **fields,
         )
         chunks = [chunk async for chunk in stream]
 
@@ -58,7 +64,10 @@ async def test_chat_streaming_equals_non_streaming(tiny_model: Path) -> None:
 
 
 async def test_raw_sse_framing_and_usage_nulls(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         body = chat_body(max_tokens=5, temperature=0, stream=True)
         async with http.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -73,11 +82,13 @@ async def test_raw_sse_framing_and_usage_nulls(tiny_model: Path) -> None:
 async def test_completions_endpoint(tiny_model: Path) -> None:
     async with running_server(tiny_model) as server:
         client = sdk(server)
-        full = await client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=12,
-                                               temperature=0)
+        full = await client.completions.create(
+            model="tiny", prompt="Once upon a time", max_tokens=12, temperature=0
+        )
         validate(full.model_dump(exclude_unset=True), "CreateCompletionResponse")
-        stream = await client.completions.create(model="tiny", prompt="Once upon a time",
-                                                 max_tokens=12, temperature=0, stream=True)
+        stream = await client.completions.create(
+            model="tiny", prompt="Once upon a time", max_tokens=12, temperature=0, stream=True
+        )
         chunks = [c async for c in stream]
         tokens = await client.completions.create(model="tiny", prompt=[12, 40, 99], max_tokens=3)
     assert full.object == "text_completion" and full.usage.completion_tokens == 12
@@ -89,11 +100,17 @@ async def test_completions_endpoint(tiny_model: Path) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_stop_string_across_token_boundaries(tiny_model: Path, stream: bool) -> None:
     fields = {"max_tokens": 40, "temperature": 1.0, "seed": 3}
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         body = chat_body(**fields, stream=True)
         async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-            pieces = [e["choices"][0]["delta"].get("content", "")
-                      for e in (await sse_events(response))[1:-1] if e["choices"]]
+            pieces = [
+                e["choices"][0]["delta"].get("content", "")
+                for e in (await sse_events(response))[1:-1]
+                if e["choices"]
+            ]
         # A stop string made of the end of one token's text and the start of the next one.
         k = next(i for i in range(4, len(pieces) - 1) if len(pieces[i]) >= 2 and pieces[i + 1])
         stop = pieces[k][-2:] + pieces[k + 1][:1]
@@ -109,10 +126,15 @@ async def test_stop_string_across_token_boundaries(tiny_model: Path, stream: boo
         else:
             reply = (await http.post("/v1/chat/completions", json=body)).json()
             validate(reply, "CreateChatCompletionResponse")
-            text, finish = reply["choices"][0]["message"]["content"], reply["choices"][0]["finish_reason"]
+            text, finish = (
+                reply["choices"][0]["message"]["content"],
+                reply["choices"][0]["finish_reason"],
+            )
     assert text == expected
     assert finish == "stop"
-    assert stop[0] not in text[len(expected) - 0:]  # nothing after the cut, not even a partial stop
+    assert (
+        stop[0] not in text[len(expected) - 0 :]
+    )  # nothing after the cut, not even a partial stop
 
 
 async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) -> None:
@@ -128,40 +150,100 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         (chat_body(n=2), 400, "n"),
         (chat_body(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
         (chat_body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
-        (chat_body(tools=[{"type": "function", "function": {"name": "f"}}],
-                   tool_choice={"type": "function", "function": {"name": "g"}}), 400, "tool_choice"),
-        (chat_body(tools=[{"type": "function", "function": {  # strict, and not enforceable
-            "name": "f", "strict": True, "parameters": {"type": "object", "properties": {
-                "x": {"type": "string", "format": "not-a-format"}}}}}]), 400, "tools"),
+        (
+            chat_body(
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "g"}},
+            ),
+            400,
+            "tool_choice",
+        ),
+        (
+            chat_body(
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {  # strict, and not enforceable
+                            "name": "f",
+                            "strict": True,
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"x": {"type": "string", "format": "not-a-format"}},
+                            },
+                        },
+                    }
+                ]
+            ),
+            400,
+            "tools",
+        ),
         (chat_body(top_logprobs=3), 400, "top_logprobs"),
         (chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
-        (chat_body(response_format={"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "string", "format": "not-a-format"}}}),
-         400, "response_format.json_schema.schema"),
+        (
+            chat_body(
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "string", "format": "not-a-format"},
+                    },
+                }
+            ),
+            400,
+            "response_format.json_schema.schema",
+        ),
         (chat_body(response_format={"type": "yaml"}), 400, "response_format.type"),
         (chat_body(frobnicate=1), 400, "frobnicate"),
-        ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
-        ({"model": "tiny", "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-         400, "messages[0].content[0].type"),
+        (
+            {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "messages[0].role",
+        ),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": 5}]},
+            400,
+            "messages[0].content",
+        ),
+        (
+            {
+                "model": "tiny",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}],
+                    }
+                ],
+            },
+            400,
+            "messages[0].content[0].type",
+        ),
         (chat_body("word " * 5000, max_tokens=4), 400, "messages"),
         ({**chat_body(), "model": "gpt-4o"}, 404, "model"),
     ]
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         for body, status, param in cases:
             content = body if isinstance(body, bytes) else None
-            response = await http.post("/v1/chat/completions", content=content,
-                                       json=None if content else body)
+            response = await http.post(
+                "/v1/chat/completions", content=content, json=None if content else body
+            )
             assert response.status_code == status, (body, response.text)
             validate_error(response.json())
             assert response.json()["error"]["param"] == param, (body, response.text)
             assert "Traceback" not in response.text
-        tokens = (await http.post("/v1/chat/completions", json=chat_body("word " * 5000, max_tokens=4)))
+        tokens = await http.post(
+            "/v1/chat/completions", json=chat_body("word " * 5000, max_tokens=4)
+        )
         assert "4096" in tokens.json()["error"]["message"]
         assert tokens.json()["error"]["code"] == "context_length_exceeded"
-        assert "'tiny'" in (await http.post("/v1/chat/completions",
-                                            json={**chat_body(), "model": "x"})).json()["error"]["message"]
+        assert (
+            "'tiny'"
+            in (await http.post("/v1/chat/completions", json={**chat_body(), "model": "x"})).json()[
+                "error"
+            ]["message"]
+        )
         missing = await http.get("/v1/nothing-here")
         assert missing.status_code == 404
         validate_error(missing.json())

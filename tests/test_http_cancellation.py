@@ -1,4 +1,4 @@
-"""Disconnects, timeouts, overload and shutdown through a real server: compute stops, lanes return."""
+"""Disconnects, timeouts, overload and shutdown over a real server: compute stops, lanes free."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from .http_helpers import (
     validate_error,
 )
 
-LONG = 3000  # tokens a request would run to if nothing stopped it (the tiny model never emits EOS at T=0)
+# Tokens a request would run to if nothing stopped it (the tiny model never emits EOS at T=0).
+LONG = 3000
 
 
 def _generated(server: object) -> int:
@@ -65,7 +66,9 @@ async def test_a_client_that_stops_reading_does_not_hold_the_lane(tiny_model: Pa
         stalled = await raw_http(port_of(server), post_request("/v1/chat/completions", body))
         await read_until(stalled, b"data: ")
         # Never read again; the job's own deadline ends the compute though the response is stuck.
-        await eventually(lambda: engine_of(server).statistics().lanes_borrowed == 0, "lane returned")
+        await eventually(
+            lambda: engine_of(server).statistics().lanes_borrowed == 0, "lane returned"
+        )
         reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2))
         assert reply.usage.completion_tokens == 2
         await stalled.aclose()
@@ -74,7 +77,9 @@ async def test_a_client_that_stops_reading_does_not_hold_the_lane(tiny_model: Pa
 async def test_timeout_while_generating(tiny_model: Path) -> None:
     async with running_server(tiny_model, max_concurrency=1, request_timeout=0.5) as server:
         async with httpx.AsyncClient(base_url=server.base_url) as http:
-            response = await http.post("/v1/chat/completions", json=chat_body(max_tokens=LONG, temperature=0))
+            response = await http.post(
+                "/v1/chat/completions", json=chat_body(max_tokens=LONG, temperature=0)
+            )
             assert response.status_code == 504
             assert response.headers["x-should-retry"] == "false"
             validate_error(response.json())
@@ -106,7 +111,9 @@ async def test_timeout_while_queued_costs_no_compute(tiny_model: Path) -> None:
         engine = engine_of(server)
         busy = object()
         async with httpx.AsyncClient(base_url=server.base_url) as http:
-            assert (await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))).status_code == 200
+            assert (
+                await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            ).status_code == 200
             await engine.limiter.acquire_on_behalf_of(busy)
             steps = engine.statistics().worker.steps  # type: ignore[union-attr]
             queued = await http.post("/v1/chat/completions", json=chat_body("queued", max_tokens=4))
@@ -115,13 +122,19 @@ async def test_timeout_while_queued_costs_no_compute(tiny_model: Path) -> None:
             assert engine.statistics().worker.steps == steps  # type: ignore[union-attr]
             assert engine.statistics().queued == 0
             engine.limiter.release_on_behalf_of(busy)
-            assert (await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))).status_code == 200
+            assert (
+                await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            ).status_code == 200
 
 
 async def test_queue_full_is_503_with_retry_after(tiny_model: Path) -> None:
     async with running_server(tiny_model, max_concurrency=1, max_queue=0) as server:
-        holder = await raw_http(port_of(server), post_request(
-            "/v1/chat/completions", chat_body(max_tokens=LONG, temperature=0, stream=True)))
+        holder = await raw_http(
+            port_of(server),
+            post_request(
+                "/v1/chat/completions", chat_body(max_tokens=LONG, temperature=0, stream=True)
+            ),
+        )
         await read_until(holder, b"data: ")
         async with httpx.AsyncClient(base_url=server.base_url) as http:
             response = await http.post("/v1/chat/completions", json=chat_body(max_tokens=4))
@@ -147,7 +160,9 @@ async def test_idle_keep_alive_connections_are_closed(tiny_model: Path) -> None:
 
 
 @asynccontextmanager
-async def spawned_server(model: Path, *flags: str) -> AsyncIterator[tuple[subprocess.Popen[str], int]]:
+async def spawned_server(
+    model: Path, *flags: str
+) -> AsyncIterator[tuple[subprocess.Popen[str], int]]:
     """`mlx-nursery serve` as a real process (for signals); killed on exit if still running."""
     process, port = await trio.to_thread.run_sync(lambda: _spawn_server(model, *flags))
     try:
@@ -162,8 +177,20 @@ async def spawned_server(model: Path, *flags: str) -> AsyncIterator[tuple[subpro
 
 def _spawn_server(model: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "mlx_nursery", "serve", "--model", str(model), "--port", "0", *flags],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "mlx_nursery",
+            "serve",
+            "--model",
+            str(model),
+            "--port",
+            "0",
+            *flags,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert process.stderr is not None
     port, loaded = None, False
@@ -197,9 +224,14 @@ async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path)
         await running.aclose()
 
 
-async def test_sigterm_lets_a_running_request_finish_within_the_grace_period(tiny_model: Path) -> None:
-    async with spawned_server(tiny_model, "--served-model-name", "tiny", "--shutdown-grace", "60") as (
-        process, port,
+async def test_sigterm_lets_a_running_request_finish_within_the_grace_period(
+    tiny_model: Path,
+) -> None:
+    async with spawned_server(
+        tiny_model, "--served-model-name", "tiny", "--shutdown-grace", "60"
+    ) as (
+        process,
+        port,
     ):
         body = chat_body(max_tokens=400, temperature=0, stream=True)
         running = await raw_http(port, post_request("/v1/chat/completions", body))

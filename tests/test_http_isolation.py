@@ -23,8 +23,10 @@ ENGINE_KILLERS: list[tuple[str, dict[str, Any]]] = [
 
 
 async def test_requests_that_killed_the_engine_are_served_alone(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server, \
-            httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
         greedy = chat_body("Tell me a story.", max_tokens=24, temperature=0)
         before = (await http.post("/v1/chat/completions", json=greedy)).json()
         beside: list[dict[str, Any]] = []
@@ -41,16 +43,25 @@ async def test_requests_that_killed_the_engine_are_served_alone(tiny_model: Path
 
         # A greedy request beside them had exactly its tokens; unseeded sampling still works.
         assert beside[0]["choices"][0]["message"] == before["choices"][0]["message"]
-        sampled = await http.post("/v1/chat/completions", json=chat_body("hi", max_tokens=8, temperature=1.0))
+        sampled = await http.post(
+            "/v1/chat/completions", json=chat_body("hi", max_tokens=8, temperature=1.0)
+        )
         assert sampled.status_code == 200 and sampled.json()["usage"]["completion_tokens"] > 0
         stats = engine_of(server).statistics()
-        assert stats.state == "running" and stats.worker is not None and stats.worker.failed_steps == 0
+        assert (
+            stats.state == "running" and stats.worker is not None and stats.worker.failed_steps == 0
+        )
 
 
 async def test_seeds_beyond_64_bits_are_refused_by_name(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         for seed in (1 << 64, -(1 << 63) - 1):
-            response = await http.post("/v1/chat/completions", json=chat_body("hi", max_tokens=2, seed=seed))
+            response = await http.post(
+                "/v1/chat/completions", json=chat_body("hi", max_tokens=2, seed=seed)
+            )
             assert response.status_code == 400, response.text
             assert response.json()["error"]["param"] == "seed"
         assert (await http.get("/health")).status_code == 200

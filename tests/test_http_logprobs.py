@@ -1,4 +1,4 @@
-"""Logprobs through the real server: shapes, the concatenation invariant, greedy = top-1, batching."""
+"""Logprobs over the real server: shapes, the concatenation invariant, greedy = top-1, batching."""
 
 from __future__ import annotations
 
@@ -31,10 +31,16 @@ def _check_entries(content: str, entries: list[dict[str, Any]], top: int, greedy
 
 async def test_chat_logprobs_streaming_and_not(tiny_model: Path) -> None:
     fields = {"max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 3}
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
-        reply = (await http.post("/v1/chat/completions", json=chat_body("Tell a tale.", **fields))).json()
-        async with http.stream("POST", "/v1/chat/completions",
-                               json=chat_body("Tell a tale.", stream=True, **fields)) as response:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = (
+            await http.post("/v1/chat/completions", json=chat_body("Tell a tale.", **fields))
+        ).json()
+        async with http.stream(
+            "POST", "/v1/chat/completions", json=chat_body("Tell a tale.", stream=True, **fields)
+        ) as response:
             chunks = (await sse_events(response))[:-1]
     validate(reply, "CreateChatCompletionResponse")
     content = reply["choices"][0]["message"]["content"]
@@ -43,18 +49,28 @@ async def test_chat_logprobs_streaming_and_not(tiny_model: Path) -> None:
     _check_entries(content, entries, 3, greedy=True)
     for chunk in chunks:
         validate(chunk, "CreateChatCompletionStreamResponse")
-    streamed = [e for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
-                for e in c["choices"][0]["logprobs"]["content"]]
+    streamed = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0].get("logprobs")
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
     assert [e["token"] for e in streamed] == [e["token"] for e in entries]
-    assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=1e-4) for a, b in zip(streamed, entries))
+    assert all(
+        math.isclose(a["logprob"], b["logprob"], abs_tol=1e-4)
+        for a, b in zip(streamed, entries, strict=True)
+    )
 
 
 async def test_logprobs_stop_at_a_stop_string_and_hold_under_batching(tiny_model: Path) -> None:
     fields = {"max_tokens": 30, "temperature": 1.0, "logprobs": True}
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         probe = (await http.post("/v1/chat/completions", json=chat_body(seed=5, **fields))).json()
         full = probe["choices"][0]["message"]["content"]
-        stop = full[len(full) // 2: len(full) // 2 + 2]
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
         replies: dict[int, Any] = {}
 
         async def one(seed: int) -> None:
@@ -72,21 +88,38 @@ async def test_logprobs_stop_at_a_stop_string_and_hold_under_batching(tiny_model
 
 
 async def test_completions_logprobs(tiny_model: Path) -> None:
-    body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 10, "temperature": 0, "logprobs": 2}
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    body = {
+        "model": "tiny",
+        "prompt": "Once upon",
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": 2,
+    }
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         reply = (await http.post("/v1/completions", json=body)).json()
-        async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        async with http.stream(
+            "POST", "/v1/completions", json={**body, "stream": True}
+        ) as response:
             chunks = (await sse_events(response))[:-1]
         bad = await http.post("/v1/completions", json={**body, "logprobs": 9})
     validate(reply, "CreateCompletionResponse")
     choice = reply["choices"][0]
     logprobs = choice["logprobs"]
     assert "".join(logprobs["tokens"]) == choice["text"]
-    assert len(logprobs["token_logprobs"]) == 10 and all(len(t) <= 2 for t in logprobs["top_logprobs"])
+    assert len(logprobs["token_logprobs"]) == 10 and all(
+        len(t) <= 2 for t in logprobs["top_logprobs"]
+    )
     offsets = logprobs["text_offset"]
     assert offsets == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(len(offsets))]
-    streamed = [t for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
-                for t in c["choices"][0]["logprobs"]["tokens"]]
+    streamed = [
+        t
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for t in c["choices"][0]["logprobs"]["tokens"]
+    ]
     assert streamed == logprobs["tokens"]
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
 
@@ -96,20 +129,35 @@ async def test_responses_logprobs(tiny_model: Path) -> None:
 
     async with running_server(tiny_model) as server:
         client = sdk(server)
-        created = await client.responses.create(model="tiny", input="Tell a tale.", max_output_tokens=12,
-                                                temperature=0, top_logprobs=2,
-                                                include=["message.output_text.logprobs"])
+        created = await client.responses.create(
+            model="tiny",
+            input="Tell a tale.",
+            max_output_tokens=12,
+            temperature=0,
+            top_logprobs=2,
+            include=["message.output_text.logprobs"],
+        )
         events = []
-        async with client.responses.stream(model="tiny", input="Tell a tale.", max_output_tokens=12,
-                                           temperature=0, top_logprobs=2,
-                                           include=["message.output_text.logprobs"]) as stream:
+        async with client.responses.stream(
+            model="tiny",
+            input="Tell a tale.",
+            max_output_tokens=12,
+            temperature=0,
+            top_logprobs=2,
+            include=["message.output_text.logprobs"],
+        ) as stream:
             async for event in stream:
                 events.append(event)
     body = created.model_dump(exclude_unset=True, mode="json", warnings=False)
     validate(body, "Response")
     part = body["output"][0]["content"][0]
     _check_entries(part["text"], part["logprobs"], 2, greedy=True)
-    streamed = [e.model_dump() for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    streamed = [
+        e.model_dump()
+        for ev in events
+        if ev.type == "response.output_text.delta"
+        for e in ev.logprobs
+    ]
     assert [e["token"] for e in streamed] == [e["token"] for e in part["logprobs"]]
 
 
@@ -117,28 +165,40 @@ async def test_stream_interval_writes_fewer_chunks_and_keeps_every_token(tiny_mo
     """--stream-interval 4: the first token goes at once, then at least four per write;
     logprobs count the tokens in each chunk."""
     fields = {"max_tokens": 17, "temperature": 0, "logprobs": True}
-    async with running_server(tiny_model, stream_interval=4) as server, \
-            httpx.AsyncClient(base_url=server.base_url) as http:
-        reply = (await http.post("/v1/chat/completions", json=chat_body("Tell a tale.", **fields))).json()
-        async with http.stream("POST", "/v1/chat/completions",
-                               json=chat_body("Tell a tale.", stream=True, **fields)) as response:
+    async with (
+        running_server(tiny_model, stream_interval=4) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = (
+            await http.post("/v1/chat/completions", json=chat_body("Tell a tale.", **fields))
+        ).json()
+        async with http.stream(
+            "POST", "/v1/chat/completions", json=chat_body("Tell a tale.", stream=True, **fields)
+        ) as response:
             chunks = (await sse_events(response))[:-1]
     for chunk in chunks:
         validate(chunk, "CreateChatCompletionStreamResponse")
-    with_tokens = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0].get("logprobs")]
+    with_tokens = [
+        c["choices"][0] for c in chunks if c["choices"] and c["choices"][0].get("logprobs")
+    ]
     per_write = [len(choice["logprobs"]["content"]) for choice in with_tokens]
     assert sum(per_write) == 17
     assert all(n >= 4 for n in per_write[1:-1]), per_write
     assert len(per_write) <= 1 + math.ceil(16 / 4), per_write
-    assert "".join(c["delta"].get("content") or "" for c in with_tokens) == reply["choices"][0]["message"]["content"]
+    assert (
+        "".join(c["delta"].get("content") or "" for c in with_tokens)
+        == reply["choices"][0]["message"]["content"]
+    )
 
 
 async def test_default_interval_follows_the_number_of_open_streams(tiny_model: Path) -> None:
     """The default (0) adapts: with 16 other streams open, each write after a stream's first
     carries at least 1 + 16 // 8 = 3 tokens, counted by logprobs."""
     fields = {"max_tokens": 13, "temperature": 0, "logprobs": True}
-    async with running_server(tiny_model, max_concurrency=17) as server, \
-            httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+    async with (
+        running_server(tiny_model, max_concurrency=17) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
         bias = {str(t): -100 for t in engine_of(server).model.eos_token_ids}
         others = chat_body("Go on.", stream=True, max_tokens=400, logit_bias=bias)
         all_open = trio.Event()
@@ -156,13 +216,19 @@ async def test_default_interval_follows_the_number_of_open_streams(tiny_model: P
             for _ in range(16):
                 nursery.start_soon(hold_open)
             await all_open.wait()
-            async with http.stream("POST", "/v1/chat/completions",
-                                   json=chat_body("Tell a tale.", stream=True, **fields)) as response:
+            async with http.stream(
+                "POST",
+                "/v1/chat/completions",
+                json=chat_body("Tell a tale.", stream=True, **fields),
+            ) as response:
                 chunks = (await sse_events(response))[:-1]
             assert server.service.writes.open_streams == 16  # the others are still streaming
             nursery.cancel_scope.cancel()
-    per_write = [len(c["choices"][0]["logprobs"]["content"]) for c in chunks
-                 if c["choices"] and c["choices"][0].get("logprobs")]
+    per_write = [
+        len(c["choices"][0]["logprobs"]["content"])
+        for c in chunks
+        if c["choices"] and c["choices"][0].get("logprobs")
+    ]
     assert sum(per_write) == 13
     assert all(n >= 3 for n in per_write[1:-1]), per_write
 
@@ -171,32 +237,59 @@ async def test_logprob_bytes_are_the_tokens_own_bytes(tiny_model: Path) -> None:
     """The random model emits tokens that hold parts of multi-byte characters: their text is
     "" until a later token completes the character, but their bytes are what they hold."""
     fields = {"max_tokens": 48, "temperature": 1.0, "logprobs": True, "top_logprobs": 2}
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         split = []
         for seed in range(8):
-            reply = (await http.post("/v1/chat/completions",
-                                     json=chat_body("Tell a tale.", seed=seed, **fields))).json()
+            reply = (
+                await http.post(
+                    "/v1/chat/completions", json=chat_body("Tell a tale.", seed=seed, **fields)
+                )
+            ).json()
             choice = reply["choices"][0]
             entries = choice["logprobs"]["content"]
             _check_entries(choice["message"]["content"], entries, 2, greedy=False)
             split += [e for e in entries if e["bytes"] and not e["token"]]
             for entry in entries:
                 for alternative in entry["top_logprobs"]:  # alternatives are whole tokens
-                    assert bytes(alternative["bytes"]).decode("utf-8", "replace") == alternative["token"]
+                    assert (
+                        bytes(alternative["bytes"]).decode("utf-8", "replace")
+                        == alternative["token"]
+                    )
     assert split, "the random model should split characters across tokens"
 
 
 async def test_completions_text_is_the_exact_continuation(tiny_model: Path) -> None:
     """prompt + text is the whole: a first token with a leading space keeps it."""
-    async with running_server(tiny_model) as server, httpx.AsyncClient(base_url=server.base_url) as http:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
         tokenizer = engine_of(server).model.tokenizer
-        space_first = [t for t in range(300, 2000) if tokenizer.decode([t]).startswith(" ")
-                       and tokenizer.decode([t]).strip().isalpha()][0]
-        body = {"model": "tiny", "prompt": "Hello, my name is", "max_tokens": 3, "temperature": 0,
-                "logprobs": 1, "logit_bias": {str(space_first): 100}}
+        space_first = next(
+            t
+            for t in range(300, 2000)
+            if tokenizer.decode([t]).startswith(" ") and tokenizer.decode([t]).strip().isalpha()
+        )
+        body = {
+            "model": "tiny",
+            "prompt": "Hello, my name is",
+            "max_tokens": 3,
+            "temperature": 0,
+            "logprobs": 1,
+            "logit_bias": {str(space_first): 100},
+        }
         reply = (await http.post("/v1/completions", json=body)).json()
-        chat = (await http.post("/v1/chat/completions", json=chat_body(
-            "hi", max_tokens=3, temperature=0, logit_bias={str(space_first): 100}))).json()
+        chat = (
+            await http.post(
+                "/v1/chat/completions",
+                json=chat_body(
+                    "hi", max_tokens=3, temperature=0, logit_bias={str(space_first): 100}
+                ),
+            )
+        ).json()
     choice = reply["choices"][0]
     word = tokenizer.decode([space_first])
     assert choice["text"] == word * 3

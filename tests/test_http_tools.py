@@ -23,13 +23,19 @@ WEATHER = {
     "function": {
         "name": "get_weather",
         "description": "Current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
     },
 }
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 
-ONE_CALL = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ONE_CALL = (
+    "Let me check."
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
 TWO_CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     'and<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call> Done.'
@@ -44,9 +50,11 @@ def tool_request(user: str, **fields: Any) -> dict[str, Any]:
 
 
 async def test_non_streaming_tool_call(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
-        async with httpx.AsyncClient(base_url=server.base_url) as http:
-            reply = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
+    async with (
+        running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
     validate(reply, "CreateChatCompletionResponse")
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -86,11 +94,16 @@ async def test_streaming_parallel_tool_calls_with_the_sdk_helper(tiny_model: Pat
 
 
 async def test_parallel_tool_calls_false_stops_after_the_first_call(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
-        async with httpx.AsyncClient(base_url=server.base_url) as http:
-            reply = (await http.post("/v1/chat/completions",
-                                     json=tool_request("two", parallel_tool_calls=False))).json()
-            whole = (await http.post("/v1/chat/completions", json=tool_request("two"))).json()
+    async with (
+        running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = (
+            await http.post(
+                "/v1/chat/completions", json=tool_request("two", parallel_tool_calls=False)
+            )
+        ).json()
+        whole = (await http.post("/v1/chat/completions", json=tool_request("two"))).json()
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
@@ -98,13 +111,16 @@ async def test_parallel_tool_calls_false_stops_after_the_first_call(tiny_model: 
 
 
 async def test_tool_choice_none_offers_no_tools_and_parses_nothing(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
-        async with httpx.AsyncClient(base_url=server.base_url) as http:
-            offered = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
-            body = tool_request("one", tool_choice="none", stream=True,
-                                stream_options={"include_usage": True})
-            async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                events = (await sse_events(response))[:-1]
+    async with (
+        running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        offered = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
+        body = tool_request(
+            "one", tool_choice="none", stream=True, stream_options={"include_usage": True}
+        )
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            events = (await sse_events(response))[:-1]
     # Not offered: the tool definitions are not in the prompt.
     assert offered["usage"]["prompt_tokens"] > events[-1]["usage"]["prompt_tokens"] + 50
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
@@ -119,12 +135,16 @@ async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) ->
         call = first.choices[0].message.tool_calls[0]
         history = [
             {"role": "user", "content": "What is the weather in Paris?"},
-            {"role": "assistant", "content": first.choices[0].message.content,
-             "tool_calls": [call.model_dump()]},
+            {
+                "role": "assistant",
+                "content": first.choices[0].message.content,
+                "tool_calls": [call.model_dump()],
+            },
             {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'},
         ]
-        second = await client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER],
-                                                      max_tokens=4, temperature=0)
+        second = await client.chat.completions.create(
+            model="tiny", messages=history, tools=[WEATHER], max_tokens=4, temperature=0
+        )
     tokenizer = server.service.served.tokenizer  # type: ignore[union-attr]
     messages = [structure(m, ChatMessage) for m in json.loads(json.dumps(history, default=str))]
     expected = render_chat(tokenizer, messages, [WEATHER])
@@ -141,24 +161,35 @@ async def test_a_call_cut_off_by_max_tokens_is_returned_partial(tiny_model: Path
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
-    budget = len(tokenizer.encode(ONE_CALL[:CUT_AT + 3], add_special_tokens=False))
+    budget = len(tokenizer.encode(ONE_CALL[: CUT_AT + 3], add_special_tokens=False))
     async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
         client = sdk(server)
         reply = await client.chat.completions.create(**tool_request("one", max_tokens=budget))
-        chunks = [c async for c in await client.chat.completions.create(
-            **tool_request("one", max_tokens=budget), stream=True)]
-        responses_request = {"model": "tiny", "input": "weather?", "user": "one", "temperature": 0,
-                             "max_output_tokens": budget,
-                             "tools": [{"type": "function", **WEATHER["function"]}]}
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                **tool_request("one", max_tokens=budget), stream=True
+            )
+        ]
+        responses_request = {
+            "model": "tiny",
+            "input": "weather?",
+            "user": "one",
+            "temperature": 0,
+            "max_output_tokens": budget,
+            "tools": [{"type": "function", **WEATHER["function"]}],
+        }
         response = await client.responses.create(**responses_request)
         async with client.responses.stream(**responses_request) as stream:
             # The SDK's get_final_response() wants response.completed; this one is incomplete.
-            streamed = [e async for e in stream if e.type == "response.incomplete"][0].response
+            streamed = next(e async for e in stream if e.type == "response.incomplete").response
     choice = reply.choices[0]
     assert choice.finish_reason == "length"
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "get_weather"
-    assert call.function.arguments.startswith('{"city": "Pa') and not call.function.arguments.endswith("}")
+    assert call.function.arguments.startswith(
+        '{"city": "Pa'
+    ) and not call.function.arguments.endswith("}")
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -174,10 +205,12 @@ async def test_a_call_cut_off_by_max_tokens_is_returned_partial(tiny_model: Path
 async def test_a_truncated_message_item_is_incomplete_as_its_response(tiny_model: Path) -> None:
     async with running_server(tiny_model) as server:
         client = sdk(server)
-        cut = await client.responses.create(model="tiny", input="Tell a tale.", max_output_tokens=4,
-                                            temperature=0)
-        whole = await client.responses.create(model="tiny", input="Tell a tale.", max_output_tokens=400,
-                                              temperature=0)
+        cut = await client.responses.create(
+            model="tiny", input="Tell a tale.", max_output_tokens=4, temperature=0
+        )
+        whole = await client.responses.create(
+            model="tiny", input="Tell a tale.", max_output_tokens=400, temperature=0
+        )
     validate(cut.model_dump(exclude_unset=True, mode="json", warnings=False), "Response")
     assert (cut.status, cut.output[0].status) == ("incomplete", "incomplete")
     assert whole.status == whole.output[0].status

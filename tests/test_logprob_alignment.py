@@ -33,16 +33,19 @@ def run(pieces: list[bytes], *, trim: bool) -> tuple[str, bytes]:
     return content, b"".join(e.bytes for e in entries)
 
 
-@pytest.mark.parametrize("pieces", [
-    [b" \xe4", b"\xbd\xa0", b"\xe5\xa5\xbd"],  # a space and a character split across tokens
-    [b" ", b" world"],  # a lone space token, held back, then a spaced word
-    [b"\xe4", b"\xbd\xa0", b" x"],  # a split character first, then a spaced word
-    [b" Hello", b",", b" world"],
-    [b"\xd0", b" 24"],  # an invalid sequence (U+FFFD) before a spaced word: nothing trimmed
-])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b" \xe4", b"\xbd\xa0", b"\xe5\xa5\xbd"],  # a space and a character split across tokens
+        [b" ", b" world"],  # a lone space token, held back, then a spaced word
+        [b"\xe4", b"\xbd\xa0", b" x"],  # a split character first, then a spaced word
+        [b" Hello", b",", b" world"],
+        [b"\xd0", b" 24"],  # an invalid sequence (U+FFFD) before a spaced word: nothing trimmed
+    ],
+)
 @pytest.mark.parametrize("trim", [False, True], ids=["completion", "chat"])
 def test_entry_bytes_decode_to_the_content(pieces: list[bytes], trim: bool) -> None:
     content, data = run(pieces, trim=trim)
     assert data.decode("utf-8", "replace") == content
     whole = b"".join(pieces).decode("utf-8", "replace")
-    assert content == whole[1 if trim and pieces[0].startswith(b" ") else 0:]
+    assert content == whole[1 if trim and pieces[0].startswith(b" ") else 0 :]

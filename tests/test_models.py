@@ -31,7 +31,7 @@ def test_factory_model_loads_with_padded_vocab_and_tool_parser(tiny_model: Path)
     assert len(tokenizer.get_vocab()) == config["vocab_size"]
     assert tokenizer.has_tool_calling and tokenizer.tool_call_start == "<tool_call>"
     assert set(tokenizer.eos_token_ids) == set(config["eos_token_id"])
-    text = "What is the capital of France? 42 {\"a\": [1, 2]}"
+    text = 'What is the capital of France? 42 {"a": [1, 2]}'
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
@@ -48,7 +48,9 @@ def test_vocab_is_padded_to_the_architecture_size(tmp_path: Path) -> None:
     assert detokenizer.text == f"<filler_{vocab_size - 2}><filler_{vocab_size - 1}>"
 
 
-def test_chat_template_renders_roles_tools_and_calls_without_double_encoding(tiny_model: Path) -> None:
+def test_chat_template_renders_roles_tools_and_calls_without_double_encoding(
+    tiny_model: Path,
+) -> None:
     tokenizer = load_model(tiny_model).tokenizer
     messages = [
         {"role": "system", "content": "Be brief."},
@@ -57,19 +59,31 @@ def test_chat_template_renders_roles_tools_and_calls_without_double_encoding(tin
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-                {"id": "call_2", "type": "function",
-                 "function": {"name": "get_time", "arguments": {"tz": "CET"}}},
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "get_time", "arguments": {"tz": "CET"}},
+                },
             ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    ]
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
     assert text.startswith("<|im_start|>system\nBe brief.\n# Tools")
     assert '{"type": "function", "function": {"name": "get_weather"' in text
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    )
     assert '{"name": "get_time", "arguments": {"tz": "CET"}}' in text
     assert '\\"city\\"' not in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
@@ -78,17 +92,23 @@ def test_chat_template_renders_roles_tools_and_calls_without_double_encoding(tin
     assert parsed["name"] == "get_weather" and parsed["arguments"] == {"city": "Paris"}
 
 
-def test_missing_model_names_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_model_names_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model_path(tmp_path / "nope")
     assert str(tmp_path / "nope") in str(info.value)
     with pytest.raises(ModelNotFoundError) as info:
         resolve_model_path("no-such-org/no-such-model")
-    assert "Hugging Face cache" in str(info.value) and "no-such-org/no-such-model" in str(info.value)
+    assert "Hugging Face cache" in str(info.value) and "no-such-org/no-such-model" in str(
+        info.value
+    )
 
 
-def test_repo_id_in_the_local_hf_cache_resolves(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repo_id_in_the_local_hf_cache_resolves(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hub = tmp_path / "hub"
     snapshot = hub / "models--acme--tiny" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)

@@ -18,23 +18,30 @@ from mlx_nursery.engine import (
 from .helpers import collect, request
 
 SYSTEM = "You are a helpful assistant. " * 40
-SEEDED = SamplingParams(temperature=1.0, seed=11)  # reproducible, and richer than greedy on random weights
+SEEDED = SamplingParams(
+    temperature=1.0, seed=11
+)  # reproducible, and richer than greedy on random weights
 
 
 def prompt(engine: Engine, question: str) -> list[int]:
     return engine.model.tokenizer.encode(SYSTEM + question)
 
 
-async def test_shared_prefix_is_reused_and_output_matches_a_cold_run(engine_config: EngineConfig) -> None:
+async def test_shared_prefix_is_reused_and_output_matches_a_cold_run(
+    engine_config: EngineConfig,
+) -> None:
     cold_config = EngineConfig(engine_config.model, prompt_cache_bytes=0)
     async with open_engine(cold_config) as cold_engine:
         question = prompt(cold_engine, "What is the capital of France?")
         cold = await collect(
-            cold_engine, GenerationRequest(question, max_tokens=16, ignore_eos=True, sampling=SEEDED)
+            cold_engine,
+            GenerationRequest(question, max_tokens=16, ignore_eos=True, sampling=SEEDED),
         )
 
     async with open_engine(engine_config) as engine:
-        await collect(engine, GenerationRequest(prompt(engine, "hello?"), max_tokens=4, ignore_eos=True))
+        await collect(
+            engine, GenerationRequest(prompt(engine, "hello?"), max_tokens=4, ignore_eos=True)
+        )
         before = engine.statistics().worker
         warm = await collect(
             engine, GenerationRequest(question, max_tokens=16, ignore_eos=True, sampling=SEEDED)
@@ -89,7 +96,9 @@ class FakeClock:
         return self.now
 
 
-async def test_entries_cut_from_a_batch_hold_only_their_own_memory(engine_config: EngineConfig) -> None:
+async def test_entries_cut_from_a_batch_hold_only_their_own_memory(
+    engine_config: EngineConfig,
+) -> None:
     """A sequence leaving the batch is cached as a lazy slice of the batch's KV arrays;
     kept unevaluated, each entry would hold every batch row's KV alive, outside the
     byte budget (on an H100 that ran an 8B model out of memory)."""

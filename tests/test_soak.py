@@ -26,8 +26,24 @@ from .test_fuzz import MODEL, Case, Judge, Outcome
 
 REQUESTS = int(os.environ.get("MLX_NURSERY_SOAK_REQUESTS") or 200)
 CONCURRENCY = 16
-WORDS = ["the", "lighthouse", "keeper", "watched", "sea", "ships", "came", "and", "went", "in", "storm",
-         "harbour", "night", "long", "over", "grew"]
+WORDS = [
+    "the",
+    "lighthouse",
+    "keeper",
+    "watched",
+    "sea",
+    "ships",
+    "came",
+    "and",
+    "went",
+    "in",
+    "storm",
+    "harbour",
+    "night",
+    "long",
+    "over",
+    "grew",
+]
 
 
 def mixed_request(rng: random.Random, budget: int) -> Case:
@@ -49,11 +65,17 @@ def mixed_request(rng: random.Random, budget: int) -> Case:
     return Case("valid", endpoint, {"model": MODEL, **body, **sampling, "stream": stream})
 
 
-async def one(http: httpx.AsyncClient, rng: random.Random, tally: collections.Counter[str],
-              failures: list[str]) -> None:
+async def one(
+    http: httpx.AsyncClient,
+    rng: random.Random,
+    tally: collections.Counter[str],
+    failures: list[str],
+) -> None:
     behaviour = rng.choices(["complete", "leave", "short_timeout"], weights=[0.6, 0.3, 0.1])[0]
     # Those that leave ask for more: still generating when they go, on a fast machine too.
-    case = mixed_request(rng, rng.randint(1, 16) if behaviour == "complete" else rng.randint(64, 256))
+    case = mixed_request(
+        rng, rng.randint(1, 16) if behaviour == "complete" else rng.randint(64, 256)
+    )
     tally[behaviour] += 1
     timeout = rng.uniform(0.02, 0.3) if behaviour == "short_timeout" else 120.0
     leave_after, leave_at_event = rng.uniform(0.0, 0.3), rng.randint(0, 5)
@@ -64,7 +86,11 @@ async def one(http: httpx.AsyncClient, rng: random.Random, tally: collections.Co
                     raw = b""
                     async for chunk in reply.aiter_raw():
                         raw += chunk
-                        if behaviour == "leave" and case.stream and raw.count(b"\n\n") > leave_at_event:
+                        if (
+                            behaviour == "leave"
+                            and case.stream
+                            and raw.count(b"\n\n") > leave_at_event
+                        ):
                             tally["left mid-stream"] += 1
                             return  # leaving the block unread drops the connection
                     outcome = Outcome(case)
@@ -98,14 +124,21 @@ async def test_a_soak_with_disconnects_leaves_nothing_behind(tiny_model: Path) -
                 await one(http, own, tally, failures)
 
         limits = httpx.Limits(max_connections=CONCURRENCY)
-        async with httpx.AsyncClient(base_url=server.base_url, limits=limits) as http, trio.open_nursery() as nursery:
+        async with (
+            httpx.AsyncClient(base_url=server.base_url, limits=limits) as http,
+            trio.open_nursery() as nursery,
+        ):
             for _ in range(CONCURRENCY):
                 nursery.start_soon(client, http, rng.randrange(2**32))
 
         def idle() -> bool:
             stats = engine.statistics()
-            return (stats.lanes_borrowed == 0 and stats.queued == 0 and stats.worker is not None
-                    and stats.worker.active == 0)
+            return (
+                stats.lanes_borrowed == 0
+                and stats.queued == 0
+                and stats.worker is not None
+                and stats.worker.active == 0
+            )
 
         await eventually(idle, "the engine holds no lane, queue slot or sequence")
         stats = engine.statistics()
@@ -117,7 +150,13 @@ async def test_a_soak_with_disconnects_leaves_nothing_behind(tiny_model: Path) -
         assert tally["status 200"] >= REQUESTS // 3, tally
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
             assert (await http.get("/health")).status_code == 200
-            reply = await http.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            reply = await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 4,
+                },
+            )
             assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
     assert len(engine_threads()) == threads_before, "an engine thread outlived the server"

@@ -25,7 +25,9 @@ def run(stops: tuple[str, ...], pieces: list[str]) -> tuple[str, bool]:
         (("é!",), ["caf", "é", "!"], ("caf", True)),
     ],
 )
-def test_stop_matching(stops: tuple[str, ...], pieces: list[str], expected: tuple[str, bool]) -> None:
+def test_stop_matching(
+    stops: tuple[str, ...], pieces: list[str], expected: tuple[str, bool]
+) -> None:
     assert run(stops, pieces) == expected
 
 

@@ -10,8 +10,13 @@ from mlx_nursery.openai._tools import ContentText, ToolCallExtractor, ToolCallOu
 
 
 def extractor(parallel: bool = True) -> ToolCallExtractor:
-    return ToolCallExtractor(json_tools.tool_call_start, json_tools.tool_call_end,
-                             json_tools.parse_tool_call, [], max_calls=None if parallel else 1)
+    return ToolCallExtractor(
+        json_tools.tool_call_start,
+        json_tools.tool_call_end,
+        json_tools.parse_tool_call,
+        [],
+        max_calls=None if parallel else 1,
+    )
 
 
 def run(pieces: list[str], parallel: bool = True) -> list[object]:
@@ -40,7 +45,10 @@ def test_unterminated_and_malformed_calls_are_dropped() -> None:
 
 
 def test_parallel_false_keeps_only_the_first_call() -> None:
-    text = '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    text = (
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    )
     out = run([text], parallel=False)
     assert [o.name for o in out if isinstance(o, ToolCallOut)] == ["f"]
 
@@ -53,7 +61,9 @@ def test_tools_in_both_wire_forms_normalize_to_the_nested_form() -> None:
 
 def test_a_call_cut_off_by_the_budget_comes_back_partial() -> None:
     x = extractor()
-    assert x.feed('ok<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == [ContentText("ok")]
+    assert x.feed('ok<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa') == [
+        ContentText("ok")
+    ]
     (call,) = x.finish(cut=True)
     assert isinstance(call, ToolCallOut) and not call.complete
     assert (call.name, call.arguments) == ("get_weather", '{"city": "Pa')
@@ -63,7 +73,9 @@ def test_a_whole_call_missing_only_its_end_markup_is_complete() -> None:
     x = extractor()
     x.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n')
     (call,) = x.finish(cut=True)
-    assert isinstance(call, ToolCallOut) and call.complete and json.loads(call.arguments) == {"a": 1}
+    assert (
+        isinstance(call, ToolCallOut) and call.complete and json.loads(call.arguments) == {"a": 1}
+    )
 
 
 def test_a_call_cut_before_its_name_is_dropped() -> None:

@@ -31,8 +31,9 @@ def asgi_app(app: QuartTrio) -> RequestLimits:
     return RequestLimits(ShieldFinalBody(app))
 
 
-def create_app(settings: Settings | None = None, *,
-               extra_processors: RequestProcessors | None = None) -> QuartTrio:
+def create_app(
+    settings: Settings | None = None, *, extra_processors: RequestProcessors | None = None
+) -> QuartTrio:
     """The app. `extra_processors` adds logits processors per request (tests force token
     scripts with it); it is not reachable over HTTP."""
     settings = settings or Settings.from_env()
@@ -76,13 +77,16 @@ def create_app(settings: Settings | None = None, *,
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
-                415: "unsupported_media_type"}.get(
-            error.code or 500
-        )
+        code = {
+            404: "not_found",
+            405: "method_not_allowed",
+            413: "request_too_large",
+            415: "unsupported_media_type",
+        }.get(error.code or 500)
         await _drain_body(error.code or 500)
-        return envelope_response(error.code or 500, error.description or error.name,
-                                 "invalid_request_error", code)
+        return envelope_response(
+            error.code or 500, error.description or error.name, "invalid_request_error", code
+        )
 
     @app.errorhandler(Exception)
     async def unexpected_error(error: Exception) -> Response:

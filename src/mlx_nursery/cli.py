@@ -19,8 +19,12 @@ def _convert_gguf(args: argparse.Namespace) -> int:
     from .models.gguf import GGUFConversionError, convert_gguf
 
     try:
-        out = convert_gguf(args.gguf, args.out, scales_dtype=args.scales_dtype,
-                           progress=lambda m: print(m, file=sys.stderr))
+        out = convert_gguf(
+            args.gguf,
+            args.out,
+            scales_dtype=args.scales_dtype,
+            progress=lambda m: print(m, file=sys.stderr),
+        )
     except GGUFConversionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -74,15 +78,23 @@ _SERVE_FLAGS: dict[str, tuple[type, str]] = {
     "default_max_tokens": (int, "max_tokens when a request sets none (default: context room)"),
     "served_model_name": (str, "the model id clients use (default: the model's name)"),
     "prompt_cache_bytes": (int, "prefix KV cache budget in bytes; 0 disables (default 2 GiB)"),
-    "stream_interval": (int, "tokens per chunk after the first; 0: by load, +1 per 8 open streams (default 0)"),
+    "stream_interval": (
+        int,
+        "tokens per chunk after the first; 0: by load, +1 per 8 open streams (default 0)",
+    ),
     "shutdown_grace": (float, "seconds running requests get after SIGTERM (default 10)"),
     "log_level": (str, "debug, info, warning or error (default info)"),
     "responses_db": (str, "SQLite file of stored responses (default: user data dir; ':memory:')"),
     "responses_max": (int, "stored responses kept before the oldest are evicted (default 10000)"),
     "responses_max_age": (float, "seconds a stored response is kept (default 30 days)"),
     "max_request_bytes": (int, "largest request body in bytes; past it, 413 (default 8 MiB)"),
-    "strict_params": (bool, ("refuse with a 400 the hints otherwise accepted and ignored "
-                             "(reasoning_effort, verbosity, ...; see x-ignored-params)")),
+    "strict_params": (
+        bool,
+        (
+            "refuse with a 400 the hints otherwise accepted and ignored "
+            "(reasoning_effort, verbosity, ...; see x-ignored-params)"
+        ),
+    ),
 }
 
 
@@ -101,13 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     make.set_defaults(handler=_make_model)
 
     serve = commands.add_parser(
-        "serve", help="serve the OpenAI-compatible API",
+        "serve",
+        help="serve the OpenAI-compatible API",
         description="Each flag can also be set as MLX_NURSERY_<FLAG> (e.g. MLX_NURSERY_PORT).",
     )
     for name, (kind, text) in _SERVE_FLAGS.items():
         flag = "--" + name.replace("_", "-")
         if kind is bool:
-            serve.add_argument(flag, dest=name, action="store_const", const=True, default=None, help=text)
+            serve.add_argument(
+                flag, dest=name, action="store_const", const=True, default=None, help=text
+            )
         else:
             serve.add_argument(flag, dest=name, type=kind, default=None, help=text)
     serve.set_defaults(handler=_serve)
@@ -117,8 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("gguf", help="input .gguf file")
     convert.add_argument("out", help="output model directory")
-    convert.add_argument("--scales-dtype", choices=["float32", "float16"], default=None,
-                         help="dtype of quantization scales (default: float32 on CPU, else float16)")
+    convert.add_argument(
+        "--scales-dtype",
+        choices=["float32", "float16"],
+        default=None,
+        help="dtype of quantization scales (default: float32 on CPU, else float16)",
+    )
     convert.set_defaults(handler=_convert_gguf)
     return parser
 

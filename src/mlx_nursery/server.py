@@ -25,6 +25,7 @@ from .settings import Settings
 
 log = logging.getLogger("mlx_nursery.server")
 
+
 @attrs.frozen
 class Running:
     urls: list[str]
@@ -35,7 +36,9 @@ class Running:
         return self.urls[0]
 
 
-_HYPERCORN_MARGIN = 5.0  # Hypercorn's own grace outlasts ours: our jobs end first, with an error event
+_HYPERCORN_MARGIN = (
+    5.0  # Hypercorn's own grace outlasts ours: our jobs end first, with an error event
+)
 
 
 def hypercorn_config(settings: Settings) -> Config:
@@ -45,7 +48,9 @@ def hypercorn_config(settings: Settings) -> Config:
     config.keep_alive_timeout = 5
     config.h11_max_incomplete_size = HYPERCORN_HEAD_BYTES  # ours are lower, in the envelope
     config.startup_timeout = 600  # the default model may be fetched and converted at first start
-    config.accesslog = logging.getLogger("mlx_nursery.access") if settings.log_level == "debug" else None
+    config.accesslog = (
+        logging.getLogger("mlx_nursery.access") if settings.log_level == "debug" else None
+    )
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
 
@@ -82,8 +87,12 @@ async def serve(
             shutdown.set()
 
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        await hypercorn_serve(cast(ASGIFramework, asgi_app(app)), hypercorn_config(settings),
-                              shutdown_trigger=stop_accepting.wait, task_status=task_status)
+        await hypercorn_serve(
+            cast(ASGIFramework, asgi_app(app)),
+            hypercorn_config(settings),
+            shutdown_trigger=stop_accepting.wait,
+            task_status=task_status,
+        )
         nursery.cancel_scope.cancel()  # Hypercorn is done: stop the watchers
 
     async with trio.open_nursery() as nursery:

@@ -26,7 +26,7 @@ class EngineConfig:
     max_buffered_events: int = attrs.field(default=1024, validator=v.ge(2))
     """Undelivered events per request before its consumer counts as stalled and it is cancelled."""
     cancel_ack_timeout: float = attrs.field(default=30.0, validator=v.gt(0))
-    """Longest a cancelled request waits (shielded) for the engine to confirm its sequence stopped."""
+    """Longest a cancelled request waits (shielded) for the engine to confirm its stop."""
     single_sequence_fast_path: bool = True
     """Run a lone sequence outside BatchGenerator (faster at batch 1; same tokens)."""
     max_consecutive_step_failures: int = attrs.field(default=3, validator=v.ge(1))

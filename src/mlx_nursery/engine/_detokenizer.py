@@ -54,7 +54,7 @@ def make_detokenizer(tokenizer: Any, *, trim_space: bool = True) -> StreamingDet
     return detokenizer
 
 
-class LinearBPEDetokenizer(StreamingDetokenizer):
+class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped base
     def __init__(self, tokenmap: list[str], *, trim_space: bool = True) -> None:
         self._tokenmap = tokenmap  # shared, read-only: the wrapper's copy for this tokenizer
         self._trim_space = trim_space

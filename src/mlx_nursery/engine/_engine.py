@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Literal
 
 import attrs
@@ -31,7 +31,7 @@ from mlx_lm.tokenizer_utils import StreamingDetokenizer
 from ._config import EngineConfig
 from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
-from ._types import GenerationRequest, TokenEvent
+from ._types import FinishReason, GenerationRequest, TokenEvent
 from ._worker import Delivery, ModelInfo, StepEvent, Worker, WorkerStats
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -76,8 +76,14 @@ class _Handle:
             detokenizer.add_token(step.token_id)
         if step.finish_reason in ("stop", "length"):
             detokenizer.finalize()
-        return TokenEvent(step.token_id, detokenizer.last_segment, step.logprob,
-                          step.finish_reason, step.usage, step.error)
+        return TokenEvent(
+            step.token_id,
+            detokenizer.last_segment,
+            step.logprob,
+            step.finish_reason,
+            step.usage,
+            step.error,
+        )
 
 
 class TokenStream:
@@ -122,7 +128,9 @@ class TokenStream:
 
 
 class Engine:
-    """Runs one model on one engine thread. Start it with `open_engine` or `nursery.start(engine.run)`."""
+    """Runs one model on one engine thread.
+
+    Start it with `open_engine` or `nursery.start(engine.run)`."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -191,7 +199,7 @@ class Engine:
             gc.unfreeze()  # the model may now be collected, cycles included
 
     def close(self) -> None:
-        """Begin shutdown: refuse new work; the thread finishes its step, cancels the rest, exits."""
+        """Begin shutdown: refuse new work; the thread ends its step, cancels the rest, exits."""
         self._stop_requested = True
         if self._state in ("running", "starting"):
             if self._state == "running":
@@ -205,7 +213,7 @@ class Engine:
         self._wake_waiters()
         # Sequences the thread did not finish (it died, or they raced its exit) end here.
         for handle in list(self._handles.values()):
-            reason = "error" if exc is not None else "cancelled"
+            reason: FinishReason = "error" if exc is not None else "cancelled"
             self._push(handle, StepEvent(None, None, reason, None, "the engine stopped"))
             self._confirm(handle)
 
@@ -367,10 +375,8 @@ def _call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., None], *args: o
     """Schedule `fn(*args)` on the Trio thread, from the engine thread. The engine binds its
     delivery callable once (a partial of this), not per post: on a lone stream a post runs
     once per token on the thread that stream is bound by."""
-    try:
+    with suppress(trio.RunFinishedError):
         token.run_sync_soon(fn, *args)
-    except trio.RunFinishedError:
-        pass
 
 
 @asynccontextmanager

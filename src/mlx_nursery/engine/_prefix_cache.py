@@ -116,7 +116,7 @@ class PrefixCache:
         # evaluated, they keep every row's KV alive, outside the budget (on an H100 the
         # entries of one benchmark ran an 8B model out of memory). Copy out now; async, so
         # the step in flight is not waited for.
-        mx.async_eval([c.state for c in cache])
+        mx.async_eval([c.state for c in cache])  # type: ignore[no-untyped-call]
         tokens = list(tokens)
         previous = self._trie.add(namespace, tokens, None)
         key = (namespace, tuple(tokens))

@@ -121,8 +121,10 @@ class GuardedSampler:
             try:
                 token = self._sampler(logprobs)
                 if not isinstance(token, mx.array) or token.shape != logprobs.shape[:-1]:
-                    raise TypeError(f"sampler returned {type(token).__name__} "
-                                    f"{getattr(token, 'shape', '')}, expected shape {logprobs.shape[:-1]}")
+                    raise TypeError(
+                        f"sampler returned {type(token).__name__} "
+                        f"{getattr(token, 'shape', '')}, expected shape {logprobs.shape[:-1]}"
+                    )
                 return token
             except Exception as exc:  # noqa: BLE001 - isolated per request by design
                 self._failures.append(exc)
@@ -136,7 +138,8 @@ infinity are no distribution."""
 
 def make_request_sampler(params: SamplingParams, failures: list[BaseException]) -> Sampler:
     if params.temperature < _GREEDY_BELOW:
-        return greedy_sampler  # shared object: the batch samples greedy rows in one call
+        greedy: Sampler = greedy_sampler  # shared: the batch samples greedy rows in one call
+        return greedy
     return GuardedSampler(KeyedSampler(params), failures)
 
 
@@ -158,7 +161,8 @@ class GeneratedOnly:
         generated = tokens[self._prompt_length :]
         if generated.size == 0:
             return logits
-        return self._processor(generated, logits)
+        processed: mx.array = self._processor(generated, logits)
+        return processed
 
 
 class GuardedProcessor:

@@ -115,8 +115,14 @@ class SoloSequence:
             # handles this token (generate_step's pipelining). A stop token wastes that step,
             # as it does in generate_step and BatchGenerator.
             self._in_flight = self._forward(token_array)
-        token = int(token_array.item())
-        reason = "stop" if token in self._stop else "length" if self._returned >= self._max_tokens else None
+        token = int(token_array.item())  # type: ignore[arg-type]  # a token id is an int
+        reason = (
+            "stop"
+            if token in self._stop
+            else "length"
+            if self._returned >= self._max_tokens
+            else None
+        )
         if self._in_flight is not None:
             self._cache_tokens.append(token)
         elif reason is None:
@@ -124,7 +130,9 @@ class SoloSequence:
         if reason is None:
             return SoloResponse(self.uid, token, logprobs, None, None, None)
         self._in_flight = None
-        return SoloResponse(self.uid, token, logprobs, reason, self._cache, list(self._cache_tokens))
+        return SoloResponse(
+            self.uid, token, logprobs, reason, self._cache, list(self._cache_tokens)
+        )
 
     def _prefill_chunk(self) -> None:
         chunk = self._pending[: self._step_size]
@@ -135,7 +143,7 @@ class SoloSequence:
         self._cache_tokens.extend(chunk)
         if self._context is not None:
             self._context = mx.concatenate([self._context, mx.array(chunk, dtype=mx.uint32)])
-        self._pending = self._pending[len(chunk):]
+        self._pending = self._pending[len(chunk) :]
 
     def _forward(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
         """Feed `inputs` (1-D), sample the next token; lazy, started with async_eval.
@@ -160,7 +168,7 @@ class SoloSequence:
             logprobs = logprobs.squeeze(0)
         if self._before_launch is not None:
             self._before_launch()
-        mx.async_eval(token, logprobs)
+        mx.async_eval(token, logprobs)  # type: ignore[no-untyped-call]
         return token, logprobs
 
     @property

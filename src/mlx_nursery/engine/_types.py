@@ -5,7 +5,7 @@ Plain attrs classes, free of HTTP and OpenAI concepts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -23,6 +23,10 @@ def _probability(_: object, attribute: attrs.Attribute[float], value: float) -> 
 def _seed(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and not -(1 << 63) <= value < 1 << 64:
         raise ValueError(f"seed must be a 64-bit integer (signed or not), got {value}")
+
+
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
 
 
 @attrs.frozen
@@ -54,13 +58,15 @@ class GenerationRequest:
     calls: after a failed batch step the engine replays a sequence from an earlier point.
     """
 
-    prompt_tokens: tuple[int, ...] = attrs.field(converter=tuple, validator=v.min_len(1))
+    prompt_tokens: tuple[int, ...] = attrs.field(converter=_int_tuple, validator=v.min_len(1))
     max_tokens: int = attrs.field(validator=v.ge(1))
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
     ignore_eos: bool = False
     logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=tuple)
-    logprobs: int | None = attrs.field(default=None, validator=v.optional(v.and_(v.ge(0), v.le(20))))
+    logprobs: int | None = attrs.field(
+        default=None, validator=v.optional(v.and_(v.ge(0), v.le(20)))
+    )
     trim_leading_space: bool = False
     """Drop one space from the start of the text (a chat reply); False gives the exact
     continuation of the prompt (a completion), whatever its first token begins with."""

@@ -337,9 +337,9 @@ class Worker:
                 self._remove(uid, "cancelled")
             elif seq_id in self._probation:
                 self._end_suspect(self._probation.pop(seq_id), "cancelled")
-        for command in [c for c in self._held if c.seq_id in cancelled]:
-            self._held.remove(command)
-            self._finish_unstarted(command, "cancelled")
+        for held in [c for c in self._held if c.seq_id in cancelled]:
+            self._held.remove(held)
+            self._finish_unstarted(held, "cancelled")
         admitted: list[Submit] = []
         for command in commands:
             if isinstance(command, Submit):
@@ -383,16 +383,21 @@ class Worker:
                 processors=make_request_processors(
                     request.sampling, request.logits_processors, len(prompt), failures
                 ),
-                stop_ids=(frozenset() if request.ignore_eos else self._eos) | request.stop_token_ids,
+                stop_ids=(frozenset() if request.ignore_eos else self._eos)
+                | request.stop_token_ids,
             )
             hit = self._fetch_prefix(request, prompt)
             if solo:
                 self._start_solo(sequence, prompt, hit)
                 return
             try:
-                uid = self._insert(sequence, prompt[hit.cached_tokens:] if hit else prompt,
-                                   hit.cache if hit else None, prompt[: hit.cached_tokens] if hit else [],
-                                   request.max_tokens)
+                uid = self._insert(
+                    sequence,
+                    prompt[hit.cached_tokens :] if hit else prompt,
+                    hit.cache if hit else None,
+                    prompt[: hit.cached_tokens] if hit else [],
+                    request.max_tokens,
+                )
             except Exception:  # a cached state that will not merge: prefill afresh
                 if hit is None:
                     raise
@@ -443,8 +448,13 @@ class Worker:
                     return  # it ended on the token that was in flight
             sequence.solo = None
             self._active.pop(solo.uid, None)
-            uid = self._insert(sequence, handover.remaining_prompt, handover.cache,
-                               handover.cache_tokens, handover.max_tokens)
+            uid = self._insert(
+                sequence,
+                handover.remaining_prompt,
+                handover.cache,
+                handover.cache_tokens,
+                handover.max_tokens,
+            )
         except Exception:  # fails this request only, as a failed admission does
             log.exception("could not move sequence %d into the batch", sequence.seq_id)
             self._end_suspect(sequence, "error", "the engine could not continue this request")
@@ -469,8 +479,12 @@ class Worker:
         return hit
 
     def _insert(
-        self, sequence: _Sequence, prompt: list[int], cache: list[Any] | None,
-        cache_tokens: list[int], max_tokens: int,
+        self,
+        sequence: _Sequence,
+        prompt: list[int],
+        cache: list[Any] | None,
+        cache_tokens: list[int],
+        max_tokens: int,
     ) -> int:
         """Queue the sequence in the batch (`prompt` is what the cache does not hold yet)."""
         assert self._generator is not None
@@ -517,7 +531,9 @@ class Worker:
         # failure recorded now concerns a token nobody has seen: emit k, never k+1.
         for sequence in [s for s in self._active.values() if s.failures]:
             reason = repr(sequence.failures[0])[:_MAX_REASON_CHARS]  # may quote a whole grammar
-            log.warning("logits processor or sampler failed for sequence %d: %s", sequence.seq_id, reason)
+            log.warning(
+                "logits processor or sampler failed for sequence %d: %s", sequence.seq_id, reason
+            )
             self._remove(sequence.uid, "error", f"sampling failed: {reason}")
 
     def _solo_step(self) -> list[Any]:
@@ -539,10 +555,14 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - isolated per request by design
             log.warning("could not emit a token of sequence %d: %r", sequence.seq_id, exc)
             if sequence.uid in self._active:
-                self._remove(sequence.uid, "error", "the engine could not read this request's token")
+                self._remove(
+                    sequence.uid, "error", "the engine could not read this request's token"
+                )
 
     def _emit_token(self, sequence: _Sequence, response: Any) -> None:
-        logprob = self._logprob(sequence, response) if sequence.request.logprobs is not None else None
+        logprob = (
+            self._logprob(sequence, response) if sequence.request.logprobs is not None else None
+        )
         sequence.generated += 1
         sequence.tokens.append(int(response.token))
         self._generated_tokens += 1
@@ -563,7 +583,9 @@ class Worker:
         if k:
             ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
             values = logprobs[ids]
-            pairs = sorted(zip(ids.tolist(), values.tolist()), key=lambda p: -p[1])
+            id_list: list[int] = ids.tolist()  # type: ignore[assignment]
+            value_list: list[float] = values.tolist()
+            pairs = sorted(zip(id_list, value_list, strict=True), key=lambda p: -p[1])
             top = tuple((int(i), float(val)) for i, val in pairs)
         return TokenLogprob(int(response.token), float(logprobs[response.token].item()), top)
 
@@ -587,7 +609,9 @@ class Worker:
         self._previous_responses = []
         batch = list(self._active.values())
         suspects = batch if self._solo is not None else [s for s in batch if s.newcomer]
-        log.error("a step failed with %d sequences (%d suspects): %r", len(batch), len(suspects), exc)
+        log.error(
+            "a step failed with %d sequences (%d suspects): %r", len(batch), len(suspects), exc
+        )
         self._retire_generator()
         self._generator = self._new_generator()
         for sequence in batch:  # all on probation first: whatever happens next, each is tracked
@@ -605,7 +629,9 @@ class Worker:
                     self._isolated_failures += 1
                     self._end_suspect(suspect, "error", "the engine could not compute this request")
                 else:
-                    self._end_suspect(suspect, "error", "the engine failed while serving this request")
+                    self._end_suspect(
+                        suspect, "error", "the engine failed while serving this request"
+                    )
                     self._count_unexplained(exc)
         elif not suspects:
             self._count_unexplained(exc)
@@ -625,7 +651,9 @@ class Worker:
         assert self._model is not None
         try:
             with mx.stream(generation_stream):
-                logits = self._model.model(mx.array([[0]], dtype=mx.uint32), cache=make_prompt_cache(self._model.model))
+                logits = self._model.model(
+                    mx.array([[0]], dtype=mx.uint32), cache=make_prompt_cache(self._model.model)
+                )
                 mx.eval(logits)
         except Exception:  # the answer is "no"
             log.exception("the model fails on its own")
@@ -648,16 +676,22 @@ class Worker:
         rewind_sampler(sequence.sampler, len(sequence.tokens))
         prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
         try:
-            uid = self._insert(sequence, prompt, None, [], sequence.request.max_tokens - sequence.generated)
+            uid = self._insert(
+                sequence, prompt, None, [], sequence.request.max_tokens - sequence.generated
+            )
         except Exception:  # fails this request only
             log.exception("could not replay sequence %d", sequence.seq_id)
             self._end_suspect(sequence, "error", "the engine could not continue this request")
             return
         self._track(sequence, uid)
 
-    def _end_suspect(self, sequence: _Sequence, reason: FinishReason, error: str | None = None) -> None:
+    def _end_suspect(
+        self, sequence: _Sequence, reason: FinishReason, error: str | None = None
+    ) -> None:
         """End a sequence that is in no batch (on probation, or taken out of a failed one)."""
-        self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
+        self._events.append(
+            (sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error))
+        )
         self._forget(sequence)
 
     # -- leaving the batch -------------------------------------------------------------------
@@ -672,7 +706,9 @@ class Worker:
         """
         sequence = self._active[uid]
         self._detaching.append((sequence, sequence.solo))
-        self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
+        self._events.append(
+            (sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error))
+        )
         self._forget(sequence)
 
     def _detach_removed(self) -> None:
@@ -695,12 +731,16 @@ class Worker:
         if in_batch:
             assert self._generator is not None
             try:
-                caches = self._generator.remove(in_batch, return_prompt_caches=self._cache is not None)
+                caches = self._generator.remove(
+                    in_batch, return_prompt_caches=self._cache is not None
+                )
             except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
                 self._recover(exc)
                 return
         for sequence, solo in detaching:
-            cache, tokens = solo.cancel() if solo is not None else caches.get(sequence.uid, (None, None))
+            cache, tokens = (
+                solo.cancel() if solo is not None else caches.get(sequence.uid, (None, None))
+            )
             if not sequence.failures:
                 self._to_store.append((sequence, cache, tokens))
 
@@ -724,7 +764,9 @@ class Worker:
         self._uids.pop(sequence.seq_id, None)
         self._finished.append(sequence.seq_id)
 
-    def _finish_unstarted(self, command: Submit, reason: FinishReason, error: str | None = None) -> None:
+    def _finish_unstarted(
+        self, command: Submit, reason: FinishReason, error: str | None = None
+    ) -> None:
         usage = Usage(len(command.request.prompt_tokens), 0, 0)
         self._events.append((command.seq_id, StepEvent(None, None, reason, usage, error)))
         self._finished.append(command.seq_id)
@@ -733,7 +775,9 @@ class Worker:
         error = "the engine failed while serving this request" if exc is not None else None
         probation, self._probation = list(self._probation.values()), {}
         for sequence in [*self._active.values(), *probation]:
-            self._events.append((sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error)))
+            self._events.append(
+                (sequence.seq_id, StepEvent(None, None, reason, sequence.usage(), error))
+            )
             self._forget(sequence)
 
     def _finish_all(self, reason: FinishReason, exc: BaseException | None) -> None:
@@ -786,7 +830,9 @@ class Worker:
         # Sequences still to detach from this generator go with it.
         self._detaching = [(seq, solo) for seq, solo in self._detaching if solo is not None]
         if self._generator is not None:
-            self._prompt_tokens += int(getattr(getattr(self._generator, "_counters", None), "prompt_tokens", 0))
+            self._prompt_tokens += int(
+                getattr(getattr(self._generator, "_counters", None), "prompt_tokens", 0)
+            )
             self._generator.close()
         self._generator = None
 

@@ -28,8 +28,9 @@ def internal_error(request_id: str) -> OpenAIError:
 def log_failure(request_id: str, what: str, error: BaseException) -> None:
     """Log an unexpected failure: its type and traceback, without its message."""
     where = "".join(traceback.format_tb(error.__traceback__))
-    log.error("request %s failed %s with %s:\n%s", request_id, what, type(error).__name__,
-              where.rstrip())
+    log.error(
+        "request %s failed %s with %s:\n%s", request_id, what, type(error).__name__, where.rstrip()
+    )
 
 
 def error_response(error: OpenAIError) -> Response:
@@ -38,8 +39,12 @@ def error_response(error: OpenAIError) -> Response:
         headers["Retry-After"] = str(error.retry_after)
     if isinstance(error, RequestTimeout):
         headers["x-should-retry"] = "false"
-    return Response(json.dumps(error.envelope()), status=error.status, headers=headers,
-                    content_type="application/json")
+    return Response(
+        json.dumps(error.envelope()),
+        status=error.status,
+        headers=headers,
+        content_type="application/json",
+    )
 
 
 def envelope_response(status: int, message: str, type_: str, code: str | None) -> Response:

@@ -72,7 +72,10 @@ class Jobs:
         return job
 
     async def _run(
-        self, job: Job, prepared: Prepared, send: trio.MemorySendChannel[JobItem],
+        self,
+        job: Job,
+        prepared: Prepared,
+        send: trio.MemorySendChannel[JobItem],
         task_status: trio.TaskStatus[None],
     ) -> None:
         started = False
@@ -87,11 +90,16 @@ class Jobs:
                 failure: OpenAIError | None = None
                 with job.scope:
                     try:
-                        await generate_text(self._engine, prepared.generation, prepared.stops, send,
-                                            prompt_param=prepared.prompt_param,
-                                            tools=prepared.tool_extractor(),
-                                            logprobs=prepared.logprob_aligner(),
-                                            task_status=_Started(mark_started))
+                        await generate_text(
+                            self._engine,
+                            prepared.generation,
+                            prepared.stops,
+                            send,
+                            prompt_param=prepared.prompt_param,
+                            tools=prepared.tool_extractor(),
+                            logprobs=prepared.logprob_aligner(),
+                            task_status=_Started(mark_started),
+                        )
                     except OpenAIError as exc:
                         if not started:
                             raise
@@ -109,11 +117,14 @@ class Jobs:
 
     def _cancellation_error(self, job: Job) -> OpenAIError:
         if job.reason == "shutdown":
-            return Unavailable("the server is shutting down; the request was cancelled",
-                               code="server_shutting_down")
+            return Unavailable(
+                "the server is shutting down; the request was cancelled",
+                code="server_shutting_down",
+            )
         if job.reason == "timeout":
-            return RequestTimeout(f"the request did not complete within {self._timeout:g} s",
-                                  code="request_timeout")
+            return RequestTimeout(
+                f"the request did not complete within {self._timeout:g} s", code="request_timeout"
+            )
         return Unavailable("the request was cancelled", code="cancelled")
 
     def _finished(self, job: Job) -> None:

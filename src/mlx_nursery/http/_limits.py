@@ -28,8 +28,13 @@ ASGIApp = Any
 
 
 class RequestLimits:
-    def __init__(self, app: ASGIApp, *, max_url_bytes: int = MAX_URL_BYTES,
-                 max_header_bytes: int = MAX_HEADER_BYTES) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_url_bytes: int = MAX_URL_BYTES,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+    ) -> None:
         self.app = app
         self.max_url_bytes = max_url_bytes
         self.max_header_bytes = max_header_bytes
@@ -43,20 +48,31 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         body = json.dumps(error.envelope()).encode()
-        await send({"type": "http.response.start", "status": error.status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", f"req_{secrets.token_hex(12)}".encode()),
-            # The body is left unread: say the connection ends, so no client reuses it.
-            (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": error.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", f"req_{secrets.token_hex(12)}".encode()),
+                    # The body is left unread: say the connection ends, so no client reuses it.
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _refusal(self, scope: dict[str, Any]) -> OpenAIError | None:
         url = len(scope.get("raw_path") or scope["path"].encode()) + len(scope["query_string"])
         if url > self.max_url_bytes:
-            return URITooLong(f"the request URL is longer than {self.max_url_bytes} bytes",
-                              code="uri_too_long")
+            return URITooLong(
+                f"the request URL is longer than {self.max_url_bytes} bytes", code="uri_too_long"
+            )
         headers = sum(len(name) + len(value) for name, value in scope["headers"])
         if headers > self.max_header_bytes:
-            return HeadersTooLarge(f"the request headers are larger than {self.max_header_bytes} "
-                                   "bytes", code="request_headers_too_large")
+            return HeadersTooLarge(
+                f"the request headers are larger than {self.max_header_bytes} bytes",
+                code="request_headers_too_large",
+            )
         return None

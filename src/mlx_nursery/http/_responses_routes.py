@@ -53,17 +53,23 @@ async def create_response() -> Response:
 
     def prepare() -> PreparedResponse:
         prepared = prepare_response(parsed, served, previous)
-        return attrs.evolve(prepared,
-                            prepared=service.with_extra_processors(prepared.prepared, body))
+        return attrs.evolve(
+            prepared, prepared=service.with_extra_processors(prepared.prepared, body)
+        )
 
     prepared = await service.prepare(prepare, deadline)
-    truncated = {TRUNCATED_HEADER: str(prepared.truncated_messages)} if prepared.truncated_messages else {}
+    truncated = (
+        {TRUNCATED_HEADER: str(prepared.truncated_messages)} if prepared.truncated_messages else {}
+    )
     note_ignored(prepared.prepared, **truncated)
     job = await jobs.start(prepared.prepared, deadline)
     builder = ResponseBuilder(prepared)
     if parsed.stream:
-        response = Response(_stream(service, prepared, builder, job, request_id()),
-                            content_type="text/event-stream", headers=HEADERS)
+        response = Response(
+            _stream(service, prepared, builder, job, request_id()),
+            content_type="text/event-stream",
+            headers=HEADERS,
+        )
         response.timeout = None
         return response
     try:
@@ -87,8 +93,13 @@ def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
     return builder.finish(item)
 
 
-async def _stream(service: Service, prepared: PreparedResponse, builder: ResponseBuilder,
-                  job: Job, request_id: str) -> AsyncIterator[bytes]:
+async def _stream(
+    service: Service,
+    prepared: PreparedResponse,
+    builder: ResponseBuilder,
+    job: Job,
+    request_id: str,
+) -> AsyncIterator[bytes]:
     """The named SSE events of one response. A failure while rendering (or storing) ends the
     stream with an `error` event, logged with `request_id`, never a cut stream."""
     try:
@@ -109,8 +120,9 @@ async def _stream(service: Service, prepared: PreparedResponse, builder: Respons
         job.cancel("client")
 
 
-async def _render(service: Service, prepared: PreparedResponse, builder: ResponseBuilder,
-                  items: list[Any]) -> tuple[list[dict[str, Any]], bool]:
+async def _render(
+    service: Service, prepared: PreparedResponse, builder: ResponseBuilder, items: list[Any]
+) -> tuple[list[dict[str, Any]], bool]:
     """One write's events for `items`, and whether the stream ends with them."""
     events: list[dict[str, Any]] = []
     for item in merged_text(items):
@@ -127,22 +139,32 @@ async def _render(service: Service, prepared: PreparedResponse, builder: Respons
 
 def _events(events: list[dict[str, Any]]) -> bytes:
     return b"".join(
-        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()  # noqa: E501
         for e in events
     )
 
 
 async def _save(service: Service, prepared: PreparedResponse, builder: ResponseBuilder) -> None:
     if prepared.store:
-        await service.store.put(StoredResponse(prepared.id, float(prepared.created_at), builder.response(),
-                                               prepared.input_items, builder.conversation()))
+        await service.store.put(
+            StoredResponse(
+                prepared.id,
+                float(prepared.created_at),
+                builder.response(),
+                prepared.input_items,
+                builder.conversation(),
+            )
+        )
 
 
 @routes.get("/v1/responses/<response_id>")
 async def retrieve_response(response_id: str) -> Response:
     if request.args.get("stream", "false").lower() == "true":
-        raise InvalidRequest("streaming a stored response is not supported", param="stream",
-                             code="unsupported_parameter")
+        raise InvalidRequest(
+            "streaming a stored response is not supported",
+            param="stream",
+            code="unsupported_parameter",
+        )
     stored = await _stored(response_id)
     return Response(json.dumps(stored.body), content_type="application/json")
 
@@ -161,11 +183,19 @@ async def list_input_items(response_id: str) -> Response:
     try:
         limit = int(request.args.get("limit", "20"))
     except ValueError:
-        raise InvalidRequest("limit must be an integer", param="limit", code="invalid_value") from None
+        raise InvalidRequest(
+            "limit must be an integer", param="limit", code="invalid_value"
+        ) from None
     if request.args.getlist("include"):
-        raise InvalidRequest("'include' is not supported", param="include", code="unsupported_parameter")
-    page = input_items_page(stored.input_items, after=request.args.get("after"), limit=limit,
-                            order=request.args.get("order", "desc"))
+        raise InvalidRequest(
+            "'include' is not supported", param="include", code="unsupported_parameter"
+        )
+    page = input_items_page(
+        stored.input_items,
+        after=request.args.get("after"),
+        limit=limit,
+        order=request.args.get("order", "desc"),
+    )
     return Response(json.dumps(page), content_type="application/json")
 
 
@@ -177,5 +207,6 @@ async def _stored(response_id: str) -> StoredResponse:
 
 
 def _not_found(response_id: str, param: str) -> ResourceNotFound:
-    return ResourceNotFound(f"Response with id {quoted(response_id)} not found.", param=param,
-                            code="response_not_found")
+    return ResourceNotFound(
+        f"Response with id {quoted(response_id)} not found.", param=param, code="response_not_found"
+    )

@@ -47,7 +47,13 @@ def _service() -> Service:
 async def health() -> Response:
     service = _service()
     status = 200 if service.healthy else 503
-    body = {"status": "ok" if service.healthy else service.state if service.state != "ready" else "unhealthy"}
+    body = {
+        "status": "ok"
+        if service.healthy
+        else service.state
+        if service.state != "ready"
+        else "unhealthy"
+    }
     return Response(json.dumps(body), status=status, content_type="application/json")
 
 
@@ -130,14 +136,19 @@ async def request_body() -> bytes:
         data = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     except RequestEntityTooLarge:
         limit = current_app.config["MAX_CONTENT_LENGTH"]
-        raise RequestTooLarge(f"the request body is larger than {limit} bytes, this server's limit "
-                              "(--max-request-bytes)", code="request_too_large") from None
+        raise RequestTooLarge(
+            f"the request body is larger than {limit} bytes, this server's limit "
+            "(--max-request-bytes)",
+            code="request_too_large",
+        ) from None
     if "Content-Type" in request.headers:
         charset = request.mimetype_params.get("charset", "utf-8").lower()
         if request.mimetype != "application/json" or charset not in ("utf-8", "utf8"):
             raise UnsupportedMediaType(
                 "the request body must be JSON (Content-Type: application/json), got "
-                f"{quoted(request.headers['Content-Type'])}", code="unsupported_media_type")
+                f"{quoted(request.headers['Content-Type'])}",
+                code="unsupported_media_type",
+            )
     return data
 
 
@@ -152,15 +163,18 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
         elif isinstance(item, ToolCallOut):
             calls.append(item)
         elif isinstance(item, Finished):
-            return Response(json.dumps(prepared.body("".join(pieces), item, calls, logprobs)),
-                            content_type="application/json")
+            return Response(
+                json.dumps(prepared.body("".join(pieces), item, calls, logprobs)),
+                content_type="application/json",
+            )
         else:
             return error_response(item)
     raise _ended_early()
 
 
-async def _stream(prepared: Prepared, job: Job, writes: WritePolicy,
-                  request_id: str) -> AsyncIterator[bytes]:
+async def _stream(
+    prepared: Prepared, job: Job, writes: WritePolicy, request_id: str
+) -> AsyncIterator[bytes]:
     """SSE for one job. Whatever the job produced since the last write goes out in one write,
     consecutive text merged into one delta: when the server is busy, its cost per token drops
     instead of its backlog growing. After the first write, `writes` says how many pieces a
@@ -195,8 +209,9 @@ async def _stream(prepared: Prepared, job: Job, writes: WritePolicy,
         job.cancel("client")
 
 
-def _render(prepared: Prepared, items: list[JobItem],
-            content: Callable[[TextDelta], bytes]) -> tuple[bytes, bool]:
+def _render(
+    prepared: Prepared, items: list[JobItem], content: Callable[[TextDelta], bytes]
+) -> tuple[bytes, bool]:
     """One write's bytes for `items`, and whether the stream ends with them."""
     out: list[bytes] = []
     for item in merged_text(items):

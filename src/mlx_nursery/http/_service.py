@@ -38,10 +38,11 @@ PREPARE_THREADS = 1
 """Requests prepared at once. One: a Hugging Face fast tokenizer is one Rust object, whose
 encode holds a shared borrow of it with the GIL released, and transformers resets its
 truncation/padding state (a mutable borrow) whenever a call's settings differ from the
-current ones; the two at once raise "RuntimeError: Already borrowed" (huggingface/tokenizers#537).
-Nothing on our request path changes those settings today, and one thread at a time rules out
-two encodes at once (the Trio thread only decodes single tokens, a shared borrow); and beside the GIL (Jinja rendering is Python) and the
-engine's thread, a second preparation would gain little on a small machine. The prompt size
+current ones; the two at once raise "RuntimeError: Already borrowed"
+(huggingface/tokenizers#537). Nothing on our request path changes those settings today, and
+one thread at a time rules out two encodes at once (the Trio thread only decodes single
+tokens, a shared borrow); and beside the GIL (Jinja rendering is Python) and the engine's
+thread, a second preparation would gain little on a small machine. The prompt size
 check keeps any one preparation short."""
 
 
@@ -51,7 +52,9 @@ model emit a chosen token script through the real engine and streaming path."""
 
 
 class Service:
-    def __init__(self, settings: Settings, extra_processors: RequestProcessors | None = None) -> None:
+    def __init__(
+        self, settings: Settings, extra_processors: RequestProcessors | None = None
+    ) -> None:
         self.settings = settings
         self.extra_processors = extra_processors
         self.state: State = "loading"
@@ -62,8 +65,11 @@ class Service:
         self.jobs: Jobs | None = None
         self.writes = WritePolicy(settings.stream_interval)
         """How streams batch their writes; it counts the streams open."""
-        self.store = ResponsesStore(settings.responses_db_path(), max_responses=settings.responses_max,
-                                    max_age_seconds=settings.responses_max_age)
+        self.store = ResponsesStore(
+            settings.responses_db_path(),
+            max_responses=settings.responses_max,
+            max_age_seconds=settings.responses_max_age,
+        )
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
 
     def deadline(self) -> float:
@@ -81,11 +87,14 @@ class Service:
         holds the slot until then, so the tokenizer is never used by two threads at once.
         """
         with trio.move_on_at(deadline) as scope:
-            return await trio.to_thread.run_sync(work, limiter=self._preparing,
-                                                 abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(
+                work, limiter=self._preparing, abandon_on_cancel=True
+            )
         assert scope.cancelled_caught
-        raise RequestTimeout(f"the request did not complete within {self.settings.request_timeout:g} s",
-                             code="request_timeout")
+        raise RequestTimeout(
+            f"the request did not complete within {self.settings.request_timeout:g} s",
+            code="request_timeout",
+        )
 
     def with_extra_processors(self, prepared: Prepared, body: Any) -> Prepared:
         if self.extra_processors is None:
@@ -93,7 +102,7 @@ class Service:
         return with_processors(prepared, *self.extra_processors(body))
 
     async def run(self, nursery: trio.Nursery) -> None:
-        """Load the model and start the engine in `nursery`; on failure, log and report unhealthy."""
+        """Load the model and start the engine in `nursery`; on failure, log, report unhealthy."""
         try:
             await self.store.open()
         except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
@@ -116,7 +125,9 @@ class Service:
             self._failed("the model failed to load")
             return
         self.engine = engine
-        vocab_size, max_token_bytes = await trio.to_thread.run_sync(_vocabulary, engine.model.tokenizer)
+        vocab_size, max_token_bytes = await trio.to_thread.run_sync(
+            _vocabulary, engine.model.tokenizer
+        )
         self.served = ServedModel(
             name=self.settings.served_model_name or _public_name(self.settings.model),
             aliases=frozenset({self.settings.model or "default", str(engine.model.path)}),
@@ -134,8 +145,12 @@ class Service:
         self.jobs = Jobs(nursery, engine, self.settings.request_timeout)
         self.state = "ready"
         self.ready.set()
-        log.info("serving %s (context %d tokens, %d lanes)", self.served.name,
-                 self.served.context_length, self.settings.max_concurrency)
+        log.info(
+            "serving %s (context %d tokens, %d lanes)",
+            self.served.name,
+            self.served.context_length,
+            self.settings.max_concurrency,
+        )
 
     def _failed(self, what: str) -> None:
         log.exception("%s", what)

@@ -10,7 +10,8 @@ never encoded twice. No `<think>` handling on purpose (see offline-models.md).
 CHAT_TEMPLATE = (
     "{% if tools %}"
     "<|im_start|>system\n"
-    "{% if messages and messages[0].role == 'system' %}{{ messages[0].content }}{{ '\\n' }}{% endif %}"
+    "{% if messages and messages[0].role == 'system' %}"
+    "{{ messages[0].content }}{{ '\\n' }}{% endif %}"
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
     "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"

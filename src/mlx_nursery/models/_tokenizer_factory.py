@@ -22,16 +22,147 @@ EXTRA_TRAINED_MARKUP = ["<tool_call>", "</tool_call>", "<tools>", "</tools>", "<
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
-_WORDS = (
-    "the of and to in is you that it he was for on are as with his they at be this have from "
-    "or one had by word but not what all were we when your can said there use an each which "
-    "she do how their if will up other about out many then them these so some her would make "
-    "like him into time has look two more write go see number no way could people my than "
-    "first water been call who oil its now find long down day did get come made may part "
-    "capital France Paris city country river weather today function call arguments name value "
-    "query result error message user assistant system tool json list string number true false "
-    "null hello world please thanks answer question what where why model token server request"
-).split()
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "you",
+    "that",
+    "it",
+    "he",
+    "was",
+    "for",
+    "on",
+    "are",
+    "as",
+    "with",
+    "his",
+    "they",
+    "at",
+    "be",
+    "this",
+    "have",
+    "from",
+    "or",
+    "one",
+    "had",
+    "by",
+    "word",
+    "but",
+    "not",
+    "what",
+    "all",
+    "were",
+    "we",
+    "when",
+    "your",
+    "can",
+    "said",
+    "there",
+    "use",
+    "an",
+    "each",
+    "which",
+    "she",
+    "do",
+    "how",
+    "their",
+    "if",
+    "will",
+    "up",
+    "other",
+    "about",
+    "out",
+    "many",
+    "then",
+    "them",
+    "these",
+    "so",
+    "some",
+    "her",
+    "would",
+    "make",
+    "like",
+    "him",
+    "into",
+    "time",
+    "has",
+    "look",
+    "two",
+    "more",
+    "write",
+    "go",
+    "see",
+    "number",
+    "no",
+    "way",
+    "could",
+    "people",
+    "my",
+    "than",
+    "first",
+    "water",
+    "been",
+    "call",
+    "who",
+    "oil",
+    "its",
+    "now",
+    "find",
+    "long",
+    "down",
+    "day",
+    "did",
+    "get",
+    "come",
+    "made",
+    "may",
+    "part",
+    "capital",
+    "France",
+    "Paris",
+    "city",
+    "country",
+    "river",
+    "weather",
+    "today",
+    "function",
+    "call",
+    "arguments",
+    "name",
+    "value",
+    "query",
+    "result",
+    "error",
+    "message",
+    "user",
+    "assistant",
+    "system",
+    "tool",
+    "json",
+    "list",
+    "string",
+    "number",
+    "true",
+    "false",
+    "null",
+    "hello",
+    "world",
+    "please",
+    "thanks",
+    "answer",
+    "question",
+    "what",
+    "where",
+    "why",
+    "model",
+    "token",
+    "server",
+    "request",
+]
 _PUNCT = [".", ",", "?", "!", ":", ";", "'", '"', "(", ")", "-"]
 
 
@@ -50,7 +181,7 @@ def _corpus(n_lines: int = 6000) -> list[str]:
         if i % 11 == 0:
             line = f"<|im_start|>user\n{line}<|im_end|>\n<|im_start|>assistant\n"
         if i % 13 == 0:
-            line += f" {rng.randint(0, 10**6)} {rng.random():.4f} {{\"key\": [1, 2, 3]}}"
+            line += f' {rng.randint(0, 10**6)} {rng.random():.4f} {{"key": [1, 2, 3]}}'
         lines.append(line)
     lines.extend(EXTRA_TRAINED_MARKUP * 50)
     return lines
@@ -70,7 +201,9 @@ def build_tokenizer(trained_vocab: int, vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def write_tokenizer(out: Path, trained_vocab: int, vocab_size: int, context_length: int) -> dict[str, int]:
+def write_tokenizer(
+    out: Path, trained_vocab: int, vocab_size: int, context_length: int
+) -> dict[str, int]:
     """Write tokenizer.json and tokenizer_config.json; return the special token ids."""
     tokenizer = build_tokenizer(trained_vocab, vocab_size)
     spec = json.loads(tokenizer.to_str())
@@ -79,7 +212,9 @@ def write_tokenizer(out: Path, trained_vocab: int, vocab_size: int, context_leng
     for i in range(next_id, vocab_size):
         # Printable ASCII only: it round-trips through the byte-level decoder unchanged.
         vocab[f"<filler_{i}>"] = i
-    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False, sort_keys=True), "utf-8")
+    (out / "tokenizer.json").write_text(
+        json.dumps(spec, ensure_ascii=False, sort_keys=True), "utf-8"
+    )
     ids = {t["content"]: t["id"] for t in spec["added_tokens"]}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -92,5 +227,7 @@ def write_tokenizer(out: Path, trained_vocab: int, vocab_size: int, context_leng
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True), "utf-8"
+    )
     return ids

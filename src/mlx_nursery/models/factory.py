@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import mlx.core as mx
-from mlx import nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
@@ -26,7 +25,9 @@ _SHARD_BYTES = 4 << 30
 __all__ = ["PRESETS", "make_model"]
 
 
-def make_model(out: str | Path, preset: str = "tiny", *, dtype: DType = "float32", seed: int = 0) -> Path:
+def make_model(
+    out: str | Path, preset: str = "tiny", *, dtype: DType = "float32", seed: int = 0
+) -> Path:
     """Write a model directory for `preset` into `out` and return its path.
 
     Must run on the thread that will not race other MLX work (it uses the global
@@ -57,9 +58,10 @@ def _model_config(spec: Preset, token_ids: dict[str, int], dtype: str) -> dict[s
 def _write_weights(out: Path, config: dict[str, Any], dtype: mx.Dtype, seed: int) -> None:
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
-    model: nn.Module = model_class(args_class.from_dict(config))
+    model: Any = model_class(args_class.from_dict(config))
     model.set_dtype(dtype)
-    weights = sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0])
+    flat: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    weights = sorted(flat, key=lambda kv: kv[0])
     shards = _shard(weights)
     weight_map: dict[str, str] = {}
     total = 0
@@ -77,7 +79,9 @@ def _write_weights(out: Path, config: dict[str, Any], dtype: mx.Dtype, seed: int
         del arrays
     if len(shards) > 1:
         index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2, sort_keys=True))
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps(index_doc, indent=2, sort_keys=True)
+        )
 
 
 def _shard(weights: list[tuple[str, mx.array]]) -> list[list[tuple[str, mx.array]]]:

@@ -37,7 +37,11 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
 _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases)$")
 # Pre-tokenizers llama.cpp names in `tokenizer.ggml.pre` that split digits one by one.
 _DIGIT_SPLITTING_PRE = {"smollm", "smaug-bpe", "llama-bpe", "llama3"}
@@ -65,16 +69,22 @@ def convert_gguf(
         raise GGUFConversionError(f"{source} is not a file")
     progress(f"reading {source.name}")
     try:
-        tensors, metadata = mx.load(str(source), return_metadata=True)
+        loaded: Any = mx.load(str(source), return_metadata=True)
+        tensors: dict[str, mx.array] = loaded[0]
+        metadata: dict[str, Any] = loaded[1]
     except Exception as exc:  # mx.load's message names the unsupported tensor type
         raise GGUFConversionError(f"cannot read {source} as GGUF: {exc}") from exc
     meta = {key: _plain(value) for key, value in metadata.items()}
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise GGUFConversionError(
-            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            f"architecture {arch!r} is not supported"
+            f" (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", "linear") or "rope_freqs.weight" in tensors:
+    if (
+        meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", "linear")
+        or "rope_freqs.weight" in tensors
+    ):
         raise GGUFConversionError("GGUF files with llama3-style RoPE scaling are not supported yet")
     if scales_dtype is None:
         scales_dtype = "float32" if mx.default_device() == mx.cpu else "float16"
@@ -156,16 +166,17 @@ def _convert_tensors(
             array = _unpermute_rows(array, config["num_attention_heads"])
         elif kind == "attn_k":
             array = _unpermute_rows(array, config["num_key_value_heads"])
-        if part in ("scales", "biases"):
-            array = array.astype(scales_dtype)
-        elif array.dtype == mx.float16 or array.dtype == mx.bfloat16:
+        if part in ("scales", "biases") or array.dtype == mx.float16 or array.dtype == mx.bfloat16:
             array = array.astype(scales_dtype)
         weights[f"{prefix}.{part}"] = array
         if part == "scales":
             # GGML blocks hold 32 weights: in_features = groups * 32; bits follow from the packing.
             packed = tensors[name.replace(".scales", ".weight")]
             in_features = array.shape[-1] * GGML_BLOCK
-            quantized[prefix] = {"bits": packed.shape[-1] * 32 // in_features, "group_size": GGML_BLOCK}
+            quantized[prefix] = {
+                "bits": packed.shape[-1] * 32 // in_features,
+                "group_size": GGML_BLOCK,
+            }
     if not quantized:
         return weights, {}
     # The most common setting is the default; every layer is also listed explicitly.
@@ -200,7 +211,11 @@ def _write_tokenizer(out: Path, meta: dict[str, Any], context_length: int) -> No
         tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     # Type 3 = control, 4 = user-defined: matched whole, never split by BPE.
-    specials = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in (3, 4)]
+    specials = [
+        AddedToken(t, special=True, normalized=False)
+        for t, k in zip(tokens, types, strict=True)
+        if k in (3, 4)
+    ]
     tokenizer.add_special_tokens(specials)
     tokenizer.save(str(out / "tokenizer.json"))
 

@@ -41,7 +41,7 @@ def _strict(kind: type) -> Callable[[Any, Any], Any]:
 
     def structure(value: Any, _: Any) -> Any:
         # bool is an int subclass in Python, never in JSON.
-        if isinstance(value, bool) and kind is not bool or not isinstance(value, accepted):
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepted):
             raise TypeError(f"expected {_KIND_NAMES[kind]}, got {_json_name(value)}")
         if isinstance(value, int) and not isinstance(value, bool):
             if kind is int and not INT64_MIN <= value <= INT64_MAX:
@@ -78,7 +78,9 @@ def _matches(tp: Any, value: Any) -> bool:
     if origin is dict or attrs.has(origin):
         return isinstance(value, dict)
     if origin in _JSON_KIND:
-        return isinstance(value, _JSON_KIND[origin]) and not (isinstance(value, bool) and origin is not bool)
+        return isinstance(value, _JSON_KIND[origin]) and not (
+            isinstance(value, bool) and origin is not bool
+        )
     return origin is Any
 
 
@@ -96,12 +98,15 @@ converter.register_structure_hook_func(_is_union, _structure_union)
 def _structure_literal(value: Any, tp: Any) -> Any:
     allowed = typing.get_args(tp)
     if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
-        raise ValueError(f"expected one of {', '.join(repr(a) for a in allowed)}, got {quoted(value)}")
+        raise ValueError(
+            f"expected one of {', '.join(repr(a) for a in allowed)}, got {quoted(value)}"
+        )
     return value
 
 
-converter.register_structure_hook_func(lambda tp: getattr(tp, "__origin__", None) is typing.Literal,
-                                      _structure_literal)
+converter.register_structure_hook_func(
+    lambda tp: getattr(tp, "__origin__", None) is typing.Literal, _structure_literal
+)
 
 
 def _describe(tp: Any) -> str:
@@ -120,8 +125,14 @@ def _describe(tp: Any) -> str:
 def _json_name(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
 
 
 def structure(data: Any, cls: type[T]) -> T:
@@ -140,20 +151,26 @@ def structure(data: Any, cls: type[T]) -> T:
 def _as_invalid(path: str, leaf: BaseException) -> InvalidRequest:
     if isinstance(leaf, InvalidRequest):
         if path and leaf.param:
-            leaf.param = f"{path}.{leaf.param}" if not leaf.param.startswith("[") else path + leaf.param
+            leaf.param = (
+                f"{path}.{leaf.param}" if not leaf.param.startswith("[") else path + leaf.param
+            )
         elif path:
             leaf.param = path
         return leaf
     if isinstance(leaf, ForbiddenExtraKeysError):
         extra = shortened(min(leaf.extra_fields))
         name = f"{path}.{extra}" if path else extra
-        return InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name,
-                              code="unknown_parameter")
+        return InvalidRequest(
+            f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
+        )
     if isinstance(leaf, KeyError):
         name = path or str(leaf.args[0])  # cattrs' note already named the missing attribute
-        return InvalidRequest(f"Missing required parameter: '{name}'.", param=name,
-                              code="missing_required_parameter")
-    message = str(leaf) if isinstance(leaf, (TypeError, ValueError)) else format_exception(leaf, None)
+        return InvalidRequest(
+            f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
+        )
+    message = (
+        str(leaf) if isinstance(leaf, (TypeError, ValueError)) else format_exception(leaf, None)
+    )
     return InvalidRequest(f"Invalid value for '{path or 'body'}': {message}", param=path or None)
 
 

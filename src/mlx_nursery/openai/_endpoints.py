@@ -95,8 +95,9 @@ class Prepared:
     def logprob_aligner(self) -> LogprobAligner | None:
         if self.token_text is None:
             return None
-        return LogprobAligner(self.token_text, self.token_bytes,
-                              trimmed_space=self.generation.trim_leading_space)
+        return LogprobAligner(
+            self.token_text, self.token_bytes, trimmed_space=self.generation.trim_leading_space
+        )
 
     def tool_extractor(self) -> ToolCallExtractor | None:
         if not self.tools or self.tool_markup is None:
@@ -109,17 +110,24 @@ class Prepared:
         return "messages" if self.kind == "chat" else "prompt"
 
     # -- non-streaming ----------------------------------------------------------------------
-    def body(self, text: str, finished: Finished, calls: list[ToolCallOut] = (),  # type: ignore[assignment]
-             logprobs: list[LogprobEntry] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    def body(
+        self,
+        text: str,
+        finished: Finished,
+        calls: Sequence[ToolCallOut] = (),
+        logprobs: Sequence[LogprobEntry] = (),
+    ) -> dict[str, Any]:
         usage = UsageOut.of(finished.usage)
         if self.kind == "chat":
             message = AssistantMessage(
                 text if text or not calls else None,
-                tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None,
+                tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls]
+                or None,
             )
             choice = ChatChoice(0, message, finished.reason, self._logprobs(logprobs, 0))
-            body: dict[str, Any] = to_json(ChatCompletion(self.id, self.created, self.model, [choice],
-                                                          usage))
+            body: dict[str, Any] = to_json(
+                ChatCompletion(self.id, self.created, self.model, [choice], usage)
+            )
             return body
         text_choice = CompletionChoice(0, text, finished.reason, self._logprobs(logprobs, 0))
         body = to_json(Completion(self.id, self.created, self.model, [text_choice], usage))
@@ -134,8 +142,12 @@ class Prepared:
         for entry in entries:
             offsets.append(position)
             position += len(entry.token)
-        return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries], "text_offset": offsets}
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries],
+            "text_offset": offsets,
+        }
 
     # -- streaming --------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict[str, Any]]:
@@ -143,19 +155,29 @@ class Prepared:
             return [self._chat_chunk(ChatDelta(role="assistant", content=""))]
         return []
 
-    def delta_chunk(self, text: str, logprobs: Sequence[LogprobEntry] = (), offset: int = 0) -> dict[str, Any]:
+    def delta_chunk(
+        self, text: str, logprobs: Sequence[LogprobEntry] = (), offset: int = 0
+    ) -> dict[str, Any]:
         """A chunk of content; `offset` is where it starts in the content (for text_offset)."""
         if self.kind == "chat":
-            return self._chat_chunk(ChatDelta(content=text), logprobs=self._logprobs(logprobs, offset))
+            return self._chat_chunk(
+                ChatDelta(content=text), logprobs=self._logprobs(logprobs, offset)
+            )
         return self._completion_chunk(text, None, self._logprobs(logprobs, offset))
 
     def tool_call_chunks(self, call: ToolCallOut) -> list[dict[str, Any]]:
         """OpenAI's shape: the first fragment names the call, the next carries its arguments."""
-        opening = {"index": call.index, "id": call.id, "type": "function",
-                   "function": {"name": call.name, "arguments": ""}}
+        opening = {
+            "index": call.index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
         arguments = {"index": call.index, "function": {"arguments": call.arguments}}
-        return [self._chat_chunk(ChatDelta(tool_calls=[opening])),
-                self._chat_chunk(ChatDelta(tool_calls=[arguments]))]
+        return [
+            self._chat_chunk(ChatDelta(tool_calls=[opening])),
+            self._chat_chunk(ChatDelta(tool_calls=[arguments])),
+        ]
 
     def delta_json(self, text: str) -> str:
         """`delta_chunk(text)` as JSON, from a template: the hot path runs once per token per
@@ -184,19 +206,32 @@ class Prepared:
             chunks.append(to_json(chunk))
         return chunks
 
-    def _chat_chunk(self, delta: ChatDelta, finish_reason: str | None = None,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _chat_chunk(
+        self,
+        delta: ChatDelta,
+        finish_reason: str | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         choice = ChunkChoice(0, delta, finish_reason, logprobs)
-        chunk: dict[str, Any] = to_json(ChatCompletionChunk(self.id, self.created, self.model, [choice]))
+        chunk: dict[str, Any] = to_json(
+            ChatCompletionChunk(self.id, self.created, self.model, [choice])
+        )
         # OpenAI sends `usage: null` on every chunk only when usage was asked for.
         if not self.include_usage:
             del chunk["usage"]
         return chunk
 
-    def _completion_chunk(self, text: str, finish_reason: str | None,
-                          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        chunk: dict[str, Any] = to_json(Completion(self.id, self.created, self.model,
-                                                   [CompletionChoice(0, text, finish_reason, logprobs)]))
+    def _completion_chunk(
+        self, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        chunk: dict[str, Any] = to_json(
+            Completion(
+                self.id,
+                self.created,
+                self.model,
+                [CompletionChoice(0, text, finish_reason, logprobs)],
+            )
+        )
         if not self.include_usage:
             del chunk["usage"]
         return chunk
@@ -208,28 +243,49 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     params.reject_unimplemented(request, _CHAT_UNIMPLEMENTED)
     ignored = params.ignored_hints(request, _CHAT_HINTS, strict=served.strict_params)
     if request.max_tokens is not None and request.max_completion_tokens is not None:
-        params.require(request.max_tokens == request.max_completion_tokens, "max_completion_tokens",
-                       "max_tokens and max_completion_tokens disagree; set only one")
+        params.require(
+            request.max_tokens == request.max_completion_tokens,
+            "max_completion_tokens",
+            "max_tokens and max_completion_tokens disagree; set only one",
+        )
     budget, budget_param = (
         (request.max_completion_tokens, "max_completion_tokens")
-        if request.max_completion_tokens is not None else (request.max_tokens, "max_tokens")
+        if request.max_completion_tokens is not None
+        else (request.max_tokens, "max_tokens")
     )
     common = _common(request, served)
     tools, forced = _offered_tools(request, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
-    tokens = render_chat(served.tokenizer, request.messages, tools, native_tools=served.tool_format.native)
-    prepared = _prepare("chat", request, served, tokens, budget, budget_param, common,
-                        cache_key=request.prompt_cache_key)
-    prepared = with_response_format(prepared, served, request.response_format, "response_format",
-                                    forced_call=forced is not None)
+    tokens = render_chat(
+        served.tokenizer, request.messages, tools, native_tools=served.tool_format.native
+    )
+    prepared = _prepare(
+        "chat",
+        request,
+        served,
+        tokens,
+        budget,
+        budget_param,
+        common,
+        cache_key=request.prompt_cache_key,
+    )
+    prepared = with_response_format(
+        prepared, served, request.response_format, "response_format", forced_call=forced is not None
+    )
     prepared = with_processors(prepared, forced)
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     prepared = attrs.evolve(prepared, ignored=ignored)
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 
-def with_tools(prepared: Prepared, served: ServedModel, tools: list[dict[str, Any]], *,
-               parallel: bool, max_calls: int | None = None) -> Prepared:
+def with_tools(
+    prepared: Prepared,
+    served: ServedModel,
+    tools: list[dict[str, Any]],
+    *,
+    parallel: bool,
+    max_calls: int | None = None,
+) -> Prepared:
     """Parse the model's output for calls of `tools`, in its own tool-call format; stop after
     one call when not `parallel`, after `max_calls` in any case."""
     if not tools:
@@ -238,8 +294,9 @@ def with_tools(prepared: Prepared, served: ServedModel, tools: list[dict[str, An
     limit = 1 if not parallel else None
     if max_calls is not None:
         limit = min(limit or max_calls, max_calls)
-    return attrs.evolve(prepared, tools=tools, tool_markup=(form.start, form.end, form.parse),
-                        max_tool_calls=limit)
+    return attrs.evolve(
+        prepared, tools=tools, tool_markup=(form.start, form.end, form.parse), max_tool_calls=limit
+    )
 
 
 def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, Any]], Any]:
@@ -258,8 +315,9 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
     forcing = choice not in (None, "auto", "none")
     name = _forced_name(choice, tools) if forcing else None  # a 400 for any other shape
     if forcing and not tools:
-        raise InvalidRequest("tool_choice 'required' needs tools to call", param="tool_choice",
-                             code="invalid_value")
+        raise InvalidRequest(
+            "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
+        )
     if choice == "none" or not tools:
         return [], None
     form = served.tool_format
@@ -269,8 +327,11 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
         return tools, None
     if not form.json or served.grammars is None:
         what = "tool_choice 'required' or a named function" if forcing else "strict tools"
-        raise InvalidRequest(f"{what} can be enforced only for models with the <tool_call> JSON format",
-                             param="tool_choice" if forcing else "tools", code="unsupported_parameter")
+        raise InvalidRequest(
+            f"{what} can be enforced only for models with the <tool_call> JSON format",
+            param="tool_choice" if forcing else "tools",
+            code="unsupported_parameter",
+        )
     if not forcing:
         return tools, served.grammars.strict_tools_processor(tools, strict, markup, "tools")
     return tools, served.grammars.tool_call_processor(tools, markup, "tool_choice", name=name)
@@ -284,18 +345,28 @@ def _forced_name(choice: Any, tools: list[dict[str, Any]]) -> str | None:
     if isinstance(choice, dict) and choice.get("type") == "function":
         function = choice.get("function")
         if function is not None and not isinstance(function, dict):
-            raise InvalidRequest("tool_choice.function must be an object with a name",
-                                 param="tool_choice.function", code="invalid_value")
+            raise InvalidRequest(
+                "tool_choice.function must be an object with a name",
+                param="tool_choice.function",
+                code="invalid_value",
+            )
         name = (function or {}).get("name", choice.get("name"))
         if not isinstance(name, str):
-            raise InvalidRequest("tool_choice must name a function (a string)", param="tool_choice",
-                                 code="invalid_value")
+            raise InvalidRequest(
+                "tool_choice must name a function (a string)",
+                param="tool_choice",
+                code="invalid_value",
+            )
         if name in {t["function"]["name"] for t in tools}:
             return name
-        raise InvalidRequest(f"tool_choice names {quoted(name)}, which is not among the tools",
-                             param="tool_choice", code="invalid_value")
-    raise InvalidRequest(f"invalid tool_choice {quoted(choice)}", param="tool_choice",
-                         code="invalid_value")
+        raise InvalidRequest(
+            f"tool_choice names {quoted(name)}, which is not among the tools",
+            param="tool_choice",
+            code="invalid_value",
+        )
+    raise InvalidRequest(
+        f"invalid tool_choice {quoted(choice)}", param="tool_choice", code="invalid_value"
+    )
 
 
 def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
@@ -314,7 +385,9 @@ def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     params.reject_unimplemented(request, _COMPLETION_UNIMPLEMENTED)
     common = _common(request, served)
     tokens = completion_tokens(served, request)
-    prepared = _prepare("completion", request, served, tokens, request.max_tokens, "max_tokens", common)
+    prepared = _prepare(
+        "completion", request, served, tokens, request.max_tokens, "max_tokens", common
+    )
     if request.logprobs is not None:
         params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
     return with_logprobs(prepared, served, request.logprobs)
@@ -324,13 +397,17 @@ def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
     """Chat: `logprobs: true` turns them on; `top_logprobs` (0-20) adds alternatives."""
     if request.top_logprobs is not None:
         params.require(bool(request.logprobs), "top_logprobs", "top_logprobs needs logprobs: true")
-        params.require(0 <= request.top_logprobs <= 20, "top_logprobs",
-                       "top_logprobs must be between 0 and 20")
+        params.require(
+            0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20"
+        )
     if not request.logprobs:
         return None
     if tools:
-        raise InvalidRequest("logprobs together with tools are not supported", param="logprobs",
-                             code="unsupported_parameter")
+        raise InvalidRequest(
+            "logprobs together with tools are not supported",
+            param="logprobs",
+            code="unsupported_parameter",
+        )
     return request.top_logprobs or 0
 
 
@@ -341,8 +418,12 @@ def with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> P
     tokenizer = served.tokenizer
     generation = attrs.evolve(prepared.generation, logprobs=top)
     token_bytes = served.token_bytes or (lambda token: tokenizer.decode([token]).encode())
-    return attrs.evolve(prepared, generation=generation,
-                        token_text=lambda token: tokenizer.decode([token]), token_bytes=token_bytes)
+    return attrs.evolve(
+        prepared,
+        generation=generation,
+        token_text=lambda token: tokenizer.decode([token]),
+        token_bytes=token_bytes,
+    )
 
 
 @attrs.frozen
@@ -360,11 +441,14 @@ def _common(request: SamplingFields, served: ServedModel) -> _Common:
     stream = bool(request.stream)
     options = request.stream_options
     if options is not None:
-        params.require(stream, "stream_options", "stream_options is only allowed when stream is true")
+        params.require(
+            stream, "stream_options", "stream_options is only allowed when stream is true"
+        )
         if options.include_obfuscation:
             params.reject_unimplemented(options, {"include_obfuscation": False})
-    return _Common(sampling, params.stop_strings(request.stop), stream,
-                   bool(options and options.include_usage))
+    return _Common(
+        sampling, params.stop_strings(request.stop), stream, bool(options and options.include_usage)
+    )
 
 
 def _prepare(
@@ -379,17 +463,34 @@ def _prepare(
 ) -> Prepared:
     room = served.context_length - len(tokens)
     max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
-    # attrs' mypy plugin types a `converter=tuple` parameter as Iterable[_T_co], unbound
     # A chat reply drops one leading space; a completion is the exact continuation of its prompt.
-    generation = GenerationRequest(tokens, max_tokens, sampling=common.sampling,  # type: ignore[arg-type]
-                                   cache_key=cache_key, trim_leading_space=kind == "chat")
+    generation = GenerationRequest(
+        tokens,
+        max_tokens,
+        sampling=common.sampling,
+        cache_key=cache_key,
+        trim_leading_space=kind == "chat",
+    )
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    return Prepared(kind, generation, common.stops, common.stream, common.include_usage,
-                    request.model, id=new_id(prefix))
+    return Prepared(
+        kind,
+        generation,
+        common.stops,
+        common.stream,
+        common.include_usage,
+        request.model,
+        id=new_id(prefix),
+    )
 
 
-def with_response_format(prepared: Prepared, served: ServedModel, response_format: Any,
-                         param: str, *, forced_call: bool = False) -> Prepared:
+def with_response_format(
+    prepared: Prepared,
+    served: ServedModel,
+    response_format: Any,
+    param: str,
+    *,
+    forced_call: bool = False,
+) -> Prepared:
     """Constrain decoding to `response_format` (a per-request logits processor).
 
     With a forced tool call (`forced_call`) the output is the call and no content, which the
@@ -398,8 +499,11 @@ def with_response_format(prepared: Prepared, served: ServedModel, response_forma
     call's grammar, and fail the generation."""
     if response_format is None or served.grammars is None:
         if response_format not in (None, {"type": "text"}):
-            raise InvalidRequest("structured outputs are not available for this model", param=param,
-                                 code="unsupported_parameter")
+            raise InvalidRequest(
+                "structured outputs are not available for this model",
+                param=param,
+                code="unsupported_parameter",
+            )
         return prepared
     processor = response_format_processor(served.grammars, response_format, param)
     return prepared if forced_call else with_processors(prepared, processor)

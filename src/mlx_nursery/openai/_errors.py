@@ -48,8 +48,14 @@ class OpenAIError(Exception):
         self.code = code
 
     def envelope(self) -> dict[str, dict[str, str | None]]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 class InvalidRequest(OpenAIError):

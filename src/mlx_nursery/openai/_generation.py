@@ -75,50 +75,71 @@ async def generate_text(
         async with engine.generate(request) as stream:
             task_status.started()
             async for event in stream:
-                if logprobs is not None and event.logprob is not None and event.token_id is not None:
+                if (
+                    logprobs is not None
+                    and event.logprob is not None
+                    and event.token_id is not None
+                ):
                     logprobs.add(event.text, event.logprob)
                 if event.text and not matcher.stopped:
                     await emit(matcher.feed(event.text))
                     if matcher.stopped or (tools is not None and tools.done):
                         stream.stop()  # ends before the next step; the final event still comes
                 if event.is_final:
-                    for output in _finish(event, matcher, tools, logprobs, request.logits_processors):
+                    for output in _finish(
+                        event, matcher, tools, logprobs, request.logits_processors
+                    ):
                         await send.send(output)
     # Admission errors: raised before the sequence got a lane, so before `started`.
     except PromptTooLong as exc:
         raise context_length_error(exc, prompt_param) from None
     except EngineOverloaded as exc:
-        raise Overloaded(f"the server is at capacity ({exc.queued} requests waiting); retry later",
-                         code="server_overloaded") from None
+        raise Overloaded(
+            f"the server is at capacity ({exc.queued} requests waiting); retry later",
+            code="server_overloaded",
+        ) from None
     except EngineUnavailable:
-        raise Unavailable("the server is not serving (shutting down or stopped)",
-                          code="server_unavailable") from None
+        raise Unavailable(
+            "the server is not serving (shutting down or stopped)", code="server_unavailable"
+        ) from None
 
 
-def _finish(event: TokenEvent, matcher: StopMatcher, tools: ToolCallExtractor | None,
-            logprobs: LogprobAligner | None, processors: tuple[Any, ...] = ()) -> list[Output]:
+def _finish(
+    event: TokenEvent,
+    matcher: StopMatcher,
+    tools: ToolCallExtractor | None,
+    logprobs: LogprobAligner | None,
+    processors: tuple[Any, ...] = (),
+) -> list[Output]:
     stopped_by_us = matcher.stopped or (tools is not None and tools.done)
     # No usage: the engine stopped under the sequence (its last event comes from the Trio side).
-    if event.usage is None or not stopped_by_us and event.finish_reason not in ("stop", "length"):
+    if event.usage is None or (not stopped_by_us and event.finish_reason not in ("stop", "length")):
         for processor in processors:  # a grammar the output could not follow: the request's
             failure = getattr(processor, "failure", None)
             if event.finish_reason == "error" and failure:
-                raise InvalidRequest(f"the output could not be held to {processor.param}: "
-                                     f"{shortened(failure, 300)}", param=processor.param,
-                                     code="constraint_failed")
+                raise InvalidRequest(
+                    f"the output could not be held to {processor.param}: {shortened(failure, 300)}",
+                    param=processor.param,
+                    code="constraint_failed",
+                )
         log.error("generation ended with %s: %s", event.finish_reason, event.error)
         if event.finish_reason == "cancelled":
-            raise Unavailable(f"the request was cancelled by the server: {event.error}",
-                              code="server_unavailable")
+            raise Unavailable(
+                f"the request was cancelled by the server: {event.error}", code="server_unavailable"
+            )
         raise GenerationFailed("generation failed inside the engine", code="generation_failed")
     outputs: list[Output] = []
     rest = matcher.flush()
     if tools is None:
-        entries = tuple(logprobs.take(rest)) + tuple(logprobs.finish()) if logprobs is not None else ()
+        entries = (
+            tuple(logprobs.take(rest)) + tuple(logprobs.finish()) if logprobs is not None else ()
+        )
         if rest or entries:
             outputs.append(TextDelta(rest, entries))
     else:
-        pieces = (tools.feed(rest) if rest else []) + tools.finish(cut=event.finish_reason == "length")
+        pieces = (tools.feed(rest) if rest else []) + tools.finish(
+            cut=event.finish_reason == "length"
+        )
         outputs += [TextDelta(p.text) if isinstance(p, ContentText) else p for p in pieces]
     reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
     if tools is not None and tools.calls and reason == "stop":
@@ -133,5 +154,6 @@ def context_length_error(exc: PromptTooLong, param: str) -> InvalidRequest:
         f"requested {exc.prompt_tokens + exc.max_tokens} tokens ({exc.prompt_tokens} in the "
         f"prompt, {exc.max_tokens} for the completion). Please reduce the prompt or the "
         "completion length.",
-        param=param, code="context_length_exceeded",
+        param=param,
+        code="context_length_exceeded",
     )

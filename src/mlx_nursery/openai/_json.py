@@ -1,12 +1,13 @@
-"""JSON from clients, parsed within limits: bounded depth, UTF-8, finite numbers, no lone surrogates.
+"""JSON from clients, parsed within limits: bounded depth, UTF-8, finite numbers, no lone
+surrogates.
 
 Python's `json` recurses once per nesting level, so a body nested ~1,000 deep raises
 RecursionError, and the interpreter's recursion limit is no limit to rely on. The depth is
 checked before parsing instead, in linear time: a body with few brackets is accepted after
-two `bytes.count`s; otherwise numpy sums the brackets outside strings (0.1-0.3 s for 8 MiB
-on the dev machine, less than parsing such a body can take). Numbers: `NaN` and `Infinity` are not JSON,
-a float literal beyond a double (`1e999`) is refused rather than read as infinity, and an
-integer longer than Python's 4,300-digit conversion limit is a 400, not a ValueError.
+two `bytes.count`s; otherwise numpy sums the brackets outside strings (faster than parsing
+such a body). Numbers: `NaN` and `Infinity` are not JSON, a float literal beyond a double
+(`1e999`) is refused rather than read as infinity, and an integer longer than Python's
+4,300-digit conversion limit is a 400, not a ValueError.
 
 A lone UTF-16 surrogate (`"\\ud800"`) parses to a Python string that cannot be encoded as
 UTF-8: the tokenizer, SQLite and the stream's writer would each fail on it later. It is
@@ -54,22 +55,27 @@ def parse_json(raw: bytes | str, *, param: str | None = None) -> Any:
         try:
             raw = data.decode("utf-8")
         except UnicodeDecodeError:
-            raise InvalidRequest(f"{what} is not valid UTF-8", param=param,
-                                 code="invalid_json") from None
+            raise InvalidRequest(
+                f"{what} is not valid UTF-8", param=param, code="invalid_json"
+            ) from None
     if depth_exceeds(data, MAX_JSON_DEPTH):
-        raise InvalidRequest(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", param=param,
-                             code=TOO_DEEP)
+        raise InvalidRequest(
+            f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", param=param, code=TOO_DEEP
+        )
     try:
         value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except _NotJSON as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {exc}", param=param,
-                             code="invalid_json") from None
+        raise InvalidRequest(
+            f"{what} is not valid JSON: {exc}", param=param, code="invalid_json"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {shortened(str(exc))}", param=param,
-                             code="invalid_json") from None
+        raise InvalidRequest(
+            f"{what} is not valid JSON: {shortened(str(exc))}", param=param, code="invalid_json"
+        ) from None
     except ValueError:  # int() past sys.get_int_max_str_digits()
-        raise InvalidRequest(f"{what} holds an integer with too many digits", param=param,
-                             code="invalid_json") from None
+        raise InvalidRequest(
+            f"{what} holds an integer with too many digits", param=param, code="invalid_json"
+        ) from None
     if _SURROGATE_ESCAPE.search(data):
         reject_lone_surrogates(value, param or "")
     return value
@@ -83,8 +89,12 @@ def depth_exceeds(data: bytes, limit: int) -> bool:
     if data.count(b"[") + data.count(b"{") <= limit:
         return False
     chars = np.frombuffer(data, np.uint8)
-    brackets = np.flatnonzero((chars == _OPEN_ARRAY) | (chars == _OPEN_OBJECT)
-                              | (chars == _CLOSE_ARRAY) | (chars == _CLOSE_OBJECT))
+    brackets = np.flatnonzero(
+        (chars == _OPEN_ARRAY)
+        | (chars == _OPEN_OBJECT)
+        | (chars == _CLOSE_ARRAY)
+        | (chars == _CLOSE_OBJECT)
+    )
     kinds = chars[brackets]
     steps = np.where((kinds == _OPEN_ARRAY) | (kinds == _OPEN_OBJECT), 1, -1).astype(np.int32)
     quotes = np.flatnonzero(chars == _QUOTE)
@@ -149,5 +159,8 @@ def _has_lone_surrogate(text: str) -> bool:
 
 def _surrogate_error(where: str, *, key: bool) -> InvalidRequest:
     place = f"a key of '{where}'" if key and where else "a key" if key else f"'{where or 'body'}'"
-    return InvalidRequest(f"{place} holds a lone UTF-16 surrogate, which is not valid Unicode text",
-                          param=where or None, code="invalid_value")
+    return InvalidRequest(
+        f"{place} holds a lone UTF-16 surrogate, which is not valid Unicode text",
+        param=where or None,
+        code="invalid_value",
+    )

@@ -34,13 +34,24 @@ class LogprobEntry:
     bytes: bytes = b""
 
     def chat(self) -> dict[str, Any]:
-        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes),
-                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in self.top]}
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": list(self.bytes),
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in self.top
+            ],
+        }
 
 
 class LogprobAligner:
-    def __init__(self, token_text: Callable[[int], str],
-                 token_bytes: Callable[[int], bytes] | None = None, *, trimmed_space: bool = False) -> None:
+    def __init__(
+        self,
+        token_text: Callable[[int], str],
+        token_bytes: Callable[[int], bytes] | None = None,
+        *,
+        trimmed_space: bool = False,
+    ) -> None:
         """`trimmed_space`: the text lost one leading space (a chat reply's), so the bytes do."""
         self._token_text = token_text
         self._token_bytes = token_bytes or (lambda token: token_text(token).encode())
@@ -73,7 +84,10 @@ class LogprobAligner:
         return entries
 
     def _entry(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> LogprobEntry:
-        top = tuple((self._token_text(token), value, self._token_bytes(token)) for token, value in logprob.top)
+        top = tuple(
+            (self._token_text(token), value, self._token_bytes(token))
+            for token, value in logprob.top
+        )
         data = self._token_bytes(logprob.token_id) if exact else text.encode()
         if self._trim_pending and data:
             # The detokenizer drops one space from the start of the text, which it does when

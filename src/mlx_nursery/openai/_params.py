@@ -35,7 +35,8 @@ def reject_unimplemented(request: Any, fields: dict[str, object]) -> None:
             continue
         raise InvalidRequest(
             f"'{name}' is not supported by this server (got {quoted(value)})",
-            param=name, code="unsupported_parameter",
+            param=name,
+            code="unsupported_parameter",
         )
 
 
@@ -54,7 +55,8 @@ def ignored_hints(request: Any, hints: dict[str, object], *, strict: bool) -> tu
             raise InvalidRequest(
                 f"'{name}' is not supported by this server (got {quoted(value)}); it is accepted "
                 "and ignored unless the server runs with --strict-params",
-                param=name, code="unsupported_parameter",
+                param=name,
+                code="unsupported_parameter",
             )
         ignored.append(name)
     return tuple(ignored)
@@ -73,7 +75,11 @@ def sampling_from(fields: SamplingFields) -> SamplingParams:
         value = getattr(fields, name)
         require(value is None or -2.0 <= value <= 2.0, name, f"{name} must be between -2 and 2")
     if fields.repetition_penalty is not None:
-        require(fields.repetition_penalty > 0, "repetition_penalty", "repetition_penalty must be positive")
+        require(
+            fields.repetition_penalty > 0,
+            "repetition_penalty",
+            "repetition_penalty must be positive",
+        )
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -93,16 +99,25 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     bias: dict[int, float] = {}
     for key, value in raw.items():
         # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
-        require(key.isascii() and key.isdigit() and len(key) <= _TOKEN_ID_DIGITS, "logit_bias",
-                f"logit_bias keys must be token ids, got {quoted(key)}")
-        require(-100.0 <= value <= 100.0, "logit_bias", "logit_bias values must be between -100 and 100")
+        require(
+            key.isascii() and key.isdigit() and len(key) <= _TOKEN_ID_DIGITS,
+            "logit_bias",
+            f"logit_bias keys must be token ids, got {quoted(key)}",
+        )
+        require(
+            -100.0 <= value <= 100.0, "logit_bias", "logit_bias values must be between -100 and 100"
+        )
         bias[int(key)] = value
     return bias
 
 
 def validate_vocab(bias: Mapping[int, float] | None, vocab_size: int) -> None:
     for token in bias or {}:
-        require(token < vocab_size, "logit_bias", f"token id {token} is outside the vocabulary ({vocab_size})")
+        require(
+            token < vocab_size,
+            "logit_bias",
+            f"token id {token} is outside the vocabulary ({vocab_size})",
+        )
 
 
 MIN_TEMPERATURE = 1e-30
@@ -133,19 +148,24 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    require(len(stops) <= MAX_STOP_STRINGS, "stop", f"stop takes at most {MAX_STOP_STRINGS} strings")
+    require(
+        len(stops) <= MAX_STOP_STRINGS, "stop", f"stop takes at most {MAX_STOP_STRINGS} strings"
+    )
     require(all(stops), "stop", "stop strings must not be empty")
     return tuple(stops)
 
 
 def check_n(n: int | None) -> None:
     if n is not None and n != 1:
-        raise InvalidRequest(f"n={n} is not supported: this server returns one choice (n=1)",
-                             param="n", code="unsupported_parameter")
+        raise InvalidRequest(
+            f"n={n} is not supported: this server returns one choice (n=1)",
+            param="n",
+            code="unsupported_parameter",
+        )
 
 
 def max_tokens(requested: int | None, param: str, default: int | None, room: int) -> int:
-    """The token budget: the request's, else the server default, else what the context has room for."""
+    """The token budget: the request's, else the server default, else the context's room."""
     if requested is not None:
         require(requested >= 1, param, f"{param} must be at least 1, got {requested}")
         return requested

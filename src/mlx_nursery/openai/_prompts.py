@@ -22,8 +22,13 @@ def longest_token_bytes(vocabulary: Iterable[str | bytes]) -> int:
     """The most bytes of text one token stands for, bounded from above: a token's UTF-8 length
     is at least the bytes it decodes to (byte-level BPE: the same or more; SentencePiece's
     "▁" and "<0x0A>" tokens: more)."""
-    return max((len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass"))
-                for t in vocabulary), default=0)
+    return max(
+        (
+            len(t) if isinstance(t, bytes) else len(t.encode("utf-8", "surrogatepass"))
+            for t in vocabulary
+        ),
+        default=0,
+    )
 
 
 def check_prompt_size(served: ServedModel, texts: Iterable[str], param: str) -> None:
@@ -40,7 +45,9 @@ def check_prompt_size(served: ServedModel, texts: Iterable[str], param: str) -> 
         raise InvalidRequest(
             f"This model's maximum context length is {served.context_length} tokens; the "
             f"prompt's text ({size} bytes) is far longer than that many tokens can hold.",
-            param=param, code="context_length_exceeded")
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def prompt_texts(messages: Iterable[ChatMessage], tools: list[dict[str, Any]]) -> Iterator[str]:
@@ -59,24 +66,34 @@ def prompt_texts(messages: Iterable[ChatMessage], tools: list[dict[str, Any]]) -
         yield json.dumps(tools, ensure_ascii=False)
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
-                *, native_tools: bool = True) -> list[int]:
+def render_chat(
+    tokenizer: Any,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    native_tools: bool = True,
+) -> list[int]:
     """Token ids of `messages` through the model's chat template. With `native_tools` false,
     tools, calls and results are written in the fallback convention (`_tools.ToolFormat`)."""
     if not messages:
-        raise InvalidRequest("'messages' must contain at least one message", param="messages",
-                             code="invalid_value")
+        raise InvalidRequest(
+            "'messages' must contain at least one message", param="messages", code="invalid_value"
+        )
     rendered = [_message(i, m) for i, m in enumerate(messages)]
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
     extra = {"tools": tools} if tools else {}
     try:
-        tokens = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
-                                               **extra)
+        tokens = tokenizer.apply_chat_template(
+            rendered, add_generation_prompt=True, tokenize=True, **extra
+        )
     except Exception as exc:  # noqa: BLE001 - a template's own check (e.g. role order) is the client's
         reason = shortened(str(exc), 200)
-        raise InvalidRequest(f"the model's chat template rejected the messages: {reason}",
-                             param="messages", code="invalid_value") from None
+        raise InvalidRequest(
+            f"the model's chat template rejected the messages: {reason}",
+            param="messages",
+            code="invalid_value",
+        ) from None
     # transformers 5 returns a BatchEncoding-like mapping for tokenize=True
     if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
         tokens = tokens["input_ids"]
@@ -87,22 +104,32 @@ def _message(index: int, message: ChatMessage) -> dict[str, Any]:
     where = f"messages[{index}]"
     for name in ("function_call", "audio"):
         if getattr(message, name):
-            raise InvalidRequest(f"'{where}.{name}' is not supported", param=f"{where}.{name}",
-                                 code="unsupported_parameter")
+            raise InvalidRequest(
+                f"'{where}.{name}' is not supported",
+                param=f"{where}.{name}",
+                code="unsupported_parameter",
+            )
     role = "system" if message.role == "developer" else message.role
     rendered: dict[str, Any] = {"role": role, "content": _text(where, message)}
     if message.name:
         rendered["name"] = message.name
     if message.tool_calls:
         if message.role != "assistant":
-            raise InvalidRequest("only assistant messages carry tool_calls",
-                                 param=f"{where}.tool_calls", code="invalid_value")
-        rendered["tool_calls"] = [_tool_call(f"{where}.tool_calls[{j}]", c)
-                                  for j, c in enumerate(message.tool_calls)]
+            raise InvalidRequest(
+                "only assistant messages carry tool_calls",
+                param=f"{where}.tool_calls",
+                code="invalid_value",
+            )
+        rendered["tool_calls"] = [
+            _tool_call(f"{where}.tool_calls[{j}]", c) for j, c in enumerate(message.tool_calls)
+        ]
     if message.role == "tool":
         if not message.tool_call_id:
-            raise InvalidRequest("tool messages need the 'tool_call_id' they answer",
-                                 param=f"{where}.tool_call_id", code="missing_required_parameter")
+            raise InvalidRequest(
+                "tool messages need the 'tool_call_id' they answer",
+                param=f"{where}.tool_call_id",
+                code="missing_required_parameter",
+            )
         rendered["tool_call_id"] = message.tool_call_id
     return rendered
 
@@ -110,18 +137,22 @@ def _message(index: int, message: ChatMessage) -> dict[str, Any]:
 def _tool_call(where: str, call: Any) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise InvalidRequest("a tool call needs a function with a name", param=where,
-                             code="invalid_value")
+        raise InvalidRequest(
+            "a tool call needs a function with a name", param=where, code="invalid_value"
+        )
     arguments = function.get("arguments", "{}")
     param = f"{where}.function.arguments"
     if not isinstance(arguments, str):
-        raise InvalidRequest("tool call arguments must be a JSON string", param=param,
-                             code="invalid_value")
+        raise InvalidRequest(
+            "tool call arguments must be a JSON string", param=param, code="invalid_value"
+        )
     return {
         "id": call.get("id"),
         "type": "function",
-        "function": {"name": function["name"],
-                     "arguments": call_arguments_for_template(arguments, param)},
+        "function": {
+            "name": function["name"],
+            "arguments": call_arguments_for_template(arguments, param),
+        },
     }
 
 
@@ -129,8 +160,11 @@ def _text(where: str, message: ChatMessage) -> str:
     content = message.content
     if content is None:
         if message.role != "assistant":
-            raise InvalidRequest(f"'{where}.content' is required for role {message.role!r}",
-                                 param=f"{where}.content", code="invalid_value")
+            raise InvalidRequest(
+                f"'{where}.content' is required for role {message.role!r}",
+                param=f"{where}.content",
+                code="invalid_value",
+            )
         return ""
     if isinstance(content, str):
         return content
@@ -139,7 +173,8 @@ def _text(where: str, message: ChatMessage) -> str:
         if part.type != "text" or part.text is None:
             raise InvalidRequest(
                 f"content parts of type {quoted(part.type)} are not supported (text only)",
-                param=f"{where}.content[{j}].type", code="unsupported_content",
+                param=f"{where}.content[{j}].type",
+                code="unsupported_content",
             )
         pieces.append(part.text)
     return "".join(pieces)
@@ -150,8 +185,11 @@ def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[i
     vocab_size = served.vocab_size
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
-            raise InvalidRequest("one prompt per request is supported (a list of several was given)",
-                                 param="prompt", code="unsupported_parameter")
+            raise InvalidRequest(
+                "one prompt per request is supported (a list of several was given)",
+                param="prompt",
+                code="unsupported_parameter",
+            )
         prompt = prompt[0]
     if isinstance(prompt, str):
         check_prompt_size(served, [prompt], "prompt")
@@ -160,8 +198,11 @@ def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[i
         tokens = list(prompt)
         bad = [t for t in tokens if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
-                                 param="prompt", code="invalid_value")
+            raise InvalidRequest(
+                f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                param="prompt",
+                code="invalid_value",
+            )
     if not tokens:
         raise InvalidRequest("the prompt is empty", param="prompt", code="invalid_value")
     return tokens

@@ -97,52 +97,84 @@ def parse_request(body: Any) -> ResponsesRequest:
     params.reject_unimplemented(request, _UNIMPLEMENTED)
     for i, included in enumerate(request.include or []):
         if included not in _INCLUDABLE:
-            raise InvalidRequest(f"include {quoted(included)} is not supported by this server",
-                                 param=f"include[{i}]", code="unsupported_parameter")
+            raise InvalidRequest(
+                f"include {quoted(included)} is not supported by this server",
+                param=f"include[{i}]",
+                code="unsupported_parameter",
+            )
     if request.max_tool_calls is not None:
-        params.require(request.max_tool_calls >= 1, "max_tool_calls", "max_tool_calls must be at least 1")
+        params.require(
+            request.max_tool_calls >= 1, "max_tool_calls", "max_tool_calls must be at least 1"
+        )
     if request.stream_options is not None:
-        params.require(bool(request.stream), "stream_options", "stream_options is only allowed when stream is true")
+        params.require(
+            bool(request.stream),
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        )
         for key in request.stream_options:
             if key != "include_obfuscation":
-                raise InvalidRequest(f"Unrecognized request argument supplied: stream_options.{shortened(key)}",
-                                     param=f"stream_options.{shortened(key)}", code="unknown_parameter")
+                raise InvalidRequest(
+                    f"Unrecognized request argument supplied: stream_options.{shortened(key)}",
+                    param=f"stream_options.{shortened(key)}",
+                    code="unknown_parameter",
+                )
     if request.top_logprobs is not None:
-        params.require(0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20")
-        params.require(LOGPROBS_INCLUDE in (request.include or []), "top_logprobs",
-                       f"top_logprobs needs include: ['{LOGPROBS_INCLUDE}']")
+        params.require(
+            0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20"
+        )
+        params.require(
+            LOGPROBS_INCLUDE in (request.include or []),
+            "top_logprobs",
+            f"top_logprobs needs include: ['{LOGPROBS_INCLUDE}']",
+        )
     if request.metadata is not None and len(request.metadata) > 16:
-        raise InvalidRequest("metadata takes at most 16 keys", param="metadata", code="invalid_value")
+        raise InvalidRequest(
+            "metadata takes at most 16 keys", param="metadata", code="invalid_value"
+        )
     _check_text(request.text)
     return request
 
 
-_FORMAT_FIELDS: dict[str, tuple[type, ...]] = {"type": (str,), "name": (str,), "description": (str,),
-                                               "schema": (dict,), "strict": (bool,)}
+_FORMAT_FIELDS: dict[str, tuple[type, ...]] = {
+    "type": (str,),
+    "name": (str,),
+    "description": (str,),
+    "schema": (dict,),
+    "strict": (bool,),
+}
 
 
 def _check_text(text: dict[str, Any] | None) -> None:
     """`text` is echoed in the response: only its fields, of their types. (The format's
     meaning is checked where it becomes a grammar, `_structured`.)"""
-    for key, value in (text or {}).items():
+    for key in text or {}:
         if key not in ("format", "verbosity"):
-            raise InvalidRequest(f"Unrecognized request argument supplied: text.{shortened(key)}",
-                                 param=f"text.{shortened(key)}", code="unknown_parameter")
+            raise InvalidRequest(
+                f"Unrecognized request argument supplied: text.{shortened(key)}",
+                param=f"text.{shortened(key)}",
+                code="unknown_parameter",
+            )
     form = (text or {}).get("format")
     if not isinstance(form, dict):
         return  # None is the default; anything else is refused by `_structured`
     for key, value in form.items():
         kinds = _FORMAT_FIELDS.get(key)
         if kinds is None:
-            raise InvalidRequest(f"Unrecognized request argument supplied: text.format.{shortened(key)}",
-                                 param=f"text.format.{shortened(key)}", code="unknown_parameter")
+            raise InvalidRequest(
+                f"Unrecognized request argument supplied: text.format.{shortened(key)}",
+                param=f"text.format.{shortened(key)}",
+                code="unknown_parameter",
+            )
         if value is not None and not isinstance(value, kinds):
-            raise InvalidRequest(f"'text.format.{key}' must be {_KIND_NAMES[kinds[0]]}",
-                                 param=f"text.format.{key}", code="invalid_value")
+            raise InvalidRequest(
+                f"'text.format.{key}' must be {_KIND_NAMES[kinds[0]]}",
+                param=f"text.format.{key}",
+                code="invalid_value",
+            )
 
 
 _KIND_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
-
 
 
 @attrs.frozen
@@ -163,59 +195,103 @@ class PreparedResponse:
         return self.request.store is not False
 
 
-def prepare_response(request: ResponsesRequest, served: ServedModel,
-                     previous: list[dict[str, Any]] | None) -> PreparedResponse:
+def prepare_response(
+    request: ResponsesRequest, served: ServedModel, previous: list[dict[str, Any]] | None
+) -> PreparedResponse:
     served.check(request.model)
     ignored = _ignored_hints(request, served)
     items = _input_items(request.input)
     conversation = [*(previous or []), *_to_messages(items)]
     if len(conversation) > MAX_CONVERSATION_MESSAGES:
-        raise InvalidRequest(f"the conversation exceeds {MAX_CONVERSATION_MESSAGES} messages",
-                             param="previous_response_id", code="conversation_too_long")
+        raise InvalidRequest(
+            f"the conversation exceeds {MAX_CONVERSATION_MESSAGES} messages",
+            param="previous_response_id",
+            code="conversation_too_long",
+        )
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []
     messages = [structure(m, ChatMessage) for m in system + conversation]
-    fields = SamplingFields(model=request.model, stream=request.stream, temperature=request.temperature,
-                            top_p=request.top_p, user=request.user)
+    fields = SamplingFields(
+        model=request.model,
+        stream=request.stream,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        user=request.user,
+    )
     common = _common(fields, served)
     tools, forced = _offered_tools(_ToolView(request), served)
     dropped = 0
     if request.truncation == "auto":
-        messages, dropped = _truncated(served, messages, len(system), tools, request.max_output_tokens)
+        messages, dropped = _truncated(
+            served, messages, len(system), tools, request.max_output_tokens
+        )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
     tokens = render_chat(served.tokenizer, messages, tools, native_tools=served.tool_format.native)
-    prepared = _prepare("chat", fields, served, tokens, request.max_output_tokens, "max_output_tokens",
-                        common, cache_key=request.prompt_cache_key)
-    prepared = with_response_format(prepared, served, (request.text or {}).get("format"), "text.format",
-                                    forced_call=forced is not None)
+    prepared = _prepare(
+        "chat",
+        fields,
+        served,
+        tokens,
+        request.max_output_tokens,
+        "max_output_tokens",
+        common,
+        cache_key=request.prompt_cache_key,
+    )
+    prepared = with_response_format(
+        prepared,
+        served,
+        (request.text or {}).get("format"),
+        "text.format",
+        forced_call=forced is not None,
+    )
     prepared = with_processors(prepared, forced)
     if LOGPROBS_INCLUDE in (request.include or []):
         if tools:
-            raise InvalidRequest("logprobs together with tools are not supported", param="include",
-                                 code="unsupported_parameter")
+            raise InvalidRequest(
+                "logprobs together with tools are not supported",
+                param="include",
+                code="unsupported_parameter",
+            )
         prepared = with_logprobs(prepared, served, request.top_logprobs or 0)
     prepared = attrs.evolve(prepared, ignored=ignored)
-    prepared = with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False,
-                          max_calls=request.max_tool_calls)
+    prepared = with_tools(
+        prepared,
+        served,
+        tools,
+        parallel=request.parallel_tool_calls is not False,
+        max_calls=request.max_tool_calls,
+    )
     return PreparedResponse(request, prepared, items, conversation, truncated_messages=dropped)
 
 
 def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str, ...]:
     """Chat's rule (`_params.ignored_hints`) for the Responses fields, nested ones included."""
     ignored = list(params.ignored_hints(request, _HINTS, strict=served.strict_params))
-    nested = {"text.verbosity": (request.text or {}).get("verbosity"),
-              "stream_options.include_obfuscation": (request.stream_options or {}).get("include_obfuscation")}
+    nested = {
+        "text.verbosity": (request.text or {}).get("verbosity"),
+        "stream_options.include_obfuscation": (request.stream_options or {}).get(
+            "include_obfuscation"
+        ),
+    }
     for name, value in nested.items():
         if value is None or value is False:
             continue
         if served.strict_params:
-            raise InvalidRequest(f"'{name}' is not supported by this server (got {quoted(value)})",
-                                 param=name, code="unsupported_parameter")
+            raise InvalidRequest(
+                f"'{name}' is not supported by this server (got {quoted(value)})",
+                param=name,
+                code="unsupported_parameter",
+            )
         ignored.append(name)
     return tuple(ignored)
 
 
-def _truncated(served: ServedModel, messages: list[ChatMessage], keep: int, tools: list[dict[str, Any]],
-               max_output_tokens: int | None) -> tuple[list[ChatMessage], int]:
+def _truncated(
+    served: ServedModel,
+    messages: list[ChatMessage],
+    keep: int,
+    tools: list[dict[str, Any]],
+    max_output_tokens: int | None,
+) -> tuple[list[ChatMessage], int]:
     """`truncation: "auto"`: leave out the oldest turns until the prompt and the output budget
     fit the context, as OpenAI does. The first `keep` messages (the instructions) stay, and
     the last turn always does; a turn starts at a user message (templates that insist on
@@ -224,15 +300,18 @@ def _truncated(served: ServedModel, messages: list[ChatMessage], keep: int, tool
     A cut the template still refuses counts as not fitting. Still too long: the usual 400."""
     needed = max_output_tokens or 1
     starts = [i for i in range(keep, len(messages)) if messages[i].role == "user"] or [
-        i for i in range(keep, len(messages)) if messages[i].role != "tool"]
+        i for i in range(keep, len(messages)) if messages[i].role != "tool"
+    ]
 
     def fits(drop: int) -> bool:
-        kept = messages[:keep] + messages[starts[drop]:]
+        kept = messages[:keep] + messages[starts[drop] :]
         texts = sum(len(t.encode("utf-8")) for t in prompt_texts(kept, tools))
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
             return False  # certainly too long: no need to render it
         try:
-            tokens = render_chat(served.tokenizer, kept, tools, native_tools=served.tool_format.native)
+            tokens = render_chat(
+                served.tokenizer, kept, tools, native_tools=served.tool_format.native
+            )
         except InvalidRequest:
             return False
         return len(tokens) + needed <= served.context_length
@@ -241,14 +320,14 @@ def _truncated(served: ServedModel, messages: list[ChatMessage], keep: int, tool
         return messages, 0
     low, high = 1, len(starts) - 1  # the fewest turns to drop: tokens fall as turns go
     if not fits(high):
-        return messages[:keep] + messages[starts[high]:], starts[high] - keep
+        return messages[:keep] + messages[starts[high] :], starts[high] - keep
     while low < high:
         middle = (low + high) // 2
         if fits(middle):
             high = middle
         else:
             low = middle + 1
-    return messages[:keep] + messages[starts[low]:], starts[low] - keep
+    return messages[:keep] + messages[starts[low] :], starts[low] - keep
 
 
 @attrs.frozen
@@ -270,8 +349,11 @@ class _ToolView:
         if not isinstance(choice, dict):
             return choice
         if "function" in choice:
-            raise InvalidRequest("tool_choice names a function as {'type': 'function', 'name': ...}",
-                                 param="tool_choice.function", code="invalid_value")
+            raise InvalidRequest(
+                "tool_choice names a function as {'type': 'function', 'name': ...}",
+                param="tool_choice.function",
+                code="invalid_value",
+            )
         return choice.get("type") if choice.get("type") in ("none", "auto") else choice
 
 
@@ -290,25 +372,48 @@ def _item(where: str, item: dict[str, Any]) -> dict[str, Any]:
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "system", "developer", "assistant"):
-            raise InvalidRequest(f"unknown role {quoted(role)}", param=f"{where}.role",
-                                 code="invalid_value")
-        return {"type": "message", "id": _item_id(where, item, "msg"), "role": role,
-                "content": _content_parts(where, item.get("content"), role), "status": "completed"}
+            raise InvalidRequest(
+                f"unknown role {quoted(role)}", param=f"{where}.role", code="invalid_value"
+            )
+        return {
+            "type": "message",
+            "id": _item_id(where, item, "msg"),
+            "role": role,
+            "content": _content_parts(where, item.get("content"), role),
+            "status": "completed",
+        }
     if kind == "function_call":
         _require_str(where, item, "call_id", "name", "arguments")
-        return {"type": "function_call", "id": _item_id(where, item, "fc"), "call_id": item["call_id"],
-                "name": item["name"], "arguments": item["arguments"], "status": "completed"}
+        return {
+            "type": "function_call",
+            "id": _item_id(where, item, "fc"),
+            "call_id": item["call_id"],
+            "name": item["name"],
+            "arguments": item["arguments"],
+            "status": "completed",
+        }
     if kind == "function_call_output":
         _require_str(where, item, "call_id", "output")
-        return {"type": "function_call_output", "id": _item_id(where, item, "fco"),
-                "call_id": item["call_id"], "output": item["output"], "status": "completed"}
+        return {
+            "type": "function_call_output",
+            "id": _item_id(where, item, "fco"),
+            "call_id": item["call_id"],
+            "output": item["output"],
+            "status": "completed",
+        }
     if kind == "reasoning":
         content = item.get("content")
-        return {"type": "reasoning", "id": _item_id(where, item, "rs"),
-                "summary": _text_parts(f"{where}.summary", item.get("summary")),
-                **({"content": _text_parts(f"{where}.content", content)} if content else {})}
-    raise InvalidRequest(f"input items of type {quoted(kind)} are not supported", param=f"{where}.type",
-                         code="unsupported_parameter")
+        return {
+            "type": "reasoning",
+            "id": _item_id(where, item, "rs"),
+            "summary": _text_parts(f"{where}.summary", item.get("summary")),
+            **({"content": _text_parts(f"{where}.content", content)} if content else {}),
+        }
+    raise InvalidRequest(
+        f"input items of type {quoted(kind)} are not supported",
+        param=f"{where}.type",
+        code="unsupported_parameter",
+    )
 
 
 def _item_id(where: str, item: dict[str, Any], prefix: str) -> str:
@@ -316,8 +421,9 @@ def _item_id(where: str, item: dict[str, Any], prefix: str) -> str:
     if given is None or given == "":
         return item_id(prefix)
     if not isinstance(given, str):
-        raise InvalidRequest(f"'{where}.id' must be a string", param=f"{where}.id",
-                             code="invalid_value")
+        raise InvalidRequest(
+            f"'{where}.id' must be a string", param=f"{where}.id", code="invalid_value"
+        )
     return given
 
 
@@ -326,12 +432,16 @@ def _text_parts(where: str, parts: Any) -> list[dict[str, Any]]:
     if parts is None:
         return []
     if not isinstance(parts, list):
-        raise InvalidRequest(f"'{where}' must be a list of text parts", param=where,
-                             code="invalid_value")
+        raise InvalidRequest(
+            f"'{where}' must be a list of text parts", param=where, code="invalid_value"
+        )
     for j, part in enumerate(parts):
         if not isinstance(part, dict) or not isinstance(part.get("text"), str):
-            raise InvalidRequest(f"'{where}[{j}]' must be an object with a 'text' string",
-                                 param=f"{where}[{j}]", code="invalid_value")
+            raise InvalidRequest(
+                f"'{where}[{j}]' must be an object with a 'text' string",
+                param=f"{where}[{j}]",
+                code="invalid_value",
+            )
     return parts
 
 
@@ -341,14 +451,22 @@ def _content_parts(where: str, content: Any, role: str) -> list[dict[str, Any]]:
         part: dict[str, Any] = {"type": text_type, "text": content}
         return [{**part, "annotations": [], "logprobs": []} if role == "assistant" else part]
     if not isinstance(content, list):
-        raise InvalidRequest("message content must be a string or a list of parts",
-                             param=f"{where}.content", code="invalid_value")
+        raise InvalidRequest(
+            "message content must be a string or a list of parts",
+            param=f"{where}.content",
+            code="invalid_value",
+        )
     parts = []
     for j, piece in enumerate(content):
         kind = piece.get("type") if isinstance(piece, dict) else None
-        if kind not in ("input_text", "output_text", "text") or not isinstance(piece.get("text"), str):
-            raise InvalidRequest(f"content parts of type {quoted(kind)} are not supported (text only)",
-                                 param=f"{where}.content[{j}].type", code="unsupported_content")
+        if kind not in ("input_text", "output_text", "text") or not isinstance(
+            piece.get("text"), str
+        ):
+            raise InvalidRequest(
+                f"content parts of type {quoted(kind)} are not supported (text only)",
+                param=f"{where}.content[{j}].type",
+                code="unsupported_content",
+            )
         part = {"type": text_type, "text": piece["text"]}
         parts.append({**part, "annotations": [], "logprobs": []} if role == "assistant" else part)
     return parts
@@ -357,8 +475,9 @@ def _content_parts(where: str, content: Any, role: str) -> list[dict[str, Any]]:
 def _require_str(where: str, item: dict[str, Any], *names: str) -> None:
     for name in names:
         if not isinstance(item.get(name), str):
-            raise InvalidRequest(f"'{where}.{name}' must be a string", param=f"{where}.{name}",
-                                 code="invalid_value")
+            raise InvalidRequest(
+                f"'{where}.{name}' must be a string", param=f"{where}.{name}", code="invalid_value"
+            )
 
 
 def _to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -370,19 +489,26 @@ def _to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             role = "system" if item["role"] == "developer" else item["role"]
             messages.append({"role": role, "content": "".join(p["text"] for p in item["content"])})
         elif kind == "reasoning":
-            text = "".join(p.get("text", "") for p in item.get("summary", []) + item.get("content", []))
+            text = "".join(
+                p.get("text", "") for p in item.get("summary", []) + item.get("content", [])
+            )
             if text:
                 messages.append({"role": "assistant", "content": text})
         elif kind == "function_call":
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         else:
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
     return messages
 
 
@@ -407,43 +533,92 @@ class ResponseBuilder:
 
     def opening(self) -> list[dict[str, Any]]:
         snapshot = self.response()
-        return [self._event("response.created", response=snapshot),
-                self._event("response.in_progress", response=snapshot)]
+        return [
+            self._event("response.created", response=snapshot),
+            self._event("response.in_progress", response=snapshot),
+        ]
 
     def text(self, delta: str, logprobs: tuple[LogprobEntry, ...] = ()) -> list[dict[str, Any]]:
         events = []
         if self._message is None:
-            self._message = {"type": "message", "id": item_id("msg"), "status": "in_progress",
-                             "role": "assistant", "content": []}
+            self._message = {
+                "type": "message",
+                "id": item_id("msg"),
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
             self.output.append(self._message)
-            events.append(self._event("response.output_item.added", output_index=len(self.output) - 1,
-                                      item=_copy(self._message)))
+            events.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=len(self.output) - 1,
+                    item=_copy(self._message),
+                )
+            )
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             self._message["content"].append(part)
-            events.append(self._event("response.content_part.added", item_id=self._message["id"],
-                                      output_index=len(self.output) - 1, content_index=0, part=_copy(part)))
+            events.append(
+                self._event(
+                    "response.content_part.added",
+                    item_id=self._message["id"],
+                    output_index=len(self.output) - 1,
+                    content_index=0,
+                    part=_copy(part),
+                )
+            )
         entries = [e.chat() for e in logprobs]
         self._message["content"][0]["text"] += delta
         self._message["content"][0]["logprobs"] += entries
-        events.append(self._event("response.output_text.delta", item_id=self._message["id"],
-                                  output_index=len(self.output) - 1, content_index=0, delta=delta,
-                                  logprobs=entries))
+        events.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self._message["id"],
+                output_index=len(self.output) - 1,
+                content_index=0,
+                delta=delta,
+                logprobs=entries,
+            )
+        )
         return events
 
     def call(self, call: ToolCallOut) -> list[dict[str, Any]]:
         events = self._close_message()
-        item = {"type": "function_call", "id": item_id("fc"), "call_id": call.id, "name": call.name,
-                "arguments": "", "status": "in_progress"}
+        item = {
+            "type": "function_call",
+            "id": item_id("fc"),
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": "",
+            "status": "in_progress",
+        }
         self.output.append(item)
         index = len(self.output) - 1
-        events.append(self._event("response.output_item.added", output_index=index, item=_copy(item)))
-        events.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                  output_index=index, delta=call.arguments))
+        events.append(
+            self._event("response.output_item.added", output_index=index, item=_copy(item))
+        )
+        events.append(
+            self._event(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=call.arguments,
+            )
+        )
         item["arguments"] = call.arguments
-        events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                  output_index=index, name=call.name, arguments=call.arguments))
+        events.append(
+            self._event(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=call.name,
+                arguments=call.arguments,
+            )
+        )
         item["status"] = "completed" if call.complete else "incomplete"
-        events.append(self._event("response.output_item.done", output_index=index, item=_copy(item)))
+        events.append(
+            self._event("response.output_item.done", output_index=index, item=_copy(item))
+        )
         return events
 
     def finish(self, finished: Finished) -> list[dict[str, Any]]:
@@ -464,7 +639,9 @@ class ResponseBuilder:
 
     def error_event(self, error: OpenAIError) -> dict[str, Any]:
         self.status = "failed"
-        return self._event("error", code=error.code or error.type, message=error.message, param=error.param)
+        return self._event(
+            "error", code=error.code or error.type, message=error.message, param=error.param
+        )
 
     def _close_message(self, status: str = "completed") -> list[dict[str, Any]]:
         message, self._message = self._message, None
@@ -474,10 +651,21 @@ class ResponseBuilder:
         part = message["content"][0]
         message["status"] = status
         return [
-            self._event("response.output_text.done", item_id=message["id"], output_index=index,
-                        content_index=0, text=part["text"], logprobs=_copy(part["logprobs"])),
-            self._event("response.content_part.done", item_id=message["id"], output_index=index,
-                        content_index=0, part=_copy(part)),
+            self._event(
+                "response.output_text.done",
+                item_id=message["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=_copy(part["logprobs"]),
+            ),
+            self._event(
+                "response.content_part.done",
+                item_id=message["id"],
+                output_index=index,
+                content_index=0,
+                part=_copy(part),
+            ),
             self._event("response.output_item.done", output_index=index, item=_copy(message)),
         ]
 
@@ -490,7 +678,9 @@ class ResponseBuilder:
             "created_at": p.created_at,
             "status": self.status,
             "error": None,
-            "incomplete_details": {"reason": self.incomplete_reason} if self.incomplete_reason else None,
+            "incomplete_details": {"reason": self.incomplete_reason}
+            if self.incomplete_reason
+            else None,
             "instructions": r.instructions,
             "max_output_tokens": r.max_output_tokens,
             "model": r.model,
@@ -518,10 +708,18 @@ class ResponseBuilder:
 
     def conversation(self) -> list[dict[str, Any]]:
         """The conversation a follow-up replays: this turn's input plus its output."""
-        text = "".join(item["content"][0]["text"] for item in self.output if item["type"] == "message")
-        calls = [{"id": item["call_id"], "type": "function",
-                  "function": {"name": item["name"], "arguments": item["arguments"]}}
-                 for item in self.output if item["type"] == "function_call"]
+        text = "".join(
+            item["content"][0]["text"] for item in self.output if item["type"] == "message"
+        )
+        calls = [
+            {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            for item in self.output
+            if item["type"] == "function_call"
+        ]
         reply: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             reply["tool_calls"] = calls
@@ -538,15 +736,22 @@ def _echoed_format(form: Any) -> dict[str, Any]:
 
 def _flat_tool(tool: dict[str, Any], strict: frozenset[str]) -> dict[str, Any]:
     function = tool["function"]
-    return {"type": "function", "name": function["name"], "description": function.get("description"),
-            "parameters": function.get("parameters"), "strict": function["name"] in strict}
+    return {
+        "type": "function",
+        "name": function["name"],
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+        "strict": function["name"] in strict,
+    }
 
 
 def _usage(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens,
-                                 "cache_write_tokens": usage.prompt_tokens - usage.cached_tokens},
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": usage.prompt_tokens - usage.cached_tokens,
+        },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,
@@ -561,8 +766,9 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def input_items_page(items: list[dict[str, Any]], *, after: str | None, limit: int,
-                     order: str) -> dict[str, Any]:
+def input_items_page(
+    items: list[dict[str, Any]], *, after: str | None, limit: int, order: str
+) -> dict[str, Any]:
     """One page of /input_items, as the spec paginates: `after` an id, newest first by default."""
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100", param="limit", code="invalid_value")
@@ -572,9 +778,17 @@ def input_items_page(items: list[dict[str, Any]], *, after: str | None, limit: i
     if after is not None:
         ids = [item["id"] for item in ordered]
         if after not in ids:
-            raise InvalidRequest(f"no input item {quoted(after)} in this response", param="after",
-                                 code="invalid_value")
-        ordered = ordered[ids.index(after) + 1:]
+            raise InvalidRequest(
+                f"no input item {quoted(after)} in this response",
+                param="after",
+                code="invalid_value",
+            )
+        ordered = ordered[ids.index(after) + 1 :]
     page = ordered[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > limit,
+    }

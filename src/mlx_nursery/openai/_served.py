@@ -39,7 +39,8 @@ class ServedModel:
         if requested != self.name and requested not in self.aliases:
             raise ModelNotFound(
                 f"The model {quoted(requested)} does not exist. This server serves: '{self.name}'.",
-                param="model", code="model_not_found",
+                param="model",
+                code="model_not_found",
             )
 
     def card(self) -> ModelCard:

@@ -30,7 +30,7 @@ class StopMatcher:
             self._pending = ""
             return buffer[:cut]
         keep = _partial_tail(buffer, self.stops)
-        self._pending = buffer[len(buffer) - keep:] if keep else ""
+        self._pending = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]
 
     def flush(self) -> str:

@@ -45,15 +45,27 @@ class Grammars:
         import llguidance
 
         if schema is not None and not isinstance(schema, dict):
-            raise InvalidRequest("the JSON schema must be an object", param=param, code="invalid_value")
+            raise InvalidRequest(
+                "the JSON schema must be an object", param=param, code="invalid_value"
+            )
         text = json.dumps(schema if schema is not None else {"type": "object"})
         return self._processor(
-            lambda: llguidance.LLMatcher.grammar_from_json_schema(text, defaults=_COMPACT),
-            param, "unsupported JSON schema",
+            lambda: llguidance.LLMatcher.grammar_from_json_schema(
+                text,
+                defaults=_COMPACT,  # type: ignore[arg-type]  # a TypedDict of these keys
+            ),
+            param,
+            "unsupported JSON schema",
         )
 
-    def tool_call_processor(self, tools: list[dict[str, Any]], markup: tuple[str, str], param: str,
-                            *, name: str | None = None) -> GrammarProcessor:
+    def tool_call_processor(
+        self,
+        tools: list[dict[str, Any]],
+        markup: tuple[str, str],
+        param: str,
+        *,
+        name: str | None = None,
+    ) -> GrammarProcessor:
         """Force exactly one call, in the model's `<start>JSON<end>` format, of `name` (or of any
         of `tools`), with arguments valid against that tool's parameters schema."""
         import llguidance
@@ -61,12 +73,23 @@ class Grammars:
         chosen = [t for t in tools if name is None or t["function"]["name"] == name]
         call = {"anyOf": [_call_schema(t["function"]) for t in chosen], "x-guidance": _COMPACT}
         start, end = markup
-        lark = f"start: {json.dumps(start)} \"\\n\" call \"\\n\" {json.dumps(end)}\ncall: %json {json.dumps(call)}"
-        return self._processor(lambda: llguidance.LLMatcher.grammar_from_lark(lark), param,
-                               "cannot constrain to these tools")
+        lark = (
+            f'start: {json.dumps(start)} "\\n" call "\\n" {json.dumps(end)}\n'
+            f"call: %json {json.dumps(call)}"
+        )
+        return self._processor(
+            lambda: llguidance.LLMatcher.grammar_from_lark(lark),
+            param,
+            "cannot constrain to these tools",
+        )
 
-    def strict_tools_processor(self, tools: list[dict[str, Any]], strict: frozenset[str],
-                               markup: tuple[str, str], param: str) -> GrammarProcessor:
+    def strict_tools_processor(
+        self,
+        tools: list[dict[str, Any]],
+        strict: frozenset[str],
+        markup: tuple[str, str],
+        param: str,
+    ) -> GrammarProcessor:
         """Tool choice "auto" with strict tools: free text until the model opens a call (a lazy
         trigger on the start markup, as llama.cpp's lazy grammars), then one call of a known
         tool whose arguments match its schema if it is strict (any object if not), then free
@@ -74,14 +97,27 @@ class Grammars:
         import llguidance
         from llguidance._struct_tag import StructTag
 
-        schemas = [_call_schema(t["function"] if t["function"]["name"] in strict
-                                else {**t["function"], "parameters": {"type": "object"}}) for t in tools]
+        schemas = [
+            _call_schema(
+                t["function"]
+                if t["function"]["name"] in strict
+                else {**t["function"], "parameters": {"type": "object"}}
+            )
+            for t in tools
+        ]
         start, end = markup
-        tag = StructTag(trigger=start, begin=start + "\n", end="\n" + end,
-                        grammar={"anyOf": schemas, "x-guidance": _COMPACT})
+        tag = StructTag(
+            trigger=start,
+            begin=start + "\n",
+            end="\n" + end,
+            grammar={"anyOf": schemas, "x-guidance": _COMPACT},
+        )
         lark = StructTag.to_grammar([tag], assume_special=False)
-        return self._processor(lambda: llguidance.LLMatcher.grammar_from_lark(lark), param,
-                               "cannot constrain to these tools")
+        return self._processor(
+            lambda: llguidance.LLMatcher.grammar_from_lark(lark),
+            param,
+            "cannot constrain to these tools",
+        )
 
     def _processor(self, compile_grammar: Any, param: str, problem: str) -> GrammarProcessor:
         """Compile and validate against this tokenizer; a grammar llguidance refuses is a 400
@@ -91,12 +127,16 @@ class Grammars:
         try:
             grammar = compile_grammar()
         except Exception as exc:  # noqa: BLE001 - its message names the offending feature
-            raise InvalidRequest(f"{problem}: {exc}", param=param, code="unsupported_schema") from None
+            raise InvalidRequest(
+                f"{problem}: {exc}", param=param, code="unsupported_schema"
+            ) from None
         tokenizer = self._tokenizer()
         error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
             raise InvalidRequest(f"{problem}: {error}", param=param, code="unsupported_schema")
-        return GrammarProcessor(llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size, param)
+        return GrammarProcessor(
+            llguidance.LLMatcher(tokenizer, grammar), tokenizer.vocab_size, param
+        )
 
 
 _COMPACT = {"whitespace_flexible": False}
@@ -105,8 +145,10 @@ _COMPACT = {"whitespace_flexible": False}
 def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]},
-                       "arguments": function.get("parameters") or {"type": "object"}},
+        "properties": {
+            "name": {"const": function["name"]},
+            "arguments": function.get("parameters") or {"type": "object"},
+        },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -146,7 +188,7 @@ class GrammarProcessor:
             self._matcher.rollback(self._consumed - generated)
             self._consumed = generated
         if generated > self._consumed:
-            new = tokens[self._prompt_length + self._consumed:].tolist()
+            new = tokens[self._prompt_length + self._consumed :].tolist()
             if not self._matcher.consume_tokens(new):
                 self.failure = self._matcher.get_error()
                 raise RuntimeError(f"constrained decoding diverged: {self.failure}")
@@ -163,7 +205,9 @@ class GrammarProcessor:
 _SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def response_format_processor(grammars: Grammars, response_format: Any, param: str) -> GrammarProcessor | None:
+def response_format_processor(
+    grammars: Grammars, response_format: Any, param: str
+) -> GrammarProcessor | None:
     """Chat's `response_format` ({"type": "text" | "json_object" | "json_schema"}) and the
     Responses `text.format` (the same, json_schema flattened) to a processor, or None."""
     if response_format is None:
@@ -177,7 +221,9 @@ def response_format_processor(grammars: Grammars, response_format: Any, param: s
         return grammars.json_processor(None, param)
     if kind == "json_schema":
         nested = "json_schema" in response_format
-        spec = response_format.get("json_schema", response_format)  # chat nests it; Responses does not
+        spec = response_format.get(
+            "json_schema", response_format
+        )  # chat nests it; Responses does not
         where = f"{param}.json_schema" if nested else param
         if not isinstance(spec, dict):
             raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_value")
@@ -185,12 +231,19 @@ def response_format_processor(grammars: Grammars, response_format: Any, param: s
         if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
             # As OpenAI: a name is required, a-z, A-Z, 0-9, underscores and dashes, at most 64.
             code = "missing_required_parameter" if name is None else "invalid_value"
-            raise InvalidRequest("json_schema needs a 'name' of at most 64 letters, digits, '_' or '-'",
-                                 param=f"{where}.name", code=code)
+            raise InvalidRequest(
+                "json_schema needs a 'name' of at most 64 letters, digits, '_' or '-'",
+                param=f"{where}.name",
+                code=code,
+            )
         schema = spec.get("schema")
         if schema is None:
-            raise InvalidRequest("json_schema needs a 'schema'", param=where,
-                                 code="missing_required_parameter")
+            raise InvalidRequest(
+                "json_schema needs a 'schema'", param=where, code="missing_required_parameter"
+            )
         return grammars.json_processor(schema, f"{where}.schema")
-    raise InvalidRequest(f"{param} type {quoted(kind)} is not supported", param=f"{param}.type",
-                         code="unsupported_parameter")
+    raise InvalidRequest(
+        f"{param} type {quoted(kind)} is not supported",
+        param=f"{param}.type",
+        code="unsupported_parameter",
+    )

@@ -67,10 +67,20 @@ def tool_format(tokenizer: Any) -> ToolFormat:
 
     if getattr(tokenizer, "has_tool_calling", False):
         parser = tokenizer.tool_parser
-        return ToolFormat(tokenizer.tool_call_start, tokenizer.tool_call_end, parser, native=True,
-                          json=getattr(parser, "__module__", "").endswith("json_tools"))
-    return ToolFormat(json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call,
-                      native=False, json=True)
+        return ToolFormat(
+            tokenizer.tool_call_start,
+            tokenizer.tool_call_end,
+            parser,
+            native=True,
+            json=getattr(parser, "__module__", "").endswith("json_tools"),
+        )
+    return ToolFormat(
+        json_tools.tool_call_start,
+        json_tools.tool_call_end,
+        json_tools.parse_tool_call,
+        native=False,
+        json=True,
+    )
 
 
 FALLBACK_TOOLS_PROMPT = """# Tools
@@ -85,10 +95,12 @@ You are provided with function signatures within <tools></tools> XML tags:
 For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
-</tool_call>"""
+</tool_call>"""  # noqa: E501 - the prompt Hermes models were trained on, verbatim
 
 
-def fallback_messages(rendered: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def fallback_messages(
+    rendered: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Messages in the fallback convention for a template that knows no tools: the tools in
     the system message, calls in the assistant's text, results as user turns."""
     out: list[dict[str, Any]] = []
@@ -99,11 +111,16 @@ def fallback_messages(rendered: list[dict[str, Any]], tools: list[dict[str, Any]
             text = "\n".join(_fallback_call(call["function"]) for call in calls)
             message["content"] = f"{message['content']}\n{text}" if message.get("content") else text
         if message["role"] == "tool":
-            message = {"role": "user", "content": f"<tool_response>\n{message['content']}\n</tool_response>"}
+            message = {
+                "role": "user",
+                "content": f"<tool_response>\n{message['content']}\n</tool_response>",
+            }
             message.pop("tool_call_id", None)
         out.append(message)
     if tools:
-        described = FALLBACK_TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+        described = FALLBACK_TOOLS_PROMPT.format(
+            tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        )
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{described}"}
         else:
@@ -122,14 +139,19 @@ def strict_tool_names(raw: list[Any] | None) -> frozenset[str]:
     names = set()
     for tool in raw or []:
         spec = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(spec, dict) and spec.get("strict") is True and isinstance(spec.get("name"), str):
+        if (
+            isinstance(spec, dict)
+            and spec.get("strict") is True
+            and isinstance(spec.get("name"), str)
+        ):
             names.add(spec["name"])
     return frozenset(names)
 
 
 def normalize_tools(raw: list[Any] | None, param: str = "tools") -> list[dict[str, Any]]:
     """Accept chat's nested form and the Responses API's flat form; return the nested form
-    that chat templates expect: {"type": "function", "function": {name, description, parameters}}."""
+    that chat templates expect:
+    {"type": "function", "function": {name, description, parameters}}."""
     tools: list[dict[str, Any]] = []
     for i, tool in enumerate(raw or []):
         where = f"{param}[{i}]"
@@ -138,16 +160,21 @@ def normalize_tools(raw: list[Any] | None, param: str = "tools") -> list[dict[st
         if tool.get("type") != "function":
             raise InvalidRequest(
                 f"tool type {quoted(tool.get('type'))} is not supported; only 'function' tools are",
-                param=f"{where}.type", code="unsupported_parameter",
+                param=f"{where}.type",
+                code="unsupported_parameter",
             )
         spec = tool.get("function", tool)
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
-            raise InvalidRequest(f"'{where}' needs a function name", param=f"{where}.name",
-                                 code="invalid_value")
+            raise InvalidRequest(
+                f"'{where}' needs a function name", param=f"{where}.name", code="invalid_value"
+            )
         parameters = spec.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
-            raise InvalidRequest(f"'{where}' parameters must be a JSON Schema object",
-                                 param=f"{where}.parameters", code="invalid_value")
+            raise InvalidRequest(
+                f"'{where}' parameters must be a JSON Schema object",
+                param=f"{where}.parameters",
+                code="invalid_value",
+            )
         function: dict[str, Any] = {"name": spec["name"], "parameters": parameters}
         if spec.get("description"):
             function["description"] = spec["description"]
@@ -180,8 +207,15 @@ def new_call_id() -> str:
 class ToolCallExtractor:
     """Feed model text; get content text and completed tool calls, markup never included."""
 
-    def __init__(self, start: str, end: str, parse: Callable[[str, Any], Any], tools: list[dict[str, Any]],
-                 *, max_calls: int | None = None) -> None:
+    def __init__(
+        self,
+        start: str,
+        end: str,
+        parse: Callable[[str, Any], Any],
+        tools: list[dict[str, Any]],
+        *,
+        max_calls: int | None = None,
+    ) -> None:
         self._start, self._end = start, end
         self._parse = parse
         self._tools = tools
@@ -204,20 +238,23 @@ class ToolCallExtractor:
                 end = self._buffer.find(self._end)
                 if end < 0:
                     break
-                body, self._buffer = self._buffer[:end], self._buffer[end + len(self._end):]
+                body, self._buffer = self._buffer[:end], self._buffer[end + len(self._end) :]
                 self._in_call = False
                 pieces.extend(self._calls_from(body))
             else:
                 start = self._buffer.find(self._start)
                 if start < 0:
                     keep = _partial_suffix(self._buffer, self._start)
-                    ready, self._buffer = self._buffer[: len(self._buffer) - keep], self._buffer[len(self._buffer) - keep:]
+                    ready, self._buffer = (
+                        self._buffer[: len(self._buffer) - keep],
+                        self._buffer[len(self._buffer) - keep :],
+                    )
                     if ready:
                         pieces.append(ContentText(ready))
                     break
                 if start:
                     pieces.append(ContentText(self._buffer[:start]))
-                self._buffer = self._buffer[start + len(self._start):]
+                self._buffer = self._buffer[start + len(self._start) :]
                 self._in_call = True
         return pieces
 
@@ -246,7 +283,7 @@ class ToolCallExtractor:
         except json.JSONDecodeError:
             return []
         arguments = _PARTIAL_ARGUMENTS.search(body, name.end()) or _PARTIAL_ARGUMENTS.search(body)
-        text = body[arguments.end():].rstrip() if arguments is not None else ""
+        text = body[arguments.end() :].rstrip() if arguments is not None else ""
         call = ToolCallOut(self.calls, new_call_id(), decoded_name, text, complete=False)
         self.calls += 1
         return [call]
@@ -266,7 +303,11 @@ class ToolCallExtractor:
             if self.done or not isinstance(call, dict) or not isinstance(call.get("name"), str):
                 continue
             arguments = call.get("arguments", {})
-            text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            text = (
+                arguments
+                if isinstance(arguments, str)
+                else json.dumps(arguments, ensure_ascii=False)
+            )
             pieces.append(ToolCallOut(self.calls, new_call_id(), call["name"], text))
             self.calls += 1
         return pieces

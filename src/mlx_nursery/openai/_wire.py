@@ -34,8 +34,12 @@ class UsageOut:
 
     @classmethod
     def of(cls, usage: Usage) -> UsageOut:
-        return cls(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens,
-                   PromptTokensDetails(usage.cached_tokens))
+        return cls(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+            PromptTokensDetails(usage.cached_tokens),
+        )
 
 
 @attrs.frozen

@@ -43,8 +43,13 @@ class StoredResponse:
 
 
 class ResponsesStore:
-    def __init__(self, path: str | Path, *, max_responses: int = 10_000,
-                 max_age_seconds: float = 30 * 24 * 3600) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_responses: int = 10_000,
+        max_age_seconds: float = 30 * 24 * 3600,
+    ) -> None:
         self.path = str(path)
         self.max_responses = max_responses
         self.max_age_seconds = max_age_seconds
@@ -63,10 +68,12 @@ class ResponsesStore:
         await self._run(self._put, record)
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        return await self._run(self._get, response_id)
+        found: StoredResponse | None = await self._run(self._get, response_id)
+        return found
 
     async def delete(self, response_id: str) -> bool:
-        return await self._run(self._delete, response_id)
+        deleted: bool = await self._run(self._delete, response_id)
+        return deleted
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
@@ -86,24 +93,38 @@ class ResponsesStore:
         with _transaction(db):
             db.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                (record.id, record.created_at, json.dumps(record.body),
-                 json.dumps(record.input_items), json.dumps(record.conversation)),
+                (
+                    record.id,
+                    record.created_at,
+                    json.dumps(record.body),
+                    json.dumps(record.input_items),
+                    json.dumps(record.conversation),
+                ),
             )
-            db.execute("DELETE FROM responses WHERE created_at < ?",
-                       (time.time() - self.max_age_seconds,))
+            db.execute(
+                "DELETE FROM responses WHERE created_at < ?", (time.time() - self.max_age_seconds,)
+            )
             db.execute(
                 "DELETE FROM responses WHERE id IN (SELECT id FROM responses "
-                "ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (self.max_responses,),
+                "ORDER BY created_at DESC LIMIT -1 OFFSET ?)",
+                (self.max_responses,),
             )
 
     def _get(self, response_id: str) -> StoredResponse | None:
-        row = self._require().execute(
-            "SELECT id, created_at, body, input_items, conversation FROM responses WHERE id = ?",
-            (response_id,),
-        ).fetchone()
+        row = (
+            self._require()
+            .execute(
+                "SELECT id, created_at, body, input_items, conversation"
+                " FROM responses WHERE id = ?",
+                (response_id,),
+            )
+            .fetchone()
+        )
         if row is None or row[1] < time.time() - self.max_age_seconds:
             return None
-        return StoredResponse(row[0], row[1], json.loads(row[2]), json.loads(row[3]), json.loads(row[4]))
+        return StoredResponse(
+            row[0], row[1], json.loads(row[2]), json.loads(row[3]), json.loads(row[4])
+        )
 
     def _delete(self, response_id: str) -> bool:
         with _transaction(self._require()) as db:
