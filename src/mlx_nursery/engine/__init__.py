@@ -6,6 +6,7 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 from ._config import EngineConfig
 from ._engine import THREAD_NAME, Engine, EngineStatistics, TokenStream, open_engine
 from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._grammar import GrammarProcessor
 from ._prefix_cache import PrefixCache, PrefixCacheStats
 from ._types import (
     FinishReason,
@@ -27,6 +28,7 @@ __all__ = [
     "EngineUnavailable",
     "FinishReason",
     "GenerationRequest",
+    "GrammarProcessor",
     "ModelInfo",
     "PrefixCache",
     "PrefixCacheStats",
