@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 
 def _make_model(args: argparse.Namespace) -> int:
@@ -38,11 +42,10 @@ def _serve(args: argparse.Namespace) -> int:
     from .models import ModelNotFoundError, resolve_model_path
     from .models.default import DefaultModelError, ensure_default_model
     from .server import serve
-    from .settings import Settings, SettingsError
+    from .settings import SettingsError
 
-    overrides = {name: getattr(args, name) for name in _SERVE_FLAGS}
     try:
-        settings = Settings.from_env(**overrides)
+        settings = serve_settings(args)
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -58,6 +61,19 @@ def _serve(args: argparse.Namespace) -> int:
     return trio.run(serve, settings)
 
 
+def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings `serve` runs with: its flags, then `MLX_NURSERY_*` (environ), then defaults.
+
+    A flag not given parses to None, so that the environment and Settings' defaults apply.
+    Raises SettingsError for a value that cannot be used."""
+    import attrs
+
+    from .settings import Settings
+
+    overrides = {field.name: getattr(args, field.name) for field in attrs.fields(Settings)}
+    return Settings.from_env(environ, **overrides)
+
+
 def _configure_logging(level: str) -> None:
     import logging
 
@@ -65,37 +81,6 @@ def _configure_logging(level: str) -> None:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-
-
-# flag -> (type, help); each also reads MLX_NURSERY_<FLAG> (see settings.py)
-_SERVE_FLAGS: dict[str, tuple[type, str]] = {
-    "model": (str, "local model directory or cached HF repo id (default: SmolLM2-135M-Instruct)"),
-    "host": (str, "address to bind (default 127.0.0.1)"),
-    "port": (int, "port to bind (default 8000)"),
-    "max_concurrency": (int, "sequences on the device at once; 1 serializes (default 8)"),
-    "max_queue": (int, "requests waiting for a lane before 503 (default 64)"),
-    "request_timeout": (float, "seconds per request, queueing included (default 600)"),
-    "default_max_tokens": (int, "max_tokens when a request sets none (default: context room)"),
-    "served_model_name": (str, "the model id clients use (default: the model's name)"),
-    "prompt_cache_bytes": (int, "prefix KV cache budget in bytes; 0 disables (default 2 GiB)"),
-    "stream_interval": (
-        int,
-        "tokens per chunk after the first; 0: by load, +1 per 8 open streams (default 0)",
-    ),
-    "shutdown_grace": (float, "seconds running requests get after SIGTERM (default 10)"),
-    "log_level": (str, "debug, info, warning or error (default info)"),
-    "responses_db": (str, "SQLite file of stored responses (default: user data dir; ':memory:')"),
-    "responses_max": (int, "stored responses kept before the oldest are evicted (default 10000)"),
-    "responses_max_age": (float, "seconds a stored response is kept (default 30 days)"),
-    "max_request_bytes": (int, "largest request body in bytes; past it, 413 (default 8 MiB)"),
-    "strict_params": (
-        bool,
-        (
-            "refuse with a 400 the hints otherwise accepted and ignored "
-            "(reasoning_effort, verbosity, ...; see x-ignored-params)"
-        ),
-    ),
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,14 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the OpenAI-compatible API",
         description="Each flag can also be set as MLX_NURSERY_<FLAG> (e.g. MLX_NURSERY_PORT).",
     )
-    for name, (kind, text) in _SERVE_FLAGS.items():
-        flag = "--" + name.replace("_", "-")
-        if kind is bool:
-            serve.add_argument(
-                flag, dest=name, action="store_const", const=True, default=None, help=text
-            )
-        else:
-            serve.add_argument(flag, dest=name, type=kind, default=None, help=text)
+    _add_settings_flags(serve)
     serve.set_defaults(handler=_serve)
 
     convert = commands.add_parser(
@@ -140,6 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.set_defaults(handler=_convert_gguf)
     return parser
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per Settings field, its help and shown default from the field (settings.py)."""
+    import attrs
+
+    from .settings import Settings, flag_name, setting_help, shown_default, value_type
+
+    for field in attrs.fields(Settings):
+        text = f"{setting_help(field).text} (default: {shown_default(field)})".replace("%", "%%")
+        flag, kind = flag_name(field), value_type(field)
+        # default None: a flag not given leaves the choice to MLX_NURSERY_* and Settings
+        if kind is bool:
+            parser.add_argument(
+                flag, dest=field.name, action="store_const", const=True, default=None, help=text
+            )
+        else:
+            parser.add_argument(flag, dest=field.name, type=kind, default=None, help=text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,23 +1,55 @@
-"""Server settings: one attrs class; every field settable by a flag or `MLX_NURSERY_<FIELD>`.
+"""Server settings: one attrs class, the one place their defaults are stated.
 
-Precedence: command-line flag, then environment variable, then the default here.
+Every field is settable by a flag (`--max-queue`) or `MLX_NURSERY_<FIELD>`; precedence:
+command-line flag, then environment variable, then the default here. Each field's metadata
+holds its help line and how its default reads, so `mlx-nursery serve --help` is built from
+it and tests/test_settings.py checks README's options table against it. Defaults the engine
+has too are read from EngineConfig, not restated.
 """
 
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 from attrs import validators as v
 
+from .engine import EngineConfig
+
 ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+_HELP = "mlx_nursery.help"
+_DAY = 24 * 3600
 
 
 class SettingsError(ValueError):
     """A setting has a value that cannot be used; the message names the setting."""
+
+
+@attrs.frozen
+class Help:
+    """A setting's help line and how its default reads (in --help and README's table)."""
+
+    text: str
+    none: str = "none"
+    """What None means: the default's reading when it is None."""
+    zero: str = ""
+    """What 0 means, shown after the 0 when it is the default."""
+    unit: Literal["", "bytes", "seconds"] = ""
+
+
+def _help(
+    text: str, *, none: str = "none", zero: str = "", unit: Literal["", "bytes", "seconds"] = ""
+) -> dict[str, Help]:
+    return {_HELP: Help(text, none, zero, unit)}
+
+
+def _engine_default(name: str) -> Any:
+    """EngineConfig's default for `name`: stated once, in the engine."""
+    return attrs.fields_dict(EngineConfig)[name].default
 
 
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -27,39 +59,101 @@ def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float 
 
 @attrs.frozen
 class Settings:
-    model: str | None = None
-    """A local mlx-lm directory or a cached HF repo id; None serves the built-in default model."""
-    host: str = "127.0.0.1"
-    port: int = attrs.field(default=8000, validator=[v.ge(0), v.le(65535)])
-    max_concurrency: int = attrs.field(default=8, validator=v.ge(1))
-    """Sequences on the device at once: 1 = strict serialization, N = continuous batching."""
-    max_queue: int = attrs.field(default=64, validator=v.ge(0))
-    """Requests that may wait for a lane; past it, 503 with Retry-After."""
-    request_timeout: float | None = attrs.field(default=600.0, validator=_optional_positive)
-    """Seconds for a whole request, queueing included; None for no limit."""
-    default_max_tokens: int | None = attrs.field(default=None, validator=_optional_positive)
-    """max_tokens when a request gives none; None: up to the model's context length."""
-    served_model_name: str | None = None
-    prompt_cache_bytes: int = attrs.field(default=2 << 30, validator=v.ge(0))
-    stream_interval: int = attrs.field(default=0, validator=v.ge(0))
+    model: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "a local mlx-lm directory or a repo id already in the HF cache, never downloaded",
+            none="the built-in model",
+        ),
+    )
+    """None serves the built-in default model (models/default.py)."""
+    host: str = attrs.field(default="127.0.0.1", metadata=_help("address to bind"))
+    port: int = attrs.field(
+        default=8000, validator=[v.ge(0), v.le(65535)], metadata=_help("port to bind")
+    )
+    max_concurrency: int = attrs.field(
+        default=_engine_default("max_concurrency"),
+        validator=v.ge(1),
+        metadata=_help("sequences on the device at once; 1 serializes, N batches continuously"),
+    )
+    max_queue: int = attrs.field(
+        default=_engine_default("max_queue"),
+        validator=v.ge(0),
+        metadata=_help("requests waiting for a lane; past it, 503 with Retry-After"),
+    )
+    request_timeout: float | None = attrs.field(
+        default=600.0,
+        validator=_optional_positive,
+        metadata=_help("seconds per request, queueing included", none="no limit", unit="seconds"),
+    )
+    default_max_tokens: int | None = attrs.field(
+        default=None,
+        validator=_optional_positive,
+        metadata=_help("max_tokens when a request gives none", none="context room"),
+    )
+    """None: up to the model's context length."""
+    served_model_name: str | None = attrs.field(
+        default=None,
+        metadata=_help("the model id clients send as `model`", none="the model's name"),
+    )
+    prompt_cache_bytes: int = attrs.field(
+        default=_engine_default("prompt_cache_bytes"),
+        validator=v.ge(0),
+        metadata=_help("prefix KV cache budget in bytes; 0 disables it", unit="bytes"),
+    )
+    stream_interval: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata=_help(
+            "tokens per streamed chunk after the first; 0: 1, and 1 more per 8 streams beyond 8",
+            zero="by load",
+        ),
+    )
     """Pieces of text (about one per token) per SSE write after the first, which always goes
     at once (vLLM's --stream-interval). 0 adapts to load: 1 while up to 8 streams are open,
     one more per 8 streams beyond (32 streams: 4); see http/_batching.py."""
-    shutdown_grace: float = attrs.field(default=10.0, validator=v.ge(0))
-    """Seconds in-flight requests get to finish after SIGTERM/SIGINT before they are cancelled."""
-    log_level: str = attrs.field(default="info", validator=v.in_(LOG_LEVELS))
-    responses_db: str | None = None
-    """SQLite file of the Responses store; None: responses.db in the user data directory;
-    ":memory:" keeps nothing across restarts."""
-    responses_max: int = attrs.field(default=10_000, validator=v.ge(1))
-    """Stored responses kept; the oldest are evicted past it."""
-    responses_max_age: float = attrs.field(default=30 * 24 * 3600.0, validator=v.gt(0))
-    """Seconds a stored response is kept."""
-    strict_params: bool = False
-    """Refuse with a 400 the hints this server accepts and ignores (reasoning_effort, ...)."""
-    max_request_bytes: int = attrs.field(default=8 << 20, validator=v.ge(1))
-    """Largest request body; past it, 413 before the body is read in full. 8 MiB holds many
-    times the text any served context can take, and bounds what one body costs to parse."""
+    shutdown_grace: float = attrs.field(
+        default=10.0,
+        validator=v.ge(0),
+        metadata=_help("seconds in-flight requests get after SIGTERM/SIGINT", unit="seconds"),
+    )
+    """In-flight requests still running after it are cancelled with a final error event."""
+    log_level: str = attrs.field(
+        default="info",
+        validator=v.in_(LOG_LEVELS),
+        metadata=_help("debug, info, warning or error; prompts and completions are never logged"),
+    )
+    responses_db: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "SQLite file of stored responses; ':memory:' keeps none across restarts",
+            none="responses.db in the user data dir",
+        ),
+    )
+    responses_max: int = attrs.field(
+        default=10_000,
+        validator=v.ge(1),
+        metadata=_help("stored responses kept; past it, the oldest are evicted"),
+    )
+    responses_max_age: float = attrs.field(
+        default=30 * _DAY,
+        validator=v.gt(0),
+        metadata=_help("seconds a stored response is kept", unit="seconds"),
+    )
+    strict_params: bool = attrs.field(
+        default=False,
+        metadata=_help(
+            "refuse with a 400 the hints otherwise accepted and ignored "
+            "(reasoning_effort, verbosity, ...; see x-ignored-params)"
+        ),
+    )
+    max_request_bytes: int = attrs.field(
+        default=8 << 20,
+        validator=v.ge(1),
+        metadata=_help("largest request body in bytes; past it, 413", unit="bytes"),
+    )
+    """Past it, 413 before the body is read in full. 8 MiB holds many times the text any
+    served context can take, and bounds what one body costs to parse."""
 
     def responses_db_path(self) -> str:
         if self.responses_db:
@@ -88,16 +182,60 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+def flag_name(field: attrs.Attribute[Any]) -> str:
+    """The command-line flag of a setting: `max_queue` -> `--max-queue`."""
+    return "--" + field.name.replace("_", "-")
+
+
+def setting_help(field: attrs.Attribute[Any]) -> Help:
+    help_: Help = field.metadata[_HELP]
+    return help_
+
+
+def value_type(field: attrs.Attribute[Any]) -> type:
+    """The type a setting's value is parsed as: `int | None` -> int."""
+    kind = _FIELD_TYPES[field.name]
+    args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    return args[0] if args else kind  # type: ignore[no-any-return]
+
+
+def shown_default(field: attrs.Attribute[Any]) -> str:
+    """How a setting's default reads in --help and README: `2 GiB`, `30 days`, `0 (by load)`."""
+    help_ = setting_help(field)
+    value = field.default
+    if value is None:
+        return help_.none
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value == 0 and help_.zero:
+        return f"0 ({help_.zero})"
+    if help_.unit == "bytes":
+        return _bytes(value)
+    if help_.unit == "seconds" and value >= _DAY and value % _DAY == 0:
+        return f"{value / _DAY:g} days"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _bytes(value: int) -> str:
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if value >= 1 << shift and value % (1 << shift) == 0:
+            return f"{value >> shift} {unit}"
+    return str(value)
+
+
+_FIELD_TYPES: dict[str, Any] = typing.get_type_hints(Settings)
+
+
 def _parse(field: attrs.Attribute[Any], raw: str) -> Any:
-    kind = str(field.type)
-    if kind == "bool":
+    kind = value_type(field)
+    if kind is bool:
         if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             raise SettingsError(f"{env_name(field.name)}={raw!r} is not a boolean (true or false)")
         return raw.lower() in ("1", "true", "yes", "on")
     try:
-        if kind.startswith("int"):
+        if kind is int:
             return int(raw)
-        if kind.startswith("float"):
+        if kind is float:
             return None if raw.lower() in ("none", "off") else float(raw)
     except ValueError:
         raise SettingsError(f"{env_name(field.name)}={raw!r} is not a number") from None
