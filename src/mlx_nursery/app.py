@@ -13,6 +13,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTim
 from .http import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
 from .http._errors import envelope_response, error_response, internal_error, log_failure
 from .http._keepalive import ShieldFinalBody
+from .http._lifetime import LifetimeHTTPConnection
 from .http._limits import RequestLimits
 from .http._routes import routes
 from .http._service import RequestProcessors, Service
@@ -38,6 +39,7 @@ def create_app(
     scripts with it); it is not reachable over HTTP."""
     settings = settings or Settings.from_env()
     app = QuartTrio("mlx_nursery")
+    app.asgi_http_class = LifetimeHTTPConnection  # a request's jobs end with it (_lifetime.py)
     # `/v1//chat/completions` is a 404 in the envelope, not werkzeug's HTML redirect (308).
     app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py

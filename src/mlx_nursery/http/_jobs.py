@@ -27,6 +27,8 @@ from ..openai import OpenAIError, Output, Prepared, RequestTimeout, Unavailable,
 log = logging.getLogger("mlx_nursery.http")
 
 CancelReason = Literal["timeout", "client", "shutdown"]
+"""Why a job was cancelled: its deadline; its request ended first (the client left, or the
+response was cut short: see `_lifetime.py`); the server's drain."""
 JobItem = Output | OpenAIError
 _BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
 

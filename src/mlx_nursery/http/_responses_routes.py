@@ -24,6 +24,7 @@ from ..store import StoredResponse
 from ._batching import WriteBatcher, merged_text
 from ._errors import error_response, internal_error, log_failure
 from ._jobs import Job
+from ._lifetime import own
 from ._routes import _ended_early, _service, note_ignored, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS
@@ -62,7 +63,7 @@ async def create_response() -> Response:
         {TRUNCATED_HEADER: str(prepared.truncated_messages)} if prepared.truncated_messages else {}
     )
     note_ignored(prepared.prepared, **truncated)
-    job = await jobs.start(prepared.prepared, deadline)
+    job = own(await jobs.start(prepared.prepared, deadline))  # cancelled when the request ends
     builder = ResponseBuilder(prepared)
     if parsed.stream:
         response = Response(
@@ -72,17 +73,14 @@ async def create_response() -> Response:
         )
         response.timeout = None
         return response
-    try:
-        async for item in job.receive:
-            if isinstance(item, OpenAIError):
-                return error_response(item)
-            _apply(builder, item)
-            if isinstance(item, Finished):
-                await _save(service, prepared, builder)
-                return Response(json.dumps(builder.response()), content_type="application/json")
-        raise _ended_early()
-    finally:
-        job.cancel("client")
+    async for item in job.receive:
+        if isinstance(item, OpenAIError):
+            return error_response(item)
+        _apply(builder, item)
+        if isinstance(item, Finished):
+            await _save(service, prepared, builder)
+            return Response(json.dumps(builder.response()), content_type="application/json")
+    raise _ended_early()
 
 
 def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
@@ -102,22 +100,19 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     """The named SSE events of one response. A failure while rendering (or storing) ends the
     stream with an `error` event, logged with `request_id`, never a cut stream."""
-    try:
-        with service.writes.stream():
-            try:
-                yield _events(builder.opening())
-                batches = WriteBatcher(job.receive, service.writes)
-                while (items := await batches.next()) is not None:
-                    events, ended = await _render(service, prepared, builder, items)
-                    yield _events(events)
-                    if ended:
-                        return
-                yield _events([builder.error_event(_ended_early())])
-            except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
-                log_failure(request_id, "while streaming", exc)
-                yield _events([builder.error_event(internal_error(request_id))])
-    finally:
-        job.cancel("client")
+    with service.writes.stream():
+        try:
+            yield _events(builder.opening())
+            batches = WriteBatcher(job.receive, service.writes)
+            while (items := await batches.next()) is not None:
+                events, ended = await _render(service, prepared, builder, items)
+                yield _events(events)
+                if ended:
+                    return
+            yield _events([builder.error_event(_ended_early())])
+        except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
+            log_failure(request_id, "while streaming", exc)
+            yield _events([builder.error_event(internal_error(request_id))])
 
 
 async def _render(

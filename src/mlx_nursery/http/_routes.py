@@ -30,6 +30,7 @@ from ..openai._logprobs import LogprobEntry
 from ._batching import WriteBatcher, WritePolicy, merged_text
 from ._errors import error_response, internal_error, log_failure
 from ._jobs import Job, JobItem
+from ._lifetime import own
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
 
@@ -105,16 +106,13 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
 
     prepared = await service.prepare(work, deadline)
     note_ignored(prepared)
-    job = await jobs.start(prepared, deadline)
+    job = own(await jobs.start(prepared, deadline))  # cancelled when the request ends
     if prepared.stream:
         body = _stream(prepared, job, service.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
-    try:
-        return await _collect(prepared, job)
-    finally:
-        job.cancel("client")  # a no-op once finished; on a disconnect it stops the compute
+    return await _collect(prepared, job)
 
 
 def request_id() -> str:
@@ -189,24 +187,21 @@ async def _stream(
             return json_event(prepared.delta_json(delta.text))
         return data_event(prepared.delta_chunk(delta.text, delta.logprobs, start))
 
-    try:
-        with writes.stream():
-            try:
-                opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
-                if opening:
-                    yield opening
-                batches = WriteBatcher(job.receive, writes)
-                while (items := await batches.next()) is not None:
-                    write, ended = _render(prepared, items, content)
-                    yield write
-                    if ended:
-                        return
-                yield data_event(_ended_early().envelope())
-            except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
-                log_failure(request_id, "while streaming", exc)
-                yield data_event(internal_error(request_id).envelope())
-    finally:
-        job.cancel("client")
+    with writes.stream():
+        try:
+            opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
+            if opening:
+                yield opening
+            batches = WriteBatcher(job.receive, writes)
+            while (items := await batches.next()) is not None:
+                write, ended = _render(prepared, items, content)
+                yield write
+                if ended:
+                    return
+            yield data_event(_ended_early().envelope())
+        except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
+            log_failure(request_id, "while streaming", exc)
+            yield data_event(internal_error(request_id).envelope())
 
 
 def _render(

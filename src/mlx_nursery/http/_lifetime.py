@@ -1,0 +1,66 @@
+"""A request's jobs end with the request: cancelled when its ASGI task ends, however it ends.
+
+Why the ASGI task and not the response body generator's `finally`: Quart-Trio cancels a
+request when its client leaves, and if that happens before the first body byte (while
+the head is being sent), the generator has never run, so no code of it ever runs, its
+`finally` included. The job then computed on until the engine gave up on it as a consumer
+that stopped reading, about a thousand tokens later (`tests/test_http_lifecycle.py`).
+Quart's `teardown_request` is no use either: it runs when the handler returns, before a
+streamed body is sent.
+
+So the app handles each HTTP request with `LifetimeHTTPConnection`, which owns a
+`RequestLifetime` for the request's whole ASGI call (handler, head, body), and a route ties
+each job it starts to it with `own`.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+
+import attrs
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from quart_trio.asgi import TrioASGIHTTPConnection
+
+from ._jobs import Job
+
+_current: ContextVar[RequestLifetime | None] = ContextVar(
+    "mlx_nursery_request_lifetime", default=None
+)
+
+
+@attrs.define(eq=False)
+class RequestLifetime:
+    """The jobs one request started; cancelled ("client") when the request ends."""
+
+    jobs: list[Job] = attrs.Factory(list)
+
+    def end(self) -> None:
+        """Cancel every job still running: no one will read its output. Not a checkpoint."""
+        for job in self.jobs:
+            job.cancel("client")
+
+
+def own(job: Job) -> Job:
+    """Tie `job` to the current request, so that it is cancelled when the request ends."""
+    lifetime = _current.get()
+    if lifetime is None:
+        raise RuntimeError("no request lifetime: the app must use LifetimeHTTPConnection")
+    lifetime.jobs.append(job)
+    return job
+
+
+class LifetimeHTTPConnection(TrioASGIHTTPConnection):
+    """Quart-Trio's HTTP connection, which ends the request's lifetime when its call ends.
+
+    The lifetime reaches the handler through a context variable: Quart-Trio runs the handler
+    in a task spawned inside this call, and a Trio task starts with a copy of its spawner's
+    context."""
+
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        lifetime = RequestLifetime()
+        token = _current.set(lifetime)
+        try:
+            await super().__call__(receive, send)
+        finally:
+            _current.reset(token)
+            lifetime.end()

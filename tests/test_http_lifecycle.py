@@ -1,0 +1,89 @@
+"""The HTTP job lifecycle over a real server: a job ends with its request, whatever point the
+request ends at; a draining server refuses new jobs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import trio
+
+from mlx_nursery.http._jobs import Job, Jobs
+from mlx_nursery.openai import Prepared
+
+from .http_helpers import (
+    chat_body,
+    engine_of,
+    eventually,
+    port_of,
+    post_request,
+    raw_http,
+    running_server,
+)
+
+LONG = 3000  # tokens a request would run to if nothing stopped it (no EOS at T=0)
+
+STREAMS = {
+    "/v1/chat/completions": chat_body(max_tokens=LONG, temperature=0, stream=True),
+    "/v1/completions": {
+        "model": "tiny",
+        "prompt": "Once",
+        "max_tokens": LONG,
+        "temperature": 0,
+        "stream": True,
+    },
+    "/v1/responses": {
+        "model": "tiny",
+        "input": "Tell a tale.",
+        "max_output_tokens": LONG,
+        "temperature": 0,
+        "stream": True,
+    },
+}
+
+
+class HeldStart:
+    """Wraps `Jobs.start`: once the job holds its lane, the route is held (shielded) until
+    the client's disconnect has cancelled the request, then goes on. The response head is
+    then never sent and the body generator never starts: the request ends at the next
+    checkpoint, in Hypercorn's send of the head."""
+
+    def __init__(self, jobs: Jobs) -> None:
+        self._start = jobs.start
+        self.entered = trio.Event()
+        self.job: Job | None = None
+
+    async def __call__(self, prepared: Prepared, deadline: float | None = None) -> Job:
+        job = await self._start(prepared, deadline)
+        self.job = job
+        self.entered.set()
+        limit = trio.current_time() + 60
+        # The request's scope is cancelled once Quart-Trio has seen the disconnect.
+        while trio.current_effective_deadline() != -math.inf:
+            if trio.current_time() > limit:
+                raise AssertionError("the disconnect never reached the request")
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.005)
+        return job
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+async def test_a_disconnect_before_the_first_body_byte_stops_the_job(
+    tiny_model: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_server(tiny_model, max_concurrency=1) as server:
+        engine, jobs = engine_of(server), server.service.jobs
+        assert jobs is not None
+        held = HeldStart(jobs)
+        monkeypatch.setattr(jobs, "start", held)
+        connection = await raw_http(port_of(server), post_request(path, STREAMS[path]))
+        await held.entered.wait()
+        await connection.aclose()
+
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane came back")
+        assert held.job is not None
+        # Cancelled by the request's end (not by its deadline, nor by the engine giving up
+        # on a consumer that stopped reading, which is how the compute used to stop here).
+        assert held.job.scope.cancel_called and held.job.reason == "client"
+        assert engine.statistics().worker.generated_tokens < LONG / 2  # type: ignore[union-attr]
