@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -8,6 +9,10 @@ import pytest
 from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, open_engine
 from mlx_nursery.models import make_model
+
+# Every engine of the suite (in-process or served) asserts its thread's invariants after each
+# iteration: a violation stops it, and the test sees the failure.
+os.environ["MLX_NURSERY_CHECK_INVARIANTS"] = "1"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

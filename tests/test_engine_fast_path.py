@@ -146,7 +146,7 @@ async def test_fast_path_holds_a_token_back_one_launch_at_most_and_never_the_fir
     tiny_model: Path,
 ) -> None:
     """Tokens of a lone stream reach Trio at the next launch, outside the graph build
-    (Worker._post_at_launch): token k is read after token k+1 is launched and posted once
+    (the outbox's posting rule): token k is read after token k+1 is launched and posted once
     token k+2's graph is built, so it must be there while token k+3's graph is built. The
     first token has no launch of its own to wait for: it is there before the second's."""
 
@@ -182,6 +182,7 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
     from mlx_lm.utils import load
 
     from mlx_nursery.engine._solo import SoloSequence
+    from mlx_nursery.engine._stepper import Start
 
     model, tokenizer = load(str(tiny_model))
     prompt = tokenizer.encode("Waves and more waves, counted through the night. " * 8)
@@ -210,39 +211,33 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
     solo = SoloSequence(
         model,
         -1,
-        prompt,
-        cache=None,
-        cached_tokens=0,
+        Start(prompt, None, [], 12),
         sampler=greedy,
         processors=[],
-        max_tokens=12,
         stop_tokens=frozenset(),
         prefill_step_size=16,
     )
     assert solo.step() is None and solo.step() is None  # two prefill chunks, no token yet
     handover = solo.handover()
-    assert handover.response is None and handover.cache_tokens == prompt[:32]
-    assert handover.remaining_prompt == prompt[32:] and handover.max_tokens == 12
-    assert (
-        batch_run(handover.remaining_prompt, handover.cache, handover.cache_tokens, 12) == reference
-    )
+    start = handover.start
+    assert handover.response is None and start.cache_tokens == prompt[:32]
+    assert start.prompt == prompt[32:] and start.max_tokens == 12
+    assert batch_run(start.prompt, start.cache, start.cache_tokens, 12) == reference
 
 
 async def test_a_failed_handover_fails_only_that_request(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlx_nursery.engine import _worker
+    from mlx_nursery.engine._stepper import BatchStepper, Start
 
-    original = _worker.Worker._insert
+    original = BatchStepper.insert
 
-    def failing_for_handed_over(self, sequence, prompt, cache, cache_tokens, max_tokens):  # type: ignore[no-untyped-def]
-        if (
-            cache is not None
-        ):  # only the lone sequence arrives with a KV cache (no prefix cache here)
+    def failing_for_handed_over(self: BatchStepper, sequence: Any, start: Start) -> int:
+        if start.cache is not None:  # only the lone sequence arrives with a KV cache here
             raise RuntimeError("simulated insert failure")
-        return original(self, sequence, prompt, cache, cache_tokens, max_tokens)
+        return original(self, sequence, start)
 
-    monkeypatch.setattr(_worker.Worker, "_insert", failing_for_handed_over)
+    monkeypatch.setattr(BatchStepper, "insert", failing_for_handed_over)
     config = EngineConfig(tiny_model, max_concurrency=4, prompt_cache_bytes=0)
     async with open_engine(config) as engine:
         first = request(engine, "A lone request", max_tokens=40, ignore_eos=True)

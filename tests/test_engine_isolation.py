@@ -25,7 +25,7 @@ from mlx_nursery.engine import (
     _prefix_cache,
     _sampling,
     _solo,
-    _worker,
+    _sequence,
     open_engine,
 )
 
@@ -204,10 +204,10 @@ async def test_a_failure_while_admitting_fails_only_that_request(
     if where == "processors":
         # The poisoned request is the one whose prompt length is 1.
         monkeypatch.setattr(
-            _worker,
+            _sequence,
             "make_request_processors",
             breaks_for_poison(
-                _worker.make_request_processors, lambda p, e, n, f: "poison" if n == 1 else None
+                _sequence.make_request_processors, lambda p, e, n, f: "poison" if n == 1 else None
             ),
         )
     else:
@@ -334,7 +334,7 @@ async def test_a_model_that_fails_on_its_own_ends_the_engine(
 
 def engine_model(engine: Engine) -> Any:
     worker = engine._worker
-    assert worker is not None and worker._model is not None
+    assert worker is not None
     return worker._model.model
 
 

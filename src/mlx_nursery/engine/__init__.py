@@ -7,6 +7,7 @@ from ._config import EngineConfig
 from ._engine import THREAD_NAME, Engine, EngineStatistics, TokenStream, open_engine
 from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._grammar import GrammarProcessor
+from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
 from ._types import (
     FinishReason,
@@ -16,7 +17,6 @@ from ._types import (
     TokenLogprob,
     Usage,
 )
-from ._worker import ModelInfo, WorkerStats
 
 __all__ = [
     "THREAD_NAME",

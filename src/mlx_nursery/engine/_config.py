@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import attrs
@@ -31,3 +32,8 @@ class EngineConfig:
     """Run a lone sequence outside BatchGenerator (faster at batch 1; same tokens)."""
     max_consecutive_step_failures: int = attrs.field(default=3, validator=v.ge(1))
     """Batch steps failing in a row before the engine declares itself dead."""
+    check_invariants: bool = attrs.field(
+        factory=lambda: os.environ.get("MLX_NURSERY_CHECK_INVARIANTS") == "1"
+    )
+    """Assert the engine thread's invariants after every iteration (`Worker`): for tests,
+    which turn it on through the environment variable; a violation stops the engine."""

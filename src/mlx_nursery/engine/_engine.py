@@ -31,8 +31,9 @@ from mlx_lm.tokenizer_utils import StreamingDetokenizer
 from ._config import EngineConfig
 from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
 from ._types import FinishReason, GenerationRequest, TokenEvent
-from ._worker import Delivery, ModelInfo, StepEvent, Worker, WorkerStats
+from ._worker import Worker
 
 log = logging.getLogger("mlx_nursery.engine")
 

@@ -1,11 +1,11 @@
 """The single-sequence fast path: one sequence stepped the way mlx-lm's `generate_step` does.
 
-Why it exists: mlx-lm's `BatchGenerator` at batch size 1 decodes about 30% slower than
-`generate_step` on a GPU (measured on an H100: 96 vs 137 tok/s for Llama-3.1-8B shapes),
-because of its batch KV caches and per-row plumbing. While one sequence is alone on the
-engine it runs here, on a plain KV cache with the same one-step-ahead pipelining as
-`generate_step`. When a second sequence arrives, the lone one moves into the batch with
-its KV cache (`handover`), exactly as a prefix-cache hit is inserted.
+Why it exists: mlx-lm's `BatchGenerator` at batch size 1 decodes markedly slower than
+`generate_step` on a GPU (docs/architecture.md, "Single-sequence fast path"), because of its
+batch KV caches and per-row plumbing. While one sequence is alone on the engine it runs
+here, on a plain KV cache with the same one-step-ahead pipelining as `generate_step`. When
+a second sequence arrives, the lone one moves into the batch with its KV cache
+(`SoloStepper.handover`), exactly as a prefix-cache hit is inserted.
 
 Behaviour is identical on both paths: the same sampler object draws each token exactly
 once (so seeded requests reproduce), logits processors see the same context (the prompt
@@ -18,13 +18,16 @@ in-flight token over to the batch, and the handover is what keeps behaviour iden
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import attrs
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
+
+from ._sequence import LiveSequence, Response
+from ._stepper import KVState, Start
 
 
 @attrs.frozen
@@ -41,12 +44,9 @@ class SoloResponse:
 
 @attrs.frozen
 class Handover:
-    """What the batch needs to continue a solo sequence: `BatchGenerator.insert` arguments."""
+    """What the batch needs to continue a solo sequence identically."""
 
-    remaining_prompt: list[int]
-    cache: list[Any]
-    cache_tokens: list[int]
-    max_tokens: int
+    start: Start
     response: SoloResponse | None
     """The token that was in flight, now returned (None if decoding had not started)."""
 
@@ -56,27 +56,24 @@ class SoloSequence:
         self,
         model: Any,
         uid: int,
-        prompt: Sequence[int],
+        start: Start,
         *,
-        cache: list[Any] | None,
-        cached_tokens: int,
         sampler: Any,
         processors: list[Any],
-        max_tokens: int,
         stop_tokens: frozenset[int],
         prefill_step_size: int,
         before_launch: Callable[[], None] | None = None,
     ) -> None:
         self.uid = uid
         self._model = model
-        self._cache = cache if cache is not None else make_prompt_cache(model)
-        self._cache_tokens: list[int] = list(prompt[:cached_tokens])
+        self._cache = start.cache if start.cache is not None else make_prompt_cache(model)
+        self._cache_tokens: list[int] = list(start.cache_tokens)
         """The tokens in the KV cache, as Python ints (a sampled one is added once read)."""
-        self._pending: list[int] = list(prompt[cached_tokens:])
+        self._pending: list[int] = list(start.prompt)
         self._sampler = sampler
         self._processors = processors
         self._context = mx.array(self._cache_tokens, dtype=mx.uint32) if processors else None
-        self._max_tokens = max_tokens
+        self._max_tokens = start.max_tokens
         self._stop = stop_tokens
         self._step_size = prefill_step_size
         self._before_launch = before_launch
@@ -149,12 +146,11 @@ class SoloSequence:
         """Feed `inputs` (1-D), sample the next token; lazy, started with async_eval.
 
         On mlx-lm's thread-local generation stream, as BatchGenerator and generate_step:
-        on the default stream async_eval waits for prior work on CUDA (measured on an
-        H100: 105 vs 150 tok/s). `before_launch` runs once the graph is built, just before
-        the launch (see `Worker._post_at_launch`). The sampled token stays the sampler's
-        1-element array and is fed back as it is, as in generate_step: indexing it to a
-        scalar and reshaping it back cost a lone 8B stream about 5% on an H100 (0.97x vs
-        1.02x raw, 6 paired rounds).
+        on the default stream async_eval waits for prior work on CUDA. `before_launch` runs
+        once the graph is built, just before the launch (the outbox's posting rule). The
+        sampled token stays the sampler's 1-element array and is fed back as it is, as in
+        generate_step: indexing it to a scalar and reshaping it back cost a lone stream
+        measurably on CUDA (docs/architecture.md, "Single-sequence fast path").
         """
         with mx.stream(generation_stream):
             logits = self._model(inputs[None], cache=self._cache)[:, -1, :]
@@ -185,13 +181,13 @@ class SoloSequence:
         response = None
         if self._in_flight is not None:
             response = self._take_in_flight(launch_next=False)  # leaves its token in _pending
-        return Handover(
-            remaining_prompt=list(self._pending),
-            cache=self._cache,
-            cache_tokens=list(self._cache_tokens),
-            max_tokens=self._max_tokens - self._returned,
-            response=response,
+        start = Start(
+            list(self._pending),
+            self._cache,
+            list(self._cache_tokens),
+            self._max_tokens - self._returned,
         )
+        return Handover(start, response)
 
     def cancel(self) -> tuple[list[Any], list[int]]:
         """Stop; return the KV cache and the tokens it holds (for the prefix cache)."""
@@ -199,3 +195,72 @@ class SoloSequence:
             mx.eval(self._in_flight[0])  # let the step in flight land before the cache is kept
             self._in_flight = None
         return self._cache, list(self._cache_tokens)
+
+
+class SoloStepper:
+    """The fast path as a stepper: it holds at most one sequence."""
+
+    kind: Literal["solo", "batch"] = "solo"
+
+    def __init__(
+        self, model: Any, *, prefill_step_size: int, before_launch: Callable[[], None]
+    ) -> None:
+        self._model = model
+        self._step_size = prefill_step_size
+        self._before_launch = before_launch
+        self._solo: SoloSequence | None = None
+        self._prefilled = 0
+
+    def insert(self, sequence: LiveSequence, start: Start) -> int:
+        assert self._solo is None, "the fast path holds one sequence"
+        self._solo = SoloSequence(
+            self._model,
+            -(sequence.seq_id + 1),  # negative: never a BatchGenerator uid
+            start,
+            sampler=sequence.sampler,
+            processors=sequence.processors,
+            stop_tokens=sequence.stop_ids,
+            prefill_step_size=self._step_size,
+            before_launch=self._before_launch,
+        )
+        return self._solo.uid
+
+    def step(self) -> list[Response]:
+        if self._solo is None:
+            return []
+        before = self._solo.prefilled
+        response = self._solo.step()
+        self._prefilled += self._solo.prefilled - before
+        if response is None:
+            return []
+        if response.finish_reason is not None:
+            self._solo = None
+        return [response]
+
+    def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
+        solo = self._solo
+        if solo is None or solo.uid not in uids:
+            return {}
+        self._solo = None
+        cache, tokens = solo.cancel()
+        return {solo.uid: (cache, tokens)} if keep_state else {}
+
+    def handover(self) -> tuple[int, Handover] | None:
+        """Stop stepping the lone sequence here: its uid and where the batch continues it."""
+        solo, self._solo = self._solo, None
+        return None if solo is None else (solo.uid, solo.handover())
+
+    def close(self) -> None:
+        self._solo = None
+
+    @property
+    def uids(self) -> frozenset[int]:
+        return frozenset() if self._solo is None else frozenset((self._solo.uid,))
+
+    @property
+    def prefilled(self) -> int:
+        return self._prefilled
+
+    @property
+    def token_in_flight(self) -> bool:
+        return self._solo is not None and self._solo.token_in_flight

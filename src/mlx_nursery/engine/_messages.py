@@ -1,0 +1,97 @@
+"""What crosses between the Trio side and the engine thread: commands in, deliveries out.
+
+Commands go in through a thread-safe queue that only the engine thread reads. Deliveries go
+out through one `post` callable (a Trio `run_sync_soon`), each carrying every event of a
+step and the sequences confirmed gone. Nothing here holds an MLX object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+import attrs
+
+from ._prefix_cache import PrefixCacheStats
+from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
+
+
+@attrs.frozen
+class Submit:
+    seq_id: int
+    request: GenerationRequest
+
+
+@attrs.frozen
+class Cancel:
+    seq_id: int
+
+
+@attrs.frozen
+class Stop:
+    pass
+
+
+Command = Submit | Cancel | Stop
+
+
+@attrs.frozen
+class WorkerStats:
+    """Counters since the engine started. `prompt_tokens_processed` counts prefill-chunk
+    tokens: each prompt's last token is run by its first decode step instead."""
+
+    steps: int
+    active: int
+    prompt_tokens_processed: int
+    generated_tokens: int
+    failed_steps: int
+    prefix_cache: PrefixCacheStats | None
+    solo_steps: int = 0
+    """Steps run on the single-sequence fast path (the rest went through BatchGenerator)."""
+    handovers: int = 0
+    """Lone sequences moved into the batch when company arrived."""
+    isolated_failures: int = 0
+    """Sequences failed alone because a step failed with them as the one suspect."""
+    replays: int = 0
+    """Sequences rebuilt (prompt and tokens so far prefilled again) after a failed step."""
+
+
+class StepEvent(NamedTuple):
+    """One sequence's output in a step, before detokenizing.
+
+    The receiving side turns it into a `TokenEvent`: it detokenizes there, on its own
+    thread, while this one launches the next step. Detokenizing was the largest piece of
+    Python a token cost this thread, which a lone stream of a large model is bound by.
+    """
+
+    token_id: int | None
+    logprob: TokenLogprob | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@attrs.frozen
+class Delivery:
+    """One hop to Trio: every event of a step, and the sequences confirmed gone."""
+
+    events: list[tuple[int, StepEvent]]
+    finished: list[int]
+    stats: WorkerStats
+    closing: Literal["closed", "failed"] | None = None  # set on the thread's last delivery
+
+
+@attrs.frozen
+class ModelInfo:
+    """What the Trio side may know about the loaded model (no MLX objects)."""
+
+    path: str
+    tokenizer: Any
+    context_length: int
+    eos_token_ids: frozenset[int]
+    token_bytes: Callable[[int], bytes]
+    """A token id's exact bytes (`_detokenizer.TokenBytes`)."""

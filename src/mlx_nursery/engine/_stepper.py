@@ -1,0 +1,123 @@
+"""Steppers: what runs the model's steps for the sequences the worker gives them.
+
+The worker holds one stepper at a time and drives it through one interface: `insert` a
+sequence at a `Start`, `step` (one decode step for every sequence, or one prefill chunk),
+`remove` sequences (returning their KV state for the prefix cache), `close`. There are two:
+
+- `BatchStepper`, over mlx-lm's `BatchGenerator` (continuous batching). This module is the
+  only one that touches `BatchGenerator`, including its private counters.
+- `SoloStepper` (`_solo.py`), the single-sequence fast path, stepped as `generate_step` is.
+
+When company arrives for a lone sequence the worker swaps the solo stepper for the batch
+one: `SoloStepper.handover` gives the `Start` at which the batch continues it identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol
+
+import attrs
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from ._sequence import LiveSequence, Response
+
+KVState = tuple[list[Any] | None, list[int] | None]
+"""A removed sequence's KV cache and the tokens it holds (None, None: not kept)."""
+
+
+@attrs.frozen
+class Start:
+    """Where a sequence starts in a stepper: `cache` holds `cache_tokens`; `prompt` is what
+    it does not hold yet (prefilled first); at most `max_tokens` tokens follow."""
+
+    prompt: list[int]
+    cache: list[Any] | None
+    cache_tokens: list[int]
+    max_tokens: int
+
+
+class Stepper(Protocol):
+    kind: Literal["solo", "batch"]
+
+    def insert(self, sequence: LiveSequence, start: Start) -> int:
+        """Take `sequence` at `start`; return its uid. Raises if it cannot: nothing taken."""
+
+    def step(self) -> list[Response]:
+        """Run one step (a token for every decoding sequence, or a prefill chunk)."""
+
+    def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
+        """Drop sequences; no step runs for them after this. Waits for a step in flight."""
+
+    def close(self) -> None: ...
+
+    @property
+    def uids(self) -> frozenset[int]:
+        """The sequences it holds (for the worker's invariant checks)."""
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens it has run in prefill chunks."""
+
+    @property
+    def token_in_flight(self) -> bool:
+        """A token is computing that the next `step` returns (the posting rule asks)."""
+
+
+class BatchStepper:
+    """Continuous batching by mlx-lm's `BatchGenerator`."""
+
+    kind: Literal["solo", "batch"] = "batch"
+
+    def __init__(
+        self, model: Any, *, max_concurrency: int, prefill_batch_size: int, prefill_step_size: int
+    ) -> None:
+        self._generator = BatchGenerator(
+            model,
+            completion_batch_size=max_concurrency,
+            prefill_batch_size=min(prefill_batch_size, max_concurrency),
+            prefill_step_size=prefill_step_size,
+        )
+        self._uids: set[int] = set()
+
+    def insert(self, sequence: LiveSequence, start: Start) -> int:
+        (uid,) = self._generator.insert(
+            [start.prompt],
+            max_tokens=[start.max_tokens],
+            caches=[start.cache] if start.cache is not None else None,
+            all_tokens=[start.cache_tokens],
+            samplers=[sequence.sampler],
+            logits_processors=[sequence.processors],
+            stop_sequences=[StopSequences([[t] for t in sorted(sequence.stop_ids)])],
+        )
+        self._uids.add(int(uid))
+        return int(uid)
+
+    def step(self) -> list[Response]:
+        responses: list[Response] = self._generator.next()[1]
+        for response in responses:
+            if response.finish_reason is not None:
+                self._uids.discard(response.uid)  # the generator drops it itself
+        return responses
+
+    def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
+        """One call for all: each removal filters every layer's KV of the whole batch."""
+        caches: dict[int, KVState] = self._generator.remove(uids, return_prompt_caches=keep_state)
+        self._uids.difference_update(uids)
+        return caches if keep_state else {}
+
+    def close(self) -> None:
+        self._uids.clear()
+        self._generator.close()
+
+    @property
+    def uids(self) -> frozenset[int]:
+        return frozenset(self._uids)
+
+    @property
+    def prefilled(self) -> int:
+        # BatchGenerator counts prefilled tokens only in its private counters (mlx-lm 0.32.2).
+        return int(getattr(getattr(self._generator, "_counters", None), "prompt_tokens", 0))
+
+    @property
+    def token_in_flight(self) -> bool:
+        return False  # the posting rule defers only a lone stream's tokens
