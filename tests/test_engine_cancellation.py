@@ -61,6 +61,31 @@ async def test_cancelled_sequence_reports_cancelled_and_lane_returns(engine: Eng
     assert_idle(engine)
 
 
+async def test_statistics_count_each_cancel_with_its_latency_and_steps_in_flight(
+    engine: Engine,
+) -> None:
+    """Cancels by leaving the block and by `stop()` (a stop string's way) are both counted;
+    a stream that ends on its own is not a cancellation."""
+    before = engine.statistics().cancellations
+    assert before.confirmed == 0 and before.quantile(0.5) is None
+    await collect(engine, request(engine, "ends on its own", max_tokens=3, ignore_eos=True))
+    async with engine.generate(long_request(engine)) as stream:
+        async for _ in stream:
+            break
+    async with engine.generate(long_request(engine)) as stream:
+        async for event in stream:
+            if not event.is_final:
+                stream.stop()
+    assert event.finish_reason == "cancelled"
+    stats = engine.statistics().cancellations
+    assert stats.confirmed == 2 == sum(stats.seconds_counts) == sum(stats.steps_in_flight)
+    assert stats.seconds_total > 0
+    # The engine stops a sequence before its next step: the step in flight at most.
+    assert sum(stats.steps_in_flight[:2]) == 2
+    assert stats.quantile(1.0) in (*stats.seconds_buckets, float("inf"))
+    assert_idle(engine)
+
+
 async def test_cancel_during_long_prefill_abandons_it(engine_config: EngineConfig) -> None:
     config = EngineConfig(engine_config.model, max_concurrency=2, prefill_step_size=16)
     async with open_engine(config) as engine:

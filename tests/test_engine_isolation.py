@@ -24,8 +24,8 @@ from mlx_nursery.engine import (
     SamplingParams,
     _prefix_cache,
     _sampling,
-    _solo,
     _sequence,
+    _solo,
     open_engine,
 )
 

@@ -9,6 +9,7 @@ from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptToo
 from ._grammar import GrammarProcessor
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
+from ._statistics import CancelStatistics
 from ._types import (
     FinishReason,
     GenerationRequest,
@@ -20,6 +21,7 @@ from ._types import (
 
 __all__ = [
     "THREAD_NAME",
+    "CancelStatistics",
     "Engine",
     "EngineConfig",
     "EngineError",

@@ -32,6 +32,7 @@ from ._config import EngineConfig
 from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
+from ._statistics import CancelRecorder, CancelStatistics
 from ._types import FinishReason, GenerationRequest, TokenEvent
 from ._worker import Worker
 
@@ -50,6 +51,8 @@ class EngineStatistics:
     worker: WorkerStats | None
     late_events: int
     """Events that arrived for a sequence already confirmed gone: always 0 unless a bug."""
+    cancellations: CancelStatistics
+    """Cancel-to-confirmation latencies and steps in flight, for every cancelled sequence."""
 
 
 @attrs.define(eq=False)
@@ -67,6 +70,7 @@ class _Handle:
     confirmed: trio.Event = attrs.Factory(trio.Event)
     stalled: bool = False
     cancel_requested_step: int | None = None
+    cancel_requested_at: float | None = None
     confirmed_step: int | None = None
 
     def token_event(self, step: StepEvent) -> TokenEvent:
@@ -90,17 +94,16 @@ class _Handle:
 class TokenStream:
     """Async iterator over one sequence's events; it always ends with a final event."""
 
-    def __init__(self, handle: _Handle, worker: Worker) -> None:
+    def __init__(self, handle: _Handle, engine: Engine) -> None:
         self._handle = handle
-        self._worker = worker
+        self._engine = engine
         self._done = False
 
     def stop(self) -> None:
         """Ask the engine to end the sequence before its next step; keep iterating for its
         final event (finish reason "cancelled", with usage). For callers that decide to stop
-        on their own terms (a stop string) but still want the accounting."""
-        if not self._handle.confirmed.is_set():
-            self._worker.cancel(self._handle.seq_id)
+        on their own terms (a stop string) but still want the accounting. Does not block."""
+        self._engine._cancel(self._handle)
 
     def __aiter__(self) -> TokenStream:
         return self
@@ -116,7 +119,7 @@ class TokenStream:
             return TokenEvent(None, "", finish_reason="error", error=reason)
         self._done = step.is_final
         if step.is_final:
-            self._worker.confirmation_seen()  # it came with the confirmation
+            self._engine._confirmation_seen()  # it came with the confirmation
         return self._handle.token_event(step)
 
     @property
@@ -145,6 +148,7 @@ class Engine:
         self._worker: Worker | None = None
         self._stop_requested = False
         self._late_events = 0
+        self._cancellations = CancelRecorder()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
@@ -174,8 +178,7 @@ class Engine:
 
             _call_soon(token, _logging_failures(apply))
 
-        # `_deliver` is looked up per call, so that a benchmark's probe may wrap it.
-        deliver = _logging_failures(lambda delivery: self._deliver(delivery))
+        deliver = _logging_failures(self._deliver)
         self._worker = Worker(
             self.config, functools.partial(_call_soon, token, deliver), on_ready, on_exit
         )
@@ -247,6 +250,7 @@ class Engine:
             queued=limiter.statistics().tasks_waiting if limiter else 0,
             worker=self._stats,
             late_events=self._late_events,
+            cancellations=self._cancellations.snapshot(),
         )
 
     @asynccontextmanager
@@ -265,18 +269,31 @@ class Engine:
         assert self._worker is not None
         self._worker.submit(handle.seq_id, request)
         try:
-            yield TokenStream(handle, self._worker)
+            yield TokenStream(handle, self)
         finally:
             if not handle.confirmed.is_set():
-                handle.cancel_requested_step = self._worker.steps
-                self._worker.cancel(handle.seq_id)
+                self._cancel(handle)
                 with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
                     await handle.confirmed.wait()
                 if handle.confirmed.is_set():
-                    self._worker.confirmation_seen()
+                    self._confirmation_seen()
                 else:
                     log.error("sequence %d not confirmed stopped in time", handle.seq_id)
             handle.receive.close()
+
+    def _cancel(self, handle: _Handle) -> None:
+        """Ask the engine thread to end `handle`'s sequence before its next step (once; a
+        no-op once confirmed). The confirmation's latency is recorded in `_deliver`."""
+        if handle.confirmed.is_set() or handle.cancel_requested_at is not None:
+            return
+        assert self._worker is not None
+        handle.cancel_requested_step = self._worker.steps
+        handle.cancel_requested_at = trio.current_time()
+        self._worker.cancel(handle.seq_id)
+
+    def _confirmation_seen(self) -> None:
+        if self._worker is not None:
+            self._worker.confirmation_seen()
 
     def _check_admissible(self, request: GenerationRequest) -> None:
         if self._state != "running":
@@ -323,6 +340,11 @@ class Engine:
             handle = self._handles.get(seq_id)
             if handle is not None:
                 handle.confirmed_step = delivery.stats.steps
+                if handle.cancel_requested_at is not None:
+                    self._cancellations.record(
+                        trio.current_time() - handle.cancel_requested_at,
+                        handle.confirmed_step - (handle.cancel_requested_step or 0),
+                    )
                 self._confirm(handle)
 
     def _push(self, handle: _Handle, event: StepEvent) -> None:
@@ -333,8 +355,8 @@ class Engine:
         except trio.WouldBlock:
             # The consumer stopped reading: cancel it rather than buffer without bound.
             handle.stalled = True
-            if self._worker is not None and not handle.confirmed.is_set():
-                self._worker.cancel(handle.seq_id)
+            if self._worker is not None:
+                self._cancel(handle)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the consumer is gone; its confirmation still arrives
 
