@@ -4,12 +4,16 @@ request ends at; a draining server refuses new jobs."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import httpx
 import pytest
 import trio
 
 from mlx_nursery.http._jobs import Job, Jobs
+from mlx_nursery.http._service import Service
 from mlx_nursery.openai import Prepared
 
 from .http_helpers import (
@@ -19,8 +23,12 @@ from .http_helpers import (
     port_of,
     post_request,
     raw_http,
+    read_until,
     running_server,
+    validate_error,
 )
+
+T = TypeVar("T")
 
 LONG = 3000  # tokens a request would run to if nothing stopped it (no EOS at T=0)
 
@@ -87,3 +95,60 @@ async def test_a_disconnect_before_the_first_body_byte_stops_the_job(
         # on a consumer that stopped reading, which is how the compute used to stop here).
         assert held.job.scope.cancel_called and held.job.reason == "client"
         assert engine.statistics().worker.generated_tokens < LONG / 2  # type: ignore[union-attr]
+
+
+class HeldPrepare:
+    """Wraps `Service.prepare`: a prepared request waits for `resume` before it goes on to
+    start its job."""
+
+    def __init__(self, service: Service) -> None:
+        self._prepare = service.prepare
+        self.entered = trio.Event()
+        self.resume = trio.Event()
+
+    async def __call__(self, work: Callable[[], T], deadline: float) -> T:
+        prepared = await self._prepare(work, deadline)
+        self.entered.set()
+        await self.resume.wait()
+        return prepared
+
+
+async def test_a_job_started_during_drain_is_refused(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with running_server(tiny_model, max_concurrency=2) as server:
+        service = server.service
+        running = await raw_http(
+            port_of(server),
+            post_request("/v1/chat/completions", chat_body(max_tokens=64, stream=True)),
+        )
+        await read_until(running, b"data: ")  # a job is running: the drain will wait for it
+        held = HeldPrepare(service)
+        monkeypatch.setattr(service, "prepare", held)
+        drained = trio.Event()
+
+        async def drain() -> None:
+            await service.drain(60)
+            drained.set()
+
+        async def request(http: httpx.AsyncClient, responses: list[httpx.Response]) -> None:
+            responses.append(await http.post("/v1/chat/completions", json=chat_body(max_tokens=4)))
+
+        late: list[httpx.Response] = []
+        async with trio.open_nursery() as draining:
+            http = httpx.AsyncClient(base_url=server.base_url)
+            async with http, trio.open_nursery() as requesting:
+                requesting.start_soon(request, http, late)
+                await held.entered.wait()  # past the readiness check, not yet started
+                draining.start_soon(drain)
+                await eventually(lambda: service.state == "draining", "the drain began")
+                held.resume.set()
+
+            assert late[0].status_code == 503
+            validate_error(late[0].json())
+            assert late[0].json()["error"]["code"] == "server_shutting_down"
+            # The running job finishes, and the drain ends with it, not at the end of its grace.
+            assert b"data: [DONE]" in await read_until(running, b"data: [DONE]")
+            with trio.fail_after(30):
+                await drained.wait()
+        await running.aclose()

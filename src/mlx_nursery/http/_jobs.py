@@ -53,19 +53,25 @@ class Jobs:
         self._timeout = timeout
         self._active: set[Job] = set()
         self._idle = trio.Event()
+        """Set while no job runs. Replaced only once set: a drain may be waiting on it."""
         self._idle.set()
+        self._closed = False
+        """Set by `drain`: no job starts after it."""
 
     async def start(self, prepared: Prepared, deadline: float | None = None) -> Job:
         """Admit and start a job; raises the OpenAIError of a refused admission.
 
         `deadline`: when the request started earlier (its preparation); default now plus the
         request timeout."""
+        if self._closed:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
         if deadline is None:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
         send, receive = trio.open_memory_channel[JobItem](_BUFFER)
         job = Job(receive, trio.CancelScope(deadline=deadline))
         self._active.add(job)
-        self._idle = trio.Event()
+        if self._idle.is_set():
+            self._idle = trio.Event()
         try:
             await self._nursery.start(self._run, job, prepared, send)
         except BaseException:
@@ -135,7 +141,10 @@ class Jobs:
             self._idle.set()
 
     async def drain(self, grace: float) -> None:
-        """Let running jobs finish for up to `grace` seconds, then cancel the rest."""
+        """Refuse new jobs from now on (`start` raises the shutdown error), let running jobs
+        finish for up to `grace` seconds, then cancel the rest; returns without waiting for
+        them to end."""
+        self._closed = True
         with trio.move_on_after(grace):
             await self._idle.wait()
         for job in list(self._active):
