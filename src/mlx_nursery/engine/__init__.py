@@ -4,12 +4,13 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
 from ._config import EngineConfig
-from ._engine import THREAD_NAME, Engine, EngineStatistics, TokenStream, open_engine
+from ._engine import THREAD_NAME, Engine, EngineStatistics, open_engine
 from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._grammar import GrammarProcessor
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
 from ._statistics import CancelStatistics
+from ._stream import TokenStream
 from ._types import (
     FinishReason,
     GenerationRequest,

@@ -26,14 +26,14 @@ from typing import Literal
 
 import attrs
 import trio
-from mlx_lm.tokenizer_utils import StreamingDetokenizer
 
 from ._config import EngineConfig
 from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
 from ._statistics import CancelRecorder, CancelStatistics
-from ._types import FinishReason, GenerationRequest, TokenEvent
+from ._stream import Handle, TokenStream
+from ._types import FinishReason, GenerationRequest
 from ._worker import Worker
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -55,82 +55,6 @@ class EngineStatistics:
     """Cancel-to-confirmation latencies and steps in flight, for every cancelled sequence."""
 
 
-@attrs.define(eq=False)
-class _Handle:
-    """The Trio side of one sequence: its event buffer and its confirmation."""
-
-    seq_id: int
-    request: GenerationRequest
-    send: trio.MemorySendChannel[StepEvent]
-    receive: trio.MemoryReceiveChannel[StepEvent]
-    detokenizer: StreamingDetokenizer
-    """The sequence's streaming detokenizer. It runs in the consumer's task: not on the engine
-    thread, which a lone stream of a large model is bound by, and not in `_deliver`, which
-    every confirmation waits for."""
-    confirmed: trio.Event = attrs.Factory(trio.Event)
-    stalled: bool = False
-    cancel_requested_step: int | None = None
-    cancel_requested_at: float | None = None
-    confirmed_step: int | None = None
-
-    def token_event(self, step: StepEvent) -> TokenEvent:
-        """Detokenize a step's event. A stop token's text is never shown but releases
-        what was held back, as the end of the budget does; a cancel or error does not."""
-        detokenizer = self.detokenizer
-        if step.token_id is not None:
-            detokenizer.add_token(step.token_id)
-        if step.finish_reason in ("stop", "length"):
-            detokenizer.finalize()
-        return TokenEvent(
-            step.token_id,
-            detokenizer.last_segment,
-            step.logprob,
-            step.finish_reason,
-            step.usage,
-            step.error,
-        )
-
-
-class TokenStream:
-    """Async iterator over one sequence's events; it always ends with a final event."""
-
-    def __init__(self, handle: _Handle, engine: Engine) -> None:
-        self._handle = handle
-        self._engine = engine
-        self._done = False
-
-    def stop(self) -> None:
-        """Ask the engine to end the sequence before its next step; keep iterating for its
-        final event (finish reason "cancelled", with usage). For callers that decide to stop
-        on their own terms (a stop string) but still want the accounting. Does not block."""
-        self._engine._cancel(self._handle)
-
-    def __aiter__(self) -> TokenStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            step = await self._handle.receive.receive()
-        except trio.EndOfChannel:
-            self._done = True
-            reason = "the consumer fell behind" if self._handle.stalled else "the engine stopped"
-            return TokenEvent(None, "", finish_reason="error", error=reason)
-        self._done = step.is_final
-        if step.is_final:
-            self._engine._confirmation_seen()  # it came with the confirmation
-        return self._handle.token_event(step)
-
-    @property
-    def steps_in_flight_at_cancel(self) -> int | None:
-        """After a cancellation: engine steps completed between the request and the confirmation."""
-        handle = self._handle
-        if handle.cancel_requested_step is None or handle.confirmed_step is None:
-            return None
-        return handle.confirmed_step - handle.cancel_requested_step
-
-
 class Engine:
     """Runs one model on one engine thread.
 
@@ -140,7 +64,7 @@ class Engine:
         self.config = config
         self._state: State = "starting"
         self._ids = itertools.count()
-        self._handles: dict[int, _Handle] = {}
+        self._handles: dict[int, Handle] = {}
         self._waiting: set[trio.CancelScope] = set()
         self._stats: WorkerStats | None = None
         self._model: ModelInfo | None = None
@@ -272,16 +196,16 @@ class Engine:
             yield TokenStream(handle, self)
         finally:
             if not handle.confirmed.is_set():
-                self._cancel(handle)
+                self.cancel(handle)
                 with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
                     await handle.confirmed.wait()
                 if handle.confirmed.is_set():
-                    self._confirmation_seen()
+                    self.confirmation_seen()
                 else:
                     log.error("sequence %d not confirmed stopped in time", handle.seq_id)
             handle.receive.close()
 
-    def _cancel(self, handle: _Handle) -> None:
+    def cancel(self, handle: Handle) -> None:
         """Ask the engine thread to end `handle`'s sequence before its next step (once; a
         no-op once confirmed). The confirmation's latency is recorded in `_deliver`."""
         if handle.confirmed.is_set() or handle.cancel_requested_at is not None:
@@ -291,7 +215,7 @@ class Engine:
         handle.cancel_requested_at = trio.current_time()
         self._worker.cancel(handle.seq_id)
 
-    def _confirmation_seen(self) -> None:
+    def confirmation_seen(self) -> None:
         if self._worker is not None:
             self._worker.confirmation_seen()
 
@@ -306,12 +230,12 @@ class Engine:
         if limiter.available_tokens == 0 and waiting >= self.config.max_queue:
             raise EngineOverloaded(waiting, self.config.max_queue)
 
-    def _new_handle(self, request: GenerationRequest) -> _Handle:
+    def _new_handle(self, request: GenerationRequest) -> Handle:
         send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
         detokenizer = make_detokenizer(self.model.tokenizer, trim_space=request.trim_leading_space)
-        return _Handle(next(self._ids), request, send, receive, detokenizer)
+        return Handle(next(self._ids), request, send, receive, detokenizer)
 
-    async def _acquire_lane(self, handle: _Handle) -> None:
+    async def _acquire_lane(self, handle: Handle) -> None:
         with trio.CancelScope() as waiting:
             self._waiting.add(waiting)
             try:
@@ -347,7 +271,7 @@ class Engine:
                     )
                 self._confirm(handle)
 
-    def _push(self, handle: _Handle, event: StepEvent) -> None:
+    def _push(self, handle: Handle, event: StepEvent) -> None:
         if handle.stalled:
             return
         try:
@@ -356,11 +280,11 @@ class Engine:
             # The consumer stopped reading: cancel it rather than buffer without bound.
             handle.stalled = True
             if self._worker is not None:
-                self._cancel(handle)
+                self.cancel(handle)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the consumer is gone; its confirmation still arrives
 
-    def _confirm(self, handle: _Handle) -> None:
+    def _confirm(self, handle: Handle) -> None:
         if handle.confirmed.is_set():
             return
         self._handles.pop(handle.seq_id, None)

@@ -1,0 +1,350 @@
+"""Sequences on the steppers: admission, steps, the handover, failed steps, detaching.
+
+The engine thread's `Worker` owns the thread, the commands and the loop; it drives a
+`Runner` for everything that puts sequences into steppers and takes them out, keeping
+the rules stated in the worker's docstring. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..models import LoadedModel
+from ._config import EngineConfig
+from ._ledger import Ledger
+from ._messages import StepEvent, Submit
+from ._outbox import Outbox
+from ._prefix_cache import CacheHit, PrefixCache
+from ._recovery import judge, model_computes
+from ._sampling import rewind_sampler
+from ._sequence import LiveSequence, Response, build_sequence, token_logprob
+from ._solo import SoloStepper
+from ._stepper import BatchStepper, Start, Stepper
+from ._types import FinishReason
+
+log = logging.getLogger("mlx_nursery.engine")
+
+MAX_REASON_CHARS = 500
+"""Of an exception's text kept in logs and error events (a grammar's may quote all of it)."""
+
+
+_COULD_NOT_START = "the engine could not start this request"
+_COULD_NOT_CONTINUE = "the engine could not continue this request"
+_FAILED_WHILE_SERVING = "the engine failed while serving this request"
+
+
+class FatalEngineError(RuntimeError):
+    """The engine cannot continue (repeated batch failures, or a bug in the loop)."""
+
+
+class Runner:
+    """Runs the sequences of one loaded model on its two steppers, one at a time."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LoadedModel,
+        cache: PrefixCache | None,
+        outbox: Outbox,
+        ledger: Ledger,
+    ) -> None:
+        self._config = config
+        self._model = model
+        self._cache = cache
+        self._outbox = outbox
+        self._ledger = ledger
+        self._eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
+        self._batch = self._new_batch()
+        self._solo = SoloStepper(
+            model.model,
+            prefill_step_size=config.prefill_step_size,
+            before_launch=outbox.post_at_launch,
+        )
+        self._stepper: Stepper = self._batch
+        self._previous_responses: list[Response] = []
+        """The last step's responses (MLX arrays), released only once the next step has run,
+        as a `generate_step` loop releases them: releasing them while the next step is in
+        flight cost a lone stream markedly on CUDA (docs/architecture.md)."""
+        self.steps = 0  # read from Trio for cancellation accounting (an int: atomic under the GIL)
+        self.retired_prefill = 0
+        self.generated_tokens = 0
+        self.failed_steps = 0
+        self._failures_in_a_row = 0
+        self.solo_steps = 0
+        self.handovers = 0
+        self.isolated_failures = 0
+        self.replays = 0
+
+    @property
+    def prefilled(self) -> int:
+        return self.retired_prefill + self._batch.prefilled + self._solo.prefilled
+
+    def cancel(self, seq_id: int) -> None:
+        """End the sequence now, wherever it runs or waits (a no-op once it has ended)."""
+        uid = self._ledger.uids.get(seq_id)
+        if uid is not None:
+            self._ledger.remove(uid, self._stepper, "cancelled")
+        elif seq_id in self._ledger.probation:
+            sequence = self._ledger.probation.pop(seq_id)
+            self._ledger.finish(sequence, sequence.final("cancelled"))
+
+    def release_idle_responses(self) -> None:
+        if not self._ledger.active:
+            self._previous_responses = []  # no next step: nothing to wait for
+
+    def check(self) -> None:
+        unused = self._batch if self._stepper is self._solo else self._solo
+        self._ledger.check(self._stepper, unused)
+
+    def close(self) -> None:
+        self._retire_batch()
+        self._solo.close()
+        self._ledger.detaching = []
+        self._ledger.to_store = []
+        self._previous_responses = []
+
+    def settle(self) -> None:
+        """Post what is due, then detach and store what ended. Called twice per token, so
+        the common case (nothing ended) is a few checks: a lone stream's tokens are bound by
+        this thread's Python."""
+        self._outbox.post_due(token_in_flight=self._stepper.token_in_flight)
+        if self._ledger.detaching:
+            self._detach()
+            self._outbox.post_due(token_in_flight=False)  # a failed detach may end some
+        if self._ledger.to_store:
+            self._store_finished()
+
+    def _new_batch(self) -> BatchStepper:
+        return BatchStepper(
+            self._model.model,
+            max_concurrency=self._config.max_concurrency,
+            prefill_batch_size=self._config.prefill_batch_size,
+            prefill_step_size=self._config.prefill_step_size,
+        )
+
+    def admit_all(self, commands: list[Submit]) -> None:
+        """A lone sequence takes the fast path; any company moves everyone into the batch."""
+        lone = not (self._ledger.active or self._ledger.probation) and len(commands) == 1
+        if lone and self._config.single_sequence_fast_path:
+            self._admit(commands[0], self._solo)
+            return
+        self._hand_over()
+        for command in commands:
+            self._admit(command, self._batch)
+
+    def _admit(self, command: Submit, stepper: Stepper) -> None:
+        """Start one sequence in `stepper`. Anything that fails here fails this request alone."""
+        try:
+            sequence = build_sequence(command, self._eos)
+            prompt = list(command.request.prompt_tokens)
+            hit = self._fetch_prefix(sequence, prompt)
+            fresh = Start(prompt, None, [], command.request.max_tokens)
+            if hit is None:
+                uid = stepper.insert(sequence, fresh)
+            else:
+                cached = hit.cached_tokens
+                start = Start(prompt[cached:], hit.cache, prompt[:cached], fresh.max_tokens)
+                try:
+                    uid = stepper.insert(sequence, start)
+                    sequence.cached_tokens = cached
+                except Exception:  # noqa: BLE001 - a cached state that will not merge: prefill afresh
+                    assert self._cache is not None
+                    self._cache.record_failure()
+                    uid = stepper.insert(sequence, fresh)
+        except Exception:  # fails this request only
+            log.exception("could not admit sequence %d", command.seq_id)
+            self._ledger.end_unstarted(command, "error", _COULD_NOT_START)
+            return
+        self._stepper = stepper
+        self._ledger.track(sequence, uid)
+
+    def _hand_over(self) -> None:
+        """Swap the fast path for the batch; its lone sequence moves along, KV cache and
+        in-flight token included. A failure here fails that sequence alone."""
+        self._stepper = self._batch
+        if not self._solo.uids:
+            return
+        (uid,) = self._solo.uids
+        sequence = self._ledger.active[uid]
+        self.handovers += 1
+        try:
+            taken = self._solo.handover()
+            assert taken is not None
+            handover = taken[1]
+            if handover.response is not None:
+                self._emit_token(sequence, handover.response)
+                if handover.response.finish_reason is not None:
+                    return  # it ended on the token that was in flight
+            self._ledger.forget(sequence)
+            new_uid = self._batch.insert(sequence, handover.start)
+        except Exception:  # fails this request only, as a failed admission does
+            log.exception("could not move sequence %d into the batch", sequence.seq_id)
+            self._ledger.finish(sequence, sequence.final("error", _COULD_NOT_CONTINUE))
+            return
+        self._ledger.track(sequence, new_uid)
+
+    def _fetch_prefix(self, sequence: LiveSequence, prompt: list[int]) -> CacheHit | None:
+        if self._cache is None:
+            return None
+        namespace = (str(self._model.path), sequence.request.cache_key)
+        hit = self._cache.fetch(namespace, prompt)
+        if hit is not None and not all(
+            getattr(c, "offset", hit.cached_tokens) == hit.cached_tokens for c in hit.cache
+        ):
+            self._cache.record_failure()  # stale or mismatched state: prefill from scratch
+            return None
+        return hit
+
+    def step(self) -> None:
+        """One decode step (or prefill chunk) for every active sequence."""
+        stepper = self._stepper
+        try:
+            responses = stepper.step()
+        except Exception as exc:  # noqa: BLE001 - attributed, if at all, by _recover
+            self._recover(exc)
+            return
+        self._previous_responses = responses
+        self.steps += 1
+        self.solo_steps += stepper.kind == "solo"
+        self._failures_in_a_row = 0
+        for response in responses:
+            sequence = self._ledger.active.get(response.uid)
+            if sequence is not None:
+                sequence.newcomer = False
+                self._emit_checked(sequence, response)
+        # The step returns token k while it computes token k+1 (pipelined), so a processor
+        # failure recorded now concerns a token nobody has seen: emit k, never k+1.
+        for sequence in [s for s in self._ledger.active.values() if s.failures]:
+            reason = repr(sequence.failures[0])[:MAX_REASON_CHARS]  # may quote a whole grammar
+            log.warning(
+                "logits processor or sampler failed for sequence %d: %s", sequence.seq_id, reason
+            )
+            self._ledger.remove(sequence.uid, self._stepper, "error", f"sampling failed: {reason}")
+
+    def _emit_checked(self, sequence: LiveSequence, response: Response) -> None:
+        """`_emit_token`, failing this sequence alone if its token or logprobs are unusable."""
+        try:
+            vocabulary = response.logprobs.shape[-1]
+            if not 0 <= int(response.token) < vocabulary:
+                raise ValueError(f"sampled token {int(response.token)} is outside the vocabulary")
+            self._emit_token(sequence, response)
+        except Exception as exc:  # noqa: BLE001 - isolated per request by design
+            log.warning("could not emit a token of sequence %d: %r", sequence.seq_id, exc)
+            if sequence.uid in self._ledger.active:
+                self._ledger.remove(
+                    sequence.uid,
+                    self._stepper,
+                    "error",
+                    "the engine could not read this request's token",
+                )
+
+    def _emit_token(self, sequence: LiveSequence, response: Response) -> None:
+        logprob = (
+            token_logprob(sequence, response) if sequence.request.logprobs is not None else None
+        )
+        sequence.generated += 1
+        sequence.tokens.append(int(response.token))
+        self.generated_tokens += 1
+        reason: FinishReason | None = response.finish_reason
+        token = None if reason == "stop" else int(response.token)  # a stop token is never shown
+        if reason is None:
+            self._outbox.token(sequence.seq_id, StepEvent(token, logprob))
+            return
+        self._ledger.finish(sequence, StepEvent(token, logprob, reason, sequence.usage()))
+        self._ledger.to_store.append((sequence, (response.prompt_cache, response.all_tokens)))
+
+    def _recover(self, exc: Exception) -> None:
+        """A step (or a detach) raised: replace the batch, replay its sequences, and fail
+        alone the one that `judge` blames, if the model still computes without it."""
+        self.failed_steps += 1
+        self._previous_responses = []
+        failed = list(self._ledger.active.values())
+        verdict = judge(failed, solo=self._stepper.kind == "solo")
+        log.error("a step failed with %d sequences: %r", len(failed), exc)
+        self._retire_batch()
+        self._batch = self._new_batch()
+        self._solo.close()
+        self._stepper = self._batch
+        for sequence in failed:  # all on probation first: whatever happens next, each is tracked
+            self._ledger.forget(sequence)
+            self._ledger.probation[sequence.seq_id] = sequence
+        if verdict.blamed is not None:
+            blamed = self._ledger.probation.pop(verdict.blamed.seq_id)
+            if model_computes(self._model.model):
+                self.isolated_failures += 1
+                self._ledger.finish(
+                    blamed, blamed.final("error", "the engine could not compute this request")
+                )
+            else:
+                self._ledger.finish(blamed, blamed.final("error", _FAILED_WHILE_SERVING))
+                self._count_unexplained(exc)
+        if verdict.unexplained:
+            self._count_unexplained(exc)
+        for sequence in verdict.replay_now:
+            self._replay(self._ledger.probation.pop(sequence.seq_id))
+
+    def _count_unexplained(self, exc: Exception) -> None:
+        self._failures_in_a_row += 1
+        if self._failures_in_a_row >= self._config.max_consecutive_step_failures:
+            raise FatalEngineError("batch steps keep failing") from exc
+
+    def replay_next_suspect(self) -> None:
+        """Replay the next sequence on probation once no newcomer is in the batch."""
+        if any(s.newcomer for s in self._ledger.active.values()):
+            return
+        self._hand_over()
+        self._replay(self._ledger.probation.pop(next(iter(self._ledger.probation))))
+
+    def _replay(self, sequence: LiveSequence) -> None:
+        """Insert `sequence` into the batch afresh: its prompt and posted tokens are prefilled
+        again; its sampler's next draw is its next token's."""
+        self.replays += 1
+        rewind_sampler(sequence.sampler, len(sequence.tokens))
+        prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
+        remaining = sequence.request.max_tokens - sequence.generated
+        try:
+            uid = self._batch.insert(sequence, Start(prompt, None, [], remaining))
+        except Exception:  # fails this request only
+            log.exception("could not replay sequence %d", sequence.seq_id)
+            self._ledger.finish(sequence, sequence.final("error", _COULD_NOT_CONTINUE))
+            return
+        self._ledger.track(sequence, uid)
+
+    def _detach(self) -> None:
+        """Take ended sequences out of their stepper, keeping their KV state (one removal per
+        stepper: each filters every layer's KV of the whole batch)."""
+        self._outbox.wait_for_caller()
+        detaching, self._ledger.detaching = self._ledger.detaching, []
+        steppers = {id(stepper): stepper for _, stepper in detaching}
+        for stepper in steppers.values():
+            ended = [sequence for sequence, s in detaching if s is stepper]
+            try:
+                states = stepper.remove(
+                    [sequence.uid for sequence in ended], keep_state=self._cache is not None
+                )
+            except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
+                self._recover(exc)
+                return
+            for sequence in ended:
+                if not sequence.failures:
+                    self._ledger.to_store.append((sequence, states.get(sequence.uid, (None, None))))
+
+    def _store_finished(self) -> None:
+        """Keep the KV state of the sequences ended so far in the prefix cache."""
+        to_store, self._ledger.to_store = self._ledger.to_store, []
+        for sequence, (cache, tokens) in to_store:
+            if self._cache is None or not cache or not tokens:
+                continue
+            namespace = (str(self._model.path), sequence.request.cache_key)
+            try:
+                self._cache.insert(namespace, list(tokens), list(cache))
+            except Exception:  # caching is an optimisation, never a failure
+                log.exception("could not store a prefix-cache entry")
+
+    def _retire_batch(self) -> None:
+        """Close the batch stepper; sequences still to detach from it go with it."""
+        self._ledger.detaching = [
+            (s, stepper) for s, stepper in self._ledger.detaching if stepper is not self._batch
+        ]
+        self.retired_prefill += self._batch.prefilled
+        self._batch.close()
