@@ -234,9 +234,9 @@ async def test_a_model_without_a_tool_format_gets_the_fallback(toolless_model: P
 def test_the_fallback_renders_tools_calls_and_results_as_documented(toolless_model: Path) -> None:
     from transformers import AutoTokenizer
 
+    from mlx_nursery.openai._chat import ChatMessage
     from mlx_nursery.openai._converter import structure
     from mlx_nursery.openai._prompts import render_chat
-    from mlx_nursery.openai._schemas import ChatMessage
     from mlx_nursery.openai._tools import normalize_tools
 
     tokenizer = AutoTokenizer.from_pretrained(str(toolless_model))

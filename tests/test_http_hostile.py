@@ -26,7 +26,7 @@ import trio
 from mlx_nursery.http._limits import HYPERCORN_HEAD_BYTES, MAX_HEADER_BYTES, MAX_URL_BYTES
 from mlx_nursery.openai._endpoints import Prepared
 from mlx_nursery.openai._json import MAX_JSON_DEPTH
-from mlx_nursery.openai._responses import ResponseBuilder
+from mlx_nursery.openai._responses_output import ResponseBuilder
 from mlx_nursery.server import Running
 
 from .http_helpers import chat_body, raw_http, running_server, sse_events, validate, validate_error
@@ -358,7 +358,7 @@ CASES: list[tuple[str, str, int, str | None, str | None]] = [
         CHAT,
         chat_json(tools=[TOOL], tool_choice={"type": "function", "function": {"name": ["f"]}}),
         400,
-        "tool_choice",
+        "tool_choice.function.name",
         "invalid_value",
     ),
     (
@@ -409,14 +409,14 @@ CASES: list[tuple[str, str, int, str | None, str | None]] = [
         RESPONSES,
         responses_json(input=[{"type": "reasoning", "summary": [{"type": "summary_text"}]}]),
         400,
-        "input[0].summary[0]",
-        "invalid_value",
+        "input[0].summary[0].text",
+        "missing_required_parameter",
     ),
     (
         RESPONSES,
         responses_json(input=[{"type": "reasoning", "summary": [], "content": [{"text": 5}]}]),
         400,
-        "input[0].content[0]",
+        "input[0].content[0].text",
         "invalid_value",
     ),
     (

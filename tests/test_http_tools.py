@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
+from mlx_nursery.openai._chat import ChatMessage
 from mlx_nursery.openai._converter import structure
 from mlx_nursery.openai._prompts import render_chat
-from mlx_nursery.openai._schemas import ChatMessage
 
 from .http_helpers import chat_body, running_server, scripted, sdk, sse_events, validate
 

@@ -4,6 +4,7 @@ Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
 JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 """
 
+from ._converter import to_json
 from ._endpoints import Prepared, prepare_chat, prepare_completion, with_processors
 from ._errors import (
     GenerationFailed,
@@ -16,9 +17,9 @@ from ._errors import (
     Unavailable,
 )
 from ._generation import Finished, Output, TextDelta, generate_text
+from ._models import ModelList
 from ._served import ServedModel
 from ._tools import ToolCallOut
-from ._wire import ModelList, to_json
 
 __all__ = [
     "Finished",

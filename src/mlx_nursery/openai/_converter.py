@@ -1,25 +1,30 @@
-"""One cattrs converter for the wire schemas, strict about JSON types.
+"""One cattrs converter for the wire schemas, strict about JSON types; every hook is here.
 
 cattrs by default coerces (`int("5")`, `str(5)`); an API must not: a wrong
 type is a 400 naming the parameter. Unions are resolved by the JSON kind of
 the value (string, number, list, object), which is how OpenAI's schemas are
-written. Integers are 64-bit, as OpenAI's schemas declare them (int64): a larger one is a
-400 naming its field, never a value that breaks something later. Structuring errors become
-`InvalidRequest` with the parameter's path.
+written; unions of objects by their `type` (tagged unions: `_TAGGED`). Integers are 64-bit,
+as OpenAI's schemas declare them (int64): a larger one is a 400 naming its field, never a
+value that breaks something later. Structuring errors become `InvalidRequest` with the
+parameter's path (`_translate`).
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 import cattrs
+from cattrs.cols import list_structure_factory, mapping_structure_factory
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
-from cattrs.v import format_exception
+from cattrs.gen import make_dict_structure_fn
 
+from . import _chat as chat
+from . import _responses_schemas as rs
+from . import _shared as shared
 from ._errors import InvalidRequest, quoted, shortened
 
 T = TypeVar("T")
@@ -60,6 +65,157 @@ for _kind in _JSON_KIND:
     converter.register_structure_hook(_kind, _strict(_kind))
 
 
+# -- containers: a JSON array or object, never any iterable -----------------------------------
+def _is_list(tp: Any) -> bool:
+    return typing.get_origin(tp) is list
+
+
+def _list_hook(tp: Any) -> Callable[[Any, Any], Any]:
+    inner = list_structure_factory(tp, converter)
+
+    def structure(value: Any, _: Any) -> Any:
+        if not isinstance(value, list):  # a string would be structured character by character
+            raise TypeError(f"expected an array, got {_json_name(value)}")
+        return inner(value, tp)
+
+    return structure
+
+
+converter.register_structure_hook_factory(_is_list, _list_hook)
+
+
+def _is_dict(tp: Any) -> bool:
+    return typing.get_origin(tp) is dict or tp is dict
+
+
+def _dict_hook(tp: Any) -> Callable[[Any, Any], Any]:
+    inner = mapping_structure_factory(tp, converter)
+
+    def structure(value: Any, _: Any) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {_json_name(value)}")
+        return inner(value, tp)
+
+    return structure
+
+
+converter.register_structure_hook_factory(_is_dict, _dict_hook)
+
+
+# -- tagged unions on `type` ------------------------------------------------------------------
+@attrs.frozen
+class _Tagged:
+    """Objects told apart by their `type`; an unknown one is a 400 with `code`."""
+
+    by_tag: Mapping[str, type]
+    message: str
+    """The error for an unknown `type`, quoted in place of `{tag}`."""
+    code: str = "unsupported_parameter"
+    param: str | None = "type"
+    """What the error names, below the object (None: the object itself)."""
+    default: type | None = None
+    """The member a missing `type` means (None: a missing `type` is unknown)."""
+
+    def pick(self, value: dict[str, Any]) -> type:
+        if "type" not in value and self.default is not None:
+            return self.default
+        tag = value.get("type")
+        if isinstance(tag, str) and tag in self.by_tag:
+            return self.by_tag[tag]
+        raise InvalidRequest(self.message.format(tag=quoted(tag)), param=self.param, code=self.code)
+
+
+_TAGGED: dict[frozenset[type], _Tagged] = {
+    frozenset(rs.InputItem.__args__): _Tagged(
+        {
+            "message": rs.MessageItem,
+            "function_call": rs.FunctionCallItem,
+            "function_call_output": rs.FunctionCallOutputItem,
+            "reasoning": rs.ReasoningItem,
+        },
+        "input items of type {tag} are not supported",
+        default=rs.MessageItem,
+    ),
+    frozenset({rs.TextPart}): _Tagged(
+        {kind: rs.TextPart for kind in ("input_text", "output_text", "text")},
+        "content parts of type {tag} are not supported (text only)",
+        code="unsupported_content",
+    ),
+    frozenset({shared.FunctionTool}): _Tagged(
+        {"function": shared.FunctionTool},
+        "tool type {tag} is not supported; only 'function' tools are",
+    ),
+    frozenset({shared.NamedToolChoice}): _Tagged(
+        {"function": shared.NamedToolChoice},
+        "invalid tool_choice type {tag}",
+        code="invalid_value",
+        param=None,
+    ),
+    frozenset({shared.NamedToolChoice, shared.ToolChoiceType}): _Tagged(
+        {
+            "function": shared.NamedToolChoice,
+            "none": shared.ToolChoiceType,
+            "auto": shared.ToolChoiceType,
+        },
+        "invalid tool_choice type {tag}",
+        code="invalid_value",
+        param=None,
+    ),
+    frozenset(chat.ResponseFormat.__args__): _Tagged(
+        {
+            "text": shared.TextFormat,
+            "json_object": shared.JsonObjectFormat,
+            "json_schema": chat.JsonSchemaFormat,
+        },
+        "response_format type {tag} is not supported",
+    ),
+    frozenset(rs.TextFormatParam.__args__): _Tagged(
+        {
+            "text": shared.TextFormat,
+            "json_object": shared.JsonObjectFormat,
+            "json_schema": rs.TextJsonSchemaFormat,
+        },
+        "text.format type {tag} is not supported",
+    ),
+}
+_TAG_OF = {
+    cls: tagged for members, tagged in _TAGGED.items() if len(members) == 1 for cls in members
+}
+_LENIENT: frozenset[type] = frozenset(
+    {
+        rs.MessageItem,
+        rs.FunctionCallItem,
+        rs.FunctionCallOutputItem,
+        rs.ReasoningItem,
+        rs.TextPart,
+        rs.ReasoningText,
+    }
+)
+"""Classes whose unknown fields are ignored rather than refused: input items and their parts,
+which clients replay from the output items they received (`status`, `annotations`, ...)."""
+
+
+def _attrs_hook(cls: type) -> Callable[[Any, Any], Any]:
+    """Generated by cattrs, after checking for an object (and its `type`, if it is tagged)."""
+    generated: Callable[[Any, Any], Any] = make_dict_structure_fn(
+        cls, converter, _cattrs_forbid_extra_keys=cls not in _LENIENT
+    )
+    tagged = _TAG_OF.get(cls)
+
+    def structure(value: Any, _: Any) -> Any:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {_json_name(value)}")
+        if tagged is not None:
+            tagged.pick(value)
+        return generated(value, cls)
+
+    return structure
+
+
+converter.register_structure_hook_factory(attrs.has, _attrs_hook)
+
+
+# -- unions and literals ----------------------------------------------------------------------
 def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
@@ -70,6 +226,8 @@ def _matches(tp: Any, value: Any) -> bool:
         return value is None
     if origin is typing.Literal:
         return value in typing.get_args(tp)
+    if _is_union(tp):
+        return any(_matches(member, value) for member in typing.get_args(tp))
     if origin in (list, tuple):
         if not isinstance(value, list):
             return False
@@ -85,10 +243,17 @@ def _matches(tp: Any, value: Any) -> bool:
 
 
 def _structure_union(value: Any, tp: Any) -> Any:
-    for member in typing.get_args(tp):
+    members = typing.get_args(tp)
+    objects = frozenset(m for m in members if attrs.has(m))
+    if isinstance(value, dict) and len(objects) > 1 and objects in _TAGGED:
+        return converter.structure(value, _TAGGED[objects].pick(value))
+    for member in members:
         if _matches(member, value):
             return None if value is None else converter.structure(value, member)
-    expected = " or ".join(_describe(m) for m in typing.get_args(tp))
+    lists = [m for m in members if typing.get_origin(m) is list]
+    if isinstance(value, list) and len(lists) == 1:  # the one array: name the element that is wrong
+        return converter.structure(value, lists[0])
+    expected = " or ".join(dict.fromkeys(_describe(m) for m in members))
     raise TypeError(f"expected {expected}, got {_json_name(value)}")
 
 
@@ -135,20 +300,59 @@ def _json_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def structure(data: Any, cls: type[T]) -> T:
-    """Structure a parsed JSON body into `cls`, or raise InvalidRequest naming the parameter."""
-    if not isinstance(data, dict):
+# -- unstructuring: what OpenAI leaves out ------------------------------------------------------
+def _without_tool_calls_if_none(message: chat.AssistantMessage) -> dict[str, Any]:
+    out = {"content": message.content, "role": message.role, "refusal": message.refusal}
+    if message.tool_calls is not None:
+        out["tool_calls"] = converter.unstructure(message.tool_calls)
+    return out
+
+
+converter.register_unstructure_hook(chat.AssistantMessage, _without_tool_calls_if_none)
+converter.register_unstructure_hook(
+    chat.ChatDelta,
+    # OpenAI leaves unset delta fields out: `{"content": "x"}`, and `{}` on the final chunk.
+    lambda delta: {k: v for k, v in attrs.asdict(delta).items() if v is not None},
+)
+
+
+def to_json(value: Any) -> Any:
+    """A wire object as JSON-ready data."""
+    return converter.unstructure(value)
+
+
+def without_nulls(value: Any) -> dict[str, Any]:
+    """An attrs object as JSON, its null fields left out (echoed client objects: the spec types
+    such fields as strings and booleans, not nullable)."""
+    return {k: v for k, v in converter.unstructure(value).items() if v is not None}
+
+
+# -- errors -------------------------------------------------------------------------------------
+_HAND_CHECKED = ("input[", "tools[", "text.", "tool_choice", "response_format")
+"""Paths whose wrong values are `invalid_value`, the code they had when these fields were
+checked by hand, before they were typed. Other fields' wrong types carry no code, as always."""
+
+
+def structure(data: Any, cls: type[T], path: str = "") -> T:
+    """Structure a parsed JSON body into `cls`, or raise InvalidRequest naming the parameter
+    (`path` names where `data` is, for a value structured on its own)."""
+    if not isinstance(data, dict) and not path:
         raise InvalidRequest(f"the request body must be a JSON object, got {_json_name(data)}")
     try:
         return converter.structure(data, cls)
-    except InvalidRequest:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every structuring failure is the client's
-        path, leaf = _first_error(exc, "")
-        raise _as_invalid(path, leaf) from None
+    except (
+        ClassValidationError,
+        IterableValidationError,
+        InvalidRequest,
+        TypeError,
+        ValueError,
+        KeyError,
+    ) as exc:  # every hook raises one of these for a value that does not fit
+        found, leaf = _first_error(exc, path)
+        raise _translate(found, leaf) from None
 
 
-def _as_invalid(path: str, leaf: BaseException) -> InvalidRequest:
+def _translate(path: str, leaf: BaseException) -> InvalidRequest:
     if isinstance(leaf, InvalidRequest):
         if path and leaf.param:
             leaf.param = (
@@ -168,10 +372,10 @@ def _as_invalid(path: str, leaf: BaseException) -> InvalidRequest:
         return InvalidRequest(
             f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
         )
-    message = (
-        str(leaf) if isinstance(leaf, (TypeError, ValueError)) else format_exception(leaf, None)
+    code = "invalid_value" if path.startswith(_HAND_CHECKED) else None
+    return InvalidRequest(
+        f"Invalid value for '{path or 'body'}': {leaf}", param=path or None, code=code
     )
-    return InvalidRequest(f"Invalid value for '{path or 'body'}': {message}", param=path or None)
 
 
 def _first_error(exc: BaseException, path: str) -> tuple[str, BaseException]:

@@ -16,31 +16,30 @@ import attrs
 
 from ..engine import GenerationRequest
 from . import _params as params
-from ._converter import structure
-from ._errors import InvalidRequest, quoted
-from ._generation import Finished
-from ._logprobs import LogprobAligner, LogprobEntry
-from ._prompts import check_prompt_size, completion_tokens, prompt_texts, render_chat
-from ._schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from ._served import ServedModel
-from ._structured import response_format_processor
-from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools, strict_tool_names
-from ._wire import (
+from ._chat import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatDelta,
     ChunkChoice,
-    Completion,
-    CompletionChoice,
     FunctionCall,
+    ResponseFormat,
     ToolCall,
-    UsageOut,
-    new_id,
-    now,
-    to_json,
 )
+from ._completions import Completion, CompletionChoice, CompletionRequest
+from ._converter import structure, to_json
+from ._errors import InvalidRequest, quoted
+from ._generation import Finished
+from ._logprobs import LogprobAligner, LogprobEntry
+from ._prompts import check_prompt_size, completion_tokens, prompt_texts, render_chat
+from ._responses_schemas import TextFormatParam
+from ._served import ServedModel
+from ._shared import FunctionTool, NamedToolChoice, SamplingFields, TextFormat, ToolChoiceMode
+from ._structured import response_format_processor
+from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools, strict_tool_names
+from ._usage import UsageOut, new_id, now
 
 Kind = Literal["chat", "completion"]
 
@@ -254,7 +253,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         else (request.max_tokens, "max_tokens")
     )
     common = _common(request, served)
-    tools, forced = _offered_tools(request, served)
+    tools, forced = _offered_tools(request.tools, request.tool_choice, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
     tokens = render_chat(
         served.tokenizer, request.messages, tools, native_tools=served.tool_format.native
@@ -299,7 +298,11 @@ def with_tools(
     )
 
 
-def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, Any]], Any]:
+def _offered_tools(
+    raw: list[FunctionTool] | None,
+    choice: ToolChoiceMode | NamedToolChoice | None,
+    served: ServedModel,
+) -> tuple[list[dict[str, Any]], Any]:
     """The tools the model is shown, and the constraint on its calls (or None).
 
     tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
@@ -310,10 +313,9 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
     or the fallback convention). A tool_choice is checked with or without tools: one that
     forces a call needs a tool to call.
     """
-    tools = normalize_tools(request.tools)
-    choice = request.tool_choice
+    tools = normalize_tools(raw)
     forcing = choice not in (None, "auto", "none")
-    name = _forced_name(choice, tools) if forcing else None  # a 400 for any other shape
+    name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
     if forcing and not tools:
         raise InvalidRequest(
             "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
@@ -322,7 +324,7 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
         return [], None
     form = served.tool_format
     markup = (form.start, form.end)
-    strict = strict_tool_names(request.tools)
+    strict = strict_tool_names(raw)
     if not forcing and not strict:
         return tools, None
     if not form.json or served.grammars is None:
@@ -337,35 +339,20 @@ def _offered_tools(request: Any, served: ServedModel) -> tuple[list[dict[str, An
     return tools, served.grammars.tool_call_processor(tools, markup, "tool_choice", name=name)
 
 
-def _forced_name(choice: Any, tools: list[dict[str, Any]]) -> str | None:
+def _forced_name(choice: NamedToolChoice, tools: list[dict[str, Any]]) -> str:
     """The function a tool_choice names: chat's `{"type": "function", "function": {"name"}}`
-    or the Responses API's `{"type": "function", "name"}`; None for "required"."""
-    if choice == "required":
-        return None
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        function = choice.get("function")
-        if function is not None and not isinstance(function, dict):
-            raise InvalidRequest(
-                "tool_choice.function must be an object with a name",
-                param="tool_choice.function",
-                code="invalid_value",
-            )
-        name = (function or {}).get("name", choice.get("name"))
-        if not isinstance(name, str):
-            raise InvalidRequest(
-                "tool_choice must name a function (a string)",
-                param="tool_choice",
-                code="invalid_value",
-            )
-        if name in {t["function"]["name"] for t in tools}:
-            return name
+    or the Responses API's `{"type": "function", "name"}`."""
+    name = choice.function.name if choice.function is not None else choice.name
+    if name is None:
         raise InvalidRequest(
-            f"tool_choice names {quoted(name)}, which is not among the tools",
-            param="tool_choice",
-            code="invalid_value",
+            "tool_choice must name a function", param="tool_choice", code="invalid_value"
         )
+    if name in {t["function"]["name"] for t in tools}:
+        return name
     raise InvalidRequest(
-        f"invalid tool_choice {quoted(choice)}", param="tool_choice", code="invalid_value"
+        f"tool_choice names {quoted(name)}, which is not among the tools",
+        param="tool_choice",
+        code="invalid_value",
     )
 
 
@@ -486,7 +473,7 @@ def _prepare(
 def with_response_format(
     prepared: Prepared,
     served: ServedModel,
-    response_format: Any,
+    response_format: ResponseFormat | TextFormatParam | None,
     param: str,
     *,
     forced_call: bool = False,
@@ -498,7 +485,7 @@ def with_response_format(
     Applied, its grammar would refuse the call's markup, leave no token allowed beside the
     call's grammar, and fail the generation."""
     if response_format is None or served.grammars is None:
-        if response_format not in (None, {"type": "text"}):
+        if response_format is not None and not isinstance(response_format, TextFormat):
             raise InvalidRequest(
                 "structured outputs are not available for this model",
                 param=param,

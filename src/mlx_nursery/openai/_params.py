@@ -9,7 +9,7 @@ import attrs
 
 from ..engine import SamplingParams
 from ._errors import InvalidRequest, quoted
-from ._schemas import SamplingFields
+from ._shared import SamplingFields
 
 MAX_STOP_STRINGS = 4
 _TOKEN_ID_DIGITS = 10

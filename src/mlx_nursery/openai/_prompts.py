@@ -12,8 +12,11 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import jinja2
+
+from ._chat import ChatMessage
+from ._completions import CompletionRequest
 from ._errors import InvalidRequest, quoted, shortened
-from ._schemas import ChatMessage, CompletionRequest
 from ._served import ServedModel
 from ._tools import call_arguments_for_template, fallback_messages
 
@@ -87,7 +90,10 @@ def render_chat(
         tokens = tokenizer.apply_chat_template(
             rendered, add_generation_prompt=True, tokenize=True, **extra
         )
-    except Exception as exc:  # noqa: BLE001 - a template's own check (e.g. role order) is the client's
+    except (jinja2.TemplateError, TypeError, ValueError) as exc:
+        # The template's own checks (`raise_exception`: role order, ...) and what its Python
+        # operations raise on the values given (a filter on the wrong type), and transformers'
+        # checks of the conversation: the client's messages, not a server error.
         reason = shortened(str(exc), 200)
         raise InvalidRequest(
             f"the model's chat template rejected the messages: {reason}",

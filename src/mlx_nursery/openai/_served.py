@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from ._errors import ModelNotFound, quoted
-from ._wire import ModelCard
+from ._models import ModelCard
 
 
 @attrs.frozen

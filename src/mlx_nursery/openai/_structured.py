@@ -19,7 +19,10 @@ import threading
 from typing import Any
 
 from ..engine import GrammarProcessor
-from ._errors import InvalidRequest, quoted
+from ._chat import JsonSchemaFormat, JsonSchemaSpec, ResponseFormat
+from ._errors import InvalidRequest
+from ._responses_schemas import TextFormatParam, TextJsonSchemaFormat
+from ._shared import JsonObjectFormat, TextFormat
 
 
 class Grammars:
@@ -43,10 +46,6 @@ class Grammars:
         """A processor for JSON matching `schema` (None: any JSON object). 400 if unenforceable."""
         import llguidance
 
-        if schema is not None and not isinstance(schema, dict):
-            raise InvalidRequest(
-                "the JSON schema must be an object", param=param, code="invalid_value"
-            )
         text = json.dumps(schema if schema is not None else {"type": "object"})
         return self._processor(
             lambda: llguidance.LLMatcher.grammar_from_json_schema(
@@ -157,44 +156,28 @@ _SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def response_format_processor(
-    grammars: Grammars, response_format: Any, param: str
+    grammars: Grammars, response_format: ResponseFormat | TextFormatParam | None, param: str
 ) -> GrammarProcessor | None:
     """Chat's `response_format` ({"type": "text" | "json_object" | "json_schema"}) and the
     Responses `text.format` (the same, json_schema flattened) to a processor, or None."""
-    if response_format is None:
+    if response_format is None or isinstance(response_format, TextFormat):
         return None
-    if not isinstance(response_format, dict):
-        raise InvalidRequest(f"'{param}' must be an object", param=param, code="invalid_value")
-    kind = response_format.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
+    if isinstance(response_format, JsonObjectFormat):
         return grammars.json_processor(None, param)
-    if kind == "json_schema":
-        nested = "json_schema" in response_format
-        spec = response_format.get(
-            "json_schema", response_format
-        )  # chat nests it; Responses does not
-        where = f"{param}.json_schema" if nested else param
-        if not isinstance(spec, dict):
-            raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_value")
-        name = spec.get("name")
-        if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
-            # As OpenAI: a name is required, a-z, A-Z, 0-9, underscores and dashes, at most 64.
-            code = "missing_required_parameter" if name is None else "invalid_value"
-            raise InvalidRequest(
-                "json_schema needs a 'name' of at most 64 letters, digits, '_' or '-'",
-                param=f"{where}.name",
-                code=code,
-            )
-        schema = spec.get("schema")
-        if schema is None:
-            raise InvalidRequest(
-                "json_schema needs a 'schema'", param=where, code="missing_required_parameter"
-            )
-        return grammars.json_processor(schema, f"{where}.schema")
-    raise InvalidRequest(
-        f"{param} type {quoted(kind)} is not supported",
-        param=f"{param}.type",
-        code="unsupported_parameter",
-    )
+    if isinstance(response_format, JsonSchemaFormat):  # chat nests it; Responses does not
+        spec: JsonSchemaSpec | TextJsonSchemaFormat = response_format.json_schema
+        where = f"{param}.json_schema"
+    else:
+        spec, where = response_format, param
+    if not _SCHEMA_NAME.fullmatch(spec.name):
+        # As OpenAI: a name is required, a-z, A-Z, 0-9, underscores and dashes, at most 64.
+        raise InvalidRequest(
+            "json_schema needs a 'name' of at most 64 letters, digits, '_' or '-'",
+            param=f"{where}.name",
+            code="invalid_value",
+        )
+    if spec.schema is None:
+        raise InvalidRequest(
+            "json_schema needs a 'schema'", param=where, code="missing_required_parameter"
+        )
+    return grammars.json_processor(spec.schema, f"{where}.schema")

@@ -13,13 +13,15 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ._errors import InvalidRequest, quoted
+from ._converter import structure
+from ._errors import InvalidRequest
 from ._json import TOO_DEEP, parse_json
+from ._shared import FunctionTool
 
 log = logging.getLogger("mlx_nursery.openai")
 
@@ -134,50 +136,39 @@ def _fallback_call(function: dict[str, Any]) -> str:
     return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
 
 
-def strict_tool_names(raw: list[Any] | None) -> frozenset[str]:
+def strict_tool_names(tools: Sequence[FunctionTool] | None) -> frozenset[str]:
     """The tools marked `strict: true` (chat's nested form or the Responses flat form)."""
-    names = set()
-    for tool in raw or []:
-        spec = tool.get("function", tool) if isinstance(tool, dict) else None
-        if (
-            isinstance(spec, dict)
-            and spec.get("strict") is True
-            and isinstance(spec.get("name"), str)
-        ):
-            names.add(spec["name"])
-    return frozenset(names)
+    return frozenset(
+        t.spec.name for t in tools or () if t.spec.strict is True and t.spec.name is not None
+    )
 
 
-def normalize_tools(raw: list[Any] | None, param: str = "tools") -> list[dict[str, Any]]:
-    """Accept chat's nested form and the Responses API's flat form; return the nested form
-    that chat templates expect:
-    {"type": "function", "function": {name, description, parameters}}."""
+def normalize_tools(
+    raw: Sequence[FunctionTool | Mapping[str, Any]] | None, param: str = "tools"
+) -> list[dict[str, Any]]:
+    """The nested form that chat templates expect,
+    {"type": "function", "function": {name, description, parameters}}, from chat's nested
+    form or the Responses API's flat form (a mapping is structured first, as a request's)."""
     tools: list[dict[str, Any]] = []
     for i, tool in enumerate(raw or []):
         where = f"{param}[{i}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequest(f"'{where}' must be an object", param=where, code="invalid_value")
-        if tool.get("type") != "function":
+        if not isinstance(tool, FunctionTool):
+            tool = structure(tool, FunctionTool, where)
+        spec = tool.spec
+        if not spec.name:
+            name = f"{where}.function.name" if tool.function is not None else f"{where}.name"
             raise InvalidRequest(
-                f"tool type {quoted(tool.get('type'))} is not supported; only 'function' tools are",
-                param=f"{where}.type",
-                code="unsupported_parameter",
+                f"'{where}' needs a function name", param=name, code="invalid_value"
             )
-        spec = tool.get("function", tool)
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
-            raise InvalidRequest(
-                f"'{where}' needs a function name", param=f"{where}.name", code="invalid_value"
-            )
-        parameters = spec.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(parameters, dict):
-            raise InvalidRequest(
-                f"'{where}' parameters must be a JSON Schema object",
-                param=f"{where}.parameters",
-                code="invalid_value",
-            )
-        function: dict[str, Any] = {"name": spec["name"], "parameters": parameters}
-        if spec.get("description"):
-            function["description"] = spec["description"]
+        parameters = spec.parameters
+        function: dict[str, Any] = {
+            "name": spec.name,
+            "parameters": {"type": "object", "properties": {}}
+            if parameters is None
+            else parameters,
+        }
+        if spec.description:
+            function["description"] = spec.description
         tools.append({"type": "function", "function": function})
     return tools
 
@@ -293,7 +284,7 @@ class ToolCallExtractor:
         was `cut` off (the caller then returns it as a partial call)."""
         try:
             parsed = self._parse(body, self._tools)
-        except Exception:  # noqa: BLE001 - a malformed call is the model's, not a server error
+        except _MALFORMED:  # the model's, not a server error
             if not cut:
                 log.warning("the model emitted a tool call that does not parse; it is dropped")
             return []
@@ -313,6 +304,19 @@ class ToolCallExtractor:
         return pieces
 
 
+_MALFORMED = (
+    ValueError,
+    KeyError,
+    IndexError,
+    TypeError,
+    AttributeError,
+    SyntaxError,
+    RecursionError,
+)
+"""What mlx-lm's tool parsers raise on a malformed call: json.loads and ast.literal_eval
+(ValueError, SyntaxError, RecursionError when nested deep), their own ValueErrors, indexing
+what was parsed (KeyError, IndexError, TypeError) and `.group` of a regex that found nothing
+(AttributeError)."""
 _PARTIAL_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PARTIAL_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 

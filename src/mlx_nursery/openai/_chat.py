@@ -1,0 +1,158 @@
+"""/v1/chat/completions: the request we accept and the objects we send back.
+
+Every field OpenAI defines for the endpoint is declared, so that a field we do not implement
+is rejected by name (see `_params.reject_unimplemented`) rather than failing as
+"unrecognized". Fields that are not OpenAI's but are common among local servers (top_k,
+min_p, repetition_penalty) are ours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from ._shared import (
+    FunctionTool,
+    JsonObjectFormat,
+    NamedToolChoice,
+    SamplingFields,
+    TextFormat,
+    ToolChoiceMode,
+)
+from ._usage import UsageOut
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+@attrs.define
+class ContentPart:
+    type: str
+    text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
+
+
+@attrs.define
+class ChatMessage:
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    function_call: Any = None
+    audio: Any = None
+
+
+@attrs.frozen
+class JsonSchemaSpec:
+    """`response_format.json_schema`."""
+
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+@attrs.frozen
+class JsonSchemaFormat:
+    json_schema: JsonSchemaSpec
+    type: Literal["json_schema"] = "json_schema"
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+"""A tagged union on `type` (`_converter`)."""
+
+
+@attrs.define(kw_only=True)
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: Any = None
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+
+
+# -- what we send back ------------------------------------------------------------------------
+@attrs.frozen
+class FunctionCall:
+    name: str
+    arguments: str
+
+
+@attrs.frozen
+class ToolCall:
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+@attrs.frozen
+class AssistantMessage:
+    content: str | None
+    role: Literal["assistant"] = "assistant"
+    refusal: None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+@attrs.frozen
+class ChatChoice:
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class ChatCompletion:
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageOut
+    object: Literal["chat.completion"] = "chat.completion"
+
+
+@attrs.frozen
+class ChatDelta:
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@attrs.frozen
+class ChunkChoice:
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class ChatCompletionChunk:
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: UsageOut | None = None
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"

@@ -1,0 +1,40 @@
+"""Usage as chat and completions report it, and the ids and timestamps of their objects."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import attrs
+
+from ..engine import Usage
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@attrs.frozen
+class PromptTokensDetails:
+    cached_tokens: int
+
+
+@attrs.frozen
+class UsageOut:
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, usage: Usage) -> UsageOut:
+        return cls(
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+            PromptTokensDetails(usage.cached_tokens),
+        )
