@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -16,11 +15,12 @@ from ..openai._responses import PreparedResponse, parse_request, prepare_respons
 from ..openai._responses_output import ResponseBuilder, input_items_page
 from ..openai._responses_schemas import ResponsesRequest
 from ..store import StoredResponse
-from ._batching import WriteBatcher, merged_text
-from ._errors import error_response, internal_error, log_failure
-from ._jobs import Job
+from ._batching import merged_text
+from ._errors import error_response
+from ._jobs import JobItem
 from ._lifetime import own
-from ._routes import _ended_early, _service, note_ignored, request_body, request_id, routes
+from ._pump import ended_early, pump
+from ._routes import _service, note_ignored, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS
 
@@ -62,7 +62,7 @@ async def create_response() -> Response:
     builder = ResponseBuilder(prepared)
     if parsed.stream:
         response = Response(
-            _stream(service, prepared, builder, job, request_id()),
+            pump(job, _EventStream(service, prepared, builder), service.writes, request_id()),
             content_type="text/event-stream",
             headers=HEADERS,
         )
@@ -75,7 +75,7 @@ async def create_response() -> Response:
         if isinstance(item, Finished):
             await _save(service, prepared, builder)
             return Response(json.dumps(builder.response()), content_type="application/json")
-    raise _ended_early()
+    raise ended_early()
 
 
 def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
@@ -86,45 +86,33 @@ def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
     return builder.finish(item)
 
 
-async def _stream(
-    service: Service,
-    prepared: PreparedResponse,
-    builder: ResponseBuilder,
-    job: Job,
-    request_id: str,
-) -> AsyncIterator[bytes]:
-    """The named SSE events of one response. A failure while rendering (or storing) ends the
-    stream with an `error` event, logged with `request_id`, never a cut stream."""
-    with service.writes.stream():
-        try:
-            yield _events(builder.opening())
-            batches = WriteBatcher(job.receive, service.writes)
-            while (items := await batches.next()) is not None:
-                events, ended = await _render(service, prepared, builder, items)
-                yield _events(events)
-                if ended:
-                    return
-            yield _events([builder.error_event(_ended_early())])
-        except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
-            log_failure(request_id, "while streaming", exc)
-            yield _events([builder.error_event(internal_error(request_id))])
+@attrs.define
+class _EventStream:
+    """The named SSE events of one response, a `StreamFormat`. The response is stored before
+    its final event goes out, so a client can always retrieve what it was told is done."""
 
+    service: Service
+    prepared: PreparedResponse
+    builder: ResponseBuilder
 
-async def _render(
-    service: Service, prepared: PreparedResponse, builder: ResponseBuilder, items: list[Any]
-) -> tuple[list[dict[str, Any]], bool]:
-    """One write's events for `items`, and whether the stream ends with them."""
-    events: list[dict[str, Any]] = []
-    for item in merged_text(items):
-        if isinstance(item, OpenAIError):
-            events.append(builder.error_event(item))
-            return events, True
-        events += _apply(builder, item)
-        if isinstance(item, Finished):
-            await _save(service, prepared, builder)  # before the client can ask for it
-            events.append(builder.final_event())
-            return events, True
-    return events, False
+    def opening(self) -> bytes:
+        return _events(self.builder.opening())
+
+    async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
+        events: list[dict[str, Any]] = []
+        for item in merged_text(items):
+            if isinstance(item, OpenAIError):
+                events.append(self.builder.error_event(item))
+                return _events(events), True
+            events += _apply(self.builder, item)
+            if isinstance(item, Finished):
+                await _save(self.service, self.prepared, self.builder)
+                events.append(self.builder.final_event())
+                return _events(events), True
+        return _events(events), False
+
+    def error(self, error: OpenAIError) -> bytes:
+        return _events([self.builder.error_event(error)])
 
 
 def _events(events: list[dict[str, Any]]) -> bytes:

@@ -4,10 +4,10 @@ parses, validates and tokenizes), run a job, write JSON or SSE."""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 from quart import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -27,14 +27,13 @@ from ..openai import (
 from ..openai._errors import RequestTooLarge, UnsupportedMediaType, quoted
 from ..openai._json import parse_json
 from ..openai._logprobs import LogprobEntry
-from ._batching import WriteBatcher, WritePolicy, merged_text
-from ._errors import error_response, internal_error, log_failure
+from ._batching import merged_text
+from ._errors import error_response
 from ._jobs import Job, JobItem
 from ._lifetime import own
+from ._pump import ended_early, pump
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
-
-log = logging.getLogger("mlx_nursery.http")
 
 routes = Blueprint("openai", __name__)
 
@@ -108,7 +107,7 @@ async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response
     note_ignored(prepared)
     job = own(await jobs.start(prepared, deadline))  # cancelled when the request ends
     if prepared.stream:
-        body = _stream(prepared, job, service.writes, request_id())
+        body = pump(job, _ChunkStream(prepared), service.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
@@ -167,63 +166,41 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
             )
         else:
             return error_response(item)
-    raise _ended_early()
+    raise ended_early()
 
 
-async def _stream(
-    prepared: Prepared, job: Job, writes: WritePolicy, request_id: str
-) -> AsyncIterator[bytes]:
-    """SSE for one job. Whatever the job produced since the last write goes out in one write,
-    consecutive text merged into one delta: when the server is busy, its cost per token drops
-    instead of its backlog growing. After the first write, `writes` says how many pieces a
-    write waits for (see _batching.py). A failure while rendering ends the stream with an
-    error event (logged with `request_id`), never a cut stream."""
-    offset = 0  # characters of content sent so far (completions' text_offset)
+@attrs.define
+class _ChunkStream:
+    """Chat and completions chunks, a `StreamFormat`: consecutive text in one delta."""
 
-    def content(delta: TextDelta) -> bytes:
-        nonlocal offset
-        start, offset = offset, offset + len(delta.text)
-        if prepared.token_text is None:
-            return json_event(prepared.delta_json(delta.text))
-        return data_event(prepared.delta_chunk(delta.text, delta.logprobs, start))
+    prepared: Prepared
+    offset: int = 0
+    """Characters of content sent so far (completions' `text_offset`)."""
 
-    with writes.stream():
-        try:
-            opening = b"".join(data_event(chunk) for chunk in prepared.opening_chunks())
-            if opening:
-                yield opening
-            batches = WriteBatcher(job.receive, writes)
-            while (items := await batches.next()) is not None:
-                write, ended = _render(prepared, items, content)
-                yield write
-                if ended:
-                    return
-            yield data_event(_ended_early().envelope())
-        except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
-            log_failure(request_id, "while streaming", exc)
-            yield data_event(internal_error(request_id).envelope())
+    def opening(self) -> bytes:
+        return b"".join(data_event(chunk) for chunk in self.prepared.opening_chunks())
 
+    async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
+        out: list[bytes] = []
+        for item in merged_text(items):
+            if isinstance(item, TextDelta):
+                out.append(self._content(item))
+            elif isinstance(item, ToolCallOut):
+                out.extend(data_event(chunk) for chunk in self.prepared.tool_call_chunks(item))
+            elif isinstance(item, Finished):
+                out.extend(data_event(chunk) for chunk in self.prepared.closing_chunks(item))
+                out.append(DONE)
+                return b"".join(out), True
+            else:
+                out.append(self.error(item))
+                return b"".join(out), True
+        return b"".join(out), False
 
-def _render(
-    prepared: Prepared, items: list[JobItem], content: Callable[[TextDelta], bytes]
-) -> tuple[bytes, bool]:
-    """One write's bytes for `items`, and whether the stream ends with them."""
-    out: list[bytes] = []
-    for item in merged_text(items):
-        if isinstance(item, TextDelta):
-            out.append(content(item))
-        elif isinstance(item, ToolCallOut):
-            out.extend(data_event(chunk) for chunk in prepared.tool_call_chunks(item))
-        elif isinstance(item, Finished):
-            out.extend(data_event(chunk) for chunk in prepared.closing_chunks(item))
-            out.append(DONE)
-            return b"".join(out), True
-        else:
-            out.append(data_event(item.envelope()))
-            return b"".join(out), True
-    return b"".join(out), False
+    def error(self, error: OpenAIError) -> bytes:
+        return data_event(error.envelope())
 
-
-def _ended_early() -> OpenAIError:
-    log.error("a generation job ended without a result")
-    return OpenAIError("the generation ended unexpectedly", code="internal_error")
+    def _content(self, delta: TextDelta) -> bytes:
+        start, self.offset = self.offset, self.offset + len(delta.text)
+        if self.prepared.token_text is None:
+            return json_event(self.prepared.delta_json(delta.text))
+        return data_event(self.prepared.delta_chunk(delta.text, delta.logprobs, start))

@@ -1,0 +1,71 @@
+"""The one pump from a job to an SSE body, for chat, completions and Responses streams.
+
+The pump owns what every stream must do: count itself open (the write interval follows the
+streams open, `_batching.py`), batch the job's output into writes, end with an event
+whatever happens (the job's end, its output ending without one, a failure while rendering),
+and log a failure with the request id. A `StreamFormat` only renders: its opening, a batch
+of items, an error.
+
+The pump never cancels the job: the request's end does (`_lifetime.py`), which also covers
+a client gone before the body's first byte, when this generator has never run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from ..openai import OpenAIError
+from ._batching import WriteBatcher, WritePolicy
+from ._errors import internal_error, log_failure
+from ._jobs import Job, JobItem
+
+log = logging.getLogger("mlx_nursery.http")
+
+
+class StreamFormat(Protocol):
+    """How one kind of stream renders a job's output as bytes to write."""
+
+    def opening(self) -> bytes:
+        """What the stream writes before the job's first output (may be empty)."""
+        ...
+
+    async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
+        """One write's bytes for `items`, and whether the stream ends with them."""
+        ...
+
+    def error(self, error: OpenAIError) -> bytes:
+        """The event that ends the stream with `error`."""
+        ...
+
+
+async def pump(
+    job: Job, format: StreamFormat, writes: WritePolicy, request_id: str
+) -> AsyncIterator[bytes]:
+    """The body of a stream: whatever the job produced since the last write goes out in one
+    write (when the server is busy, its cost per token drops instead of its backlog
+    growing); after the first write, `writes` says how many pieces a write waits for. A
+    failure while rendering ends the stream with an error event (logged with `request_id`),
+    never a cut stream."""
+    with writes.stream():
+        try:
+            opening = format.opening()
+            if opening:
+                yield opening
+            batches = WriteBatcher(job.receive, writes)
+            while (items := await batches.next()) is not None:
+                write, ended = await format.render(items)
+                yield write
+                if ended:
+                    return
+            yield format.error(ended_early())
+        except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
+            log_failure(request_id, "while streaming", exc)
+            yield format.error(internal_error(request_id))
+
+
+def ended_early() -> OpenAIError:
+    """The error of a job whose output ended without a result (a bug: it always sends one)."""
+    log.error("a generation job ended without a result")
+    return OpenAIError("the generation ended unexpectedly", code="internal_error")
