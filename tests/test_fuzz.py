@@ -1833,6 +1833,7 @@ def _completion(**fields: Any) -> Case:
     )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(case=valid_case())
 @example(case=attrs.evolve(_chat(seed=-1), flavour="valid"))
@@ -1842,6 +1843,7 @@ def test_valid_requests(fuzz: Fuzz, case: Case) -> None:
     check(fuzz.run(case))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(case=almost_valid_case())
 @example(
@@ -1870,6 +1872,7 @@ def test_almost_valid_requests(fuzz: Fuzz, case: Case) -> None:
 
 
 # The findings of issue 15 and of the long fuzz, run first in every run; the rest is drawn.
+@pytest.mark.slow
 @FUZZ
 @given(case=hostile_case())
 @example(case=_chat(seed=2**64))

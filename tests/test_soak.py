@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from .helpers import engine_threads
 from .http_helpers import engine_of, eventually, running_server
 from .test_fuzz import MODEL, Case, Judge, Outcome
+
+pytestmark = pytest.mark.slow
 
 REQUESTS = int(os.environ.get("MLX_NURSERY_SOAK_REQUESTS") or 200)
 CONCURRENCY = 16
