@@ -152,3 +152,25 @@ async def test_a_job_started_during_drain_is_refused(
             with trio.fail_after(30):
                 await drained.wait()
         await running.aclose()
+
+
+@pytest.mark.parametrize("path", sorted(STREAMS))
+async def test_a_non_streaming_job_error_goes_to_the_one_handler(
+    tiny_model: Path, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job's error in a JSON response is raised to app.py's handler, as every other error:
+    the envelope and its headers, and the handler's log line with the request id."""
+    body = {**STREAMS[path], "stream": False}
+    async with (
+        running_server(tiny_model, max_concurrency=1, request_timeout=0.5) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        response = await http.post(path, json=body, headers={"x-request-id": "req-late"})
+    assert response.status_code == 504
+    assert response.headers["x-should-retry"] == "false"
+    assert response.headers["x-request-id"] == "req-late"
+    validate_error(response.json())
+    assert response.json()["error"]["code"] == "request_timeout"
+    assert any(r.getMessage().startswith("request req-late failed:") for r in caplog.records), (
+        "the handler did not see the error"
+    )

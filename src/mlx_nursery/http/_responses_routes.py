@@ -16,7 +16,6 @@ from ..openai._responses_output import ResponseBuilder, input_items_page
 from ..openai._responses_schemas import ResponsesRequest
 from ..store import StoredResponse
 from ._batching import merged_text
-from ._errors import error_response
 from ._jobs import JobItem
 from ._lifetime import own
 from ._pump import ended_early, pump
@@ -70,7 +69,7 @@ async def create_response() -> Response:
         return response
     async for item in job.receive:
         if isinstance(item, OpenAIError):
-            return error_response(item)
+            raise item  # to the one handler (app.py), as every error
         _apply(builder, item)
         if isinstance(item, Finished):
             await _save(service, prepared, builder)

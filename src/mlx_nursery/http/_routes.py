@@ -28,7 +28,6 @@ from ..openai._errors import RequestTooLarge, UnsupportedMediaType, quoted
 from ..openai._json import parse_json
 from ..openai._logprobs import LogprobEntry
 from ._batching import merged_text
-from ._errors import error_response
 from ._jobs import Job, JobItem
 from ._lifetime import own
 from ._pump import ended_early, pump
@@ -165,7 +164,7 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
                 content_type="application/json",
             )
         else:
-            return error_response(item)
+            raise item  # to the one handler (app.py), as every error
     raise ended_early()
 
 
