@@ -23,6 +23,7 @@ ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _HELP = "mlx_nursery.help"
 _DAY = 24 * 3600
+Unit = Literal["", "bytes", "seconds"]
 
 
 class SettingsError(ValueError):
@@ -38,12 +39,11 @@ class Help:
     """What None means: the default's reading when it is None."""
     zero: str = ""
     """What 0 means, shown after the 0 when it is the default."""
-    unit: Literal["", "bytes", "seconds"] = ""
+    unit: Unit = ""
+    """How a number reads: bytes as `8 MiB`, whole days of seconds as `30 days`."""
 
 
-def _help(
-    text: str, *, none: str = "none", zero: str = "", unit: Literal["", "bytes", "seconds"] = ""
-) -> dict[str, Help]:
+def _help(text: str, *, none: str = "none", zero: str = "", unit: Unit = "") -> dict[str, Help]:
     return {_HELP: Help(text, none, zero, unit)}
 
 
@@ -188,6 +188,7 @@ def flag_name(field: attrs.Attribute[Any]) -> str:
 
 
 def setting_help(field: attrs.Attribute[Any]) -> Help:
+    """A setting's help line and how its default reads, from its metadata."""
     help_: Help = field.metadata[_HELP]
     return help_
 
@@ -196,7 +197,8 @@ def value_type(field: attrs.Attribute[Any]) -> type:
     """The type a setting's value is parsed as: `int | None` -> int."""
     kind = _FIELD_TYPES[field.name]
     args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-    return args[0] if args else kind  # type: ignore[no-any-return]
+    scalar: type = args[0] if args else kind
+    return scalar
 
 
 def shown_default(field: attrs.Attribute[Any]) -> str:
