@@ -10,13 +10,18 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
-from .http import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
-from .http._errors import envelope_response, error_response, internal_error, log_failure
-from .http._keepalive import ShieldFinalBody
-from .http._lifetime import LifetimeHTTPConnection
-from .http._limits import RequestLimits
-from .http._routes import routes
-from .http._service import RequestProcessors, Service
+from .http import (
+    LifetimeHTTPConnection,
+    RequestLimits,
+    RequestProcessors,
+    Service,
+    ShieldFinalBody,
+    envelope_response,
+    error_response,
+    internal_error,
+    log_failure,
+    routes,
+)
 from .openai import OpenAIError
 from .settings import Settings
 

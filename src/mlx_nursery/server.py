@@ -19,8 +19,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.typing import ASGIFramework
 
 from .app import asgi_app, create_app
-from .http._limits import HYPERCORN_HEAD_BYTES
-from .http._service import RequestProcessors, Service
+from .http import HYPERCORN_HEAD_BYTES, RequestProcessors, Service
 from .settings import Settings
 
 log = logging.getLogger("mlx_nursery.server")

@@ -1,0 +1,29 @@
+"""The HTTP layer: routes, jobs, streams and error envelopes, on Quart-Trio and Hypercorn.
+
+It knows nothing of MLX: routes read and check the body, hand it to the OpenAI layer on a
+worker thread, run the generation as a job (`_jobs.py`) tied to the request's lifetime
+(`_lifetime.py`), and write JSON or SSE (`_pump.py`). This package exports what the app
+(`app.py`) and the server (`server.py`) are built from; the modules stay private.
+"""
+
+from . import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
+from ._errors import envelope_response, error_response, internal_error, log_failure
+from ._keepalive import ShieldFinalBody
+from ._lifetime import LifetimeHTTPConnection
+from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
+from ._routes import routes
+from ._service import RequestProcessors, Service
+
+__all__ = [
+    "HYPERCORN_HEAD_BYTES",
+    "LifetimeHTTPConnection",
+    "RequestLimits",
+    "RequestProcessors",
+    "Service",
+    "ShieldFinalBody",
+    "envelope_response",
+    "error_response",
+    "internal_error",
+    "log_failure",
+    "routes",
+]
