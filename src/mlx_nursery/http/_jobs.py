@@ -59,10 +59,21 @@ class Jobs:
         """Set by `drain`: no job starts after it."""
 
     async def start(self, prepared: Prepared, deadline: float | None = None) -> Job:
-        """Admit and start a job; raises the OpenAIError of a refused admission.
+        """Admit and start a job; returns once its sequence holds a lane.
 
         `deadline`: when the request started earlier (its preparation); default now plus the
-        request timeout."""
+        request timeout.
+
+        Raises the OpenAIError of a refused admission: the shutdown 503 once `drain` has
+        begun (then without a checkpoint), or when a drain cancels it while queued; 503
+        when the queue is full; 400 for a prompt too long; 504 when `deadline` passes while
+        queued.
+
+        Cancellation: cancelled before the sequence holds a lane, the job is cancelled with
+        it, nothing was admitted, no compute ran, and `Cancelled` propagates. Once `start`
+        has returned, the job no longer depends on the caller's scope: its deadline,
+        `Job.cancel`, a drain or the end of the request that owns it (`_lifetime.own`)
+        stops it."""
         if self._closed:
             raise Unavailable("the server is shutting down", code="server_shutting_down")
         if deadline is None:

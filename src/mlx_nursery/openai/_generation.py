@@ -59,7 +59,16 @@ async def generate_text(
     logprobs: LogprobAligner | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Generate, reporting `started` once the sequence holds a lane (errors before that raise)."""
+    """Generate, reporting `started` once the sequence holds a lane (errors before that raise).
+
+    Cancellation: cancelled while waiting for a lane, nothing was admitted and no compute
+    ran. After that, `Cancelled` propagates only once the engine has confirmed that the
+    sequence stopped (a shielded wait, bounded by the engine's `cancel_ack_timeout`): no
+    more compute will be started for it and its lane is back, though a step already in
+    flight may still land. Outputs sent before the cancel stay in `send`; an output whose
+    `send` was cancelled was not sent; no `Finished` follows a cancel. `send` is left open:
+    the caller owns it.
+    """
     matcher = StopMatcher(stops)
 
     async def emit(text: str) -> None:

@@ -43,6 +43,16 @@ class StoredResponse:
 
 
 class ResponsesStore:
+    """Stored responses in SQLite, every call on a worker thread, one at a time.
+
+    Cancellation, for every method: each is a checkpoint. Cancelled before its thread starts
+    (on entry, or while another call holds the one thread), it does nothing and raises
+    `Cancelled`. Once its thread runs, it is not abandoned (`trio.to_thread.run_sync`'s
+    default): the call completes, a write is committed (or rolled back if it failed), and
+    the method returns its result as usual; the cancellation is delivered at the caller's
+    next checkpoint. So a `put` under way when its client leaves still stores the response.
+    """
+
     def __init__(
         self,
         path: str | Path,
@@ -57,25 +67,33 @@ class ResponsesStore:
         self._limiter = trio.CapacityLimiter(1)
 
     async def open(self) -> None:
+        """Open (or create) the database. Cancelled before its thread ran: still closed."""
         await self._run(self._open)
 
     async def close(self) -> None:
+        """Close the database. Cancelled before its thread ran: still open."""
         if self._db is not None:
             await self._run(self._db.close)
             self._db = None
 
     async def put(self, record: StoredResponse) -> None:
+        """Store `record` (replacing one with its id), then evict past the age and count
+        limits, in one transaction. Cancelled before its thread ran: nothing was written."""
         await self._run(self._put, record)
 
     async def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response, or None (never stored, deleted, evicted, or too old)."""
         found: StoredResponse | None = await self._run(self._get, response_id)
         return found
 
     async def delete(self, response_id: str) -> bool:
+        """Delete a response; whether it was there. Cancelled before its thread ran: nothing
+        was deleted."""
         deleted: bool = await self._run(self._delete, response_id)
         return deleted
 
     async def _run(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the store's thread; never abandoned once started (class docstring)."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     # -- on the worker thread ---------------------------------------------------------------
