@@ -8,12 +8,22 @@ from typing import Any
 import attrs
 from quart import Response, request
 
-from ..openai import Finished, OpenAIError, ResourceNotFound, TextDelta, ToolCallOut
-from ..openai._errors import InvalidRequest, quoted
-from ..openai._json import parse_json
-from ..openai._responses import PreparedResponse, parse_request, prepare_response
-from ..openai._responses_output import ResponseBuilder, input_items_page
-from ..openai._responses_schemas import ResponsesRequest
+from ..openai import (
+    Finished,
+    InvalidRequest,
+    OpenAIError,
+    PreparedResponse,
+    ResourceNotFound,
+    ResponseBuilder,
+    ResponsesRequest,
+    TextDelta,
+    ToolCallOut,
+    input_items_page,
+    parse_json,
+    parse_responses_request,
+    prepare_response,
+    quoted,
+)
 from ..store import StoredResponse
 from ._batching import merged_text
 from ._jobs import JobItem
@@ -36,7 +46,7 @@ async def create_response() -> Response:
 
     def parse() -> tuple[Any, ResponsesRequest]:
         body = parse_json(raw)
-        return body, parse_request(body)
+        return body, parse_responses_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
     previous = None

@@ -14,19 +14,21 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..openai import (
     Finished,
+    LogprobEntry,
     ModelList,
     OpenAIError,
     Prepared,
+    RequestTooLarge,
     ServedModel,
     TextDelta,
     ToolCallOut,
+    UnsupportedMediaType,
+    parse_json,
     prepare_chat,
     prepare_completion,
+    quoted,
     to_json,
 )
-from ..openai._errors import RequestTooLarge, UnsupportedMediaType, quoted
-from ..openai._json import parse_json
-from ..openai._logprobs import LogprobEntry
 from ._batching import merged_text
 from ._jobs import Job, JobItem
 from ._lifetime import own

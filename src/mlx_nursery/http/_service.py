@@ -20,10 +20,16 @@ from typing import Any, Literal, TypeVar
 import trio
 
 from ..engine import Engine, EngineConfig
-from ..openai import Prepared, RequestTimeout, ServedModel, Unavailable, with_processors
-from ..openai._prompts import longest_token_bytes
-from ..openai._structured import Grammars
-from ..openai._tools import tool_format
+from ..openai import (
+    Grammars,
+    Prepared,
+    RequestTimeout,
+    ServedModel,
+    Unavailable,
+    longest_token_bytes,
+    tool_format,
+    with_processors,
+)
 from ..settings import Settings
 from ..store import ResponsesStore
 from ._batching import WritePolicy

@@ -8,38 +8,67 @@ from ._converter import to_json
 from ._endpoints import Prepared, prepare_chat, prepare_completion, with_processors
 from ._errors import (
     GenerationFailed,
+    HeadersTooLarge,
     InvalidRequest,
     ModelNotFound,
     OpenAIError,
     Overloaded,
     RequestTimeout,
+    RequestTooLarge,
     ResourceNotFound,
     Unavailable,
+    UnsupportedMediaType,
+    URITooLong,
+    quoted,
 )
 from ._generation import Finished, Output, TextDelta, generate_text
+from ._json import parse_json
+from ._logprobs import LogprobEntry
 from ._models import ModelList
+from ._prompts import longest_token_bytes
+from ._responses import PreparedResponse, prepare_response
+from ._responses import parse_request as parse_responses_request
+from ._responses_output import ResponseBuilder, input_items_page
+from ._responses_schemas import ResponsesRequest
 from ._served import ServedModel
-from ._tools import ToolCallOut
+from ._structured import Grammars
+from ._tools import ToolCallOut, tool_format
 
 __all__ = [
     "Finished",
     "GenerationFailed",
+    "Grammars",
+    "HeadersTooLarge",
     "InvalidRequest",
+    "LogprobEntry",
     "ModelList",
     "ModelNotFound",
     "OpenAIError",
     "Output",
     "Overloaded",
     "Prepared",
+    "PreparedResponse",
     "RequestTimeout",
+    "RequestTooLarge",
     "ResourceNotFound",
+    "ResponseBuilder",
+    "ResponsesRequest",
     "ServedModel",
     "TextDelta",
     "ToolCallOut",
+    "URITooLong",
     "Unavailable",
+    "UnsupportedMediaType",
     "generate_text",
+    "input_items_page",
+    "longest_token_bytes",
+    "parse_json",
+    "parse_responses_request",
     "prepare_chat",
     "prepare_completion",
+    "prepare_response",
+    "quoted",
     "to_json",
+    "tool_format",
     "with_processors",
 ]

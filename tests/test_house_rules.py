@@ -1,0 +1,178 @@
+"""House rules that review alone would let slip: each package's public names are pinned,
+and no module imports another package's private modules (the one-way layering http ->
+openai -> engine -> models/store goes through each package's `__all__`)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "mlx_nursery"
+PACKAGES = ("engine", "http", "models", "openai", "store")
+
+
+def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
+    """Absolute names of what `source` (a module of `package`) imports, relative imports
+    resolved; `from a import b` yields both `a` and `a.b`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+    return found
+
+
+def private_imports(source: str, package: str) -> list[tuple[int, str]]:
+    """Imports of another package's private modules (`mlx_nursery.<pkg>._name`)."""
+    home = package.split(".")[1] if "." in package else ""
+    offences = []
+    for line, target in imported_modules(source, package):
+        parts = target.split(".")
+        if parts[0] != "mlx_nursery" or len(parts) < 3 or parts[1] not in PACKAGES:
+            continue
+        if parts[2].startswith("_") and parts[1] != home:
+            offences.append((line, target))
+    return offences
+
+
+def package_of(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).parts
+    return ".".join(parts[:-1])
+
+
+def test_no_module_imports_another_packages_private_modules() -> None:
+    offences = [
+        f"{path.relative_to(SRC)}:{line} imports {target}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, target in private_imports(path.read_text(), package_of(path))
+    ]
+    assert offences == []
+
+
+@pytest.mark.parametrize(
+    "source, package, offending",
+    [
+        ("from ..openai._json import parse_json", "mlx_nursery.http", True),
+        ("from ..openai import parse_json", "mlx_nursery.http", False),
+        ("from .http._routes import routes", "mlx_nursery", True),
+        ("from .http import routes", "mlx_nursery", False),
+        ("from ._jobs import Jobs", "mlx_nursery.http", False),
+        ("import mlx_nursery.engine._worker", "mlx_nursery.http", True),
+        ("from mlx_nursery.engine import _worker", "mlx_nursery.openai", True),
+        ("from . import _params", "mlx_nursery.openai", False),
+    ],
+)
+def test_the_rule_tells_private_from_public(source: str, package: str, offending: bool) -> None:
+    assert bool(private_imports(source, package)) == offending
+
+
+PUBLIC = {
+    "engine": [
+        "CancelStatistics",
+        "Engine",
+        "EngineConfig",
+        "EngineError",
+        "EngineOverloaded",
+        "EngineStatistics",
+        "EngineUnavailable",
+        "FinishReason",
+        "GenerationRequest",
+        "GrammarProcessor",
+        "ModelInfo",
+        "PrefixCache",
+        "PrefixCacheStats",
+        "PromptTooLong",
+        "SamplingParams",
+        "THREAD_NAME",
+        "TokenEvent",
+        "TokenLogprob",
+        "TokenStream",
+        "Usage",
+        "WorkerStats",
+        "open_engine",
+    ],
+    "http": [
+        "HYPERCORN_HEAD_BYTES",
+        "LifetimeHTTPConnection",
+        "RequestLimits",
+        "RequestProcessors",
+        "Service",
+        "ShieldFinalBody",
+        "envelope_response",
+        "error_response",
+        "internal_error",
+        "log_failure",
+        "routes",
+    ],
+    "models": [
+        "LoadedModel",
+        "ModelNotFoundError",
+        "PRESETS",
+        "load_model",
+        "make_model",
+        "resolve_model_path",
+    ],
+    "openai": [
+        "Finished",
+        "GenerationFailed",
+        "Grammars",
+        "HeadersTooLarge",
+        "InvalidRequest",
+        "LogprobEntry",
+        "ModelList",
+        "ModelNotFound",
+        "OpenAIError",
+        "Output",
+        "Overloaded",
+        "Prepared",
+        "PreparedResponse",
+        "RequestTimeout",
+        "RequestTooLarge",
+        "ResourceNotFound",
+        "ResponseBuilder",
+        "ResponsesRequest",
+        "ServedModel",
+        "TextDelta",
+        "ToolCallOut",
+        "URITooLong",
+        "Unavailable",
+        "UnsupportedMediaType",
+        "generate_text",
+        "input_items_page",
+        "longest_token_bytes",
+        "parse_json",
+        "parse_responses_request",
+        "prepare_chat",
+        "prepare_completion",
+        "prepare_response",
+        "quoted",
+        "to_json",
+        "tool_format",
+        "with_processors",
+    ],
+    "store": [
+        "ResponsesStore",
+        "StoredResponse",
+    ],
+}
+"""Each package's public names: a change to a package's surface is a change to this list."""
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_names_its_public_surface(package: str) -> None:
+    module = importlib.import_module(f"mlx_nursery.{package}")
+    names = list(module.__all__)
+    assert len(names) == len(set(names))
+    assert [name for name in names if not hasattr(module, name)] == []
+    assert sorted(names) == sorted(PUBLIC[package])
