@@ -182,7 +182,8 @@ async def test_a_call_cut_off_by_max_tokens_is_returned_partial(tiny_model: Path
         response = await client.responses.create(**responses_request)
         async with client.responses.stream(**responses_request) as stream:
             # The SDK's get_final_response() wants response.completed; this one is incomplete.
-            streamed = next(e async for e in stream if e.type == "response.incomplete").response
+            incomplete = [e async for e in stream if e.type == "response.incomplete"]
+            streamed = incomplete[0].response
     choice = reply.choices[0]
     assert choice.finish_reason == "length"
     (call,) = choice.message.tool_calls or []
