@@ -6,7 +6,7 @@ the value (string, number, list, object), which is how OpenAI's schemas are
 written; unions of objects by their `type` (tagged unions: `_TAGGED`). Integers are 64-bit,
 as OpenAI's schemas declare them (int64): a larger one is a 400 naming its field, never a
 value that breaks something later. Structuring errors become `InvalidRequest` with the
-parameter's path (`_translate`).
+parameter's path (`_structuring_errors`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.cols import list_structure_factory, mapping_structure_factory
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
 from cattrs.gen import make_dict_structure_fn
 
 from . import _chat as chat
 from . import _responses_schemas as rs
 from . import _shared as shared
-from ._errors import InvalidRequest, quoted, shortened
+from ._errors import InvalidRequest, quoted
+from ._structuring_errors import KIND_NAMES, STRUCTURING_ERRORS, describe, json_name, translated
 
 T = TypeVar("T")
 
@@ -37,7 +37,6 @@ _JSON_KIND: dict[type, tuple[type, ...]] = {
     float: (int, float),
     bool: (bool,),
 }
-_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -47,7 +46,7 @@ def _strict(kind: type) -> Callable[[Any, Any], Any]:
     def structure(value: Any, _: Any) -> Any:
         # bool is an int subclass in Python, never in JSON.
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepted):
-            raise TypeError(f"expected {_KIND_NAMES[kind]}, got {_json_name(value)}")
+            raise TypeError(f"expected {KIND_NAMES[kind]}, got {json_name(value)}")
         if isinstance(value, int) and not isinstance(value, bool):
             if kind is int and not INT64_MIN <= value <= INT64_MAX:
                 raise ValueError("expected a 64-bit integer (from -2^63 to 2^63-1)")
@@ -75,7 +74,7 @@ def _list_hook(tp: Any) -> Callable[[Any, Any], Any]:
 
     def structure(value: Any, _: Any) -> Any:
         if not isinstance(value, list):  # a string would be structured character by character
-            raise TypeError(f"expected an array, got {_json_name(value)}")
+            raise TypeError(f"expected an array, got {json_name(value)}")
         return inner(value, tp)
 
     return structure
@@ -93,7 +92,7 @@ def _dict_hook(tp: Any) -> Callable[[Any, Any], Any]:
 
     def structure(value: Any, _: Any) -> Any:
         if not isinstance(value, dict):
-            raise TypeError(f"expected an object, got {_json_name(value)}")
+            raise TypeError(f"expected an object, got {json_name(value)}")
         return inner(value, tp)
 
     return structure
@@ -204,7 +203,7 @@ def _attrs_hook(cls: type) -> Callable[[Any, Any], Any]:
 
     def structure(value: Any, _: Any) -> Any:
         if not isinstance(value, dict):
-            raise TypeError(f"expected an object, got {_json_name(value)}")
+            raise TypeError(f"expected an object, got {json_name(value)}")
         if tagged is not None:
             tagged.pick(value)
         return generated(value, cls)
@@ -253,8 +252,8 @@ def _structure_union(value: Any, tp: Any) -> Any:
     lists = [m for m in members if typing.get_origin(m) is list]
     if isinstance(value, list) and len(lists) == 1:  # the one array: name the element that is wrong
         return converter.structure(value, lists[0])
-    expected = " or ".join(dict.fromkeys(_describe(m) for m in members))
-    raise TypeError(f"expected {expected}, got {_json_name(value)}")
+    expected = " or ".join(dict.fromkeys(describe(m) for m in members))
+    raise TypeError(f"expected {expected}, got {json_name(value)}")
 
 
 converter.register_structure_hook_func(_is_union, _structure_union)
@@ -272,32 +271,6 @@ def _structure_literal(value: Any, tp: Any) -> Any:
 converter.register_structure_hook_func(
     lambda tp: getattr(tp, "__origin__", None) is typing.Literal, _structure_literal
 )
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp) or tp
-    if tp is type(None):
-        return "null"
-    if origin in (list, tuple):
-        return "an array"
-    if origin is dict or attrs.has(origin):
-        return "an object"
-    if origin is typing.Literal:
-        return " or ".join(repr(a) for a in typing.get_args(tp))
-    return _KIND_NAMES.get(origin, str(origin))
-
-
-def _json_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "an array",
-        dict: "an object",
-    }.get(type(value), type(value).__name__)
 
 
 # -- unstructuring: what OpenAI leaves out ------------------------------------------------------
@@ -327,74 +300,12 @@ def without_nulls(value: Any) -> dict[str, Any]:
     return {k: v for k, v in converter.unstructure(value).items() if v is not None}
 
 
-# -- errors -------------------------------------------------------------------------------------
-_HAND_CHECKED = ("input[", "tools[", "text.", "tool_choice", "response_format")
-"""Paths whose wrong values are `invalid_value`, the code they had when these fields were
-checked by hand, before they were typed. Other fields' wrong types carry no code, as always."""
-
-
 def structure(data: Any, cls: type[T], path: str = "") -> T:
     """Structure a parsed JSON body into `cls`, or raise InvalidRequest naming the parameter
     (`path` names where `data` is, for a value structured on its own)."""
     if not isinstance(data, dict) and not path:
-        raise InvalidRequest(f"the request body must be a JSON object, got {_json_name(data)}")
+        raise InvalidRequest(f"the request body must be a JSON object, got {json_name(data)}")
     try:
         return converter.structure(data, cls)
-    except (
-        ClassValidationError,
-        IterableValidationError,
-        InvalidRequest,
-        TypeError,
-        ValueError,
-        KeyError,
-    ) as exc:  # every hook raises one of these for a value that does not fit
-        found, leaf = _first_error(exc, path)
-        raise _translate(found, leaf) from None
-
-
-def _translate(path: str, leaf: BaseException) -> InvalidRequest:
-    if isinstance(leaf, InvalidRequest):
-        if path and leaf.param:
-            leaf.param = (
-                f"{path}.{leaf.param}" if not leaf.param.startswith("[") else path + leaf.param
-            )
-        elif path:
-            leaf.param = path
-        return leaf
-    if isinstance(leaf, ForbiddenExtraKeysError):
-        extra = shortened(min(leaf.extra_fields))
-        name = f"{path}.{extra}" if path else extra
-        return InvalidRequest(
-            f"Unrecognized request argument supplied: {name}", param=name, code="unknown_parameter"
-        )
-    if isinstance(leaf, KeyError):
-        name = path or str(leaf.args[0])  # cattrs' note already named the missing attribute
-        return InvalidRequest(
-            f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
-        )
-    code = "invalid_value" if path.startswith(_HAND_CHECKED) else None
-    return InvalidRequest(
-        f"Invalid value for '{path or 'body'}': {leaf}", param=path or None, code=code
-    )
-
-
-def _first_error(exc: BaseException, path: str) -> tuple[str, BaseException]:
-    """Walk cattrs' exception groups down to the first leaf, building a `a.b[0].c` path."""
-    if isinstance(exc, (ClassValidationError, IterableValidationError)):
-        with_notes, _ = exc.group_exceptions()
-        if with_notes:
-            inner, note = with_notes[0]
-            name = getattr(note, "name", None)
-            index = getattr(note, "index", None)
-            if name is not None:
-                step = f"{path}.{name}" if path else name
-            elif index is not None:
-                step = f"{path}[{index}]"
-            else:
-                step = path
-            return _first_error(inner, step)
-        inner = exc.exceptions[0]
-        return _first_error(inner, path)
-    if isinstance(exc, BaseExceptionGroup):
-        return _first_error(exc.exceptions[0], path)
-    return path, exc
+    except STRUCTURING_ERRORS as exc:
+        raise translated(exc, path) from None
