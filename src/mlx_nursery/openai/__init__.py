@@ -4,8 +4,10 @@ Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
 JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 """
 
+from ._chat_endpoint import prepare_chat
+from ._completions_endpoint import prepare_completion
 from ._converter import to_json
-from ._endpoints import Prepared, prepare_chat, prepare_completion, with_processors
+from ._endpoints import Prepared, with_processors
 from ._errors import (
     GenerationFailed,
     HeadersTooLarge,

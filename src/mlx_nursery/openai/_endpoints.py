@@ -1,8 +1,8 @@
-"""Chat and text completions: wire request -> engine request, engine output -> wire objects.
+"""What chat and completions requests become: `Prepared`, and the steps that build it.
 
-`prepare_chat` / `prepare_completion` validate and tokenize (raising
-`OpenAIError`s that name the parameter); the returned `Prepared` renders the
-non-streaming body and the stream's chunks for its endpoint.
+Each endpoint's module (`_chat_endpoint`, `_completions_endpoint`) validates its request and
+builds a `Prepared` with the steps here (Responses too: `_responses`); the `Wire` it names
+renders that endpoint's body and stream chunks.
 """
 
 from __future__ import annotations
@@ -10,67 +10,61 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Protocol
 
 import attrs
 
 from ..engine import GenerationRequest
 from . import _params as params
-from ._chat import (
-    AssistantMessage,
-    ChatChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatDelta,
-    ChunkChoice,
-    FunctionCall,
-    ResponseFormat,
-    ToolCall,
-)
-from ._completions import Completion, CompletionChoice, CompletionRequest
-from ._converter import structure, to_json
-from ._errors import InvalidRequest, quoted
+from ._chat import ResponseFormat
+from ._errors import InvalidRequest
 from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
-from ._prompts import check_prompt_size, completion_tokens, prompt_texts, render_chat
 from ._responses_schemas import TextFormatParam
 from ._served import ServedModel
-from ._shared import FunctionTool, NamedToolChoice, SamplingFields, TextFormat, ToolChoiceMode
+from ._shared import SamplingFields, TextFormat
 from ._structured import response_format_processor
-from ._tools import ToolCallExtractor, ToolCallOut, normalize_tools, strict_tool_names
-from ._usage import UsageOut, new_id, now
+from ._tools import ToolCallExtractor, ToolCallOut
+from ._usage import new_id, now
 
-Kind = Literal["chat", "completion"]
 
-_CHAT_UNIMPLEMENTED: dict[str, object] = {
-    # field: its no-op value(s); anything else is a 400 naming the field
-    "functions": ([],),
-    "function_call": "none",
-    "audio": (),
-    "modalities": (["text"],),
-    "prediction": (),
-    "web_search_options": (),
-    "service_tier": ("auto", "default"),
-}
-_CHAT_HINTS: dict[str, object] = {
-    # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
-    "reasoning_effort": (),  # no model served here reasons
-    "verbosity": (),
-    "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
-    "store": False,  # no stored chat completions here
-    "metadata": ({},),  # kept only with stored completions
-}
-_COMPLETION_UNIMPLEMENTED: dict[str, object] = {
-    "echo": False,
-    "suffix": (),
-    "best_of": 1,
-}
+class Wire(Protocol):
+    """One endpoint's objects on the wire: its non-streaming body and its stream's chunks."""
+
+    @property
+    def prompt_param(self) -> str:
+        """The parameter a prompt-too-long error names."""
+
+    @property
+    def id_prefix(self) -> str: ...
+
+    @property
+    def trims_leading_space(self) -> bool:
+        """A chat reply drops one leading space; a completion is the exact continuation."""
+
+    def body(
+        self,
+        p: Prepared,
+        text: str,
+        finished: Finished,
+        calls: Sequence[ToolCallOut],
+        logprobs: Sequence[LogprobEntry],
+    ) -> dict[str, Any]: ...
+
+    def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]: ...
+
+    def delta_chunk(
+        self, p: Prepared, text: str, logprobs: Sequence[LogprobEntry], offset: int
+    ) -> dict[str, Any]: ...
+
+    def tool_call_chunks(self, p: Prepared, call: ToolCallOut) -> list[dict[str, Any]]: ...
+
+    def closing_chunks(self, p: Prepared, finished: Finished) -> list[dict[str, Any]]: ...
 
 
 @attrs.frozen(slots=False)  # slots off: cached_property needs a __dict__
 class Prepared:
-    kind: Kind
+    wire: Wire
     generation: GenerationRequest
     stops: tuple[str, ...]
     stream: bool
@@ -106,9 +100,9 @@ class Prepared:
 
     @property
     def prompt_param(self) -> str:
-        return "messages" if self.kind == "chat" else "prompt"
+        return self.wire.prompt_param
 
-    # -- non-streaming ----------------------------------------------------------------------
+    # -- the wire objects, as the endpoint's `Wire` renders them ------------------------------
     def body(
         self,
         text: str,
@@ -116,67 +110,22 @@ class Prepared:
         calls: Sequence[ToolCallOut] = (),
         logprobs: Sequence[LogprobEntry] = (),
     ) -> dict[str, Any]:
-        usage = UsageOut.of(finished.usage)
-        if self.kind == "chat":
-            message = AssistantMessage(
-                text if text or not calls else None,
-                tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls]
-                or None,
-            )
-            choice = ChatChoice(0, message, finished.reason, self._logprobs(logprobs, 0))
-            body: dict[str, Any] = to_json(
-                ChatCompletion(self.id, self.created, self.model, [choice], usage)
-            )
-            return body
-        text_choice = CompletionChoice(0, text, finished.reason, self._logprobs(logprobs, 0))
-        body = to_json(Completion(self.id, self.created, self.model, [text_choice], usage))
-        return body
+        return self.wire.body(self, text, finished, calls, logprobs)
 
-    def _logprobs(self, entries: Sequence[LogprobEntry], offset: int) -> dict[str, Any] | None:
-        if self.token_text is None:
-            return None
-        if self.kind == "chat":
-            return {"content": [e.chat() for e in entries], "refusal": None}
-        offsets, position = [], offset
-        for entry in entries:
-            offsets.append(position)
-            position += len(entry.token)
-        return {
-            "tokens": [e.token for e in entries],
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries],
-            "text_offset": offsets,
-        }
-
-    # -- streaming --------------------------------------------------------------------------
     def opening_chunks(self) -> list[dict[str, Any]]:
-        if self.kind == "chat":
-            return [self._chat_chunk(ChatDelta(role="assistant", content=""))]
-        return []
+        return self.wire.opening_chunks(self)
 
     def delta_chunk(
         self, text: str, logprobs: Sequence[LogprobEntry] = (), offset: int = 0
     ) -> dict[str, Any]:
         """A chunk of content; `offset` is where it starts in the content (for text_offset)."""
-        if self.kind == "chat":
-            return self._chat_chunk(
-                ChatDelta(content=text), logprobs=self._logprobs(logprobs, offset)
-            )
-        return self._completion_chunk(text, None, self._logprobs(logprobs, offset))
+        return self.wire.delta_chunk(self, text, logprobs, offset)
 
     def tool_call_chunks(self, call: ToolCallOut) -> list[dict[str, Any]]:
-        """OpenAI's shape: the first fragment names the call, the next carries its arguments."""
-        opening = {
-            "index": call.index,
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": ""},
-        }
-        arguments = {"index": call.index, "function": {"arguments": call.arguments}}
-        return [
-            self._chat_chunk(ChatDelta(tool_calls=[opening])),
-            self._chat_chunk(ChatDelta(tool_calls=[arguments])),
-        ]
+        return self.wire.tool_call_chunks(self, call)
+
+    def closing_chunks(self, finished: Finished) -> list[dict[str, Any]]:
+        return self.wire.closing_chunks(self, finished)
 
     def delta_json(self, text: str) -> str:
         """`delta_chunk(text)` as JSON, from a template: the hot path runs once per token per
@@ -191,90 +140,90 @@ class Prepared:
         head, tail = whole.split(json.dumps(marker, ensure_ascii=False))
         return head, tail
 
-    def closing_chunks(self, finished: Finished) -> list[dict[str, Any]]:
-        if self.kind == "chat":
-            chunks = [self._chat_chunk(ChatDelta(), finished.reason)]
-        else:
-            chunks = [self._completion_chunk("", finished.reason)]
-        if self.include_usage:
-            usage = UsageOut.of(finished.usage)
-            if self.kind == "chat":
-                chunk: Any = ChatCompletionChunk(self.id, self.created, self.model, [], usage)
-            else:
-                chunk = Completion(self.id, self.created, self.model, [], usage)
-            chunks.append(to_json(chunk))
-        return chunks
 
-    def _chat_chunk(
-        self,
-        delta: ChatDelta,
-        finish_reason: str | None = None,
-        logprobs: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        choice = ChunkChoice(0, delta, finish_reason, logprobs)
-        chunk: dict[str, Any] = to_json(
-            ChatCompletionChunk(self.id, self.created, self.model, [choice])
-        )
-        # OpenAI sends `usage: null` on every chunk only when usage was asked for.
-        if not self.include_usage:
-            del chunk["usage"]
-        return chunk
+# -- the steps every endpoint builds a `Prepared` with ------------------------------------------
+@attrs.frozen
+class Common:
+    """The sampling and streaming fields chat, completions and Responses share, checked."""
 
-    def _completion_chunk(
-        self, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        chunk: dict[str, Any] = to_json(
-            Completion(
-                self.id,
-                self.created,
-                self.model,
-                [CompletionChoice(0, text, finish_reason, logprobs)],
-            )
-        )
-        if not self.include_usage:
-            del chunk["usage"]
-        return chunk
+    sampling: Any
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
 
 
-def prepare_chat(body: Any, served: ServedModel) -> Prepared:
-    request = structure(body, ChatCompletionRequest)
-    served.check(request.model)
-    params.reject_unimplemented(request, _CHAT_UNIMPLEMENTED)
-    ignored = params.ignored_hints(request, _CHAT_HINTS, strict=served.strict_params)
-    if request.max_tokens is not None and request.max_completion_tokens is not None:
+def common(request: SamplingFields, served: ServedModel) -> Common:
+    params.check_n(request.n)
+    sampling = params.for_engine(params.sampling_from(request), served.vocab_size)
+    params.validate_vocab(sampling.logit_bias, served.vocab_size)
+    stream = bool(request.stream)
+    options = request.stream_options
+    if options is not None:
         params.require(
-            request.max_tokens == request.max_completion_tokens,
-            "max_completion_tokens",
-            "max_tokens and max_completion_tokens disagree; set only one",
+            stream, "stream_options", "stream_options is only allowed when stream is true"
         )
-    budget, budget_param = (
-        (request.max_completion_tokens, "max_completion_tokens")
-        if request.max_completion_tokens is not None
-        else (request.max_tokens, "max_tokens")
+        if options.include_obfuscation:
+            params.reject_unimplemented(options, {"include_obfuscation": False})
+    return Common(
+        sampling, params.stop_strings(request.stop), stream, bool(options and options.include_usage)
     )
-    common = _common(request, served)
-    tools, forced = _offered_tools(request.tools, request.tool_choice, served)
-    check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
-    tokens = render_chat(
-        served.tokenizer, request.messages, tools, native_tools=served.tool_format.native
-    )
-    prepared = _prepare(
-        "chat",
-        request,
-        served,
+
+
+def prepared_for(
+    wire: Wire,
+    request: SamplingFields,
+    served: ServedModel,
+    tokens: list[int],
+    budget: int | None,
+    budget_param: str,
+    checked: Common,
+    cache_key: str | None = None,
+) -> Prepared:
+    """The engine request for a rendered prompt: its token budget checked against the room
+    the context leaves."""
+    room = served.context_length - len(tokens)
+    max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
+    generation = GenerationRequest(
         tokens,
-        budget,
-        budget_param,
-        common,
-        cache_key=request.prompt_cache_key,
+        max_tokens,
+        sampling=checked.sampling,
+        cache_key=cache_key,
+        trim_leading_space=wire.trims_leading_space,
     )
-    prepared = with_response_format(
-        prepared, served, request.response_format, "response_format", forced_call=forced is not None
+    return Prepared(
+        wire,
+        generation,
+        checked.stops,
+        checked.stream,
+        checked.include_usage,
+        request.model,
+        id=new_id(wire.id_prefix),
     )
-    prepared = with_processors(prepared, forced)
-    prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
-    prepared = attrs.evolve(prepared, ignored=ignored)
-    return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
+
+
+def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
+    """Add logits processors to the request (None entries are skipped)."""
+    added = tuple(p for p in processors if p is not None)
+    if not added:
+        return prepared
+    chained = (*prepared.generation.logits_processors, *added)
+    generation = attrs.evolve(prepared.generation, logits_processors=chained)
+    return attrs.evolve(prepared, generation=generation)
+
+
+def with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> Prepared:
+    """Ask the engine for logprobs (`top` alternatives each); None leaves them off."""
+    if top is None:
+        return prepared
+    tokenizer = served.tokenizer
+    generation = attrs.evolve(prepared.generation, logprobs=top)
+    token_bytes = served.token_bytes or (lambda token: tokenizer.decode([token]).encode())
+    return attrs.evolve(
+        prepared,
+        generation=generation,
+        token_text=lambda token: tokenizer.decode([token]),
+        token_bytes=token_bytes,
+    )
 
 
 def with_tools(
@@ -295,178 +244,6 @@ def with_tools(
         limit = min(limit or max_calls, max_calls)
     return attrs.evolve(
         prepared, tools=tools, tool_markup=(form.start, form.end, form.parse), max_tool_calls=limit
-    )
-
-
-def _offered_tools(
-    raw: list[FunctionTool] | None,
-    choice: ToolChoiceMode | NamedToolChoice | None,
-    served: ServedModel,
-) -> tuple[list[dict[str, Any]], Any]:
-    """The tools the model is shown, and the constraint on its calls (or None).
-
-    tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
-    a named function force exactly one call by constrained decoding, with arguments valid
-    against the tool's parameters. Under "auto", `strict: true` tools are enforced lazily:
-    free text until the model opens a call, then a call whose arguments follow the schema
-    (`Grammars.strict_tools_processor`). Constraints need a JSON call format (the model's own,
-    or the fallback convention). A tool_choice is checked with or without tools: one that
-    forces a call needs a tool to call.
-    """
-    tools = normalize_tools(raw)
-    forcing = choice not in (None, "auto", "none")
-    name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
-    if forcing and not tools:
-        raise InvalidRequest(
-            "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
-        )
-    if choice == "none" or not tools:
-        return [], None
-    form = served.tool_format
-    markup = (form.start, form.end)
-    strict = strict_tool_names(raw)
-    if not forcing and not strict:
-        return tools, None
-    if not form.json or served.grammars is None:
-        what = "tool_choice 'required' or a named function" if forcing else "strict tools"
-        raise InvalidRequest(
-            f"{what} can be enforced only for models with the <tool_call> JSON format",
-            param="tool_choice" if forcing else "tools",
-            code="unsupported_parameter",
-        )
-    if not forcing:
-        return tools, served.grammars.strict_tools_processor(tools, strict, markup, "tools")
-    return tools, served.grammars.tool_call_processor(tools, markup, "tool_choice", name=name)
-
-
-def _forced_name(choice: NamedToolChoice, tools: list[dict[str, Any]]) -> str:
-    """The function a tool_choice names: chat's `{"type": "function", "function": {"name"}}`
-    or the Responses API's `{"type": "function", "name"}`."""
-    name = choice.function.name if choice.function is not None else choice.name
-    if name is None:
-        raise InvalidRequest(
-            "tool_choice must name a function", param="tool_choice", code="invalid_value"
-        )
-    if name in {t["function"]["name"] for t in tools}:
-        return name
-    raise InvalidRequest(
-        f"tool_choice names {quoted(name)}, which is not among the tools",
-        param="tool_choice",
-        code="invalid_value",
-    )
-
-
-def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
-    """Add logits processors to the request (None entries are skipped)."""
-    added = tuple(p for p in processors if p is not None)
-    if not added:
-        return prepared
-    chained = (*prepared.generation.logits_processors, *added)
-    generation = attrs.evolve(prepared.generation, logits_processors=chained)
-    return attrs.evolve(prepared, generation=generation)
-
-
-def prepare_completion(body: Any, served: ServedModel) -> Prepared:
-    request = structure(body, CompletionRequest)
-    served.check(request.model)
-    params.reject_unimplemented(request, _COMPLETION_UNIMPLEMENTED)
-    common = _common(request, served)
-    tokens = completion_tokens(served, request)
-    prepared = _prepare(
-        "completion", request, served, tokens, request.max_tokens, "max_tokens", common
-    )
-    if request.logprobs is not None:
-        params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
-    return with_logprobs(prepared, served, request.logprobs)
-
-
-def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
-    """Chat: `logprobs: true` turns them on; `top_logprobs` (0-20) adds alternatives."""
-    if request.top_logprobs is not None:
-        params.require(bool(request.logprobs), "top_logprobs", "top_logprobs needs logprobs: true")
-        params.require(
-            0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20"
-        )
-    if not request.logprobs:
-        return None
-    if tools:
-        raise InvalidRequest(
-            "logprobs together with tools are not supported",
-            param="logprobs",
-            code="unsupported_parameter",
-        )
-    return request.top_logprobs or 0
-
-
-def with_logprobs(prepared: Prepared, served: ServedModel, top: int | None) -> Prepared:
-    """Ask the engine for logprobs (`top` alternatives each); None leaves them off."""
-    if top is None:
-        return prepared
-    tokenizer = served.tokenizer
-    generation = attrs.evolve(prepared.generation, logprobs=top)
-    token_bytes = served.token_bytes or (lambda token: tokenizer.decode([token]).encode())
-    return attrs.evolve(
-        prepared,
-        generation=generation,
-        token_text=lambda token: tokenizer.decode([token]),
-        token_bytes=token_bytes,
-    )
-
-
-@attrs.frozen
-class _Common:
-    sampling: Any
-    stops: tuple[str, ...]
-    stream: bool
-    include_usage: bool
-
-
-def _common(request: SamplingFields, served: ServedModel) -> _Common:
-    params.check_n(request.n)
-    sampling = params.for_engine(params.sampling_from(request), served.vocab_size)
-    params.validate_vocab(sampling.logit_bias, served.vocab_size)
-    stream = bool(request.stream)
-    options = request.stream_options
-    if options is not None:
-        params.require(
-            stream, "stream_options", "stream_options is only allowed when stream is true"
-        )
-        if options.include_obfuscation:
-            params.reject_unimplemented(options, {"include_obfuscation": False})
-    return _Common(
-        sampling, params.stop_strings(request.stop), stream, bool(options and options.include_usage)
-    )
-
-
-def _prepare(
-    kind: Kind,
-    request: SamplingFields,
-    served: ServedModel,
-    tokens: list[int],
-    budget: int | None,
-    budget_param: str,
-    common: _Common,
-    cache_key: str | None = None,
-) -> Prepared:
-    room = served.context_length - len(tokens)
-    max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
-    # A chat reply drops one leading space; a completion is the exact continuation of its prompt.
-    generation = GenerationRequest(
-        tokens,
-        max_tokens,
-        sampling=common.sampling,
-        cache_key=cache_key,
-        trim_leading_space=kind == "chat",
-    )
-    prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    return Prepared(
-        kind,
-        generation,
-        common.stops,
-        common.stream,
-        common.include_usage,
-        request.model,
-        id=new_id(prefix),
     )
 
 

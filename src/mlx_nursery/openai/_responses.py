@@ -14,12 +14,12 @@ import attrs
 
 from . import _params as params
 from ._chat import ChatMessage
+from ._chat_endpoint import CHAT
 from ._converter import structure
 from ._endpoints import (
     Prepared,
-    _common,
-    _offered_tools,
-    _prepare,
+    common,
+    prepared_for,
     with_logprobs,
     with_processors,
     with_response_format,
@@ -31,6 +31,7 @@ from ._responses_items import input_items, item_id, to_messages
 from ._responses_schemas import ResponsesRequest
 from ._served import ServedModel
 from ._shared import NamedToolChoice, SamplingFields, ToolChoiceMode, ToolChoiceType
+from ._tool_choice import offered_tools
 
 MAX_CONVERSATION_MESSAGES = 1000
 
@@ -130,8 +131,8 @@ def prepare_response(
         top_p=request.top_p,
         user=request.user,
     )
-    common = _common(fields, served)
-    tools, forced = _offered_tools(request.tools, _tool_choice(request), served)
+    checked = common(fields, served)
+    tools, forced = offered_tools(request.tools, _tool_choice(request), served)
     dropped = 0
     if request.truncation == "auto":
         messages, dropped = _truncated(
@@ -139,14 +140,14 @@ def prepare_response(
         )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
     tokens = render_chat(served.tokenizer, messages, tools, native_tools=served.tool_format.native)
-    prepared = _prepare(
-        "chat",
+    prepared = prepared_for(  # chat's, rendered by `ResponseBuilder` instead
+        CHAT,
         fields,
         served,
         tokens,
         request.max_output_tokens,
         "max_output_tokens",
-        common,
+        checked,
         cache_key=request.prompt_cache_key,
     )
     prepared = with_response_format(

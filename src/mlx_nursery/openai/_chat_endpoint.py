@@ -1,0 +1,196 @@
+"""/v1/chat/completions: a request validated and tokenized into a `Prepared`, and the chat
+objects it renders (`ChatWire`): the body, and the stream's chunks in OpenAI's shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from . import _params as params
+from ._chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChunkChoice,
+    FunctionCall,
+    ToolCall,
+)
+from ._converter import structure, to_json
+from ._endpoints import (
+    Prepared,
+    common,
+    prepared_for,
+    with_logprobs,
+    with_processors,
+    with_response_format,
+    with_tools,
+)
+from ._errors import InvalidRequest
+from ._generation import Finished
+from ._logprobs import LogprobEntry
+from ._prompts import check_prompt_size, prompt_texts, render_chat
+from ._served import ServedModel
+from ._tool_choice import offered_tools
+from ._tools import ToolCallOut
+from ._usage import UsageOut
+
+_UNIMPLEMENTED: dict[str, object] = {
+    # field: its no-op value(s); anything else is a 400 naming the field
+    "functions": ([],),
+    "function_call": "none",
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "service_tier": ("auto", "default"),
+}
+_HINTS: dict[str, object] = {
+    # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
+    "reasoning_effort": (),  # no model served here reasons
+    "verbosity": (),
+    "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
+    "store": False,  # no stored chat completions here
+    "metadata": ({},),  # kept only with stored completions
+}
+
+
+class ChatWire:
+    """Chat completion objects: the body, and the chunks of its stream."""
+
+    prompt_param: ClassVar[str] = "messages"
+    id_prefix: ClassVar[str] = "chatcmpl"
+    trims_leading_space: ClassVar[bool] = True
+
+    def body(
+        self,
+        p: Prepared,
+        text: str,
+        finished: Finished,
+        calls: Sequence[ToolCallOut],
+        logprobs: Sequence[LogprobEntry],
+    ) -> dict[str, Any]:
+        message = AssistantMessage(
+            text if text or not calls else None,
+            tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None,
+        )
+        choice = ChatChoice(0, message, finished.reason, _logprobs(p, logprobs))
+        body: dict[str, Any] = to_json(
+            ChatCompletion(p.id, p.created, p.model, [choice], UsageOut.of(finished.usage))
+        )
+        return body
+
+    def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]:
+        return [_chunk(p, ChatDelta(role="assistant", content=""))]
+
+    def delta_chunk(
+        self, p: Prepared, text: str, logprobs: Sequence[LogprobEntry], offset: int
+    ) -> dict[str, Any]:
+        return _chunk(p, ChatDelta(content=text), logprobs=_logprobs(p, logprobs))
+
+    def tool_call_chunks(self, p: Prepared, call: ToolCallOut) -> list[dict[str, Any]]:
+        """OpenAI's shape: the first fragment names the call, the next carries its arguments."""
+        opening = {
+            "index": call.index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        arguments = {"index": call.index, "function": {"arguments": call.arguments}}
+        return [
+            _chunk(p, ChatDelta(tool_calls=[opening])),
+            _chunk(p, ChatDelta(tool_calls=[arguments])),
+        ]
+
+    def closing_chunks(self, p: Prepared, finished: Finished) -> list[dict[str, Any]]:
+        chunks = [_chunk(p, ChatDelta(), finished.reason)]
+        if p.include_usage:
+            usage = UsageOut.of(finished.usage)
+            chunks.append(to_json(ChatCompletionChunk(p.id, p.created, p.model, [], usage)))
+        return chunks
+
+
+CHAT = ChatWire()
+
+
+def _chunk(
+    p: Prepared,
+    delta: ChatDelta,
+    finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice = ChunkChoice(0, delta, finish_reason, logprobs)
+    chunk: dict[str, Any] = to_json(ChatCompletionChunk(p.id, p.created, p.model, [choice]))
+    # OpenAI sends `usage: null` on every chunk only when usage was asked for.
+    if not p.include_usage:
+        del chunk["usage"]
+    return chunk
+
+
+def _logprobs(p: Prepared, entries: Sequence[LogprobEntry]) -> dict[str, Any] | None:
+    if p.token_text is None:
+        return None
+    return {"content": [e.chat() for e in entries], "refusal": None}
+
+
+def prepare_chat(body: Any, served: ServedModel) -> Prepared:
+    request = structure(body, ChatCompletionRequest)
+    served.check(request.model)
+    params.reject_unimplemented(request, _UNIMPLEMENTED)
+    ignored = params.ignored_hints(request, _HINTS, strict=served.strict_params)
+    if request.max_tokens is not None and request.max_completion_tokens is not None:
+        params.require(
+            request.max_tokens == request.max_completion_tokens,
+            "max_completion_tokens",
+            "max_tokens and max_completion_tokens disagree; set only one",
+        )
+    budget, budget_param = (
+        (request.max_completion_tokens, "max_completion_tokens")
+        if request.max_completion_tokens is not None
+        else (request.max_tokens, "max_tokens")
+    )
+    checked = common(request, served)
+    tools, forced = offered_tools(request.tools, request.tool_choice, served)
+    check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
+    tokens = render_chat(
+        served.tokenizer, request.messages, tools, native_tools=served.tool_format.native
+    )
+    prepared = prepared_for(
+        CHAT,
+        request,
+        served,
+        tokens,
+        budget,
+        budget_param,
+        checked,
+        cache_key=request.prompt_cache_key,
+    )
+    prepared = with_response_format(
+        prepared, served, request.response_format, "response_format", forced_call=forced is not None
+    )
+    prepared = with_processors(prepared, forced)
+    prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
+    prepared = attrs.evolve(prepared, ignored=ignored)
+    return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
+
+
+def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
+    """Chat: `logprobs: true` turns them on; `top_logprobs` (0-20) adds alternatives."""
+    if request.top_logprobs is not None:
+        params.require(bool(request.logprobs), "top_logprobs", "top_logprobs needs logprobs: true")
+        params.require(
+            0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20"
+        )
+    if not request.logprobs:
+        return None
+    if tools:
+        raise InvalidRequest(
+            "logprobs together with tools are not supported",
+            param="logprobs",
+            code="unsupported_parameter",
+        )
+    return request.top_logprobs or 0

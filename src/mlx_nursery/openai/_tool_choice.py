@@ -1,0 +1,68 @@
+"""Which tools the model is shown, and what `tool_choice` forces (chat and Responses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import InvalidRequest, quoted
+from ._served import ServedModel
+from ._shared import FunctionTool, NamedToolChoice, ToolChoiceMode
+from ._tools import normalize_tools, strict_tool_names
+
+
+def offered_tools(
+    raw: list[FunctionTool] | None,
+    choice: ToolChoiceMode | NamedToolChoice | None,
+    served: ServedModel,
+) -> tuple[list[dict[str, Any]], Any]:
+    """The tools the model is shown, and the constraint on its calls (or None).
+
+    tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
+    a named function force exactly one call by constrained decoding, with arguments valid
+    against the tool's parameters. Under "auto", `strict: true` tools are enforced lazily:
+    free text until the model opens a call, then a call whose arguments follow the schema
+    (`Grammars.strict_tools_processor`). Constraints need a JSON call format (the model's own,
+    or the fallback convention). A tool_choice is checked with or without tools: one that
+    forces a call needs a tool to call.
+    """
+    tools = normalize_tools(raw)
+    forcing = choice not in (None, "auto", "none")
+    name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
+    if forcing and not tools:
+        raise InvalidRequest(
+            "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
+        )
+    if choice == "none" or not tools:
+        return [], None
+    form = served.tool_format
+    markup = (form.start, form.end)
+    strict = strict_tool_names(raw)
+    if not forcing and not strict:
+        return tools, None
+    if not form.json or served.grammars is None:
+        what = "tool_choice 'required' or a named function" if forcing else "strict tools"
+        raise InvalidRequest(
+            f"{what} can be enforced only for models with the <tool_call> JSON format",
+            param="tool_choice" if forcing else "tools",
+            code="unsupported_parameter",
+        )
+    if not forcing:
+        return tools, served.grammars.strict_tools_processor(tools, strict, markup, "tools")
+    return tools, served.grammars.tool_call_processor(tools, markup, "tool_choice", name=name)
+
+
+def _forced_name(choice: NamedToolChoice, tools: list[dict[str, Any]]) -> str:
+    """The function a tool_choice names: chat's `{"type": "function", "function": {"name"}}`
+    or the Responses API's `{"type": "function", "name"}`."""
+    name = choice.function.name if choice.function is not None else choice.name
+    if name is None:
+        raise InvalidRequest(
+            "tool_choice must name a function", param="tool_choice", code="invalid_value"
+        )
+    if name in {t["function"]["name"] for t in tools}:
+        return name
+    raise InvalidRequest(
+        f"tool_choice names {quoted(name)}, which is not among the tools",
+        param="tool_choice",
+        code="invalid_value",
+    )
