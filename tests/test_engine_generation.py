@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import trio
@@ -161,3 +163,28 @@ async def test_strict_serialization_gives_the_same_tokens(
     async with open_engine(serial_config) as serial:
         results = await collect_all(serial, requests)
     assert [r.tokens for r in results] == batched
+
+
+async def test_statistics_count_prefill_forwards_and_their_distinct_shapes(
+    tiny_model: Path,
+) -> None:
+    """A lone prompt is prefilled in one forward, or in chunks of `prefill_step_size`; the
+    engine counts the forwards and the distinct (batch, query, key) shapes among them."""
+    config = EngineConfig(tiny_model, max_concurrency=2, prompt_cache_bytes=0, prefill_step_size=64)
+    async with open_engine(config) as engine:
+        for prompt in ([5] * 10, [6] * 10, [7] * 20, [8] * 100):
+            run = await collect(engine, GenerationRequest(prompt, max_tokens=2, ignore_eos=True))
+            assert run.final.finish_reason == "length"
+        stats = engine.statistics().worker
+    assert stats is not None
+    # 10, 10 again (a seen shape), 20, then 100 as a 64-token chunk and the 36 after it.
+    assert (stats.prefill_forwards, stats.prefill_shapes) == (5, 4)
+
+
+@pytest.mark.parametrize("cudnn", [False, True])
+async def test_the_engine_sets_mlx_cuda_attention_switch_before_loading(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, cudnn: bool
+) -> None:
+    monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", "unset by the test")
+    async with open_engine(EngineConfig(tiny_model, cudnn_attention=cudnn)):
+        assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == ("1" if cudnn else "0")

@@ -147,6 +147,13 @@ class Settings:
             "(reasoning_effort, verbosity, ...; see x-ignored-params)"
         ),
     )
+    cudnn_attention: bool = attrs.field(
+        default=_engine_default("cudnn_attention"),
+        metadata=_help(
+            "on CUDA, prefill attention by cuDNN: faster on long contexts, but each new "
+            "prompt length builds a graph first (tens of ms)"
+        ),
+    )
     max_request_bytes: int = attrs.field(
         default=8 << 20,
         validator=v.ge(1),

@@ -32,6 +32,13 @@ class EngineConfig:
     """Run a lone sequence outside BatchGenerator (faster at batch 1; same tokens)."""
     max_consecutive_step_failures: int = attrs.field(default=3, validator=v.ge(1))
     """Batch steps failing in a row before the engine declares itself dead."""
+    cudnn_attention: bool = False
+    """On CUDA, run prefill attention through cuDNN's fused kernel. It is faster on long
+    contexts once a shape has been seen, but builds a graph for every new (query length,
+    key length), tens of milliseconds each, and real traffic brings new lengths with nearly
+    every request; off, MLX's composed attention builds nothing per shape
+    (docs/architecture.md, "Shape compiles"). No effect on other backends. MLX reads the
+    switch once per process: the first engine's choice holds."""
     check_invariants: bool = attrs.field(
         factory=lambda: os.environ.get("MLX_NURSERY_CHECK_INVARIANTS") == "1"
     )

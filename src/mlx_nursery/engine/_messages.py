@@ -54,6 +54,11 @@ class WorkerStats:
     """Sequences failed alone because a step failed with them as the one suspect."""
     replays: int = 0
     """Sequences rebuilt (prompt and tokens so far prefilled again) after a failed step."""
+    prefill_forwards: int = 0
+    """Prefill forwards run (a chunk of one or more prompts; decode steps are not counted)."""
+    prefill_shapes: int = 0
+    """Distinct (batch, query length, key length) among them: each was new to the backend
+    once (see `_shapes`; on CUDA with cuDNN attention, each built a graph)."""
 
 
 class StepEvent(NamedTuple):

@@ -18,6 +18,7 @@ from ._prefix_cache import CacheHit, PrefixCache
 from ._recovery import judge, model_computes
 from ._sampling import rewind_sampler
 from ._sequence import LiveSequence, Response, build_sequence, token_logprob
+from ._shapes import ShapeWatch
 from ._solo import SoloStepper
 from ._stepper import BatchStepper, Start, Stepper
 from ._types import FinishReason
@@ -54,9 +55,11 @@ class Runner:
         self._outbox = outbox
         self._ledger = ledger
         self._eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
+        self.shapes = ShapeWatch(model.model)
+        """The model as both steppers call it, counting the prefill shapes they run."""
         self._batch = self._new_batch()
         self._solo = SoloStepper(
-            model.model,
+            self.shapes,
             prefill_step_size=config.prefill_step_size,
             before_launch=outbox.post_at_launch,
         )
@@ -116,7 +119,7 @@ class Runner:
 
     def _new_batch(self) -> BatchStepper:
         return BatchStepper(
-            self._model.model,
+            self.shapes,
             max_concurrency=self._config.max_concurrency,
             prefill_batch_size=self._config.prefill_batch_size,
             prefill_step_size=self._config.prefill_step_size,

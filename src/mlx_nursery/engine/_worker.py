@@ -7,6 +7,7 @@ Trio: commands arrive on a thread-safe queue, and everything leaves through the 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 from collections.abc import Callable
@@ -103,6 +104,8 @@ class Worker:
 
     def run(self) -> None:
         try:
+            # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
+            os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
             model = load_model(self._config.model)
             if self._config.prompt_cache_bytes > 0:
                 self._cache = PrefixCache(
@@ -222,6 +225,8 @@ class Worker:
             handovers=runner.handovers,
             isolated_failures=runner.isolated_failures,
             replays=runner.replays,
+            prefill_forwards=runner.shapes.prefill_forwards,
+            prefill_shapes=runner.shapes.shapes,
         )
 
     def _release_memory(self) -> None:

@@ -125,6 +125,7 @@ class Service:
                 max_concurrency=self.settings.max_concurrency,
                 max_queue=self.settings.max_queue,
                 prompt_cache_bytes=self.settings.prompt_cache_bytes,
+                cudnn_attention=self.settings.cudnn_attention,
             )
             engine: Engine = await nursery.start(Engine(config).run)
         except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
