@@ -652,7 +652,28 @@ async def measure(server: Server, workload: Workload, args: argparse.Namespace) 
     return {"duration_s": duration, "records": records}
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: the run stops as on Ctrl-C, its servers stopped."""
+
+
 async def run_all(
+    targets: list[Target], model: Path | None, workload: Workload, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """`run_rounds`, stopped by SIGTERM (Terminated) as by Ctrl-C (KeyboardInterrupt)."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for _ in signals:
+                    raise Terminated
+
+            nursery.start_soon(watch)
+            rows = await run_rounds(targets, model, workload, args)
+            nursery.cancel_scope.cancel()
+    return rows
+
+
+async def run_rounds(
     targets: list[Target], model: Path | None, workload: Workload, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     """Every target, round by round (the order reversed every other round)."""
@@ -897,7 +918,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             model = make_model(Path(scratch) / "tiny", "tiny", seed=0)
         workload = build_workload(args, model)
-        results = trio.run(run_all, targets, model, workload, args)
+        interrupted = False
+        try:
+            results = trio.run(run_all, targets, model, workload, args)
+        except* (KeyboardInterrupt, Terminated):
+            interrupted = True
+        if interrupted:
+            print("interrupted: the servers started were stopped", file=sys.stderr)
+            return 130
         document = report(args, args.model, workload, results)
         if args.model is None and args.server:
             document["model"] = "the tiny preset (seed 0), made in a temporary directory"
@@ -912,8 +940,9 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     finally:
-        # make_model ran MLX on this thread: MLX needs its streams destroyed before the
-        # interpreter shuts down, or the process may abort (ml-explore/mlx#4327).
-        from mlx_nursery.cli import release_mlx_streams
+        if "mlx_nursery.models" in sys.modules:
+            # make_model ran MLX on this thread: MLX needs its streams destroyed before the
+            # interpreter shuts down, or the process may abort (ml-explore/mlx#4327).
+            from mlx_nursery.cli import release_mlx_streams
 
-        release_mlx_streams()
+            release_mlx_streams()
