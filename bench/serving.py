@@ -21,7 +21,7 @@ Request i is the same for every server (seeded by `--seed` and i).
 
 Servers: `--server ours` (mlx-nursery serve) and `--server mlx_lm` (mlx_lm.server) are started
 here on free ports, waited for (/health), warmed up (`--warmup` requests) and stopped (SIGINT
-to the process group, SIGKILL after a grace), even when the run fails; `--url URL` measures a
+to the process group, then SIGTERM, then SIGKILL), even when the run fails; `--url URL` measures a
 server already running. Several run back to back; `--rounds R` interleaves them (the order
 reversed every other round) and pools their requests. Without `--model`, the tiny preset is
 made in a temporary directory.
@@ -553,10 +553,12 @@ async def wait_ready(
 
 
 async def stop_process(process: trio.Process) -> None:
-    """SIGINT to the server's process group, SIGKILL after STOP_GRACE_S; then SIGKILL to
-    whatever of the group is left. Shielded: it completes under cancellation."""
+    """SIGINT to the server's process group; SIGTERM after a grace (a process started with
+    SIGINT ignored, as from a shell's background job, inherits that); SIGKILL after another;
+    then SIGKILL to whatever of the group is left. Shielded: it completes under cancellation."""
+    steps = ((signal.SIGINT, 5.0), (signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, math.inf))
     with trio.CancelScope(shield=True):
-        for sig, grace in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGKILL, math.inf)):
+        for sig, grace in steps:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, sig)
             with trio.move_on_after(grace):
