@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.cols import list_structure_factory, mapping_structure_factory
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
 from . import _chat as chat
+from . import _responses_objects as ro
 from . import _responses_schemas as rs
 from . import _shared as shared
 from ._errors import InvalidRequest, quoted
@@ -289,15 +290,34 @@ converter.register_unstructure_hook(
 )
 
 
+converter.register_unstructure_hook(
+    ro.ResponseText,
+    # The echoed `text.format` leaves out the fields sent as null: the spec types them as
+    # strings and booleans, not nullable.
+    lambda text: {
+        "format": {k: v for k, v in converter.unstructure(text.format).items() if v is not None}
+    },
+)
+_response_fields = make_dict_unstructure_fn(ro.Response, converter)  # after ResponseText's hook
+
+
+def _response(response: ro.Response) -> dict[str, Any]:
+    """Absent rather than null, in their places: the spec types `top_logprobs`, `user` and
+    `usage` as an integer, a string and an object (cattrs' omit_if_default would move them
+    to the end)."""
+    out = _response_fields(response)
+    for name in ("top_logprobs", "user", "usage"):
+        if out[name] is None:
+            del out[name]
+    return out
+
+
+converter.register_unstructure_hook(ro.Response, _response)
+
+
 def to_json(value: Any) -> Any:
     """A wire object as JSON-ready data."""
     return converter.unstructure(value)
-
-
-def without_nulls(value: Any) -> dict[str, Any]:
-    """An attrs object as JSON, its null fields left out (echoed client objects: the spec types
-    such fields as strings and booleans, not nullable)."""
-    return {k: v for k, v in converter.unstructure(value).items() if v is not None}
 
 
 def structure(data: Any, cls: type[T], path: str = "") -> T:

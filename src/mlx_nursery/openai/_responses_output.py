@@ -1,126 +1,158 @@
-"""The Responses API's output: output items and the stream's events, in the order the SDK
-checks, and the /input_items pages."""
+"""The Responses API's output: `ResponseBuilder` grows the output items and makes the
+stream's events in the order the SDK checks; and the /input_items pages.
+
+The objects are attrs classes (`_responses_objects`, `_responses_events`); each event and
+each snapshot of the response is unstructured when it is made, so later growth of an open
+item never changes what was already sent.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ..engine import Usage
-from ._converter import to_json, without_nulls
+from ._converter import to_json
 from ._errors import InvalidRequest, OpenAIError, quoted
 from ._generation import Finished
 from ._logprobs import LogprobEntry
 from ._responses import PreparedResponse
+from ._responses_events import (
+    ContentPartAdded,
+    ContentPartDone,
+    ErrorEvent,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseIncomplete,
+    ResponseInProgress,
+    StreamEvent,
+)
 from ._responses_items import item_id
-from ._responses_schemas import TextFormatParam
+from ._responses_objects import (
+    FlatFunctionTool,
+    IncompleteDetails,
+    InputItemList,
+    OutputFunctionCall,
+    OutputItem,
+    OutputLogprob,
+    OutputMessage,
+    OutputText,
+    Response,
+    ResponseStatus,
+    ResponseText,
+    ResponseUsage,
+)
+from ._shared import TextFormat
 from ._tools import ToolCallOut, strict_tool_names
 
 
 class ResponseBuilder:
-    """Builds the output items and, for streams, the events in the order the SDK checks."""
+    """Builds the output items and, for streams, the events in the order the SDK checks.
+
+    Every method returns its events as JSON-ready dicts, numbered in the order made."""
 
     def __init__(self, prepared: PreparedResponse) -> None:
         self._p = prepared
         self._seq = 0
-        self.output: list[dict[str, Any]] = []
-        self._message: dict[str, Any] | None = None
+        self.output: list[OutputItem] = []
+        self._message: OutputMessage | None = None
         self.usage: Usage | None = None
-        self.status = "in_progress"
-        self.incomplete_reason: str | None = None
+        self.status: ResponseStatus = "in_progress"
+        self.incomplete_reason: Literal["max_output_tokens"] | None = None
 
     # events ------------------------------------------------------------------------------
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        event = {"type": kind, **fields, "sequence_number": self._seq}
+    def _next(self) -> int:
         self._seq += 1
-        return event
+        return self._seq - 1
 
     def opening(self) -> list[dict[str, Any]]:
-        snapshot = self.response()
+        snapshot = self._response()
         return [
-            self._event("response.created", response=snapshot),
-            self._event("response.in_progress", response=snapshot),
+            _json(ResponseCreated(response=snapshot, sequence_number=self._next())),
+            _json(ResponseInProgress(response=snapshot, sequence_number=self._next())),
         ]
 
     def text(self, delta: str, logprobs: tuple[LogprobEntry, ...] = ()) -> list[dict[str, Any]]:
         events = []
-        if self._message is None:
-            self._message = {
-                "type": "message",
-                "id": item_id("msg"),
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-            self.output.append(self._message)
+        message = self._message
+        if message is None:
+            message = self._message = OutputMessage(id=item_id("msg"))
+            self.output.append(message)
+            index = len(self.output) - 1
             events.append(
-                self._event(
-                    "response.output_item.added",
-                    output_index=len(self.output) - 1,
-                    item=_copy(self._message),
+                _json(
+                    OutputItemAdded(output_index=index, item=message, sequence_number=self._next())
                 )
             )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            self._message["content"].append(part)
+            part = OutputText()
+            message.content.append(part)
             events.append(
-                self._event(
-                    "response.content_part.added",
-                    item_id=self._message["id"],
+                _json(
+                    ContentPartAdded(
+                        item_id=message.id,
+                        output_index=index,
+                        content_index=0,
+                        part=part,
+                        sequence_number=self._next(),
+                    )
+                )
+            )
+        entries = [OutputLogprob.of(e) for e in logprobs]
+        part = message.content[0]
+        part.text += delta
+        part.logprobs += entries
+        events.append(
+            _json(
+                OutputTextDelta(
+                    item_id=message.id,
                     output_index=len(self.output) - 1,
                     content_index=0,
-                    part=_copy(part),
+                    delta=delta,
+                    logprobs=entries,
+                    sequence_number=self._next(),
                 )
-            )
-        entries = [e.chat() for e in logprobs]
-        self._message["content"][0]["text"] += delta
-        self._message["content"][0]["logprobs"] += entries
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=self._message["id"],
-                output_index=len(self.output) - 1,
-                content_index=0,
-                delta=delta,
-                logprobs=entries,
             )
         )
         return events
 
     def call(self, call: ToolCallOut) -> list[dict[str, Any]]:
         events = self._close_message()
-        item = {
-            "type": "function_call",
-            "id": item_id("fc"),
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": "",
-            "status": "in_progress",
-        }
+        item = OutputFunctionCall(id=item_id("fc"), call_id=call.id, name=call.name)
         self.output.append(item)
         index = len(self.output) - 1
         events.append(
-            self._event("response.output_item.added", output_index=index, item=_copy(item))
+            _json(OutputItemAdded(output_index=index, item=item, sequence_number=self._next()))
         )
         events.append(
-            self._event(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=call.arguments,
+            _json(
+                FunctionCallArgumentsDelta(
+                    item_id=item.id,
+                    output_index=index,
+                    delta=call.arguments,
+                    sequence_number=self._next(),
+                )
             )
         )
-        item["arguments"] = call.arguments
+        item.arguments = call.arguments
         events.append(
-            self._event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=call.name,
-                arguments=call.arguments,
+            _json(
+                FunctionCallArgumentsDone(
+                    item_id=item.id,
+                    output_index=index,
+                    name=call.name,
+                    arguments=call.arguments,
+                    sequence_number=self._next(),
+                )
             )
         )
-        item["status"] = "completed" if call.complete else "incomplete"
+        item.status = "completed" if call.complete else "incomplete"
         events.append(
-            self._event("response.output_item.done", output_index=index, item=_copy(item))
+            _json(OutputItemDone(output_index=index, item=item, sequence_number=self._next()))
         )
         return events
 
@@ -137,91 +169,103 @@ class ResponseBuilder:
         return events
 
     def final_event(self) -> dict[str, Any]:
-        kind = "response.completed" if self.status == "completed" else "response.incomplete"
-        return self._event(kind, response=self.response())
+        snapshot, number = self._response(), self._next()
+        if self.status == "completed":
+            return _json(ResponseCompleted(response=snapshot, sequence_number=number))
+        return _json(ResponseIncomplete(response=snapshot, sequence_number=number))
 
     def error_event(self, error: OpenAIError) -> dict[str, Any]:
         self.status = "failed"
-        return self._event(
-            "error", code=error.code or error.type, message=error.message, param=error.param
+        return _json(
+            ErrorEvent(
+                code=error.code or error.type,
+                message=error.message,
+                param=error.param,
+                sequence_number=self._next(),
+            )
         )
 
-    def _close_message(self, status: str = "completed") -> list[dict[str, Any]]:
+    def _close_message(
+        self, status: Literal["completed", "incomplete"] = "completed"
+    ) -> list[dict[str, Any]]:
         message, self._message = self._message, None
         if message is None:
             return []
         index = self.output.index(message)
-        part = message["content"][0]
-        message["status"] = status
+        part = message.content[0]
+        message.status = status
         return [
-            self._event(
-                "response.output_text.done",
-                item_id=message["id"],
-                output_index=index,
-                content_index=0,
-                text=part["text"],
-                logprobs=_copy(part["logprobs"]),
+            _json(
+                OutputTextDone(
+                    item_id=message.id,
+                    output_index=index,
+                    content_index=0,
+                    text=part.text,
+                    logprobs=part.logprobs,
+                    sequence_number=self._next(),
+                )
             ),
-            self._event(
-                "response.content_part.done",
-                item_id=message["id"],
-                output_index=index,
-                content_index=0,
-                part=_copy(part),
+            _json(
+                ContentPartDone(
+                    item_id=message.id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                    sequence_number=self._next(),
+                )
             ),
-            self._event("response.output_item.done", output_index=index, item=_copy(message)),
+            _json(OutputItemDone(output_index=index, item=message, sequence_number=self._next())),
         ]
 
     # the response object -----------------------------------------------------------------
     def response(self) -> dict[str, Any]:
+        """The response as it stands, JSON-ready (the body, and what the store keeps)."""
+        body: dict[str, Any] = to_json(self._response())
+        return body
+
+    def _response(self) -> Response:
         p, r = self._p, self._p.request
-        response = {
-            "id": p.id,
-            "object": "response",
-            "created_at": p.created_at,
-            "status": self.status,
-            "error": None,
-            "incomplete_details": {"reason": self.incomplete_reason}
+        strict = strict_tool_names(r.tools)
+        return Response(
+            id=p.id,
+            created_at=p.created_at,
+            status=self.status,
+            incomplete_details=IncompleteDetails(self.incomplete_reason)
             if self.incomplete_reason
             else None,
-            "instructions": r.instructions,
-            "max_output_tokens": r.max_output_tokens,
-            "model": r.model,
-            "output": _copy(self.output),
-            "parallel_tool_calls": r.parallel_tool_calls is not False,
-            "previous_response_id": r.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
-            "store": p.store,
-            "temperature": 1.0 if r.temperature is None else r.temperature,
-            "text": {"format": _echoed_format(r.text.format if r.text else None)},
-            "tool_choice": _echoed_choice(r.tool_choice),
-            "tools": [_flat_tool(t, strict_tool_names(r.tools)) for t in p.prepared.tools],
-            "top_p": 1.0 if r.top_p is None else r.top_p,
-            **({"top_logprobs": r.top_logprobs} if r.top_logprobs is not None else {}),
-            "truncation": r.truncation or "disabled",
-            "max_tool_calls": r.max_tool_calls,
-            "metadata": r.metadata or {},
-        }
-        # Absent rather than null: the spec types these as a string and an object.
-        if r.user is not None:
-            response["user"] = r.user
-        if self.usage is not None:
-            response["usage"] = _usage(self.usage)
-        return response
+            instructions=r.instructions,
+            max_output_tokens=r.max_output_tokens,
+            model=r.model,
+            output=list(self.output),
+            parallel_tool_calls=r.parallel_tool_calls is not False,
+            previous_response_id=r.previous_response_id,
+            store=p.store,
+            temperature=1.0 if r.temperature is None else r.temperature,
+            text=ResponseText(r.text.format if r.text and r.text.format else TextFormat()),
+            tool_choice="auto" if r.tool_choice is None else r.tool_choice,
+            tools=[_flat_tool(t["function"], strict) for t in p.prepared.tools],
+            top_p=1.0 if r.top_p is None else r.top_p,
+            top_logprobs=r.top_logprobs,
+            truncation=r.truncation or "disabled",
+            max_tool_calls=r.max_tool_calls,
+            metadata=r.metadata or {},
+            user=r.user,
+            usage=None if self.usage is None else ResponseUsage.of(self.usage),
+        )
 
     def conversation(self) -> list[dict[str, Any]]:
         """The conversation a follow-up replays: this turn's input plus its output."""
         text = "".join(
-            item["content"][0]["text"] for item in self.output if item["type"] == "message"
+            item.content[0].text for item in self.output if isinstance(item, OutputMessage)
         )
         calls = [
             {
-                "id": item["call_id"],
+                "id": item.call_id,
                 "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
+                "function": {"name": item.name, "arguments": item.arguments},
             }
             for item in self.output
-            if item["type"] == "function_call"
+            if isinstance(item, OutputFunctionCall)
         ]
         reply: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
@@ -229,46 +273,19 @@ class ResponseBuilder:
         return [*self._p.conversation, reply]
 
 
-def _echoed_format(form: TextFormatParam | None) -> dict[str, Any]:
-    """`text.format` as the response echoes it: fields sent as null are left out (the spec
-    types them as strings and booleans, not nullable)."""
-    return {"type": "text"} if form is None else without_nulls(form)
+def _json(event: StreamEvent) -> dict[str, Any]:
+    """An event as JSON-ready data, unstructured now: the items it holds grow later."""
+    data: dict[str, Any] = to_json(event)
+    return data
 
 
-def _echoed_choice(choice: Any) -> Any:
-    return "auto" if choice is None else choice if isinstance(choice, str) else to_json(choice)
-
-
-def _flat_tool(tool: dict[str, Any], strict: frozenset[str]) -> dict[str, Any]:
-    function = tool["function"]
-    return {
-        "type": "function",
-        "name": function["name"],
-        "description": function.get("description"),
-        "parameters": function.get("parameters"),
-        "strict": function["name"] in strict,
-    }
-
-
-def _usage(usage: Usage) -> dict[str, Any]:
-    return {
-        "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {
-            "cached_tokens": usage.cached_tokens,
-            "cache_write_tokens": usage.prompt_tokens - usage.cached_tokens,
-        },
-        "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": usage.total_tokens,
-    }
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
+def _flat_tool(function: dict[str, Any], strict: frozenset[str]) -> FlatFunctionTool:
+    return FlatFunctionTool(
+        name=function["name"],
+        description=function.get("description"),
+        parameters=function.get("parameters"),
+        strict=function["name"] in strict,
+    )
 
 
 def input_items_page(
@@ -290,10 +307,12 @@ def input_items_page(
             )
         ordered = ordered[ids.index(after) + 1 :]
     page = ordered[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(ordered) > limit,
-    }
+    body: dict[str, Any] = to_json(
+        InputItemList(
+            data=page,
+            first_id=page[0]["id"] if page else None,
+            last_id=page[-1]["id"] if page else None,
+            has_more=len(ordered) > limit,
+        )
+    )
+    return body
