@@ -16,7 +16,8 @@ requests finish). Prompts: `--input-len 128` or a uniform range `64:256` tokens,
 words and cut to the exact length with the model's tokenizer; or `--dataset FILE.jsonl` of
 conversations. Outputs: `--output-len` as `max_tokens` (fixed or a range); OpenAI has no
 ignore_eos, so actual lengths are reported, and `--ignore-eos` sends `logit_bias` -100 on the
-model's EOS ids. Sampling: `--mix greedy:1,temperature:2,seeded:1,json_schema:1` (weights).
+model's EOS ids. Sampling: `--mix greedy:1,temperature:2,seeded:1,json_schema:1` (weights;
+mlx_lm.server 0.32.2 ignores `response_format` and runs a request with a `seed` unbatched).
 Request i is the same for every server (seeded by `--seed` and i).
 
 Servers: `--server ours` (mlx-nursery serve) and `--server mlx_lm` (mlx_lm.server) are started
