@@ -96,6 +96,16 @@ class Settings:
         default=None,
         metadata=_help("the model id clients send as `model`", none="the model's name"),
     )
+    prefill_batch_size: int = attrs.field(
+        default=_engine_default("prefill_batch_size"),
+        validator=v.ge(1),
+        metadata=_help("prompts prefilled together in one step beside the running batch's decode"),
+    )
+    prefill_step_size: int = attrs.field(
+        default=_engine_default("prefill_step_size"),
+        validator=v.ge(1),
+        metadata=_help("prompt tokens per prefill chunk; a cancel is honoured between chunks"),
+    )
     prompt_cache_bytes: int = attrs.field(
         default=_engine_default("prompt_cache_bytes"),
         validator=v.ge(0),
