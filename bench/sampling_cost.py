@@ -24,6 +24,7 @@ from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from mlx_nursery.engine import SamplingParams
 from mlx_nursery.engine._sampling import make_request_processors, make_request_sampler
+from mlx_nursery.engine._stepper import _RowSamplers
 
 
 def time_steps(model: Any, batch: int, prompt: int, steps: int, way: str) -> float:
@@ -45,18 +46,24 @@ def time_steps(model: Any, batch: int, prompt: int, steps: int, way: str) -> flo
         elif way == "shared sampler + logit_bias":
             samplers.append(shared)
             processors.append(make_logits_processors(logit_bias={0: -100.0}))
+        elif way == "ours: per-request samplers, batched":
+            samplers.append(make_request_sampler(params, []))
+            processors.append([])
         elif way == "ours, logit_bias guarded":
             samplers.append(make_request_sampler(params, []))
             bias = SamplingParams(temperature=0.7, logit_bias={0: -100.0})
             processors.append(make_request_processors(bias, (), prompt, []))
     generator = BatchGenerator(model, completion_batch_size=batch, prefill_batch_size=8)
     prompts = [[(row * 7919 + i) % vocab for i in range(prompt)] for row in range(batch)]
-    generator.insert(
+    batched = way.startswith("ours: ")
+    rows = _RowSamplers()
+    uids = generator.insert(
         prompts,
         max_tokens=[100_000] * batch,
-        samplers=samplers,
+        samplers=[rows] * batch if batched else samplers,
         logits_processors=processors,
     )
+    rows.by_uid.update(zip(uids, samplers, strict=True))
     while len(generator._generation_batch) < batch:  # prefill everyone first
         generator.next()
     for _ in range(5):
@@ -81,6 +88,7 @@ def main() -> None:
     ways = [
         "shared sampler",
         "per-request samplers",
+        "ours: per-request samplers, batched",
         "shared sampler + logit_bias",
         "per-request samplers + logit_bias",
         "ours, logit_bias guarded",

@@ -163,14 +163,14 @@ async def test_a_failing_sampler_fails_only_its_request(
 ) -> None:
     healthy = batch(engine)
     solo = [await collect(engine, r) for r in healthy]
-    real = _sampling.key_for_draw
+    real = _sampling.key_words
 
-    def key_for_draw(seed: int, draw: int) -> mx.array:
+    def key_words(seed: int, draw: int) -> tuple[int, int]:
         if seed == 666 and draw >= 3:
             raise RuntimeError("sampler broke")
         return real(seed, draw)
 
-    monkeypatch.setattr(_sampling, "key_for_draw", key_for_draw)
+    monkeypatch.setattr(_sampling, "key_words", key_words)
     doomed = request(
         engine,
         PROMPTS[4],

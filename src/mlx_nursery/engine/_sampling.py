@@ -18,8 +18,9 @@ Presence/frequency penalties see only generated tokens (OpenAI semantics), not t
 
 from __future__ import annotations
 
+import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -28,13 +29,15 @@ from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 from ._types import LogitsProcessor, SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
+log = logging.getLogger("mlx_nursery.engine")
 
 _WHOLE_SEQUENCE = 1 << 30
 _MASK64 = (1 << 64) - 1
 
 
-def key_for_draw(seed: int, draw: int) -> mx.array:
-    """The key of a sequence's `draw`-th token: splitmix64 of (seed, draw).
+def key_words(seed: int, draw: int) -> tuple[int, int]:
+    """The key of a sequence's `draw`-th token, as MLX's two key words: splitmix64 of
+    (seed, draw), split as `mx.random.key` splits a 64-bit seed.
 
     Any integer seed works (OpenAI's are signed 64-bit): it is taken modulo 2^64.
     Keys come from the seed and the index alone, not from a chain of splits, so a
@@ -43,12 +46,8 @@ def key_for_draw(seed: int, draw: int) -> mx.array:
     z = (seed + (draw + 1) * 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return mx.random.key(z ^ (z >> 31))
-
-
-def _top_k(logprobs: mx.array, k: int) -> mx.array:
-    drop = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[..., k:]
-    return mx.put_along_axis(logprobs, drop, mx.array(-float("inf"), logprobs.dtype), axis=-1)
+    z ^= z >> 31
+    return z >> 32, z & 0xFFFFFFFF
 
 
 @mx.compile
@@ -71,38 +70,89 @@ def _min_p(logprobs: mx.array, log_min_p: mx.array) -> mx.array:
     return mx.where(logprobs < threshold, -float("inf"), logprobs)
 
 
+def _uniform(key: mx.array) -> mx.array:
+    return mx.random.uniform(shape=(1,), key=key)
+
+
+_uniform_rows = mx.vmap(_uniform)
+
+
 @mx.compile
-def _draw(logprobs: mx.array, key: mx.array, inverse_temperature: mx.array) -> mx.array:
-    return mx.random.categorical(logprobs * inverse_temperature, key=key)
+def _draw_rows(logprobs: mx.array, keys: mx.array, inverse_temperature: mx.array) -> mx.array:
+    """One categorical draw per row, each with its row's key, by the inverse CDF as
+    `mx.random.categorical` draws a single row; rows are independent of each other, so a
+    row draws the same token alone or in any batch."""
+    x = (logprobs * inverse_temperature).astype(mx.float32)
+    top = mx.max(x, axis=-1, keepdims=True)
+    # exp(x - top) is NaN where top is infinite: then the draw is uniform over the maxima.
+    weights = mx.where(mx.isinf(top), (x == top).astype(mx.float32), mx.exp(x - top))
+    cdf = mx.cumsum(weights, axis=-1, inclusive=False)
+    target = _uniform_rows(keys) * mx.sum(weights, axis=-1, keepdims=True)
+    return (mx.sum(cdf <= target, axis=-1) - 1).astype(mx.uint32)
+
+
+@mx.compile
+def _kth_largest_floor(logprobs: mx.array, k: mx.array) -> mx.array:
+    """Drop what is below each row's k-th largest value (k per row, >= 1)."""
+    ordered = mx.sort(logprobs, axis=-1)
+    threshold = mx.take_along_axis(ordered, logprobs.shape[-1] - k, axis=-1)
+    return mx.where(logprobs < threshold, -float("inf"), logprobs)
 
 
 class KeyedSampler:
     """Top-p, min-p and top-k filtering as mlx-lm does them, then a categorical draw with
-    this sequence's key for this draw. A request without a seed gets a random one."""
+    this sequence's key for this draw. A request without a seed gets a random one. Alone it
+    samples its one row; in a batch, `sample_rows` samples every row in one computation."""
 
     def __init__(self, params: SamplingParams) -> None:
-        self._seed = params.seed if params.seed is not None else secrets.randbits(64)
+        self.seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.draws = 0
         """Tokens drawn so far; `rewind` sets it."""
-        self._top_p = mx.array(params.top_p) if 0.0 < params.top_p < 1.0 else None
-        self._log_min_p = mx.log(mx.array(params.min_p)) if params.min_p > 0.0 else None
-        self._top_k = params.top_k
-        self._inverse_temperature = mx.array(1.0 / params.temperature)
+        self.top_p = params.top_p if 0.0 < params.top_p < 1.0 else None
+        self.min_p = params.min_p if params.min_p > 0.0 else None
+        self.top_k = params.top_k if params.top_k > 0 else None
+        self.inverse_temperature = 1.0 / params.temperature
 
     def rewind(self, draws: int) -> None:
         """Draw next as the `draws`-th token (a replayed sequence discards the token in flight)."""
         self.draws = draws
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        key = key_for_draw(self._seed, self.draws)
-        self.draws += 1
-        if self._top_p is not None:
-            logprobs = _top_p(logprobs, self._top_p)
-        if self._log_min_p is not None:
-            logprobs = _min_p(logprobs, self._log_min_p)
-        if 0 < self._top_k < logprobs.shape[-1]:  # k at or past the vocabulary filters nothing
-            logprobs = _top_k(logprobs, self._top_k)
-        return _draw(logprobs, key, self._inverse_temperature)
+        return sample_rows([self], logprobs)
+
+
+def sample_rows(rows: Sequence[KeyedSampler | None], logprobs: mx.array) -> mx.array:
+    """Sample every row of `logprobs` (B, V) in one computation: row i by `rows[i]` (None:
+    the argmax). Each keyed row's draw counter advances only once the whole computation is
+    built, so a failure leaves every sampler where it was."""
+    keyed = [row for row in rows if row is not None]
+    if not keyed:
+        return mx.argmax(logprobs, axis=-1)
+    vocabulary = logprobs.shape[-1]
+    keys = mx.array(
+        [key_words(r.seed, r.draws) if r is not None else (0, 0) for r in rows], dtype=mx.uint32
+    )
+    inverse_temperature = mx.array([[r.inverse_temperature if r else 1.0] for r in rows])
+    x = logprobs
+    if any(r.top_p is not None for r in keyed):
+        top_p = mx.array([[r.top_p or 1.0] if r else [1.0] for r in rows])
+        wanted = mx.array([[bool(r and r.top_p is not None)] for r in rows])
+        x = mx.where(wanted, _top_p(x, top_p), x)
+    if any(r.min_p is not None for r in keyed):
+        log_min_p = mx.log(mx.array([[r.min_p or 1.0] if r else [1.0] for r in rows]))
+        wanted = mx.array([[bool(r and r.min_p is not None)] for r in rows])
+        x = mx.where(wanted, _min_p(x, log_min_p), x)
+    # k at or past the vocabulary filters nothing.
+    ks = [r.top_k if r and r.top_k and r.top_k < vocabulary else vocabulary for r in rows]
+    if any(k < vocabulary for k in ks):
+        x = _kth_largest_floor(x, mx.array([[k] for k in ks]))
+    drawn = _draw_rows(x, keys, inverse_temperature)
+    if len(keyed) < len(rows):
+        greedy = mx.array([row is None for row in rows])
+        drawn = mx.where(greedy, mx.argmax(logprobs, axis=-1).astype(mx.uint32), drawn)
+    for row in keyed:
+        row.draws += 1
+    return drawn
 
 
 class GuardedSampler:
@@ -110,16 +160,16 @@ class GuardedSampler:
     that the batch's step completes. The worker then fails this request alone."""
 
     def __init__(self, sampler: Sampler, failures: list[BaseException]) -> None:
-        self._sampler = sampler
-        self._failures = failures
+        self.sampler = sampler
+        self.failures = failures
 
     def rewind(self, draws: int) -> None:
-        rewind_sampler(self._sampler, draws)
+        rewind_sampler(self.sampler, draws)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        if not self._failures:
+        if not self.failures:
             try:
-                token = self._sampler(logprobs)
+                token = self.sampler(logprobs)
                 if not isinstance(token, mx.array) or token.shape != logprobs.shape[:-1]:
                     raise TypeError(
                         f"sampler returned {type(token).__name__} "
@@ -127,8 +177,40 @@ class GuardedSampler:
                     )
                 return token
             except Exception as exc:  # noqa: BLE001 - isolated per request by design
-                self._failures.append(exc)
+                self.failures.append(exc)
         return mx.argmax(logprobs, axis=-1)
+
+
+def sample_batch(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
+    """Sample a batch's rows, row i by `samplers[i]`: in one computation when every row's
+    sampler is one of ours (greedy, or a keyed one, guarded), which draws exactly what each
+    would alone; otherwise, or if that computation fails to build, row by row, each row's
+    guard recording its own failure (the worker then fails that request alone).
+
+    Why: mlx-lm's `BatchGenerator` samples all rows in one call only when they share one
+    sampler object, and every request here has its own (its key and its draw count), so
+    rows were sampled one by one, a graph each, at a measured cost of most of a decode
+    step's time on a GPU with 32 rows (docs/benchmarks.md, "Sampling cost")."""
+    rows = [_batch_row(sampler) for sampler in samplers]
+    if not any(row is _UNBATCHABLE for row in rows):
+        try:
+            return sample_rows([r if isinstance(r, KeyedSampler) else None for r in rows], logprobs)
+        except Exception:
+            log.warning("a batched draw failed to build; sampling row by row", exc_info=True)
+    return mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)], axis=0)
+
+
+_UNBATCHABLE = object()
+
+
+def _batch_row(sampler: Sampler) -> KeyedSampler | object | None:
+    """What `sample_rows` needs of a row's sampler: its keyed sampler, None for the argmax
+    (greedy, or a guard that has failed), or `_UNBATCHABLE` for a sampler of another kind."""
+    if sampler is greedy_sampler:
+        return None
+    if isinstance(sampler, GuardedSampler) and isinstance(sampler.sampler, KeyedSampler):
+        return None if sampler.failures else sampler.sampler
+    return _UNBATCHABLE
 
 
 _GREEDY_BELOW = 1e-30

@@ -14,11 +14,14 @@ one: `SoloStepper.handover` gives the `Start` at which the batch continues it id
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Literal, Protocol
 
 import attrs
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
+from ._sampling import Sampler, sample_batch
 from ._sequence import LiveSequence, Response
 
 KVState = tuple[list[Any] | None, list[int] | None]
@@ -63,6 +66,29 @@ class Stepper(Protocol):
         """A token is computing that the next `step` returns (the posting rule asks)."""
 
 
+class _RowSamplers:
+    """The one sampler object every row of the batch is given, so that `BatchGenerator`
+    samples a step's rows in one call; it samples each row by that row's own sampler
+    (`sample_batch`, which draws exactly what the row's sampler would alone).
+
+    `BatchGenerator` calls a sampler with the step's logprobs only, not the rows' ids, and
+    the rows are those of whichever generation batch is stepping (the running one, or one
+    just prefilled that samples its first tokens). The caller's frame is that batch
+    (mlx-lm 0.32.2's `GenerationBatch._step`, pinned in pyproject.toml): its `uids` name
+    the rows. A caller without them is a bug to surface, not to guess around; the tests
+    that compare batched and lone draws token for token would catch a change upstream."""
+
+    def __init__(self) -> None:
+        self.by_uid: dict[int, Sampler] = {}
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        caller = sys._getframe(1).f_locals.get("self")
+        uids = getattr(caller, "uids", None)
+        if uids is None or len(uids) != logprobs.shape[0]:
+            raise RuntimeError("cannot tell which sequences a batched draw is for")
+        return sample_batch([self.by_uid[uid] for uid in uids], logprobs)
+
+
 class BatchStepper:
     """Continuous batching by mlx-lm's `BatchGenerator`."""
 
@@ -78,6 +104,7 @@ class BatchStepper:
             prefill_step_size=prefill_step_size,
         )
         self._uids: set[int] = set()
+        self._samplers = _RowSamplers()
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
         (uid,) = self._generator.insert(
@@ -85,11 +112,12 @@ class BatchStepper:
             max_tokens=[start.max_tokens],
             caches=[start.cache] if start.cache is not None else None,
             all_tokens=[start.cache_tokens],
-            samplers=[sequence.sampler],
+            samplers=[self._samplers],
             logits_processors=[sequence.processors],
             stop_sequences=[StopSequences([[t] for t in sorted(sequence.stop_ids)])],
         )
         self._uids.add(int(uid))
+        self._samplers.by_uid[int(uid)] = sequence.sampler
         return int(uid)
 
     def step(self) -> list[Response]:
@@ -97,16 +125,20 @@ class BatchStepper:
         for response in responses:
             if response.finish_reason is not None:
                 self._uids.discard(response.uid)  # the generator drops it itself
+                self._samplers.by_uid.pop(response.uid, None)
         return responses
 
     def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
         """One call for all: each removal filters every layer's KV of the whole batch."""
         caches: dict[int, KVState] = self._generator.remove(uids, return_prompt_caches=keep_state)
         self._uids.difference_update(uids)
+        for uid in uids:
+            self._samplers.by_uid.pop(uid, None)
         return caches if keep_state else {}
 
     def close(self) -> None:
         self._uids.clear()
+        self._samplers.by_uid.clear()
         self._generator.close()
 
     @property

@@ -1,0 +1,106 @@
+"""A batch's rows sampled in one computation draw exactly what each row's sampler draws
+alone, whatever else is in the batch; a row that cannot be batched falls back row by row."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from mlx_nursery.engine import SamplingParams
+from mlx_nursery.engine._sampling import (
+    GuardedSampler,
+    KeyedSampler,
+    make_request_sampler,
+    sample_batch,
+)
+
+VOCAB = 300
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.7, seed=1),
+    SamplingParams(temperature=1.3, seed=2, top_p=0.8),
+    SamplingParams(temperature=0.9, seed=3, min_p=0.05),
+    SamplingParams(temperature=1.0, seed=4, top_k=20),
+    SamplingParams(temperature=0.5, seed=5, top_p=0.9, min_p=0.01, top_k=50),
+    SamplingParams(temperature=1.0, seed=6, top_k=VOCAB),
+]
+
+
+def logprobs_for(rows: int, step: int) -> mx.array:
+    logits = mx.random.normal((rows, VOCAB), key=mx.random.key(1000 + step))
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def test_batched_draws_equal_lone_draws_over_many_steps() -> None:
+    batched = [make_request_sampler(p, []) for p in PARAMS]
+    alone = [make_request_sampler(p, []) for p in PARAMS]
+    for step in range(40):
+        logprobs = logprobs_for(len(PARAMS), step)
+        together = sample_batch(batched, logprobs).tolist()
+        apart = [alone[i](logprobs[i : i + 1]).item() for i in range(len(PARAMS))]
+        assert together == apart, f"step {step}"
+
+
+def test_a_row_draws_the_same_in_any_company() -> None:
+    """Row 1's draws do not depend on which rows share its batch, nor on its position."""
+    reference = make_request_sampler(PARAMS[1], [])
+    company = [make_request_sampler(p, []) for p in PARAMS]
+    for step in range(10):
+        logprobs = logprobs_for(len(PARAMS), step)
+        mine = logprobs[1:2]
+        expected = reference(mine).item()
+        reversed_rows = list(reversed(company))
+        stacked = mx.concatenate([logprobs[::-1][: len(PARAMS) - 2], mine, logprobs[:1]])
+        drawn = sample_batch([*reversed_rows[: len(PARAMS) - 2], company[1], company[0]], stacked)
+        assert drawn.tolist()[len(PARAMS) - 2] == expected
+
+
+def test_seeds_reproduce_and_differ() -> None:
+    logprobs = logprobs_for(1, 0)
+    first = [make_request_sampler(SamplingParams(temperature=1.0, seed=9), []) for _ in range(2)]
+    other = make_request_sampler(SamplingParams(temperature=1.0, seed=10), [])
+    draws = [[s(logprobs).item() for _ in range(30)] for s in (*first, other)]
+    assert draws[0] == draws[1] and draws[0] != draws[2]
+
+
+def test_a_rewound_sampler_draws_again_what_it_drew() -> None:
+    sampler = make_request_sampler(SamplingParams(temperature=1.0, seed=11), [])
+    logprobs = logprobs_for(1, 3)
+    drawn = [sampler(logprobs).item() for _ in range(5)]
+    assert isinstance(sampler, GuardedSampler) and isinstance(sampler.sampler, KeyedSampler)
+    sampler.rewind(2)
+    assert [sampler(logprobs).item() for _ in range(3)] == drawn[2:]
+
+
+def test_a_sampler_of_another_kind_makes_the_step_row_by_row() -> None:
+    def always_seven(logprobs: mx.array) -> mx.array:
+        return mx.full(logprobs.shape[:-1], 7, dtype=mx.uint32)
+
+    keyed = make_request_sampler(PARAMS[1], [])
+    alone = make_request_sampler(PARAMS[1], [])
+    logprobs = logprobs_for(2, 5)
+    drawn = sample_batch([always_seven, keyed], logprobs).tolist()
+    assert drawn == [7, alone(logprobs[1:2]).item()]
+
+
+def test_a_failing_row_is_guarded_alone_when_the_batched_draw_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlx_nursery.engine import _sampling
+
+    real = _sampling.key_words
+
+    def key_words(seed: int, draw: int) -> tuple[int, int]:
+        if seed == 666:
+            raise RuntimeError("this row's key broke")
+        return real(seed, draw)
+
+    monkeypatch.setattr(_sampling, "key_words", key_words)
+    failures: list[BaseException] = []
+    doomed = make_request_sampler(SamplingParams(temperature=1.0, seed=666), failures)
+    healthy = make_request_sampler(PARAMS[1], [])
+    alone = make_request_sampler(PARAMS[1], [])
+    logprobs = logprobs_for(2, 6)
+    drawn = sample_batch([doomed, healthy], logprobs).tolist()
+    assert len(failures) == 1 and "broke" in str(failures[0])
+    assert drawn == [mx.argmax(logprobs[0]).item(), alone(logprobs[1:2]).item()]
