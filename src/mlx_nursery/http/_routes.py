@@ -182,6 +182,8 @@ class _ChunkStream:
         return b"".join(data_event(chunk) for chunk in self.prepared.opening_chunks())
 
     async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
+        if len(items) == 1 and type(items[0]) is TextDelta:  # the usual write: one token
+            return self._content(items[0]), False
         out: list[bytes] = []
         for item in merged_text(items):
             if isinstance(item, TextDelta):

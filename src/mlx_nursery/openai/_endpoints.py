@@ -131,7 +131,7 @@ class Prepared:
         """`delta_chunk(text)` as JSON, from a template: the hot path runs once per token per
         stream, and only the text varies between its chunks."""
         head, tail = self._delta_template
-        return head + json.dumps(text, ensure_ascii=False) + tail
+        return head + _json_string(text) + tail
 
     @functools.cached_property
     def _delta_template(self) -> tuple[str, str]:
@@ -139,6 +139,11 @@ class Prepared:
         whole = json.dumps(self.delta_chunk(marker), ensure_ascii=False, separators=(",", ":"))
         head, tail = whole.split(json.dumps(marker, ensure_ascii=False))
         return head, tail
+
+
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
+"""A string as JSON, as `json.dumps(text, ensure_ascii=False)` writes it, without building
+an encoder per call (`dumps` does, given any option)."""
 
 
 # -- the steps every endpoint builds a `Prepared` with ------------------------------------------
