@@ -54,11 +54,24 @@ def make_detokenizer(tokenizer: Any, *, trim_space: bool = True) -> StreamingDet
     return detokenizer
 
 
+_WHOLE: dict[int, tuple[list[str], dict[int, str | None]]] = {}
+"""Per tokenmap (by identity, kept alive here): each token id seen so far -> its text when
+its bytes are whole UTF-8 on their own (None when they are not: held back, or a lone space)."""
+
+
+def _whole_texts(tokenmap: list[str]) -> dict[int, str | None]:
+    entry = _WHOLE.get(id(tokenmap))
+    if entry is None or entry[0] is not tokenmap:
+        entry = _WHOLE[id(tokenmap)] = (tokenmap, {})
+    return entry[1]
+
+
 class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped base
     def __init__(self, tokenmap: list[str], *, trim_space: bool = True) -> None:
         self._tokenmap = tokenmap  # shared, read-only: the wrapper's copy for this tokenizer
         self._trim_space = trim_space
         self._byte_of: dict[str, int] = _byte_decoder()
+        self._whole = _whole_texts(tokenmap)
         self.reset()
 
     def reset(self) -> None:
@@ -73,8 +86,16 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def add_token(self, token: int) -> None:
+        if not self._held_chars:  # the usual token: nothing held, its text known
+            whole = self._whole.get(token)
+            if whole is not None:
+                self.tokens.append(token)
+                self._flush(whole)
+                return
         self.tokens.append(token)
         v = self._tokenmap[token] if token < len(self._tokenmap) else "!"  # as mlx-lm
+        if not self._held_chars and token not in self._whole:
+            self._whole[token] = self._whole_text(v)
         self._held_chars.append(v)
         decoded = self._decoder.decode(self._bytes(v, table_zero=False))
         if decoded:
@@ -87,6 +108,16 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         if len(v) == 1 and self._byte_of.get(v[0]) == _SPACE:
             return
         self._flush("".join(self._held_text))
+
+    def _whole_text(self, v: str) -> str | None:
+        """What `add_token` flushes for token text `v` with nothing held; None if it holds."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        decoded = decoder.decode(self._bytes(v, table_zero=False))
+        if decoder.getstate()[0] or decoded.endswith("\ufffd"):
+            return None
+        if len(v) == 1 and self._byte_of.get(v[0]) == _SPACE:
+            return None
+        return decoded
 
     def finalize(self) -> None:
         # mlx-lm decodes what is held through the byte table here, byte 0 included; a
