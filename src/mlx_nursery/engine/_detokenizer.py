@@ -90,7 +90,7 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
             whole = self._whole.get(token)
             if whole is not None:
                 self.tokens.append(token)
-                self._flush(whole)
+                self._append(whole)  # nothing to reset: nothing was held
                 return
         self.tokens.append(token)
         v = self._tokenmap[token] if token < len(self._tokenmap) else "!"  # as mlx-lm
@@ -108,6 +108,12 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         if len(v) == 1 and self._byte_of.get(v[0]) == _SPACE:
             return
         self._flush("".join(self._held_text))
+
+    def _append(self, text: str) -> None:
+        if self._trim_space and text and text[0] == " " and not (self._read or self._unread):
+            text = text[1:]
+        if text:
+            self._unread.append(text)
 
     def _whole_text(self, v: str) -> str | None:
         """What `add_token` flushes for token text `v` with nothing held; None if it holds."""
@@ -154,10 +160,7 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         return segment
 
     def _flush(self, text: str) -> None:
-        if self._trim_space and text and text[0] == " " and not (self._read or self._unread):
-            text = text[1:]
-        if text:
-            self._unread.append(text)
+        self._append(text)
         self._held_chars = []
         self._held_text = []
         self._decoder.reset()
