@@ -186,11 +186,14 @@ class Runner:
             return
         self._ledger.track(sequence, new_uid)
 
+    def _namespace(self, sequence: LiveSequence) -> tuple[str, str | None]:
+        """Prefix-cache entries are shared only within a model and a request's cache key."""
+        return (str(self._model.path), sequence.request.cache_key)
+
     def _fetch_prefix(self, sequence: LiveSequence, prompt: list[int]) -> CacheHit | None:
         if self._cache is None:
             return None
-        namespace = (str(self._model.path), sequence.request.cache_key)
-        hit = self._cache.fetch(namespace, prompt)
+        hit = self._cache.fetch(self._namespace(sequence), prompt)
         if hit is not None and not all(
             getattr(c, "offset", hit.cached_tokens) == hit.cached_tokens for c in hit.cache
         ):
@@ -338,9 +341,8 @@ class Runner:
         for sequence, (cache, tokens) in to_store:
             if self._cache is None or not cache or not tokens:
                 continue
-            namespace = (str(self._model.path), sequence.request.cache_key)
             try:
-                self._cache.insert(namespace, list(tokens), list(cache))
+                self._cache.insert(self._namespace(sequence), list(tokens), list(cache))
             except Exception:  # caching is an optimisation, never a failure
                 log.exception("could not store a prefix-cache entry")
 

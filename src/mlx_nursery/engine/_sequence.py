@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from ._messages import StepEvent, Submit
 from ._sampling import make_request_processors, make_request_sampler
-from ._types import FinishReason, TokenLogprob, Usage
+from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 
 
 class Response(Protocol):
@@ -40,7 +40,7 @@ class LiveSequence:
     """A sequence from its admission to its end."""
 
     seq_id: int
-    request: Any  # GenerationRequest
+    request: GenerationRequest
     sampler: Any
     processors: list[Any]
     stop_ids: frozenset[int]

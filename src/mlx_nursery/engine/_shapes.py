@@ -32,14 +32,15 @@ class ShapeWatch:
 
     def __init__(self, model: Any) -> None:
         self._model = model
-        self._seen: set[tuple[int, int, int]] = set()
+        self._seen: set[tuple[int, int, int | None]] = set()
+        """(batch, query length, key length; None where the cache's length is unreadable)."""
         self.prefill_forwards = 0
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if inputs.ndim == 2 and inputs.shape[1] > 1:
             held = cached_length(kwargs.get("cache"))
             batch, length = inputs.shape
-            shape = (batch, length, length + (held if held is not None else -1))
+            shape = (batch, length, None if held is None else length + held)
             self.prefill_forwards += 1
             self._seen.add(shape)
         return self._model(inputs, *args, **kwargs)

@@ -103,8 +103,8 @@ class BatchStepper:
             prefill_batch_size=min(prefill_batch_size, max_concurrency),
             prefill_step_size=prefill_step_size,
         )
-        self._uids: set[int] = set()
         self._samplers = _RowSamplers()
+        """Also the record of the rows it holds: a row's sampler is kept exactly as long."""
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
         (uid,) = self._generator.insert(
@@ -116,7 +116,6 @@ class BatchStepper:
             logits_processors=[sequence.processors],
             stop_sequences=[StopSequences([[t] for t in sorted(sequence.stop_ids)])],
         )
-        self._uids.add(int(uid))
         self._samplers.by_uid[int(uid)] = sequence.sampler
         return int(uid)
 
@@ -124,26 +123,23 @@ class BatchStepper:
         responses: list[Response] = self._generator.next()[1]
         for response in responses:
             if response.finish_reason is not None:
-                self._uids.discard(response.uid)  # the generator drops it itself
-                self._samplers.by_uid.pop(response.uid, None)
+                self._samplers.by_uid.pop(response.uid, None)  # the generator drops it itself
         return responses
 
     def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
         """One call for all: each removal filters every layer's KV of the whole batch."""
         caches: dict[int, KVState] = self._generator.remove(uids, return_prompt_caches=keep_state)
-        self._uids.difference_update(uids)
         for uid in uids:
             self._samplers.by_uid.pop(uid, None)
         return caches if keep_state else {}
 
     def close(self) -> None:
-        self._uids.clear()
         self._samplers.by_uid.clear()
         self._generator.close()
 
     @property
     def uids(self) -> frozenset[int]:
-        return frozenset(self._uids)
+        return frozenset(self._samplers.by_uid)
 
     @property
     def prefilled(self) -> int:

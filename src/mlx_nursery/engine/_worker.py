@@ -11,7 +11,6 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from typing import Any
 
 import mlx.core as mx
 
@@ -23,7 +22,7 @@ from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, Worke
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
-from ._types import FinishReason
+from ._types import FinishReason, GenerationRequest
 
 __all__ = ["FatalEngineError", "Worker"]
 
@@ -88,7 +87,7 @@ class Worker:
         """Steps run so far (read from Trio for cancellation accounting: an int, atomic)."""
         return self._runner.steps if self._runner is not None else 0
 
-    def submit(self, seq_id: int, request: Any) -> None:
+    def submit(self, seq_id: int, request: GenerationRequest) -> None:
         self._commands.put(Submit(seq_id, request))
 
     def cancel(self, seq_id: int) -> None:
