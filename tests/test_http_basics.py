@@ -249,3 +249,35 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         validate_error(missing.json())
         ok = await http.post("/v1/chat/completions", json=chat_body(max_tokens=3))
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None:
+    """--prefill-step-size, --prefill-batch-size and --cudnn-attention configure the engine a
+    server runs: a prompt longer than the step is prefilled in chunks of that size."""
+    async with (
+        running_server(
+            tiny_model,
+            prefill_step_size=16,
+            prefill_batch_size=2,
+            cudnn_attention=True,
+            prompt_cache_bytes=0,
+        ) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        engine = server.service.engine
+        assert engine is not None
+        config = engine.config
+        assert (config.prefill_step_size, config.prefill_batch_size) == (16, 2)
+        assert config.cudnn_attention
+        prompt = " ".join(["waves"] * 60)
+        reply = await http.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0},
+        )
+        assert reply.status_code == 200
+        stats = engine.statistics().worker
+        prompt_tokens = reply.json()["usage"]["prompt_tokens"]
+    assert stats is not None and prompt_tokens > 32
+    # A lone prompt on the fast path: full 16-token chunks, then one forward for the rest
+    # (with the default step of 512, one forward in all).
+    assert stats.prefill_forwards == -(-prompt_tokens // 16)
