@@ -4,8 +4,9 @@ The worker holds one stepper at a time and drives it through one interface: `ins
 sequence at a `Start`, `step` (one decode step for every sequence, or one prefill chunk),
 `remove` sequences (returning their KV state for the prefix cache), `close`. There are two:
 
-- `BatchStepper`, over mlx-lm's `BatchGenerator` (continuous batching). This module is the
-  only one that touches `BatchGenerator`, including its private counters.
+- `BatchStepper`, over mlx-lm's `BatchGenerator` (continuous batching) with our prefill
+  schedule (`_schedule.py`). This module and that one are the only ones that touch
+  `BatchGenerator`; only that one touches its internals.
 - `SoloStepper` (`_solo.py`), the single-sequence fast path, stepped as `generate_step` is.
 
 When company arrives for a lone sequence the worker swaps the solo stepper for the batch
@@ -19,9 +20,10 @@ from typing import Any, Literal, Protocol
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import StopSequences
 
 from ._sampling import Sampler, sample_batch
+from ._schedule import ServingBatchGenerator
 from ._sequence import LiveSequence, Response
 
 KVState = tuple[list[Any] | None, list[int] | None]
@@ -97,7 +99,7 @@ class BatchStepper:
     def __init__(
         self, model: Any, *, max_concurrency: int, prefill_batch_size: int, prefill_step_size: int
     ) -> None:
-        self._generator = BatchGenerator(
+        self._generator = ServingBatchGenerator(
             model,
             completion_batch_size=max_concurrency,
             prefill_batch_size=min(prefill_batch_size, max_concurrency),
@@ -143,8 +145,7 @@ class BatchStepper:
 
     @property
     def prefilled(self) -> int:
-        # BatchGenerator counts prefilled tokens only in its private counters (mlx-lm 0.32.2).
-        return int(getattr(getattr(self._generator, "_counters", None), "prompt_tokens", 0))
+        return self._generator.prefilled_tokens
 
     @property
     def token_in_flight(self) -> bool:

@@ -1,0 +1,104 @@
+"""The batch's prefill schedule (`engine/_schedule.py`): which call of the generator gives
+each sequence its first token, and that the schedule changes when tokens come, never which.
+
+Driven directly on the tiny model: the schedule is a property of the generator's calls,
+which the engine makes one per loop iteration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.utils import load
+
+from mlx_nursery.engine._schedule import ServingBatchGenerator
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> Any:
+    return load(str(tiny_model))[0]
+
+
+def _prompts(count: int, length: int) -> list[list[int]]:
+    return [[(7 * i + 3 * j) % 500 + 1 for j in range(length)] for i in range(count)]
+
+
+def _first_token_calls(
+    generator: BatchGenerator, prompts: list[list[int]], max_tokens: int = 4
+) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """Insert `prompts` at once; return, per uid, the call (1-based) that gave its first token,
+    and all its tokens."""
+    uids = generator.insert(prompts, max_tokens=[max_tokens] * len(prompts))
+    first: dict[int, int] = {}
+    tokens: dict[int, list[int]] = {uid: [] for uid in uids}
+    calls = 0
+    while any(len(t) < max_tokens for t in tokens.values()):
+        calls += 1
+        assert calls < 100, "the generator stopped making progress"
+        for response in generator.next()[1]:
+            first.setdefault(response.uid, calls)
+            tokens[response.uid].append(response.token)
+    generator.close()
+    return {uids.index(uid): call for uid, call in first.items()}, {
+        uids.index(uid): t for uid, t in tokens.items()
+    }
+
+
+def test_a_prompt_batch_turns_over_every_call_and_its_first_token_follows_its_last_chunk(
+    model: Any,
+) -> None:
+    """Three groups of two prompts that each fit one chunk: group k is prefilled in call k
+    and gives its first token in call k + 1. mlx-lm's own order (admission before the last
+    group leaves, the move a call after the last chunk) gives 2, 4, 6."""
+    generator = ServingBatchGenerator(
+        model, completion_batch_size=8, prefill_batch_size=2, prefill_step_size=64
+    )
+    first, _ = _first_token_calls(generator, _prompts(6, 20))
+    assert [first[i] for i in range(6)] == [2, 2, 3, 3, 4, 4]
+
+    upstream = BatchGenerator(
+        model, completion_batch_size=8, prefill_batch_size=2, prefill_step_size=64
+    )
+    upstream_first, _ = _first_token_calls(upstream, _prompts(6, 20))
+    assert [upstream_first[i] for i in range(6)] != [2, 2, 3, 3, 4, 4]  # the change is real
+
+
+def test_a_long_prompt_takes_one_call_per_chunk_then_one_for_its_first_token(
+    model: Any,
+) -> None:
+    generator = ServingBatchGenerator(
+        model, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+    )
+    # 50 tokens: 49 prefilled in chunks of 16, 16, 16, 1, then the last token decodes.
+    first, _ = _first_token_calls(generator, _prompts(1, 50))
+    assert first == {0: 5}
+
+
+def test_a_one_token_prompt_starts_decoding_without_a_prefill_chunk(model: Any) -> None:
+    generator = ServingBatchGenerator(
+        model, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+    )
+    first, tokens = _first_token_calls(generator, [[5], *_prompts(1, 10)])
+    assert first == {0: 2, 1: 2}
+    assert generator.prefilled_tokens == 9  # the second prompt's all but last; none of the first
+    assert all(len(t) == 4 for t in tokens.values())
+
+
+@pytest.mark.parametrize(("count", "length", "step"), [(6, 20, 64), (5, 37, 8), (9, 3, 2)])
+def test_the_schedule_changes_when_tokens_come_never_which(
+    model: Any, count: int, length: int, step: int
+) -> None:
+    """Greedy tokens of every sequence equal mlx-lm's own generator's, prompts of mixed
+    lengths included (right-padded in one prefill batch)."""
+    prompts = [p[: length - i % 3] for i, p in enumerate(_prompts(count, length))]
+
+    def run(cls: type[BatchGenerator]) -> dict[int, list[int]]:
+        generator = cls(
+            model, completion_batch_size=4, prefill_batch_size=3, prefill_step_size=step
+        )
+        return _first_token_calls(generator, prompts, max_tokens=6)[1]
+
+    assert run(ServingBatchGenerator) == run(BatchGenerator)
