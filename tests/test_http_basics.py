@@ -281,3 +281,27 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
     # A lone prompt on the fast path: full 16-token chunks, then one forward for the rest
     # (with the default step of 512, one forward in all).
     assert stats.prefill_forwards == -(-prompt_tokens // 16)
+
+
+async def test_the_kv_budget_caps_the_context_a_server_lists_and_accepts(tiny_model: Path) -> None:
+    """--kv-cache-bytes for 1,024 tokens of the tiny model's KV (512 bytes each): the server
+    lists a context of 768 (the model's is 4,096) and refuses what needs more with OpenAI's
+    context_length_exceeded, not with a failed step."""
+    async with (
+        running_server(tiny_model, kv_cache_bytes=1024 * 512) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        listed = (await http.get("/v1/models")).json()
+        assert listed["data"][0]["context_length"] == 768
+        too_long = await http.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": "waves " * 100, "max_tokens": 700},
+        )
+        assert too_long.status_code == 400
+        validate_error(too_long.json())
+        assert too_long.json()["error"]["code"] == "context_length_exceeded"
+        fits = await http.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": "waves " * 100, "max_tokens": 5},
+        )
+        assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 5

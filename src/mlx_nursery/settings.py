@@ -111,6 +111,16 @@ class Settings:
         validator=v.ge(0),
         metadata=_help("prefix KV cache budget in bytes; 0 disables it", unit="bytes"),
     )
+    kv_cache_bytes: int | None = attrs.field(
+        default=_engine_default("kv_cache_bytes"),
+        validator=v.optional(v.ge(0)),
+        metadata=_help(
+            "memory for the running requests' KV; arrivals wait and the newest request is"
+            " paused rather than outgrow it; it caps the context length served",
+            none="from device memory",
+            unit="bytes",
+        ),
+    )
     stream_interval: int = attrs.field(
         default=0,
         validator=v.ge(0),

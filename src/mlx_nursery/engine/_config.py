@@ -21,6 +21,11 @@ class EngineConfig:
     prefill_batch_size: int = attrs.field(default=8, validator=v.ge(1))
     prompt_cache_bytes: int = attrs.field(default=2 << 30, validator=v.ge(0))
     """Byte budget of the prefix KV cache; 0 disables it."""
+    kv_cache_bytes: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
+    """Memory for the running sequences' KV. None: derived from the device's memory (80% of
+    it, less the weights and `prompt_cache_bytes`; engine/_memory.py). The engine holds
+    arrivals back, and takes the newest sequence out of the batch to replay it later, rather
+    than outgrow it; the served context length is capped by it."""
     prompt_cache_entries: int = attrs.field(default=64, validator=v.ge(1))
     prompt_cache_ttl: float = attrs.field(default=600.0, validator=v.gt(0))
     """Seconds an unused prefix-cache entry is kept."""

@@ -26,7 +26,7 @@ class PromptTooLong(EngineError):
     def __init__(self, prompt_tokens: int, max_tokens: int, context_length: int) -> None:
         super().__init__(
             f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
-            f"the model's context length ({context_length})"
+            f"the context length served ({context_length})"
         )
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens

@@ -1,11 +1,12 @@
 """Where each sequence is on the engine thread, and the one way a sequence ends.
 
 A submitted sequence is in exactly one place: queued (in the command queue, or `held`
-while a failed step's sequences are on probation), `active` (under its uid, held by the
-worker's current stepper), on `probation` (after a failed step: held by no stepper until
-replayed), `detaching` (ended, still in its stepper until the next settle) or gone
-(confirmed). It ends once, through `end`: its final event and the confirmation that it
-computes nothing more go to the outbox together.
+while a failed step's sequences are on probation or the KV budget cannot take it yet),
+`active` (under its uid, held by the worker's current stepper), on `probation` (after a
+failed step: held by no stepper until replayed), `preempted` (taken out of the batch to stay
+within the KV budget: held by no stepper until replayed), `detaching` (ended, still in its
+stepper until the next settle) or gone (confirmed). It ends once, through `end`: its final
+event and the confirmation that it computes nothing more go to the outbox together.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ class Ledger:
         """seq_id -> uid of the active sequences."""
         self.probation: dict[int, LiveSequence] = {}
         """By seq_id: sequences of a failed step, waiting to be replayed one at a time."""
+        self.preempted: dict[int, LiveSequence] = {}
+        """By seq_id, oldest first: taken out of the batch for memory, replayed when they fit."""
         self.held: list[Submit] = []
-        """Submissions that arrived during probation: admitted once it is over, so that new
-        arrivals (each a newcomer for all its prefill) cannot keep a suspect from its replay."""
+        """Submissions waiting, in order: during probation (so that new arrivals, each a
+        newcomer for all its prefill, cannot keep a suspect from its replay), or until the
+        KV budget takes them (after the preempted)."""
         self.detaching: list[tuple[LiveSequence, Stepper]] = []
         self.to_store: list[tuple[LiveSequence, KVState]] = []
         """Ended sequences' KV state, for the prefix cache once their final events are out."""
@@ -42,7 +46,7 @@ class Ledger:
     @property
     def running(self) -> int:
         """Sequences admitted and not ended, or waiting to be."""
-        return len(self.active) + len(self.probation) + len(self.held)
+        return len(self.active) + len(self.probation) + len(self.preempted) + len(self.held)
 
     def track(self, sequence: LiveSequence, uid: int) -> None:
         """`sequence` is active under `uid` (a newcomer until its first token)."""
@@ -101,6 +105,7 @@ class Ledger:
         ids = [
             *(s.seq_id for s in self.active.values()),
             *self.probation,
+            *self.preempted,
             *(c.seq_id for c in self.held),
         ]
         if len(ids) != len(set(ids)) or self._gone.intersection(ids):

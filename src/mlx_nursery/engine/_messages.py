@@ -56,6 +56,10 @@ class WorkerStats:
     """Sequences rebuilt (prompt and tokens so far prefilled again) after a failed step."""
     prefill_forwards: int = 0
     """Prefill forwards run (a chunk of one or more prompts; decode steps are not counted)."""
+    preemptions: int = 0
+    """Sequences taken out of the batch to stay within the KV budget (each replayed later)."""
+    held_for_memory: int = 0
+    """Submissions that had to wait because the KV budget could not take them yet."""
     prefill_shapes: int = 0
     """Distinct (batch, query length, key length) among them: each was new to the backend
     once (see `_shapes`; on CUDA with cuDNN attention, each built a graph)."""
@@ -97,6 +101,9 @@ class ModelInfo:
     path: str
     tokenizer: Any
     context_length: int
+    """The longest sequence served: the model's context, capped by the KV budget."""
     eos_token_ids: frozenset[int]
     token_bytes: Callable[[int], bytes]
     """A token id's exact bytes (`_detokenizer.TokenBytes`)."""
+    kv_budget_tokens: int | None = None
+    """Tokens of KV the running sequences may hold (`_memory.KVBudget`); None: no limit."""

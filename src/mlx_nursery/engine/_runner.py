@@ -12,6 +12,7 @@ import logging
 from ..models import LoadedModel
 from ._config import EngineConfig
 from ._ledger import Ledger
+from ._memory import KV_STEP, KVBudget
 from ._messages import StepEvent, Submit
 from ._outbox import Outbox
 from ._prefix_cache import CacheHit, PrefixCache
@@ -48,8 +49,10 @@ class Runner:
         cache: PrefixCache | None,
         outbox: Outbox,
         ledger: Ledger,
+        budget: KVBudget,
     ) -> None:
         self._config = config
+        self._budget = budget
         self._model = model
         self._cache = cache
         self._outbox = outbox
@@ -77,6 +80,8 @@ class Runner:
         self.handovers = 0
         self.isolated_failures = 0
         self.replays = 0
+        self.preemptions = 0
+        self.held_for_memory = 0
 
     @property
     def prefilled(self) -> int:
@@ -89,6 +94,9 @@ class Runner:
             self._ledger.remove(uid, self._stepper, "cancelled")
         elif seq_id in self._ledger.probation:
             sequence = self._ledger.probation.pop(seq_id)
+            self._ledger.finish(sequence, sequence.final("cancelled"))
+        elif seq_id in self._ledger.preempted:
+            sequence = self._ledger.preempted.pop(seq_id)
             self._ledger.finish(sequence, sequence.final("cancelled"))
 
     def release_idle_responses(self) -> None:
@@ -125,15 +133,66 @@ class Runner:
             prefill_step_size=self._config.prefill_step_size,
         )
 
-    def admit_all(self, commands: list[Submit]) -> None:
-        """A lone sequence takes the fast path; any company moves everyone into the batch."""
-        lone = not (self._ledger.active or self._ledger.probation) and len(commands) == 1
+    def admit_all(self, commands: list[Submit], *, arriving: bool = True) -> None:
+        """A lone sequence takes the fast path; any company moves everyone into the batch.
+        From the first that the KV budget cannot take with room to grow, the rest are held,
+        in order (a preempted sequence waits before them: see `admit_waiting`)."""
+        lengths = self._lengths()
+        admitted: list[Submit] = []
+        for i, command in enumerate(commands):
+            lengths.append(len(command.request.prompt_tokens))
+            if not self._budget.fits(lengths, growth=KV_STEP):
+                self._ledger.held = [*commands[i:], *self._ledger.held]
+                self.held_for_memory += arriving * len(commands[i:])
+                break
+            admitted.append(command)
+        if not admitted:
+            return
+        ledger = self._ledger
+        lone = not (ledger.active or ledger.probation or ledger.preempted) and len(admitted) == 1
         if lone and self._config.single_sequence_fast_path:
-            self._admit(commands[0], self._solo)
+            self._admit(admitted[0], self._solo)
             return
         self._hand_over()
-        for command in commands:
+        for command in admitted:
             self._admit(command, self._batch)
+
+    def admit_waiting(self) -> None:
+        """Replay the preempted sequences that fit again, oldest preemption first, then admit
+        held submissions; nothing overtakes a sequence that does not fit yet."""
+        lengths = self._lengths()
+        while self._ledger.preempted:
+            seq_id, sequence = next(iter(self._ledger.preempted.items()))
+            length = len(sequence.request.prompt_tokens) + len(sequence.tokens)
+            if not self._budget.fits([*lengths, length], growth=KV_STEP):
+                return
+            self._hand_over()
+            del self._ledger.preempted[seq_id]
+            self._replay(sequence, after_failure=False)
+            lengths.append(length)
+        held, self._ledger.held = self._ledger.held, []
+        self.admit_all(held, arriving=False)
+
+    def make_room(self) -> None:
+        """Before a step: take the newest sequences out of the batch until the step's KV
+        fits the budget; each waits as preempted and is replayed (its prompt and tokens so
+        far prefilled again, its sampler rewound: the same tokens follow) when it fits."""
+        active = self._ledger.active
+        while len(active) > 1 and not self._budget.fits(self._lengths(), growth=1):
+            victim = max(active.values(), key=lambda s: s.seq_id)
+            try:
+                self._stepper.remove([victim.uid], keep_state=False)
+            except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
+                self._recover(exc)
+                return
+            self._ledger.forget(victim)
+            self._ledger.preempted[victim.seq_id] = victim
+            self.preemptions += 1
+            log.info("sequence %d preempted: the batch's KV would outgrow it", victim.seq_id)
+
+    def _lengths(self) -> list[int]:
+        """Tokens each active sequence's KV holds (or will, once its prompt is prefilled)."""
+        return [len(s.request.prompt_tokens) + len(s.tokens) for s in self._ledger.active.values()]
 
     def _admit(self, command: Submit, stepper: Stepper) -> None:
         """Start one sequence in `stepper`. Anything that fails here fails this request alone."""
@@ -301,10 +360,10 @@ class Runner:
         self._hand_over()
         self._replay(self._ledger.probation.pop(next(iter(self._ledger.probation))))
 
-    def _replay(self, sequence: LiveSequence) -> None:
+    def _replay(self, sequence: LiveSequence, *, after_failure: bool = True) -> None:
         """Insert `sequence` into the batch afresh: its prompt and posted tokens are prefilled
         again; its sampler's next draw is its next token's."""
-        self.replays += 1
+        self.replays += after_failure
         rewind_sampler(sequence.sampler, len(sequence.tokens))
         prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
         remaining = sequence.request.max_tokens - sequence.generated

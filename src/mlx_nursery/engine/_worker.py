@@ -11,6 +11,7 @@ import os
 import queue
 import time
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 
@@ -18,6 +19,7 @@ from ..models import load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenBytes
 from ._ledger import Ledger
+from ._memory import KV_STEP, KVBudget, derive_kv_bytes, device_memory, kv_bytes_per_token
 from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, WorkerStats
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
@@ -30,6 +32,9 @@ log = logging.getLogger("mlx_nursery.engine")
 
 _IDLE_POLL_SECONDS = 1.0
 
+MIN_KV_TOKENS = 2 * KV_STEP
+"""The smallest KV budget served (a context of one step): below it nothing useful fits."""
+
 
 class Worker:
     """The engine thread's state machine.
@@ -38,13 +43,16 @@ class Worker:
       1. take the commands that arrived (blocking only while nothing runs);
       2. apply them: cancels first (the sequence ends: its final event and confirmation go
          to the outbox, and it is marked detaching), then submissions (held while a failed
-         step's sequences are on probation; cancelled if a stop came with them; else
-         settled past the cancels, then admitted);
+         step's sequences are on probation or others wait for memory; cancelled if a stop
+         came with them; else settled past the cancels, then admitted as the KV budget
+         allows, the rest held);
       3. settle: post what is due, then detach what ended from its stepper, then keep its
          KV state in the prefix cache;
-      4. replay the next sequence on probation, or admit the held submissions;
-      5. run one step of the stepper and emit each sequence's token; end the sequences
-         whose sampler or logits processors failed in it;
+      4. replay the next sequence on probation; or else replay the preempted sequences
+         that fit the KV budget again, then admit the held submissions that fit;
+      5. take the newest sequences out of the batch (preempted) while the step's KV would
+         outgrow the budget; run one step of the stepper and emit each sequence's token;
+         end the sequences whose sampler or logits processors failed in it;
       6. now and then, expire prefix-cache entries;
       7. settle again.
 
@@ -112,11 +120,15 @@ class Worker:
                     max_entries=self._config.prompt_cache_entries,
                     ttl=self._config.prompt_cache_ttl,
                 )
-            self._runner = Runner(self._config, model, self._cache, self._outbox, self._ledger)
+            budget = self._kv_budget(model.model)
+            self._runner = Runner(
+                self._config, model, self._cache, self._outbox, self._ledger, budget
+            )
             info = ModelInfo(
                 path=str(model.path),
                 tokenizer=model.tokenizer,
-                context_length=model.context_length,
+                context_length=budget.served_context(model.context_length),
+                kv_budget_tokens=budget.tokens,
                 eos_token_ids=frozenset(int(t) for t in model.tokenizer.eos_token_ids),
                 token_bytes=TokenBytes(model.tokenizer),
             )
@@ -138,19 +150,45 @@ class Worker:
             self._release_memory()
             self._on_exit(reason)
 
+    def _kv_budget(self, model: Any) -> KVBudget:
+        """The KV budget in tokens, from `kv_cache_bytes` or the device's memory (right after
+        loading, when MLX's active memory is the weights)."""
+        per_token = kv_bytes_per_token(model)
+        kv_bytes = self._config.kv_cache_bytes
+        if kv_bytes is None:
+            kv_bytes = derive_kv_bytes(
+                device_memory(mx.device_info()),
+                mx.get_active_memory(),
+                self._config.prompt_cache_bytes,
+            )
+        if kv_bytes is None or per_token == 0:
+            return KVBudget(None)
+        tokens = kv_bytes // per_token
+        if tokens < MIN_KV_TOKENS:
+            log.warning(
+                "KV memory for %d tokens only; serving %d anyway (set --kv-cache-bytes)",
+                tokens,
+                MIN_KV_TOKENS,
+            )
+        budget = KVBudget(max(tokens, MIN_KV_TOKENS))
+        log.info("KV budget: %d tokens (%d bytes per token)", budget.tokens, per_token)
+        return budget
+
     def _loop(self, runner: Runner) -> None:
         next_expiry_check = time.monotonic()
         while True:
             runner.release_idle_responses()
-            idle = not (self._ledger.active or self._ledger.probation or self._ledger.held)
+            ledger = self._ledger
+            idle = not (ledger.active or ledger.probation or ledger.preempted or ledger.held)
             if self._apply(runner, self._take_commands(block=idle)):
                 return
             runner.settle()
             if self._ledger.probation:
                 runner.replay_next_suspect()
-            elif self._ledger.held:
-                held, self._ledger.held = self._ledger.held, []
-                runner.admit_all(held)
+            elif self._ledger.preempted or self._ledger.held:
+                runner.admit_waiting()
+            if self._ledger.active:
+                runner.make_room()
             if self._ledger.active:
                 runner.step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
@@ -190,8 +228,11 @@ class Worker:
                     self._ledger.end_unstarted(command, "cancelled")
                 else:
                     admitted.append(command)
-        if admitted and self._ledger.probation:
-            self._ledger.held += admitted
+        ledger = self._ledger
+        if admitted and (ledger.probation or ledger.preempted or ledger.held):
+            if not ledger.probation:
+                runner.held_for_memory += len(admitted)
+            ledger.held += admitted  # behind those already waiting
         elif admitted:
             runner.settle()  # what the cancels ended leaves its stepper before anyone enters
             runner.admit_all(admitted)
@@ -201,6 +242,8 @@ class Worker:
         """On exit: end every sequence, running or queued; nobody waits forever."""
         error = "the engine failed while serving this request" if exc is not None else None
         probation, self._ledger.probation = list(self._ledger.probation.values()), {}
+        probation += self._ledger.preempted.values()
+        self._ledger.preempted = {}
         for sequence in [*self._ledger.active.values(), *probation]:
             self._ledger.finish(sequence, sequence.final(reason, error))
         error = "the engine stopped before serving this request" if exc is not None else None
@@ -226,6 +269,8 @@ class Worker:
             replays=runner.replays,
             prefill_forwards=runner.shapes.prefill_forwards,
             prefill_shapes=runner.shapes.shapes,
+            preemptions=runner.preemptions,
+            held_for_memory=runner.held_for_memory,
         )
 
     def _release_memory(self) -> None:

@@ -125,6 +125,7 @@ class Service:
                 max_concurrency=self.settings.max_concurrency,
                 max_queue=self.settings.max_queue,
                 prompt_cache_bytes=self.settings.prompt_cache_bytes,
+                kv_cache_bytes=self.settings.kv_cache_bytes,
                 prefill_batch_size=self.settings.prefill_batch_size,
                 prefill_step_size=self.settings.prefill_step_size,
                 cudnn_attention=self.settings.cudnn_attention,

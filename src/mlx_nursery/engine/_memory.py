@@ -1,0 +1,98 @@
+"""The KV memory budget: how many tokens of KV the running sequences may hold at once.
+
+mlx-lm's batch keeps every sequence's keys and values in one array per layer, as long as
+the batch's longest sequence (shorter ones are left-padded) and grown in steps of 256
+tokens. So what a batch holds is `rows x longest`, not the sum of its lengths: one 8K-token
+prompt among 31 short ones makes every row 8K long. `KVBudget` counts that way, so the
+engine can hold an arrival back, or take the newest sequence out of the batch to replay it
+later, before the batch outgrows memory instead of after (an out-of-memory error fails the
+step of everyone in the batch, and on some backends the process).
+
+The budget is in tokens: bytes divided by what one token's KV costs in this model, measured
+on the loaded model (`kv_bytes_per_token`). Transient memory (a prefill chunk's attention,
+the copy made while a prompt joins the batch) is not counted: the derived default leaves
+room for it (`derive_kv_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+KV_STEP = 256
+"""mlx-lm's KV caches grow in steps of this many tokens."""
+
+DEVICE_MEMORY_FRACTION = 0.8
+"""Of the device's memory (Metal: its recommended working set) that weights, the prefix
+cache and KV may use together by default; the rest is for transient buffers and the OS."""
+
+
+@attrs.frozen
+class KVBudget:
+    """At most `tokens` of KV (rows x longest, as mlx-lm's batch holds them); None: no limit."""
+
+    tokens: int | None
+
+    @staticmethod
+    def footprint(lengths: Collection[int]) -> int:
+        """Tokens a batch of sequences of these lengths holds (each grown by one step ahead)."""
+        if not lengths:
+            return 0
+        return len(lengths) * KV_STEP * math.ceil((max(lengths) + 1) / KV_STEP)
+
+    def fits(self, lengths: Collection[int], *, growth: int = 0) -> bool:
+        """Whether sequences of these lengths can run together, each `growth` tokens longer.
+        One alone always can: the served context length is capped by the budget
+        (`served_context`). The engine admits with a step of growth and preempts with one
+        token's, so that a sequence it admits is not preempted at once."""
+        if self.tokens is None or len(lengths) <= 1:
+            return True
+        return self.footprint([n + growth for n in lengths]) <= self.tokens
+
+    def served_context(self, model_context: int) -> int:
+        """The longest sequence served: the model's context, or less if KV memory is short."""
+        if self.tokens is None:
+            return model_context
+        return max(1, min(model_context, self.tokens - KV_STEP))
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """What one token's keys and values cost in `model`, across its layers, in bytes (0 for
+    a model with no growing KV cache). Runs one token through a fresh cache: engine thread."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    per_token = 0.0
+    for layer in cache:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None:
+            continue  # a state of constant size (recurrent layers): not per token
+        per_token += (keys.nbytes + values.nbytes) / keys.shape[2]
+    return math.ceil(per_token)
+
+
+def device_memory(info: Mapping[str, Any]) -> int | None:
+    """Memory the device can give MLX, from `mx.device_info()`; the CPU reports none, so the
+    machine's physical memory stands in."""
+    for key in ("max_recommended_working_set_size", "memory_size", "total_memory"):
+        value = info.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def derive_kv_bytes(memory: int | None, weights: int, prompt_cache_bytes: int) -> int | None:
+    """The default KV budget: `DEVICE_MEMORY_FRACTION` of the device's memory, less the
+    weights and the prefix cache's budget (None when the memory is unknown). Never below
+    zero; the caller's minimum applies."""
+    if memory is None:
+        return None
+    return max(0, int(memory * DEVICE_MEMORY_FRACTION) - weights - prompt_cache_bytes)
