@@ -14,11 +14,13 @@ from ._stream import TokenStream
 from ._types import (
     FinishReason,
     GenerationRequest,
+    ImageInputs,
     SamplingParams,
     TokenEvent,
     TokenLogprob,
     Usage,
 )
+from ._vision import VisionProcessor
 
 __all__ = [
     "THREAD_NAME",
@@ -32,6 +34,7 @@ __all__ = [
     "FinishReason",
     "GenerationRequest",
     "GrammarProcessor",
+    "ImageInputs",
     "ModelInfo",
     "PrefixCache",
     "PrefixCacheStats",
@@ -41,6 +44,7 @@ __all__ = [
     "TokenLogprob",
     "TokenStream",
     "Usage",
+    "VisionProcessor",
     "WorkerStats",
     "open_engine",
 ]

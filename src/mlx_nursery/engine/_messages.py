@@ -14,6 +14,7 @@ import attrs
 
 from ._prefix_cache import PrefixCacheStats
 from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
+from ._vision import VisionProcessor
 
 
 @attrs.frozen
@@ -105,5 +106,7 @@ class ModelInfo:
     eos_token_ids: frozenset[int]
     token_bytes: Callable[[int], bytes]
     """A token id's exact bytes (`_detokenizer.TokenBytes`)."""
+    vision: VisionProcessor | None = None
+    """A vision-language model's processor for prompts with images (None: text only)."""
     kv_budget_tokens: int | None = None
     """Tokens of KV the running sequences may hold (`_memory.KVBudget`); None: no limit."""

@@ -23,6 +23,7 @@ from ._shapes import ShapeWatch
 from ._solo import SoloStepper
 from ._stepper import BatchStepper, Start, Stepper
 from ._types import FinishReason
+from ._vision import prefill_with_images
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -199,9 +200,16 @@ class Runner:
         try:
             sequence = build_sequence(command, self._eos)
             prompt = list(command.request.prompt_tokens)
-            hit = self._fetch_prefix(sequence, prompt)
+            images = command.request.images
+            hit = self._fetch_prefix(sequence, prompt) if images is None else None
             fresh = Start(prompt, None, [], command.request.max_tokens)
-            if hit is None:
+            if images is not None:
+                step = self._config.prefill_step_size
+                cache = prefill_with_images(self._model, prompt, images, step)
+                uid = stepper.insert(
+                    sequence, Start(prompt[-1:], cache, prompt[:-1], fresh.max_tokens)
+                )
+            elif hit is None:
                 uid = stepper.insert(sequence, fresh)
             else:
                 cached = hit.cached_tokens
@@ -398,8 +406,8 @@ class Runner:
         """Keep the KV state of the sequences ended so far in the prefix cache."""
         to_store, self._ledger.to_store = self._ledger.to_store, []
         for sequence, (cache, tokens) in to_store:
-            if self._cache is None or not cache or not tokens:
-                continue
+            if self._cache is None or not cache or not tokens or sequence.request.images:
+                continue  # an image prompt's ids say nothing of its images
             try:
                 self._cache.insert(self._namespace(sequence), list(tokens), list(cache))
             except Exception:  # caching is an optimisation, never a failure

@@ -45,6 +45,17 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | None = None
 
 
+@attrs.frozen(eq=False)
+class ImageInputs:
+    """A prompt's images as a vision-language model's processor prepared them: its arrays
+    (pixel values, image grids, ...; NumPy, no MLX) by the keyword the model's encoder takes
+    them under. The prompt's token ids already hold one placeholder per image token."""
+
+    arrays: Mapping[str, Any]
+    images: int = attrs.field(validator=v.ge(1))
+    image_tokens: int = attrs.field(validator=v.ge(0))
+
+
 @attrs.frozen
 class GenerationRequest:
     """One sequence to generate.
@@ -71,6 +82,10 @@ class GenerationRequest:
     """Drop one space from the start of the text (a chat reply); False gives the exact
     continuation of the prompt (a completion), whatever its first token begins with."""
     cache_key: str | None = None
+    images: ImageInputs | None = None
+    """For a vision-language model: the prompt's images. Its prompt is encoded and
+    prefilled with them on admission, and never shared through the prefix cache (its
+    placeholder ids are the same whatever the image)."""
 
 
 @attrs.frozen

@@ -25,6 +25,7 @@ from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
 from ._types import FinishReason, GenerationRequest
+from ._vision import vision_processor
 
 __all__ = ["FatalEngineError", "Worker"]
 
@@ -129,6 +130,7 @@ class Worker:
                 tokenizer=model.tokenizer,
                 context_length=budget.served_context(model.context_length),
                 kv_budget_tokens=budget.tokens,
+                vision=vision_processor(model),
                 eos_token_ids=frozenset(int(t) for t in model.tokenizer.eos_token_ids),
                 token_bytes=TokenBytes(model.tokenizer),
             )

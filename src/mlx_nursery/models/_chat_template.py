@@ -47,3 +47,22 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+_CONTENT_MACRO = (
+    "{% macro render(content) %}"
+    "{% if content is string %}{{ content }}"
+    "{% elif content %}{% for part in content %}"
+    "{% if part.type in ['image', 'image_url', 'input_image'] %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part.text is defined %}{{ part.text }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% endmacro %}"
+)
+
+VISION_CHAT_TEMPLATE = _CONTENT_MACRO + CHAT_TEMPLATE.replace(
+    "{{ messages[0].content }}", "{{ render(messages[0].content) }}"
+).replace("{{ message.content }}", "{{ render(message.content) }}")
+"""`CHAT_TEMPLATE` for Qwen2-VL-like models: content may be a list of parts, and an image
+part becomes Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>` (the processor then
+repeats the pad once per image token)."""

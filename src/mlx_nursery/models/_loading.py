@@ -26,14 +26,28 @@ class ModelLoadError(RuntimeError):
 
 
 @attrs.frozen
+class Vision:
+    """A vision-language model's image side: mlx-vlm's whole model (vision tower, and the
+    language model that takes embeddings and multimodal positions) and its processor."""
+
+    model: Any  # an mlx-vlm Model
+    processor: Any  # its processor (tokenizer and image processor; no MLX)
+
+
+@attrs.frozen
 class LoadedModel:
-    """A model and its tokenizer, loaded on (and only to be used from) the engine thread."""
+    """A model and its tokenizer, loaded on (and only to be used from) the engine thread.
+
+    `model` is always an mlx-lm text model, which the engine batches; a vision-language
+    model's `vision` encodes images and prefills prompts that hold them, on the same
+    weights (mlx-lm's text model of the checkpoint shares the arrays of mlx-vlm's)."""
 
     path: Path
     kind: ModelKind
     model: Any  # mlx.nn.Module
     tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
     config: dict[str, Any]
+    vision: Vision | None = None
 
     @property
     def context_length(self) -> int:
@@ -80,7 +94,34 @@ def _load_lm(path: Path) -> LoadedModel:
 
 
 def _load_vlm(path: Path) -> LoadedModel:
-    raise ModelLoadError(f"{path} is a vision-language model; mlx-vlm support is not available yet")
+    """mlx-vlm loads the checkpoint; mlx-lm's text model for it is built on the same arrays
+    (no second copy of the weights), so that the engine batches its decoding as any text
+    model's. Only architectures that both packages know are served."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from mlx_lm.utils import _get_classes
+    from mlx_vlm.utils import load as load_vlm
+
+    config = json.loads((path / "config.json").read_text("utf-8"))
+    try:
+        model_class, args_class = _get_classes(config)
+    except ValueError as exc:
+        raise ModelLoadError(f"{path}: mlx-lm has no text model for this VLM ({exc})") from exc
+    vlm, processor = load_vlm(str(path))
+    text = model_class(args_class.from_dict(config))
+    language = getattr(text, "language_model", None)
+    if language is None:
+        raise ModelLoadError(f"{path}: this VLM's text model has no language_model to share")
+    language.update(tree_unflatten(tree_flatten(vlm.language_model.parameters())))
+    tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    return LoadedModel(
+        path=path,
+        kind="vlm",
+        model=text,
+        tokenizer=tokenizer,
+        config=config,
+        vision=Vision(vlm, processor),
+    )
 
 
 _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {"lm": _load_lm, "vlm": _load_vlm}

@@ -16,6 +16,8 @@ class Preset:
     name: str
     config: dict[str, Any]
     trained_vocab: int  # BPE merges learned from the corpus; the rest is filler up to vocab_size
+    image_processor: dict[str, Any] | None = None
+    """A vision-language preset's image-processor settings (None: a text model)."""
 
     @property
     def vocab_size(self) -> int:
@@ -106,5 +108,39 @@ PRESETS: dict[str, Preset] = {
             "mlp_bias": False,
         },
         trained_vocab=4096,
+    ),
+    "tiny-vlm": Preset(
+        "tiny-vlm",
+        {
+            "architectures": ["Qwen2VLForConditionalGeneration"],
+            "model_type": "qwen2_vl",
+            "hidden_act": "silu",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": 2048,
+            "rope_theta": 1_000_000.0,
+            "max_position_embeddings": 4096,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+            "tie_word_embeddings": True,
+            "vision_config": {
+                "model_type": "qwen2_vl",
+                "depth": 2,
+                "embed_dim": 32,
+                "hidden_size": 64,
+                "num_heads": 2,
+                "mlp_ratio": 2,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "in_channels": 3,
+            },
+        },
+        trained_vocab=2048,
+        # Any image becomes 1 to 16 image tokens (28x28-pixel blocks, at most 112x112).
+        image_processor={"min_pixels": 784, "max_pixels": 12544},
     ),
 }

@@ -187,13 +187,15 @@ def _corpus(n_lines: int = 6000) -> list[str]:
     return lines
 
 
-def build_tokenizer(trained_vocab: int, vocab_size: int) -> Tokenizer:
+def build_tokenizer(
+    trained_vocab: int, vocab_size: int, special_tokens: list[str] = SPECIAL_TOKENS
+) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=min(trained_vocab, vocab_size),
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -202,10 +204,16 @@ def build_tokenizer(trained_vocab: int, vocab_size: int) -> Tokenizer:
 
 
 def write_tokenizer(
-    out: Path, trained_vocab: int, vocab_size: int, context_length: int
+    out: Path,
+    trained_vocab: int,
+    vocab_size: int,
+    context_length: int,
+    *,
+    special_tokens: list[str] = SPECIAL_TOKENS,
+    chat_template: str = CHAT_TEMPLATE,
 ) -> dict[str, int]:
     """Write tokenizer.json and tokenizer_config.json; return the special token ids."""
-    tokenizer = build_tokenizer(trained_vocab, vocab_size)
+    tokenizer = build_tokenizer(trained_vocab, vocab_size, special_tokens)
     spec = json.loads(tokenizer.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
     next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1
@@ -225,7 +233,7 @@ def write_tokenizer(
         "add_bos_token": False,
         "model_max_length": context_length,
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out / "tokenizer_config.json").write_text(
         json.dumps(config, indent=2, sort_keys=True), "utf-8"

@@ -38,6 +38,11 @@ def make_model(
     spec = PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if spec.image_processor is not None:
+        from ._vlm_factory import write_vlm
+
+        write_vlm(out, spec, dtype, seed)
+        return out
     context_length = int(spec.config["max_position_embeddings"])
     token_ids = write_tokenizer(out, spec.trained_vocab, spec.vocab_size, context_length)
     config = _model_config(spec, token_ids, dtype)

@@ -1,0 +1,85 @@
+"""Images in prompts, for vision-language models: preparing them (no MLX, any thread) and
+starting a sequence whose prompt holds them (the engine thread).
+
+A VLM's prompt goes through mlx-vlm once, on admission: its vision tower encodes the
+images, and its language model prefills the prompt's embeddings (text and image features
+merged) into an mlx-lm KV cache. From there the sequence is an ordinary text sequence: the
+batch (or the fast path) continues it from that cache, as from a prefix-cache hit, and its
+decoding runs on mlx-lm's text model of the same weights. Multimodal rotary positions
+(Qwen2-VL's M-RoPE) are shifted by the model's `rope_deltas` while prefilling: rotary
+attention depends only on position differences, so the shifted prefill is exact, and every
+later position is the cache's offset, which is what the text model uses.
+
+Not yet: images in the prefix cache (a prompt with images is neither looked up nor kept:
+its placeholder ids are the same whatever the image), and cancelling between the chunks
+of an image prompt's prefill (it runs whole on admission; a cancel lands right after).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..models import LoadedModel
+from ._types import ImageInputs
+
+
+class VisionProcessor:
+    """A VLM's processor for the request side: prompt text and decoded images in, token ids
+    (one placeholder per image token) and `ImageInputs` out. NumPy and the tokenizer only:
+    call it on a worker thread, one call at a time (`prepare` is not reentrant)."""
+
+    def __init__(self, processor: Any, image_token_id: int) -> None:
+        self._processor = processor
+        self._image_token_id = image_token_id
+
+    def prepare(self, text: str, images: list[Any]) -> tuple[list[int], ImageInputs | None]:
+        """Raises ValueError (and what the processor raises) for inputs it cannot take."""
+        if not images:
+            return list(self._processor.tokenizer.encode(text, add_special_tokens=False)), None
+        out = self._processor(text=[text], images=images, return_tensors="np")
+        ids = [int(t) for t in np.asarray(out["input_ids"])[0]]
+        arrays = {
+            key: np.asarray(value)
+            for key, value in out.items()
+            if key not in ("input_ids", "attention_mask")
+        }
+        image_tokens = sum(1 for t in ids if t == self._image_token_id)
+        return ids, ImageInputs(arrays, images=len(images), image_tokens=image_tokens)
+
+
+def vision_processor(model: LoadedModel) -> VisionProcessor | None:
+    if model.vision is None:
+        return None
+    return VisionProcessor(model.vision.processor, int(model.config["image_token_id"]))
+
+
+def prefill_with_images(
+    model: LoadedModel, prompt: list[int], images: ImageInputs, step: int
+) -> list[Any]:
+    """Encode `images` and prefill all of `prompt` but its last token into a fresh mlx-lm
+    cache of the text model; return the cache. Engine thread. Raises what the model raises
+    on inputs it cannot take (the caller fails that request alone)."""
+    vision = model.vision
+    if vision is None:
+        raise ValueError("this model does not take images")
+    arrays = {key: mx.array(value) for key, value in images.arrays.items()}
+    pixels = arrays.pop("pixel_values")
+    ids = mx.array([prompt])
+    features = vision.model.get_input_embeddings(ids, pixels, **arrays)
+    embeddings = features.inputs_embeds
+    positions = getattr(features, "position_ids", None)
+    deltas = getattr(features, "rope_deltas", None)
+    if positions is not None and deltas is not None:
+        positions = positions - deltas
+    cache: list[Any] = make_prompt_cache(model.model)
+    language = vision.model.language_model
+    for start in range(0, len(prompt) - 1, step):
+        end = min(start + step, len(prompt) - 1)
+        kwargs = {} if positions is None else {"position_ids": positions[..., start:end]}
+        language(ids[:, start:end], inputs_embeds=embeddings[:, start:end], cache=cache, **kwargs)
+        mx.eval([c.state for c in cache])
+    return cache
