@@ -126,6 +126,7 @@ PUBLIC = {
         "resolve_model_path",
     ],
     "openai": [
+        "ImageLimits",
         "Finished",
         "GenerationFailed",
         "Grammars",

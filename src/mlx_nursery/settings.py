@@ -18,6 +18,7 @@ import attrs
 from attrs import validators as v
 
 from .engine import EngineConfig
+from .openai import ImageLimits
 
 ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -50,6 +51,11 @@ def _help(text: str, *, none: str = "none", zero: str = "", unit: Unit = "") -> 
 def _engine_default(name: str) -> Any:
     """EngineConfig's default for `name`: stated once, in the engine."""
     return attrs.fields_dict(EngineConfig)[name].default
+
+
+def _image_default(name: str) -> Any:
+    """ImageLimits' default for `name`: stated once, in the OpenAI layer."""
+    return attrs.fields_dict(ImageLimits)[name].default
 
 
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -172,6 +178,27 @@ class Settings:
         metadata=_help(
             "on CUDA, prefill attention by cuDNN: faster on long contexts, but each new "
             "prompt length builds a graph first (tens of ms)"
+        ),
+    )
+    max_image_bytes: int = attrs.field(
+        default=_image_default("max_bytes"),
+        validator=v.ge(1),
+        metadata=_help("largest image file in a request (vision models)", unit="bytes"),
+    )
+    max_images_per_request: int = attrs.field(
+        default=_image_default("max_images"),
+        validator=v.ge(1),
+        metadata=_help("images in one request, all messages together (vision models)"),
+    )
+    max_image_pixels: int = attrs.field(
+        default=_image_default("max_pixels"),
+        validator=v.ge(1),
+        metadata=_help("largest image in pixels, checked before decoding (vision models)"),
+    )
+    allowed_local_media_path: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "directory whose files image parts may name by file:// URL", none="none: refused"
         ),
     )
     max_request_bytes: int = attrs.field(

@@ -22,6 +22,7 @@ import trio
 from ..engine import Engine, EngineConfig
 from ..openai import (
     Grammars,
+    ImageLimits,
     Prepared,
     RequestTimeout,
     ServedModel,
@@ -151,6 +152,17 @@ class Service:
             tool_format=tool_format(engine.model.tokenizer),
             grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
+            vision=engine.model.vision,
+            image_limits=ImageLimits(
+                max_bytes=self.settings.max_image_bytes,
+                max_images=self.settings.max_images_per_request,
+                max_pixels=self.settings.max_image_pixels,
+                local_path=(
+                    Path(self.settings.allowed_local_media_path)
+                    if self.settings.allowed_local_media_path
+                    else None
+                ),
+            ),
         )
         self.jobs = Jobs(nursery, engine, self.settings.request_timeout)
         self.state = "ready"

@@ -24,6 +24,7 @@ from ._errors import (
     quoted,
 )
 from ._generation import Finished, Output, TextDelta, generate_text
+from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
 from ._models import ModelList
@@ -41,6 +42,7 @@ __all__ = [
     "GenerationFailed",
     "Grammars",
     "HeadersTooLarge",
+    "ImageLimits",
     "InvalidRequest",
     "LogprobEntry",
     "ModelList",

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..engine import GenerationRequest
+from ..engine import GenerationRequest, ImageInputs
 from . import _params as params
 from ._chat import ResponseFormat
 from ._errors import InvalidRequest
@@ -183,6 +183,7 @@ def prepared_for(
     budget_param: str,
     checked: Common,
     cache_key: str | None = None,
+    images: ImageInputs | None = None,
 ) -> Prepared:
     """The engine request for a rendered prompt: its token budget checked against the room
     the context leaves."""
@@ -194,6 +195,7 @@ def prepared_for(
         sampling=checked.sampling,
         cache_key=cache_key,
         trim_leading_space=wire.trims_leading_space,
+        images=images,
     )
     return Prepared(
         wire,

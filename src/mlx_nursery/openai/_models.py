@@ -12,6 +12,9 @@ class ModelCard:
     id: str
     created: int
     context_length: int
+    input_modalities: list[str] = attrs.Factory(lambda: ["text"])
+    """What a request may give the model: "text", and "image" for a vision model (not
+    OpenAI's: local servers list what each model takes beside `context_length`)."""
     owned_by: str = "mlx-nursery"
     object: Literal["model"] = "model"
 

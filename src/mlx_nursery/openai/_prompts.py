@@ -12,11 +12,14 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import attrs
 import jinja2
 
+from ..engine import ImageInputs, VisionProcessor
 from ._chat import ChatMessage
 from ._completions import CompletionRequest
 from ._errors import InvalidRequest, quoted, shortened
+from ._images import ImageLimits, load_image, too_many_images
 from ._served import ServedModel
 from ._tools import call_arguments_for_template, fallback_messages
 
@@ -78,15 +81,40 @@ def render_chat(
 ) -> list[int]:
     """Token ids of `messages` through the model's chat template. With `native_tools` false,
     tools, calls and results are written in the fallback convention (`_tools.ToolFormat`)."""
+    tokens, _ = render_chat_prompt(tokenizer, messages, tools, native_tools=native_tools)
+    return tokens
+
+
+def render_chat_prompt(
+    tokenizer: Any,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    native_tools: bool = True,
+    vision: VisionProcessor | None = None,
+    limits: ImageLimits | None = None,
+) -> tuple[list[int], ImageInputs | None]:
+    """`render_chat`, images included: with a vision model's processor (`vision`), image
+    parts are decoded under `limits` and the processor turns the rendered text and the
+    images into token ids (a placeholder per image token) and the images' inputs. Without
+    one, an image part is refused. Blocking (decoding, processing): a worker thread."""
     if not messages:
         raise InvalidRequest(
             "'messages' must contain at least one message", param="messages", code="invalid_value"
         )
-    rendered = [_message(i, m) for i, m in enumerate(messages)]
+    images: list[Any] = []
+    takes = _ImageTaker(vision is not None, limits or ImageLimits(), images)
+    rendered = [_message(i, m, takes) for i, m in enumerate(messages)]
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
     extra = {"tools": tools} if tools else {}
     try:
+        if images:
+            assert vision is not None
+            text = tokenizer.apply_chat_template(
+                rendered, add_generation_prompt=True, tokenize=False, **extra
+            )
+            return vision.prepare(text, images)
         tokens = tokenizer.apply_chat_template(
             rendered, add_generation_prompt=True, tokenize=True, **extra
         )
@@ -103,10 +131,33 @@ def render_chat(
     # transformers 5 returns a BatchEncoding-like mapping for tokenize=True
     if isinstance(tokens, dict) or hasattr(tokens, "input_ids"):
         tokens = tokens["input_ids"]
-    return list(tokens)
+    return list(tokens), None
 
 
-def _message(index: int, message: ChatMessage) -> dict[str, Any]:
+@attrs.define
+class _ImageTaker:
+    """Decodes a request's image parts in order, within its limits (one per request)."""
+
+    vision: bool
+    limits: ImageLimits
+    images: list[Any]
+
+    def take(self, part: Any, param: str) -> dict[str, str]:
+        if not self.vision:
+            raise InvalidRequest(
+                "this model does not take images (text only)",
+                param=param,
+                code="unsupported_content",
+            )
+        if len(self.images) >= self.limits.max_images:
+            raise too_many_images(len(self.images) + 1, self.limits, param)
+        source = part.image_url
+        url = source.get("url") if isinstance(source, dict) else source
+        self.images.append(load_image(url, self.limits, f"{param}.image_url.url"))
+        return {"type": "image"}
+
+
+def _message(index: int, message: ChatMessage, images: _ImageTaker) -> dict[str, Any]:
     where = f"messages[{index}]"
     for name in ("function_call", "audio"):
         if getattr(message, name):
@@ -116,7 +167,7 @@ def _message(index: int, message: ChatMessage) -> dict[str, Any]:
                 code="unsupported_parameter",
             )
     role = "system" if message.role == "developer" else message.role
-    rendered: dict[str, Any] = {"role": role, "content": _text(where, message)}
+    rendered: dict[str, Any] = {"role": role, "content": _content(where, message, images)}
     if message.name:
         rendered["name"] = message.name
     if message.tool_calls:
@@ -160,6 +211,23 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
             "arguments": call_arguments_for_template(arguments, param),
         },
     }
+
+
+def _content(where: str, message: ChatMessage, images: _ImageTaker) -> str | list[Any]:
+    """A message's content for the template: its text, or, when it holds images, its parts
+    in order (text parts and image placeholders)."""
+    content = message.content
+    if isinstance(content, str) or not content or all(p.type == "text" for p in content):
+        return _text(where, message)
+    parts: list[Any] = []
+    for j, part in enumerate(content):
+        if part.type == "image_url":
+            parts.append(images.take(part, f"{where}.content[{j}]"))
+        elif part.type == "text" and part.text is not None:
+            parts.append({"type": "text", "text": part.text})
+        else:
+            _text(where, message)  # refuses the part it cannot take, by name
+    return parts
 
 
 def _text(where: str, message: ChatMessage) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 from ._errors import ModelNotFound, quoted
+from ._images import ImageLimits
 from ._models import ModelCard
 
 
@@ -34,6 +35,13 @@ class ServedModel:
     its decoded text."""
     grammars: Any = None
     """`_structured.Grammars` for this model's tokenizer (None: structured outputs unavailable)."""
+    vision: Any = None
+    """A vision-language model's `VisionProcessor` (None: the model takes text only)."""
+    image_limits: ImageLimits = attrs.field(factory=ImageLimits)
+
+    @property
+    def input_modalities(self) -> list[str]:
+        return ["text", "image"] if self.vision is not None else ["text"]
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
@@ -44,4 +52,9 @@ class ServedModel:
             )
 
     def card(self) -> ModelCard:
-        return ModelCard(id=self.name, created=self.created, context_length=self.context_length)
+        return ModelCard(
+            id=self.name,
+            created=self.created,
+            context_length=self.context_length,
+            input_modalities=self.input_modalities,
+        )

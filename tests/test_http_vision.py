@@ -1,0 +1,192 @@
+"""Images in chat over HTTP, with the tiny random-weight Qwen2-VL model: the official SDK,
+httpx, a real Hypercorn server. Images reach the model; every image the server cannot or
+may not take is a 400 in OpenAI's envelope naming the part; the server serves on."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from .http_helpers import running_server, sdk, sse_events, validate_error
+
+
+def png(seed: int, size: tuple[int, int] = (80, 64), *, mode: str = "RGB") -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes, media: str = "image/png") -> str:
+    return f"data:{media};base64,{base64.b64encode(data).decode()}"
+
+
+def image_chat(*urls: str, text: str = "What is in the picture?", **fields: Any) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": url, "detail": "auto"}} for url in urls
+    ]
+    parts.append({"type": "text", "text": text})
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": parts}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **fields,
+    }
+
+
+async def test_images_reach_the_model_through_the_sdk(tiny_vlm: Path) -> None:
+    async with running_server(tiny_vlm) as server:
+        client = sdk(server)
+        listed = (await client.models.list()).data[0]
+        assert listed.model_extra is not None
+        assert listed.model_extra["input_modalities"] == ["text", "image"]
+
+        async def answer(*urls: str) -> str:
+            reply = await client.chat.completions.create(**image_chat(*urls))
+            assert reply.choices[0].finish_reason == "length"
+            assert reply.usage is not None and reply.usage.completion_tokens == 8
+            return reply.choices[0].message.content or ""
+
+        first = await answer(data_url(png(1)))
+        assert await answer(data_url(png(2))) != first
+        assert await answer(data_url(png(1))) == first
+        # JPEG, WebP and a GIF's first frame decode too; two images in one message count.
+        for media, fmt in (("image/jpeg", "JPEG"), ("image/webp", "WEBP"), ("image/gif", "GIF")):
+            out = io.BytesIO()
+            Image.open(io.BytesIO(png(3))).save(out, format=fmt)
+            assert await answer(data_url(out.getvalue(), media))
+        assert await answer(data_url(png(1)), data_url(png(2))) != await answer(
+            data_url(png(2)), data_url(png(1))
+        )
+
+        stream = await client.chat.completions.create(**image_chat(data_url(png(1))), stream=True)
+        streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert streamed == first
+
+
+async def test_an_image_in_an_earlier_turn_still_counts(tiny_vlm: Path) -> None:
+    def conversation(seed: int) -> dict[str, Any]:
+        body = image_chat(data_url(png(seed)))
+        body["messages"] += [
+            {"role": "assistant", "content": "A picture."},
+            {"role": "user", "content": "Say more."},
+        ]
+        return body
+
+    async with (
+        running_server(tiny_vlm) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        replies = [(await http.post("/v1/chat/completions", json=conversation(s))) for s in (1, 2)]
+        assert [r.status_code for r in replies] == [200, 200]
+        texts = [r.json()["choices"][0]["message"]["content"] for r in replies]
+        assert texts[0] != texts[1]
+
+
+@pytest.mark.parametrize(
+    ("url", "code", "param"),
+    [
+        ("data:image/png;base64,!!!not-base64", "invalid_image", "image_url.url"),
+        (data_url(b"these bytes are no image"), "invalid_image", "image_url.url"),
+        (data_url(png(1), "text/plain"), "invalid_image", "image_url.url"),
+        ("data:image/png,raw", "invalid_image", "image_url.url"),
+        ("https://example.com/cat.png", "invalid_image", "image_url.url"),
+        ("file:///etc/hostname", "invalid_image", "image_url.url"),
+        ("ftp://example.com/cat.png", "invalid_image", "image_url.url"),
+        (data_url(png(1, (300, 300))), "image_too_large", "image_url.url"),
+        (data_url(png(1, (30, 30))), None, None),  # the control: a small image is taken
+    ],
+)
+async def test_images_the_server_cannot_take_are_400s_naming_the_part(
+    tiny_vlm: Path, url: str, code: str | None, param: str | None
+) -> None:
+    async with (
+        running_server(tiny_vlm, max_image_pixels=250 * 250) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = await http.post("/v1/chat/completions", json=image_chat(data_url(png(5)), url))
+        if code is None:
+            assert reply.status_code == 200
+            return
+        assert reply.status_code == 400, reply.text
+        validate_error(reply.json())
+        error = reply.json()["error"]
+        assert (error["code"], error["param"]) == (code, f"messages[0].content[1].{param}")
+        assert (await http.get("/health")).status_code == 200
+        ok = await http.post("/v1/chat/completions", json=image_chat(data_url(png(5))))
+        assert ok.status_code == 200
+
+
+async def test_limits_on_bytes_and_count_and_local_files(tiny_vlm: Path, tmp_path: Path) -> None:
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    (allowed / "one.png").write_bytes(png(1))
+    (tmp_path / "outside.png").write_bytes(png(1))
+    small = png(1, (20, 20))
+    async with (
+        running_server(
+            tiny_vlm,
+            max_image_bytes=len(small) + 10,
+            max_images_per_request=2,
+            allowed_local_media_path=str(allowed),
+        ) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        big = await http.post("/v1/chat/completions", json=image_chat(data_url(png(1))))
+        assert big.status_code == 400 and big.json()["error"]["code"] == "image_too_large"
+        three = await http.post("/v1/chat/completions", json=image_chat(*[data_url(small)] * 3))
+        assert three.status_code == 400
+        assert three.json()["error"]["code"] == "image_too_large"
+        assert three.json()["error"]["param"] == "messages[0].content[2]"
+        for escape in (f"file://{tmp_path}/outside.png", f"file://{allowed}/../outside.png"):
+            refused = await http.post("/v1/chat/completions", json=image_chat(escape))
+            assert refused.status_code == 400, escape
+            assert refused.json()["error"]["code"] == "invalid_image"
+        # A file inside the directory, over the byte limit: refused by size, not by place.
+        local = await http.post(
+            "/v1/chat/completions", json=image_chat(f"file://{allowed}/one.png")
+        )
+        assert local.json()["error"]["code"] == "image_too_large"
+        (allowed / "small.png").write_bytes(small)
+        fine = await http.post(
+            "/v1/chat/completions", json=image_chat(f"file://{allowed}/small.png")
+        )
+        assert fine.status_code == 200
+        inline = await http.post("/v1/chat/completions", json=image_chat(data_url(small)))
+        assert inline.json()["choices"][0]["message"] == fine.json()["choices"][0]["message"]
+
+
+async def test_a_text_model_refuses_images_by_name(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        listed = (await http.get("/v1/models")).json()["data"][0]
+        assert listed["input_modalities"] == ["text"]
+        reply = await http.post("/v1/chat/completions", json=image_chat(data_url(png(1))))
+        assert reply.status_code == 400
+        validate_error(reply.json())
+        error = reply.json()["error"]
+        assert "does not take images" in error["message"]
+        assert error["param"] == "messages[0].content[0]"
+
+
+async def test_a_streamed_image_request_ends_like_any_other(tiny_vlm: Path) -> None:
+    async with (
+        running_server(tiny_vlm) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        body = image_chat(data_url(png(1)), stream=True, stream_options={"include_usage": True})
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            events = await sse_events(response)
+        assert events[-1] == "[DONE]"
+        assert events[-2]["usage"]["completion_tokens"] == 8
+        assert events[-2]["usage"]["prompt_tokens"] > 16  # the image's tokens count
