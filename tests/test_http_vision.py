@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,7 @@ async def test_a_text_model_refuses_images_by_name(tiny_model: Path) -> None:
         validate_error(reply.json())
         error = reply.json()["error"]
         assert "does not take images" in error["message"]
-        assert error["param"] == "messages[0].content[0]"
+        assert error["param"] == "messages[0].content[0].type"
 
 
 async def test_a_streamed_image_request_ends_like_any_other(tiny_vlm: Path) -> None:
@@ -190,3 +191,128 @@ async def test_a_streamed_image_request_ends_like_any_other(tiny_vlm: Path) -> N
         assert events[-1] == "[DONE]"
         assert events[-2]["usage"]["completion_tokens"] == 8
         assert events[-2]["usage"]["prompt_tokens"] > 16  # the image's tokens count
+
+
+async def test_structured_output_logprobs_and_stop_strings_work_with_images(
+    tiny_vlm: Path,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    async with running_server(tiny_vlm) as server:
+        client = sdk(server)
+        constrained = await client.chat.completions.create(
+            **image_chat(data_url(png(1)), max_tokens=40),
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "c", "schema": schema, "strict": True},
+            },
+        )
+        content = constrained.choices[0].message.content
+        assert content is not None and json.loads(content)["colour"] in ("red", "blue")
+
+        scored = await client.chat.completions.create(
+            **image_chat(data_url(png(1))), logprobs=True, top_logprobs=2
+        )
+        entries = scored.choices[0].logprobs
+        assert entries is not None and entries.content is not None
+        assert len(entries.content) == 8
+        assert all(len(e.top_logprobs) == 2 for e in entries.content)
+
+        plain = scored.choices[0].message.content or ""
+        assert len(plain) > 2
+        stop = plain[1:3]
+        stopped = await client.chat.completions.create(**image_chat(data_url(png(1))), stop=[stop])
+        assert stopped.choices[0].finish_reason == "stop"
+        assert stopped.choices[0].message.content == plain[: plain.index(stop)]
+
+
+def responses_input(url: str, text: str = "What is in the picture?") -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_image", "image_url": url, "detail": "auto"},
+                {"type": "input_text", "text": text},
+            ],
+        }
+    ]
+
+
+async def test_responses_take_images_as_chat_does(tiny_vlm: Path) -> None:
+    async with (
+        running_server(tiny_vlm) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        client = sdk(server)
+
+        async def respond(url: str, **fields: Any) -> Any:
+            return await client.responses.create(
+                model="tiny",
+                input=responses_input(url),  # type: ignore[arg-type]
+                max_output_tokens=8,
+                temperature=0,
+                **fields,
+            )
+
+        first, second = await respond(data_url(png(1))), await respond(data_url(png(2)))
+        assert first.output_text != second.output_text
+        chat = await client.chat.completions.create(**image_chat(data_url(png(1))))
+        assert first.output_text == chat.choices[0].message.content  # the same prompt
+
+        # A later turn still sees the first turn's image.
+        follow_ups = [
+            await client.responses.create(
+                model="tiny",
+                previous_response_id=r.id,
+                input="Say more.",
+                max_output_tokens=8,
+                temperature=0,
+            )
+            for r in (first, second)
+        ]
+        assert follow_ups[0].output_text != follow_ups[1].output_text
+        items = (await http.get(f"/v1/responses/{first.id}/input_items")).json()["data"]
+        image = items[0]["content"][0]
+        assert (image["type"], image["image_url"]) == ("input_image", data_url(png(1)))
+
+        by_file = await http.post(
+            "/v1/responses",
+            json={
+                "model": "tiny",
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "Look."},
+                            {"type": "input_image", "file_id": "file-123"},
+                        ],
+                    }
+                ],
+            },
+        )
+        assert by_file.status_code == 400
+        validate_error(by_file.json())
+        assert by_file.json()["error"]["param"] == "input[0].content[1].file_id"
+
+        broken = await http.post(
+            "/v1/responses",
+            json={
+                "model": "tiny",
+                "instructions": "Be brief.",
+                "input": [
+                    {"role": "user", "content": "Hello."},
+                    {"role": "assistant", "content": "Hi."},
+                    *responses_input(data_url(b"no image at all")),
+                ],
+            },
+        )
+        assert broken.status_code == 400
+        error = broken.json()["error"]
+        assert (error["code"], error["param"]) == (
+            "invalid_image",
+            "input[2].content[0].image_url",
+        )

@@ -84,7 +84,7 @@ def test_replayed_output_fields_are_ignored_on_items() -> None:
         ({"role": "user"}, "input[0].content", "missing_required_parameter"),
         ({"role": "user", "content": 5}, "input[0].content", "invalid_value"),
         (
-            {"role": "user", "content": [{"type": "input_image", "image_url": "x"}]},
+            {"role": "user", "content": [{"type": "input_file", "file_id": "x"}]},
             "input[0].content[0].type",
             "unsupported_content",
         ),

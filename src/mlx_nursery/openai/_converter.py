@@ -136,9 +136,12 @@ _TAGGED: dict[frozenset[type], _Tagged] = {
         "input items of type {tag} are not supported",
         default=rs.MessageItem,
     ),
-    frozenset({rs.TextPart}): _Tagged(
-        {kind: rs.TextPart for kind in ("input_text", "output_text", "text")},
-        "content parts of type {tag} are not supported (text only)",
+    frozenset(rs.ContentPart.__args__): _Tagged(
+        {
+            **{kind: rs.TextPart for kind in ("input_text", "output_text", "text")},
+            "input_image": rs.ImagePart,
+        },
+        "content parts of type {tag} are not supported (text and images only)",
         code="unsupported_content",
     ),
     frozenset({shared.FunctionTool}): _Tagged(
@@ -188,6 +191,7 @@ _LENIENT: frozenset[type] = frozenset(
         rs.FunctionCallOutputItem,
         rs.ReasoningItem,
         rs.TextPart,
+        rs.ImagePart,
         rs.ReasoningText,
     }
 )

@@ -9,7 +9,7 @@ text longer than `context_length * max_token_bytes` bytes cannot fit in the cont
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -93,18 +93,21 @@ def render_chat_prompt(
     native_tools: bool = True,
     vision: VisionProcessor | None = None,
     limits: ImageLimits | None = None,
+    where: Callable[[int], str] = lambda index: f"messages[{index}]",
+    url_param: str = "image_url.url",
 ) -> tuple[list[int], ImageInputs | None]:
     """`render_chat`, images included: with a vision model's processor (`vision`), image
     parts are decoded under `limits` and the processor turns the rendered text and the
     images into token ids (a placeholder per image token) and the images' inputs. Without
-    one, an image part is refused. Blocking (decoding, processing): a worker thread."""
+    one, an image part is refused. Errors name message i as `where(i)`. Blocking (decoding,
+    processing): a worker thread."""
     if not messages:
         raise InvalidRequest(
             "'messages' must contain at least one message", param="messages", code="invalid_value"
         )
     images: list[Any] = []
-    takes = _ImageTaker(vision is not None, limits or ImageLimits(), images)
-    rendered = [_message(i, m, takes) for i, m in enumerate(messages)]
+    takes = _ImageTaker(vision is not None, limits or ImageLimits(), images, url_param)
+    rendered = [_message(where(i), m, takes) for i, m in enumerate(messages)]
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
     extra = {"tools": tools} if tools else {}
@@ -141,24 +144,25 @@ class _ImageTaker:
     vision: bool
     limits: ImageLimits
     images: list[Any]
+    url_param: str
+    """Where a part keeps its URL, as errors name it (chat's `image_url.url`)."""
 
     def take(self, part: Any, param: str) -> dict[str, str]:
         if not self.vision:
             raise InvalidRequest(
                 "this model does not take images (text only)",
-                param=param,
+                param=f"{param}.type",
                 code="unsupported_content",
             )
         if len(self.images) >= self.limits.max_images:
             raise too_many_images(len(self.images) + 1, self.limits, param)
         source = part.image_url
         url = source.get("url") if isinstance(source, dict) else source
-        self.images.append(load_image(url, self.limits, f"{param}.image_url.url"))
+        self.images.append(load_image(url, self.limits, f"{param}.{self.url_param}"))
         return {"type": "image"}
 
 
-def _message(index: int, message: ChatMessage, images: _ImageTaker) -> dict[str, Any]:
-    where = f"messages[{index}]"
+def _message(where: str, message: ChatMessage, images: _ImageTaker) -> dict[str, Any]:
     for name in ("function_call", "audio"):
         if getattr(message, name):
             raise InvalidRequest(

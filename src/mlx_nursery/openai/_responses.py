@@ -26,7 +26,7 @@ from ._endpoints import (
     with_tools,
 )
 from ._errors import InvalidRequest, quoted
-from ._prompts import check_prompt_size, prompt_texts, render_chat
+from ._prompts import check_prompt_size, prompt_texts, render_chat_prompt
 from ._responses_items import input_items, item_id, to_messages
 from ._responses_schemas import ResponsesRequest
 from ._served import ServedModel
@@ -139,7 +139,21 @@ def prepare_response(
             served, messages, len(system), tools, request.max_output_tokens
         )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
-    tokens = render_chat(served.tokenizer, messages, tools, native_tools=served.tool_format.native)
+    origins = _origins(len(system), len(previous or []), items)
+
+    def where(index: int) -> str:  # a message of the (possibly truncated) prompt -> the request
+        return origins[index if index < len(system) else index + dropped]
+
+    tokens, images = render_chat_prompt(
+        served.tokenizer,
+        messages,
+        tools,
+        native_tools=served.tool_format.native,
+        vision=served.vision,
+        limits=served.image_limits,
+        where=where,
+        url_param="image_url",
+    )
     prepared = prepared_for(  # chat's, rendered by `ResponseBuilder` instead
         CHAT,
         fields,
@@ -149,6 +163,7 @@ def prepare_response(
         "max_output_tokens",
         checked,
         cache_key=request.prompt_cache_key,
+        images=images,
     )
     prepared = with_response_format(
         prepared,
@@ -199,6 +214,16 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
     return tuple(ignored)
 
 
+def _origins(instructions: int, previous: int, items: list[dict[str, Any]]) -> list[str]:
+    """What each chat message of the prompt came from, as an error names it: the
+    instructions, an earlier turn (`previous_response_id`), or this turn's `input[k]`."""
+    origins = ["instructions"] * instructions + ["previous_response_id"] * previous
+    for k in range(len(items)):
+        turn = len(to_messages(items[: k + 1]))  # this turn's messages so far
+        origins += [f"input[{k}]"] * (instructions + previous + turn - len(origins))
+    return origins
+
+
 def _truncated(
     served: ServedModel,
     messages: list[ChatMessage],
@@ -223,8 +248,13 @@ def _truncated(
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
             return False  # certainly too long: no need to render it
         try:
-            tokens = render_chat(
-                served.tokenizer, kept, tools, native_tools=served.tool_format.native
+            tokens, _ = render_chat_prompt(
+                served.tokenizer,
+                kept,
+                tools,
+                native_tools=served.tool_format.native,
+                vision=served.vision,
+                limits=served.image_limits,
             )
         except InvalidRequest:
             return False

@@ -4,12 +4,14 @@ returns and stores, and those to chat messages."""
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Literal
 
 from ._errors import InvalidRequest
 from ._responses_schemas import (
+    ContentPart,
     FunctionCallItem,
     FunctionCallOutputItem,
+    ImagePart,
     InputItem,
     MessageItem,
     ReasoningItem,
@@ -28,16 +30,16 @@ def input_items(raw: str | list[InputItem]) -> list[dict[str, Any]]:
         raw = [MessageItem(role="user", content=raw)]
     if not raw:
         raise InvalidRequest("'input' must not be empty", param="input", code="invalid_value")
-    return [_resource(item) for item in raw]
+    return [_resource(item, f"input[{i}]") for i, item in enumerate(raw)]
 
 
-def _resource(item: InputItem) -> dict[str, Any]:
+def _resource(item: InputItem, where: str) -> dict[str, Any]:
     if isinstance(item, MessageItem):
         return {
             "type": "message",
             "id": item.id or item_id("msg"),
             "role": item.role,
-            "content": _content_parts(item.content, item.role),
+            "content": _content_parts(item.content, item.role, where),
             "status": "completed",
         }
     if isinstance(item, FunctionCallItem):
@@ -75,12 +77,56 @@ def _text_parts(parts: list[ReasoningText]) -> list[dict[str, Any]]:
     return [{"type": p.type, "text": p.text} if p.type else {"text": p.text} for p in parts]
 
 
-def _content_parts(content: str | list[TextPart], role: str) -> list[dict[str, Any]]:
-    text_type = "output_text" if role == "assistant" else "input_text"
-    texts = [content] if isinstance(content, str) else [part.text for part in content]
+def _content_parts(content: str | list[ContentPart], role: str, where: str) -> list[dict[str, Any]]:
+    text_type: Literal["output_text", "input_text"] = (
+        "output_text" if role == "assistant" else "input_text"
+    )
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(
+        [TextPart(text_type, content)] if isinstance(content, str) else content
+    ):
+        if isinstance(part, ImagePart):
+            parts.append(_image_part(part, role, f"{where}.content[{j}]"))
+        elif role == "assistant":
+            parts.append({"type": text_type, "text": part.text, "annotations": [], "logprobs": []})
+        else:
+            parts.append({"type": text_type, "text": part.text})
+    return parts
+
+
+def _image_part(part: ImagePart, role: str, where: str) -> dict[str, Any]:
     if role == "assistant":
-        return [{"type": text_type, "text": t, "annotations": [], "logprobs": []} for t in texts]
-    return [{"type": text_type, "text": t} for t in texts]
+        raise InvalidRequest(
+            "only user, system and developer messages carry images",
+            param=f"{where}.type",
+            code="invalid_value",
+        )
+    if part.file_id is not None:
+        raise InvalidRequest(
+            "images by file_id are not supported: this server has no files API; send "
+            "image_url (a data: URL)",
+            param=f"{where}.file_id",
+            code="unsupported_parameter",
+        )
+    if part.image_url is None:
+        raise InvalidRequest(
+            "an input_image part needs its image_url",
+            param=f"{where}.image_url",
+            code="missing_required_parameter",
+        )
+    return {"type": "input_image", "image_url": part.image_url, "detail": part.detail or "auto"}
+
+
+def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """An item's content as chat content: its text, or, with images, chat's parts in order."""
+    if all(p["type"] != "input_image" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return [
+        {"type": "image_url", "image_url": {"url": p["image_url"]}}
+        if p["type"] == "input_image"
+        else {"type": "text", "text": p["text"]}
+        for p in parts
+    ]
 
 
 def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,7 +136,7 @@ def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = item["type"]
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": "".join(p["text"] for p in item["content"])})
+            messages.append({"role": role, "content": _chat_content(item["content"])})
         elif kind == "reasoning":
             text = "".join(
                 p.get("text", "") for p in item.get("summary", []) + item.get("content", [])

@@ -33,6 +33,21 @@ class TextPart:
 
 
 @attrs.frozen
+class ImagePart:
+    """A message's `input_image` part: by URL (data: or an allowed file:); `file_id` names a
+    file of OpenAI's files API, which this server does not have."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+ContentPart = TextPart | ImagePart
+"""A tagged union on `type` (`_converter`)."""
+
+
+@attrs.frozen
 class ReasoningText:
     """A reasoning item's `summary` or `content` part (`summary_text`, `reasoning_text`)."""
 
@@ -43,7 +58,7 @@ class ReasoningText:
 @attrs.frozen
 class MessageItem:
     role: ItemRole
-    content: str | list[TextPart]
+    content: str | list[ContentPart]
     id: str | None = None
     type: Literal["message"] = "message"
 
