@@ -127,6 +127,9 @@ PUBLIC = {
     ],
     "openai": [
         "ImageLimits",
+        "chat_image_urls",
+        "fetch_images",
+        "responses_image_urls",
         "Finished",
         "GenerationFailed",
         "Grammars",

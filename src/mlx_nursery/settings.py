@@ -201,6 +201,17 @@ class Settings:
             "directory whose files image parts may name by file:// URL", none="none: refused"
         ),
     )
+    allowed_media_domains: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "comma-separated hosts whose http(s) image URLs are fetched", none="none: refused"
+        ),
+    )
+    image_fetch_timeout: float = attrs.field(
+        default=_image_default("fetch_timeout"),
+        validator=v.gt(0),
+        metadata=_help("seconds an image fetch may wait to connect or between reads"),
+    )
     max_request_bytes: int = attrs.field(
         default=8 << 20,
         validator=v.ge(1),

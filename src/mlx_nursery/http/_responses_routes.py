@@ -23,6 +23,7 @@ from ..openai import (
     parse_responses_request,
     prepare_response,
     quoted,
+    responses_image_urls,
 )
 from ..store import StoredResponse
 from ._batching import merged_text
@@ -55,6 +56,7 @@ async def create_response() -> Response:
         if stored is None:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
+    served = await service.fetched(served, responses_image_urls(parsed.input, previous), deadline)
 
     def prepare() -> PreparedResponse:
         prepared = prepare_response(parsed, served, previous)

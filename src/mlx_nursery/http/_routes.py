@@ -4,7 +4,7 @@ parses, validates and tokenizes), run a job, write JSON or SSE."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -23,6 +23,7 @@ from ..openai import (
     TextDelta,
     ToolCallOut,
     UnsupportedMediaType,
+    chat_image_urls,
     parse_json,
     prepare_chat,
     prepare_completion,
@@ -73,7 +74,7 @@ async def get_model(model: str) -> dict[str, Any]:
 
 @routes.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    return await _complete(prepare_chat)
+    return await _complete(prepare_chat, chat_image_urls)
 
 
 @routes.post("/v1/completions")
@@ -93,14 +94,23 @@ def note_ignored(prepared: Prepared, **more: str) -> None:
     g.response_headers = headers
 
 
-async def _complete(prepare: Callable[[Any, ServedModel], Prepared]) -> Response:
+async def _complete(
+    prepare: Callable[[Any, ServedModel], Prepared],
+    image_urls: Callable[[Any], Iterable[tuple[str, str]]] | None = None,
+) -> Response:
     service = _service()
     _, served, jobs = service.require_ready()
     deadline = service.deadline()
     raw = await request_body()
+    parsed: Any = None
+    if image_urls is not None and served.image_limits.domains and b"http" in raw:
+        # Remote images are fetched here, in the request's scope, between parsing and
+        # preparing; the common request skips the extra hop.
+        parsed = await service.prepare(lambda: parse_json(raw), deadline)
+        served = await service.fetched(served, image_urls(parsed), deadline)
 
     def work() -> Prepared:
-        body = parse_json(raw)
+        body = parse_json(raw) if parsed is None else parsed
         trio.from_thread.check_cancelled()
         return service.with_extra_processors(prepare(body, served), body)
 

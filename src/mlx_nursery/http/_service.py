@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -27,6 +27,7 @@ from ..openai import (
     RequestTimeout,
     ServedModel,
     Unavailable,
+    fetch_images,
     longest_token_bytes,
     tool_format,
     with_processors,
@@ -103,6 +104,23 @@ class Service:
             code="request_timeout",
         )
 
+    async def fetched(
+        self, served: ServedModel, urls: Iterable[tuple[str, str]], deadline: float
+    ) -> ServedModel:
+        """`served` with the request's allowed remote images fetched (none: `served`).
+        Raises RequestTimeout past `deadline`, InvalidRequest for a fetch that fails.
+        Cancelled with the request."""
+        wanted = list(urls)
+        if not wanted or not served.image_limits.domains:
+            return served
+        with trio.move_on_at(deadline) as scope:
+            return served.with_fetched(await fetch_images(wanted, served.image_limits))
+        assert scope.cancelled_caught
+        raise RequestTimeout(
+            f"the request did not complete within {self.settings.request_timeout:g} s",
+            code="request_timeout",
+        )
+
     def with_extra_processors(self, prepared: Prepared, body: Any) -> Prepared:
         if self.extra_processors is None:
             return prepared
@@ -162,6 +180,12 @@ class Service:
                     if self.settings.allowed_local_media_path
                     else None
                 ),
+                domains=frozenset(
+                    d.strip().lower()
+                    for d in (self.settings.allowed_media_domains or "").split(",")
+                    if d.strip()
+                ),
+                fetch_timeout=self.settings.image_fetch_timeout,
             ),
         )
         self.jobs = Jobs(nursery, engine, self.settings.request_timeout)

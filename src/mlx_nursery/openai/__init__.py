@@ -27,6 +27,7 @@ from ._generation import Finished, Output, TextDelta, generate_text
 from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
+from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
 from ._models import ModelList
 from ._prompts import longest_token_bytes
 from ._responses import PreparedResponse, prepare_response
@@ -63,6 +64,8 @@ __all__ = [
     "URITooLong",
     "Unavailable",
     "UnsupportedMediaType",
+    "chat_image_urls",
+    "fetch_images",
     "generate_text",
     "input_items_page",
     "longest_token_bytes",
@@ -72,6 +75,7 @@ __all__ = [
     "prepare_completion",
     "prepare_response",
     "quoted",
+    "responses_image_urls",
     "to_json",
     "tool_format",
     "with_processors",

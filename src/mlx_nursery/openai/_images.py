@@ -3,7 +3,8 @@
 An image part names its source by URL. `data:` URLs (PNG, JPEG, WebP, GIF: its first
 frame) are always taken; `file://` URLs only under the directory the server was given
 (`--allowed-local-media-path`, vLLM's name), resolved so that links and `..` cannot leave
-it. Image URLs over http(s) are refused: fetching them is not built yet.
+it; http(s) URLs only of the hosts in `--allowed-media-domains`, fetched before the request
+is prepared (`_media_fetch`).
 
 Every limit is checked before the work it bounds: the encoded size before decoding the
 base64, the pixel count from the image's header before decoding its pixels (a
@@ -18,6 +19,7 @@ import binascii
 import io
 import urllib.parse
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,12 @@ class ImageLimits:
     """Of one decoded image (width x height)."""
     local_path: Path | None = None
     """The directory `file://` URLs may name files under; None refuses them."""
+    domains: frozenset[str] = frozenset()
+    """Hosts whose http(s) image URLs are fetched (`_media_fetch`); none by default."""
+    fetch_timeout: float = 5.0
+    """Seconds a fetch may take to connect, and between reads."""
+    fetched: Mapping[str, bytes] = attrs.field(factory=dict)
+    """This request's fetched images, by URL (set per request, before it is prepared)."""
 
 
 def too_many_images(count: int, limits: ImageLimits, param: str) -> InvalidRequest:
@@ -59,10 +67,12 @@ def load_image(url: Any, limits: ImageLimits, param: str) -> Image.Image:
         data = _data_url_bytes(url, limits, param)
     elif url.startswith("file:"):
         data = _local_file_bytes(url, limits, param)
+    elif url in limits.fetched:
+        data = limits.fetched[url]
     elif url.startswith(("http://", "https://")):
         raise InvalidRequest(
-            "image URLs over http(s) are not fetched by this server; send the image as a "
-            "data: URL (base64)",
+            "image URLs over http(s) are fetched only from the hosts listed in "
+            "--allowed-media-domains; send the image as a data: URL (base64)",
             param=param,
             code="invalid_image",
         )

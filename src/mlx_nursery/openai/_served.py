@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -38,6 +39,12 @@ class ServedModel:
     vision: Any = None
     """A vision-language model's `VisionProcessor` (None: the model takes text only)."""
     image_limits: ImageLimits = attrs.field(factory=ImageLimits)
+
+    def with_fetched(self, fetched: Mapping[str, bytes]) -> ServedModel:
+        """This model for one request whose remote images were fetched (`_media_fetch`)."""
+        if not fetched:
+            return self
+        return attrs.evolve(self, image_limits=attrs.evolve(self.image_limits, fetched=fetched))
 
     @property
     def input_modalities(self) -> list[str]:
