@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -12,7 +13,7 @@ from PIL import Image
 
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
 
-from .helpers import Run, collect, collect_all
+from .helpers import CallSignal, Run, collect, collect_all
 
 
 def picture(seed: int, size: tuple[int, int] = (80, 64)) -> Image.Image:
@@ -93,3 +94,83 @@ async def test_batched_image_and_text_requests_give_what_each_gives_alone(
     assert before is not None and after is not None
     batched = (after.steps - after.solo_steps) - (before.steps - before.solo_steps)
     assert batched >= 12  # they shared the batch, not the fast path one by one
+
+
+async def test_an_image_prompt_is_prefilled_in_chunks_and_a_cancel_lands_between_them(
+    tiny_vlm: Path,
+) -> None:
+    """Prefill chunks of one token: the image prompt takes one engine iteration per token,
+    beside another stream's decode steps; stopped a few iterations in, it ends there, with
+    no token computed."""
+    config = EngineConfig(tiny_vlm, max_concurrency=4, prefill_step_size=1)
+    async with open_engine(config) as engine:
+        token = trio.lowlevel.current_trio_token()
+        started = CallSignal(token, after_calls=2)
+        later = CallSignal(token, after_calls=10**9)
+        text = GenerationRequest(
+            engine.model.tokenizer.encode(chat_text(engine, "Keep going.", 0)),
+            max_tokens=200,
+            sampling=SamplingParams(temperature=0.0),
+            logits_processors=[started, later],
+            ignore_eos=True,
+        )
+        image = await image_request(engine, "What is it?", [picture(1)])
+        runs: list[Run] = []
+
+        async def run_text() -> None:
+            runs.append(await collect(engine, text))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_text)
+            await started.event.wait()
+            async with engine.generate(image) as stream:
+                later.arm(4)
+                await later.event.wait()  # a few iterations: a few of its ~25 chunks
+                stream.stop()
+                events = [event async for event in stream]
+        assert [e.finish_reason for e in events] == ["cancelled"]
+        usage = events[0].usage
+        assert usage is not None and usage.completion_tokens == 0  # stopped mid-prefill
+        stats = engine.statistics()
+        assert len(runs[0].tokens) == 200
+        assert stats.lanes_borrowed == 0 and stats.cancellations.confirmed == 1
+        assert stats.worker is not None and stats.worker.failed_steps == 0
+        # The engine serves image prompts on after it.
+        assert len((await collect(engine, image)).tokens) == 12
+
+
+async def test_a_preempted_image_sequence_is_replayed_with_its_images(tiny_vlm: Path) -> None:
+    """A KV budget of 1,024 tokens (the tiny VLM's KV is 512 bytes a token, as the tiny
+    text model's): the image sequence joins a long text one, is preempted as they grow,
+    and replayed through the vision tower: the same tokens as alone."""
+    config = EngineConfig(
+        tiny_vlm, max_concurrency=4, prompt_cache_bytes=0, kv_cache_bytes=1024 * 512
+    )
+    async with open_engine(config) as engine:
+        token = trio.lowlevel.current_trio_token()
+        signal = CallSignal(token, after_calls=5)
+        encoded = engine.model.tokenizer.encode(chat_text(engine, "A long answer.", 0))
+        long = GenerationRequest(encoded, max_tokens=600, ignore_eos=True)
+        image = await image_request(
+            engine,
+            "What is it?",
+            [picture(1)],
+            max_tokens=600,
+            ignore_eos=True,
+            sampling=SamplingParams(temperature=0.8, seed=9),
+        )
+        alone = await collect(engine, image)
+        signalled = attrs.evolve(long, logits_processors=[signal])
+        runs: list[Run] = []
+
+        async def run_long() -> None:
+            runs.append(await collect(engine, signalled))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_long)
+            await signal.event.wait()
+            joined = await collect(engine, image)
+        worker = engine.statistics().worker
+        assert worker is not None and worker.preemptions == 1
+        assert joined.tokens == alone.tokens
+        assert len(runs[0].tokens) == 600

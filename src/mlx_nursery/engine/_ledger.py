@@ -3,10 +3,12 @@
 A submitted sequence is in exactly one place: queued (in the command queue, or `held`
 while a failed step's sequences are on probation or the KV budget cannot take it yet),
 `active` (under its uid, held by the worker's current stepper), on `probation` (after a
-failed step: held by no stepper until replayed), `preempted` (taken out of the batch to stay
-within the KV budget: held by no stepper until replayed), `detaching` (ended, still in its
-stepper until the next settle) or gone (confirmed). It ends once, through `end`: its final
-event and the confirmation that it computes nothing more go to the outbox together.
+failed step: held by no stepper until replayed), `preempted` (taken out of the batch to
+stay within the KV budget: held by no stepper until replayed), `imaging` (its prompt,
+which holds images, being prefilled a chunk per iteration: held by no stepper until done),
+`detaching` (ended, still in its stepper until the next settle) or gone (confirmed). It
+ends once, through `end`: its final event and the confirmation that it computes nothing
+more go to the outbox together.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class Ledger:
         """seq_id -> uid of the active sequences."""
         self.probation: dict[int, LiveSequence] = {}
         """By seq_id: sequences of a failed step, waiting to be replayed one at a time."""
+        self.imaging: dict[int, LiveSequence] = {}
+        """By seq_id, oldest first: image prompts being prefilled (`LiveSequence.prefill`)."""
         self.preempted: dict[int, LiveSequence] = {}
         """By seq_id, oldest first: taken out of the batch for memory, replayed when they fit."""
         self.held: list[Submit] = []
@@ -46,7 +50,8 @@ class Ledger:
     @property
     def running(self) -> int:
         """Sequences admitted and not ended, or waiting to be."""
-        return len(self.active) + len(self.probation) + len(self.preempted) + len(self.held)
+        waiting = len(self.probation) + len(self.preempted) + len(self.imaging) + len(self.held)
+        return len(self.active) + waiting
 
     def track(self, sequence: LiveSequence, uid: int) -> None:
         """`sequence` is active under `uid` (a newcomer until its first token)."""
@@ -106,6 +111,7 @@ class Ledger:
             *(s.seq_id for s in self.active.values()),
             *self.probation,
             *self.preempted,
+            *self.imaging,
             *(c.seq_id for c in self.held),
         ]
         if len(ids) != len(set(ids)) or self._gone.intersection(ids):

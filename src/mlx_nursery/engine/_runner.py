@@ -23,7 +23,7 @@ from ._shapes import ShapeWatch
 from ._solo import SoloStepper
 from ._stepper import BatchStepper, Start, Stepper
 from ._types import FinishReason
-from ._vision import prefill_with_images
+from ._vision import ImagePrefill
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -98,6 +98,10 @@ class Runner:
             self._ledger.finish(sequence, sequence.final("cancelled"))
         elif seq_id in self._ledger.preempted:
             sequence = self._ledger.preempted.pop(seq_id)
+            self._ledger.finish(sequence, sequence.final("cancelled"))
+        elif seq_id in self._ledger.imaging:
+            sequence = self._ledger.imaging.pop(seq_id)
+            sequence.prefill = None  # its partial KV goes with it
             self._ledger.finish(sequence, sequence.final("cancelled"))
 
     def release_idle_responses(self) -> None:
@@ -192,8 +196,44 @@ class Runner:
             log.info("sequence %d preempted: the batch's KV would outgrow it", victim.seq_id)
 
     def _lengths(self) -> list[int]:
-        """Tokens each active sequence's KV holds (or will, once its prompt is prefilled)."""
-        return [len(s.request.prompt_tokens) + len(s.tokens) for s in self._ledger.active.values()]
+        """Tokens each active sequence's KV holds (or will, once its prompt is prefilled),
+        image prompts being prefilled included."""
+        running = [*self._ledger.active.values(), *self._ledger.imaging.values()]
+        return [len(s.request.prompt_tokens) + len(s.tokens) for s in running]
+
+    def prefill_images(self) -> None:
+        """One chunk of the oldest image prompt's prefill; once it is done, the sequence
+        starts as a prefix-cache hit would (the fast path if alone, else the batch). A
+        failure fails that request alone."""
+        seq_id, sequence = next(iter(self._ledger.imaging.items()))
+        prefill: ImagePrefill = sequence.prefill
+        try:
+            prefill.step()
+            if not prefill.done:
+                return
+            del self._ledger.imaging[seq_id]
+            sequence.prefill = None
+            prompt = prefill.prompt
+            remaining = sequence.request.max_tokens - sequence.generated
+            self._start(sequence, Start(prompt[-1:], prefill.cache, prompt[:-1], remaining))
+        except Exception:  # fails this request only
+            log.exception("could not prefill the images of sequence %d", seq_id)
+            self._ledger.imaging.pop(seq_id, None)
+            sequence.prefill = None
+            self._ledger.finish(sequence, sequence.final("error", _COULD_NOT_START))
+
+    def _start(self, sequence: LiveSequence, start: Start) -> None:
+        """Put a sequence whose prompt is prefilled into a stepper (raises if it cannot)."""
+        ledger = self._ledger
+        lone = not (ledger.active or ledger.probation or ledger.preempted)
+        if lone and self._config.single_sequence_fast_path:
+            stepper: Stepper = self._solo
+        else:
+            self._hand_over()
+            stepper = self._batch
+        uid = stepper.insert(sequence, start)
+        self._stepper = stepper
+        ledger.track(sequence, uid)
 
     def _admit(self, command: Submit, stepper: Stepper) -> None:
         """Start one sequence in `stepper`. Anything that fails here fails this request alone."""
@@ -203,13 +243,12 @@ class Runner:
             images = command.request.images
             hit = self._fetch_prefix(sequence, prompt) if images is None else None
             fresh = Start(prompt, None, [], command.request.max_tokens)
-            if images is not None:
+            if images is not None:  # prefilled a chunk per iteration, then started
                 step = self._config.prefill_step_size
-                cache = prefill_with_images(self._model, prompt, images, step)
-                uid = stepper.insert(
-                    sequence, Start(prompt[-1:], cache, prompt[:-1], fresh.max_tokens)
-                )
-            elif hit is None:
+                sequence.prefill = ImagePrefill(self._model, prompt, images, step)
+                self._ledger.imaging[sequence.seq_id] = sequence
+                return
+            if hit is None:
                 uid = stepper.insert(sequence, fresh)
             else:
                 cached = hit.cached_tokens
@@ -375,6 +414,17 @@ class Runner:
         rewind_sampler(sequence.sampler, len(sequence.tokens))
         prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
         remaining = sequence.request.max_tokens - sequence.generated
+        images = sequence.request.images
+        if images is not None:  # its images go through the vision tower again
+            try:
+                step = self._config.prefill_step_size
+                sequence.prefill = ImagePrefill(self._model, prompt, images, step)
+            except Exception:  # fails this request only
+                log.exception("could not replay sequence %d", sequence.seq_id)
+                self._ledger.finish(sequence, sequence.final("error", _COULD_NOT_CONTINUE))
+                return
+            self._ledger.imaging[sequence.seq_id] = sequence
+            return
         try:
             uid = self._batch.insert(sequence, Start(prompt, None, [], remaining))
         except Exception:  # fails this request only

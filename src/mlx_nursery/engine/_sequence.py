@@ -57,6 +57,8 @@ class LiveSequence:
     """Inserted since its last token: a suspect if a step fails now (see `_recovery`)."""
     strikes: int = 0
     """Failed steps in which it was the one suspect."""
+    prefill: Any = None
+    """Its image prefill while one runs (`_vision.ImagePrefill`), before any stepper holds it."""
 
     def usage(self) -> Usage:
         return Usage(len(self.request.prompt_tokens), self.generated, self.cached_tokens)

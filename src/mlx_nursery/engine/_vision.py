@@ -1,18 +1,19 @@
 """Images in prompts, for vision-language models: preparing them (no MLX, any thread) and
 starting a sequence whose prompt holds them (the engine thread).
 
-A VLM's prompt goes through mlx-vlm once, on admission: its vision tower encodes the
+A VLM's prompt goes through mlx-vlm once, from admission: its vision tower encodes the
 images, and its language model prefills the prompt's embeddings (text and image features
-merged) into an mlx-lm KV cache. From there the sequence is an ordinary text sequence: the
-batch (or the fast path) continues it from that cache, as from a prefix-cache hit, and its
-decoding runs on mlx-lm's text model of the same weights. Multimodal rotary positions
-(Qwen2-VL's M-RoPE) are shifted by the model's `rope_deltas` while prefilling: rotary
-attention depends only on position differences, so the shifted prefill is exact, and every
-later position is the cache's offset, which is what the text model uses.
+merged) into an mlx-lm KV cache, a chunk per engine iteration. From there the sequence is
+an ordinary text sequence: the batch (or the fast path) continues it from that cache, as
+from a prefix-cache hit, and its decoding runs on mlx-lm's text model of the same weights.
+Multimodal rotary positions (Qwen2-VL's M-RoPE) are shifted by the model's `rope_deltas`
+while prefilling: rotary attention depends only on position differences, so the shifted
+prefill is exact, and every later position is the cache's offset, which is what the text
+model uses.
 
-Not yet: images in the prefix cache (a prompt with images is neither looked up nor kept:
-its placeholder ids are the same whatever the image), and cancelling between the chunks
-of an image prompt's prefill (it runs whole on admission; a cancel lands right after).
+The prefill runs a chunk per engine iteration (`ImagePrefill`), so a cancel lands between
+chunks. Not yet: images in the prefix cache (a prompt with images is neither looked up nor
+kept: its placeholder ids are the same whatever the image).
 """
 
 from __future__ import annotations
@@ -57,29 +58,54 @@ def vision_processor(model: LoadedModel) -> VisionProcessor | None:
     return VisionProcessor(model.vision.processor, int(model.config["image_token_id"]))
 
 
-def prefill_with_images(
-    model: LoadedModel, prompt: list[int], images: ImageInputs, step: int
-) -> list[Any]:
-    """Encode `images` and prefill all of `prompt` but its last token into a fresh mlx-lm
-    cache of the text model; return the cache. Engine thread. Raises what the model raises
-    on inputs it cannot take (the caller fails that request alone)."""
-    vision = model.vision
-    if vision is None:
-        raise ValueError("this model does not take images")
-    arrays = {key: mx.array(value) for key, value in images.arrays.items()}
-    pixels = arrays.pop("pixel_values")
-    ids = mx.array([prompt])
-    features = vision.model.get_input_embeddings(ids, pixels, **arrays)
-    embeddings = features.inputs_embeds
-    positions = getattr(features, "position_ids", None)
-    deltas = getattr(features, "rope_deltas", None)
-    if positions is not None and deltas is not None:
-        positions = positions - deltas
-    cache: list[Any] = make_prompt_cache(model.model)
-    language = vision.model.language_model
-    for start in range(0, len(prompt) - 1, step):
-        end = min(start + step, len(prompt) - 1)
-        kwargs = {} if positions is None else {"position_ids": positions[..., start:end]}
-        language(ids[:, start:end], inputs_embeds=embeddings[:, start:end], cache=cache, **kwargs)
-        mx.eval([c.state for c in cache])
-    return cache
+class ImagePrefill:
+    """An image prompt's prefill, a chunk at a time: the worker runs one chunk per loop
+    iteration, beside the batch's decode step, so that a cancel lands between chunks and the
+    running streams keep stepping. Engine thread only.
+
+    Made with the images encoded (the vision tower runs once, here); each `step` prefills
+    the next `step_size` prompt tokens' embeddings into a fresh mlx-lm cache of the text
+    model; once `done`, `cache` holds all of `prompt` but its last token."""
+
+    def __init__(
+        self, model: LoadedModel, prompt: list[int], images: ImageInputs, step_size: int
+    ) -> None:
+        vision = model.vision
+        if vision is None:
+            raise ValueError("this model does not take images")
+        arrays = {key: mx.array(value) for key, value in images.arrays.items()}
+        pixels = arrays.pop("pixel_values")
+        self._ids = mx.array([prompt])
+        features = vision.model.get_input_embeddings(self._ids, pixels, **arrays)
+        self._embeddings = features.inputs_embeds
+        positions = getattr(features, "position_ids", None)
+        deltas = getattr(features, "rope_deltas", None)
+        if positions is not None and deltas is not None:
+            positions = positions - deltas
+        self._positions = positions
+        mx.eval(self._embeddings, *([] if positions is None else [positions]))
+        self._language = vision.model.language_model
+        self.prompt = prompt
+        self.cache: list[Any] = make_prompt_cache(model.model)
+        self._step_size = step_size
+        self._next = 0
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.prompt) - 1
+
+    def step(self) -> None:
+        """Prefill the next chunk. Raises what the model raises (the caller fails this
+        request alone)."""
+        start, end = self._next, min(self._next + self._step_size, len(self.prompt) - 1)
+        kwargs = (
+            {} if self._positions is None else {"position_ids": self._positions[..., start:end]}
+        )
+        self._language(
+            self._ids[:, start:end],
+            inputs_embeds=self._embeddings[:, start:end],
+            cache=self.cache,
+            **kwargs,
+        )
+        mx.eval([c.state for c in self.cache])
+        self._next = end

@@ -50,7 +50,8 @@ class Worker:
       3. settle: post what is due, then detach what ended from its stepper, then keep its
          KV state in the prefix cache;
       4. replay the next sequence on probation; or else replay the preempted sequences
-         that fit the KV budget again, then admit the held submissions that fit;
+         that fit the KV budget again, then admit the held submissions that fit; then run
+         one chunk of the oldest image prompt's prefill (starting it once done);
       5. take the newest sequences out of the batch (preempted) while the step's KV would
          outgrow the budget; run one step of the stepper and emit each sequence's token;
          end the sequences whose sampler or logits processors failed in it;
@@ -181,7 +182,8 @@ class Worker:
         while True:
             runner.release_idle_responses()
             ledger = self._ledger
-            idle = not (ledger.active or ledger.probation or ledger.preempted or ledger.held)
+            waiting = ledger.probation or ledger.preempted or ledger.imaging or ledger.held
+            idle = not (ledger.active or waiting)
             if self._apply(runner, self._take_commands(block=idle)):
                 return
             runner.settle()
@@ -189,6 +191,8 @@ class Worker:
                 runner.replay_next_suspect()
             elif self._ledger.preempted or self._ledger.held:
                 runner.admit_waiting()
+            if self._ledger.imaging:
+                runner.prefill_images()
             if self._ledger.active:
                 runner.make_room()
             if self._ledger.active:
@@ -244,8 +248,8 @@ class Worker:
         """On exit: end every sequence, running or queued; nobody waits forever."""
         error = "the engine failed while serving this request" if exc is not None else None
         probation, self._ledger.probation = list(self._ledger.probation.values()), {}
-        probation += self._ledger.preempted.values()
-        self._ledger.preempted = {}
+        probation += [*self._ledger.preempted.values(), *self._ledger.imaging.values()]
+        self._ledger.preempted, self._ledger.imaging = {}, {}
         for sequence in [*self._ledger.active.values(), *probation]:
             self._ledger.finish(sequence, sequence.final(reason, error))
         error = "the engine stopped before serving this request" if exc is not None else None
