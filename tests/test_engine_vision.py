@@ -3,7 +3,9 @@ image reaches the model, and batching changes nothing of what a request gives.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
@@ -174,3 +176,52 @@ async def test_a_preempted_image_sequence_is_replayed_with_its_images(tiny_vlm: 
         assert worker is not None and worker.preemptions == 1
         assert joined.tokens == alone.tokens
         assert len(runs[0].tokens) == 600
+
+
+async def test_a_cached_prefix_that_covers_the_images_is_reused_and_changes_nothing(
+    tiny_vlm: Path,
+) -> None:
+    """The prefix cache keys an image's placeholders by the image: the same image and text
+    again reuse the whole prefix, a second turn reuses the first turn's images, another
+    image reuses nothing past the text before it; every answer equals a cacheless engine's."""
+
+    def conversation(engine: Engine, seed: int, turns: int) -> tuple[str, list[Image.Image]]:
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}
+        ]
+        for turn in range(1, turns):
+            messages += [
+                {"role": "assistant", "content": f"Answer {turn}."},
+                {"role": "user", "content": f"And then {turn}?"},
+            ]
+        text: str = engine.model.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return text, [picture(seed)]
+
+    async def ask(engine: Engine, seed: int, turns: int) -> tuple[Run, int]:
+        vision = engine.model.vision
+        assert vision is not None
+        text, images = conversation(engine, seed, turns)
+        tokens, inputs = await trio.to_thread.run_sync(vision.prepare, text, images)
+        request = GenerationRequest(
+            tokens, max_tokens=6, sampling=SamplingParams(temperature=0.0), images=inputs
+        )
+        image_id = int(json.loads((tiny_vlm / "config.json").read_text())["image_token_id"])
+        return await collect(engine, request), max(
+            i + 1 for i, t in enumerate(tokens) if t == image_id
+        )
+
+    asked = [(1, 1), (1, 1), (1, 2), (2, 1), (1, 3)]
+    async with open_engine(EngineConfig(tiny_vlm, prompt_cache_bytes=0)) as engine:
+        expected = [(await ask(engine, seed, turns))[0].tokens for seed, turns in asked]
+    async with open_engine(EngineConfig(tiny_vlm)) as engine:
+        runs = [await ask(engine, seed, turns) for seed, turns in asked]
+    assert [run.tokens for run, _ in runs] == expected
+    cached = [run.final.usage.cached_tokens for run, _ in runs if run.final.usage]
+    images_end = [end for _, end in runs]
+    assert cached[0] == 0
+    assert cached[1] >= images_end[1]  # the same request again
+    assert cached[2] >= images_end[2]  # a second turn over the first turn's image
+    assert cached[3] < images_end[3] - 1  # another image: nothing past the text before it
+    assert cached[4] >= images_end[4]

@@ -23,7 +23,7 @@ from ._shapes import ShapeWatch
 from ._solo import SoloStepper
 from ._stepper import BatchStepper, Start, Stepper
 from ._types import FinishReason
-from ._vision import ImagePrefill
+from ._vision import ImagePrefill, cache_key, last_image_end
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -236,21 +236,15 @@ class Runner:
         ledger.track(sequence, uid)
 
     def _admit(self, command: Submit, stepper: Stepper) -> None:
-        """Start one sequence in `stepper`. Anything that fails here fails this request alone."""
+        """Start one sequence in `stepper` (an image prompt: its prefill, unless a cached
+        prefix covers every image). Anything that fails here fails this request alone."""
         try:
             sequence = build_sequence(command, self._eos)
             prompt = list(command.request.prompt_tokens)
-            images = command.request.images
-            hit = self._fetch_prefix(sequence, prompt) if images is None else None
+            hit = self._fetch_prefix(sequence, self._cache_key(sequence, prompt))
             fresh = Start(prompt, None, [], command.request.max_tokens)
-            if images is not None:  # prefilled a chunk per iteration, then started
-                step = self._config.prefill_step_size
-                sequence.prefill = ImagePrefill(self._model, prompt, images, step)
-                self._ledger.imaging[sequence.seq_id] = sequence
-                return
-            if hit is None:
-                uid = stepper.insert(sequence, fresh)
-            else:
+            uid = None
+            if hit is not None and hit.cached_tokens >= self._images_end(prompt):
                 cached = hit.cached_tokens
                 start = Start(prompt[cached:], hit.cache, prompt[:cached], fresh.max_tokens)
                 try:
@@ -259,7 +253,14 @@ class Runner:
                 except Exception:  # noqa: BLE001 - a cached state that will not merge: prefill afresh
                     assert self._cache is not None
                     self._cache.record_failure()
-                    uid = stepper.insert(sequence, fresh)
+            if uid is None and command.request.images is not None:
+                # Images to encode: prefilled a chunk per iteration, then started.
+                step = self._config.prefill_step_size
+                sequence.prefill = ImagePrefill(self._model, prompt, command.request.images, step)
+                self._ledger.imaging[sequence.seq_id] = sequence
+                return
+            if uid is None:
+                uid = stepper.insert(sequence, fresh)
         except Exception:  # fails this request only
             log.exception("could not admit sequence %d", command.seq_id)
             self._ledger.end_unstarted(command, "error", _COULD_NOT_START)
@@ -296,8 +297,22 @@ class Runner:
         """Prefix-cache entries are shared only within a model and a request's cache key."""
         return (str(self._model.path), sequence.request.cache_key)
 
-    def _fetch_prefix(self, sequence: LiveSequence, prompt: list[int]) -> CacheHit | None:
-        if self._cache is None:
+    def _cache_key(self, sequence: LiveSequence, tokens: list[int]) -> list[int] | None:
+        """What the prefix cache knows `tokens` of this sequence by: the tokens, with an image
+        prompt's placeholders named by their images (None: not cacheable)."""
+        images = sequence.request.images
+        if images is None:
+            return tokens
+        return cache_key(tokens, images, int(self._model.config["image_token_id"]))
+
+    def _images_end(self, prompt: list[int]) -> int:
+        """Where a prompt's images end: a cached prefix must reach it (0 for a text model)."""
+        if self._model.vision is None:
+            return 0
+        return last_image_end(prompt, int(self._model.config["image_token_id"]))
+
+    def _fetch_prefix(self, sequence: LiveSequence, prompt: list[int] | None) -> CacheHit | None:
+        if self._cache is None or prompt is None:
             return None
         hit = self._cache.fetch(self._namespace(sequence), prompt)
         if hit is not None and not all(
@@ -456,10 +471,13 @@ class Runner:
         """Keep the KV state of the sequences ended so far in the prefix cache."""
         to_store, self._ledger.to_store = self._ledger.to_store, []
         for sequence, (cache, tokens) in to_store:
-            if self._cache is None or not cache or not tokens or sequence.request.images:
-                continue  # an image prompt's ids say nothing of its images
+            if self._cache is None or not cache or not tokens:
+                continue
+            key = self._cache_key(sequence, list(tokens))
+            if key is None:
+                continue
             try:
-                self._cache.insert(self._namespace(sequence), list(tokens), list(cache))
+                self._cache.insert(self._namespace(sequence), key, list(cache))
             except Exception:  # caching is an optimisation, never a failure
                 log.exception("could not store a prefix-cache entry")
 

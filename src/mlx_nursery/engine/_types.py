@@ -54,6 +54,9 @@ class ImageInputs:
     arrays: Mapping[str, Any]
     images: int = attrs.field(validator=v.ge(1))
     image_tokens: int = attrs.field(validator=v.ge(0))
+    digests: tuple[bytes, ...] = ()
+    """Each image's identity (a hash of its decoded pixels), in prompt order: what the prefix
+    cache keys an image's placeholder tokens by (none: its prompt is not cached)."""
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ kept: its placeholder ids are the same whatever the image).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import mlx.core as mx
@@ -49,7 +50,50 @@ class VisionProcessor:
             if key not in ("input_ids", "attention_mask")
         }
         image_tokens = sum(1 for t in ids if t == self._image_token_id)
-        return ids, ImageInputs(arrays, images=len(images), image_tokens=image_tokens)
+        digests = tuple(_digest(image) for image in images)
+        return ids, ImageInputs(
+            arrays, images=len(images), image_tokens=image_tokens, digests=digests
+        )
+
+
+def _digest(image: Any) -> bytes:
+    """An image's identity: its decoded pixels, size and mode (the same picture sent as PNG
+    or as JPEG of other bytes is another image; the same bytes are the same image)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{image.mode}:{image.size}".encode())
+    digest.update(image.tobytes())
+    return digest.digest()
+
+
+def cache_key(prompt: list[int], images: ImageInputs, image_token_id: int) -> list[int] | None:
+    """The prefix cache's key for an image prompt (or for one with its tokens so far): the
+    prompt with each image's run of placeholder ids replaced by ids that name that image
+    (negative: no text token has them). None when the runs and the images do not pair up."""
+    key = list(prompt)
+    runs = 0
+    i = 0
+    while i < len(key):
+        if key[i] != image_token_id:
+            i += 1
+            continue
+        if runs >= len(images.digests):
+            return None
+        name = -1 - int.from_bytes(images.digests[runs][:8], "big")
+        j = i
+        while j < len(key) and key[j] == image_token_id:
+            key[j] = name
+            j += 1
+        runs += 1
+        i = j
+    return key if runs == len(images.digests) else None
+
+
+def last_image_end(prompt: list[int], image_token_id: int) -> int:
+    """The index just past the prompt's last image placeholder (0 if none)."""
+    for i in range(len(prompt) - 1, -1, -1):
+        if prompt[i] == image_token_id:
+            return i + 1
+    return 0
 
 
 def vision_processor(model: LoadedModel) -> VisionProcessor | None:
