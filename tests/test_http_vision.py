@@ -108,6 +108,7 @@ async def test_an_image_in_an_earlier_turn_still_counts(tiny_vlm: Path) -> None:
         ("file:///etc/hostname", "invalid_image", "image_url.url"),
         ("ftp://example.com/cat.png", "invalid_image", "image_url.url"),
         (data_url(png(1, (300, 300))), "image_too_large", "image_url.url"),
+        (data_url(png(1, (1000, 2))), "invalid_image", ""),  # the processor's own limits
         (data_url(png(1, (30, 30))), None, None),  # the control: a small image is taken
     ],
 )
@@ -125,7 +126,8 @@ async def test_images_the_server_cannot_take_are_400s_naming_the_part(
         assert reply.status_code == 400, reply.text
         validate_error(reply.json())
         error = reply.json()["error"]
-        assert (error["code"], error["param"]) == (code, f"messages[0].content[1].{param}")
+        part = "messages[0].content[1]"
+        assert (error["code"], error["param"]) == (code, f"{part}.{param}" if param else part)
         assert (await http.get("/health")).status_code == 200
         ok = await http.post("/v1/chat/completions", json=image_chat(data_url(png(5))))
         assert ok.status_code == 200

@@ -55,6 +55,11 @@ class VisionProcessor:
             arrays, images=len(images), image_tokens=image_tokens, digests=digests
         )
 
+    def check_image(self, image: Any) -> None:
+        """Run one image through the image processor alone: raises what `prepare` would
+        raise for it (to name the image a failed `prepare` could not take)."""
+        self._processor.image_processor(images=[image], return_tensors="np")
+
 
 def _digest(image: Any) -> bytes:
     """An image's identity: its decoded pixels, size and mode (the same picture sent as PNG

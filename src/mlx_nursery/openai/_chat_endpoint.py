@@ -33,7 +33,7 @@ from ._endpoints import (
 from ._errors import InvalidRequest
 from ._generation import Finished
 from ._logprobs import LogprobEntry
-from ._prompts import check_prompt_size, prompt_texts, render_chat_prompt
+from ._prompts import check_prompt_size, prompt_texts, render_served
 from ._served import ServedModel
 from ._tool_choice import offered_tools
 from ._tools import ToolCallOut
@@ -156,14 +156,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     checked = common(request, served)
     tools, forced = offered_tools(request.tools, request.tool_choice, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
-    tokens, images = render_chat_prompt(
-        served.tokenizer,
-        request.messages,
-        tools,
-        native_tools=served.tool_format.native,
-        vision=served.vision,
-        limits=served.image_limits,
-    )
+    tokens, images = render_served(served, request.messages, tools)
     prepared = prepared_for(
         CHAT,
         request,

@@ -117,7 +117,10 @@ def render_chat_prompt(
             text = tokenizer.apply_chat_template(
                 rendered, add_generation_prompt=True, tokenize=False, **extra
             )
-            return vision.prepare(text, images)
+            try:
+                return vision.prepare(text, images)
+            except (ValueError, TypeError, IndexError) as exc:  # the processor's own rules
+                raise takes.refused(vision, exc) from None
         tokens = tokenizer.apply_chat_template(
             rendered, add_generation_prompt=True, tokenize=True, **extra
         )
@@ -137,6 +140,25 @@ def render_chat_prompt(
     return list(tokens), None
 
 
+def render_served(
+    served: ServedModel,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    **where: Any,
+) -> tuple[list[int], ImageInputs | None]:
+    """`render_chat_prompt` with what the served model says: its tokenizer, tool format,
+    vision processor and image limits (`where` and `url_param` name errors)."""
+    return render_chat_prompt(
+        served.tokenizer,
+        messages,
+        tools,
+        native_tools=served.tool_format.native,
+        vision=served.vision,
+        limits=served.image_limits,
+        **where,
+    )
+
+
 @attrs.define
 class _ImageTaker:
     """Decodes a request's image parts in order, within its limits (one per request)."""
@@ -146,6 +168,8 @@ class _ImageTaker:
     images: list[Any]
     url_param: str
     """Where a part keeps its URL, as errors name it (chat's `image_url.url`)."""
+    params: list[str] = attrs.Factory(list)
+    """Each image's part, as errors name it."""
 
     def take(self, part: Any, param: str) -> dict[str, str]:
         if not self.vision:
@@ -159,7 +183,24 @@ class _ImageTaker:
         source = part.image_url
         url = source.get("url") if isinstance(source, dict) else source
         self.images.append(load_image(url, self.limits, f"{param}.{self.url_param}"))
+        self.params.append(param)
         return {"type": "image"}
+
+    def refused(self, vision: VisionProcessor, exc: Exception) -> InvalidRequest:
+        """The 400 for images the model's processor would not take, naming the first image
+        it refuses alone (the error path only: each image is processed again)."""
+        culprit = None
+        for image, param in zip(self.images, self.params, strict=True):
+            try:
+                vision.check_image(image)
+            except (ValueError, TypeError, IndexError):
+                culprit = param
+                break
+        return InvalidRequest(
+            f"the model's image processor refused the image: {shortened(str(exc), 200)}",
+            param=culprit,
+            code="invalid_image",
+        )
 
 
 def _message(where: str, message: ChatMessage, images: _ImageTaker) -> dict[str, Any]:

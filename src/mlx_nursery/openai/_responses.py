@@ -26,7 +26,7 @@ from ._endpoints import (
     with_tools,
 )
 from ._errors import InvalidRequest, quoted
-from ._prompts import check_prompt_size, prompt_texts, render_chat_prompt
+from ._prompts import check_prompt_size, prompt_texts, render_served
 from ._responses_items import input_items, item_id, to_messages
 from ._responses_schemas import ResponsesRequest
 from ._served import ServedModel
@@ -144,16 +144,7 @@ def prepare_response(
     def where(index: int) -> str:  # a message of the (possibly truncated) prompt -> the request
         return origins[index if index < len(system) else index + dropped]
 
-    tokens, images = render_chat_prompt(
-        served.tokenizer,
-        messages,
-        tools,
-        native_tools=served.tool_format.native,
-        vision=served.vision,
-        limits=served.image_limits,
-        where=where,
-        url_param="image_url",
-    )
+    tokens, images = render_served(served, messages, tools, where=where, url_param="image_url")
     prepared = prepared_for(  # chat's, rendered by `ResponseBuilder` instead
         CHAT,
         fields,
@@ -248,14 +239,7 @@ def _truncated(
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
             return False  # certainly too long: no need to render it
         try:
-            tokens, _ = render_chat_prompt(
-                served.tokenizer,
-                kept,
-                tools,
-                native_tools=served.tool_format.native,
-                vision=served.vision,
-                limits=served.image_limits,
-            )
+            tokens, _ = render_served(served, kept, tools)
         except InvalidRequest:
             return False
         return len(tokens) + needed <= served.context_length
