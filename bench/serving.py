@@ -621,13 +621,14 @@ async def listed_model(http: httpx.AsyncClient) -> str:
 
 
 async def warm_up(http: httpx.AsyncClient, server: Server, workload: Workload, n: int) -> None:
-    """`n` requests (2 at a time), untimed; a 503 (model still loading) is retried for 60 s."""
+    """`n` requests (2 at a time), untimed; a 503 (model still loading) is retried, each
+    request within `--request-timeout` (a cold machine's first one can take a minute)."""
     limit = trio.Semaphore(2)
 
     async def one(index: int) -> None:
         spec = workload.request(index, tag="warmup")
         async with limit:
-            with trio.fail_after(60):
+            with trio.fail_after(http.timeout.read or 600):
                 while (record := await send_request(http, server.model_name, spec, 0.0)).error:
                     if not record.error.startswith("HTTP 503"):
                         raise RuntimeError(f"{server.label} warm-up failed: {record.error}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -188,3 +189,31 @@ async def test_the_engine_sets_mlx_cuda_attention_switch_before_loading(
     monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", "unset by the test")
     async with open_engine(EngineConfig(tiny_model, cudnn_attention=cudnn)):
         assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == ("1" if cudnn else "0")
+
+
+async def test_the_startup_warm_up_runs_and_changes_no_answer(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warm-up (on by default) runs the model before the engine reports ready, and
+    leaves nothing behind that an answer could depend on: greedy and seeded answers are
+    those of an engine that skipped it."""
+    requests = [
+        {"max_tokens": 16},
+        {"max_tokens": 16, "sampling": SamplingParams(temperature=0.9, seed=21)},
+    ]
+
+    async def answers(config: EngineConfig) -> list[list[int]]:
+        async with open_engine(config) as engine:
+            return [
+                (await collect(engine, request(engine, "Warm or cold?", **kwargs))).tokens
+                for kwargs in requests
+            ]
+
+    with caplog.at_level(logging.INFO, logger="mlx_nursery.engine"):
+        warm = await answers(EngineConfig(tiny_model, prompt_cache_bytes=0))
+    assert any("warm-up done" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mlx_nursery.engine"):
+        cold = await answers(EngineConfig(tiny_model, prompt_cache_bytes=0, warmup=False))
+    assert not any("warm-up" in r.getMessage() for r in caplog.records)
+    assert warm == cold

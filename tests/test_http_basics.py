@@ -252,8 +252,8 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
 
 
 async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None:
-    """--prefill-step-size, --prefill-batch-size and --cudnn-attention configure the engine a
-    server runs: a prompt longer than the step is prefilled in chunks of that size."""
+    """--prefill-step-size, --prefill-batch-size, --cudnn-attention and --skip-warmup configure
+    the engine a server runs: a prompt longer than the step is prefilled in chunks of that size."""
     async with (
         running_server(
             tiny_model,
@@ -261,6 +261,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
             prefill_batch_size=2,
             cudnn_attention=True,
             prompt_cache_bytes=0,
+            skip_warmup=True,
         ) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
@@ -269,6 +270,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
         config = engine.config
         assert (config.prefill_step_size, config.prefill_batch_size) == (16, 2)
         assert config.cudnn_attention
+        assert not config.warmup  # --skip-warmup; on by default
         prompt = " ".join(["waves"] * 60)
         reply = await http.post(
             "/v1/completions",

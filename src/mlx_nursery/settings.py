@@ -180,6 +180,13 @@ class Settings:
             "prompt length builds a graph first (tens of ms)"
         ),
     )
+    skip_warmup: bool = attrs.field(
+        default=False,
+        metadata=_help(
+            "report ready without first running the model on a dummy prompt (the first "
+            "requests then wait while MLX builds its kernels)"
+        ),
+    )
     max_image_bytes: int = attrs.field(
         default=_image_default("max_bytes"),
         validator=v.ge(1),

@@ -44,6 +44,9 @@ class EngineConfig:
     every request; off, MLX's composed attention builds nothing per shape
     (docs/architecture.md, "Shape compiles"). No effect on other backends. MLX reads the
     switch once per process: the first engine's choice holds."""
+    warmup: bool = True
+    """Before reporting ready, run a short prefill, decode and batch on a dummy prompt, so
+    that no request waits for MLX to build kernels on first use (engine/_warmup.py)."""
     check_invariants: bool = attrs.field(
         factory=lambda: os.environ.get("MLX_NURSERY_CHECK_INVARIANTS") == "1"
     )

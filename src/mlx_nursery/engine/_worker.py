@@ -26,6 +26,7 @@ from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
 from ._types import FinishReason, GenerationRequest
 from ._vision import vision_processor
+from ._warmup import warm_up
 
 __all__ = ["FatalEngineError", "Worker"]
 
@@ -123,6 +124,10 @@ class Worker:
                     ttl=self._config.prompt_cache_ttl,
                 )
             budget = self._kv_budget(model.model)
+            if self._config.warmup:
+                log.info("warming up the model's kernels")
+                seconds = warm_up(model.model, self._config.prefill_step_size)
+                log.info("warm-up done in %.1f s", seconds)
             self._runner = Runner(
                 self._config, model, self._cache, self._outbox, self._ledger, budget
             )

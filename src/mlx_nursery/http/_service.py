@@ -148,6 +148,7 @@ class Service:
                 prefill_batch_size=self.settings.prefill_batch_size,
                 prefill_step_size=self.settings.prefill_step_size,
                 cudnn_attention=self.settings.cudnn_attention,
+                warmup=not self.settings.skip_warmup,
             )
             engine: Engine = await nursery.start(Engine(config).run)
         except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
