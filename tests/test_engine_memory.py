@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlx.core as mx
 import pytest
 import trio
 from mlx_lm.utils import load
@@ -23,7 +22,7 @@ from mlx_nursery.engine._memory import (
     kv_bytes_per_token,
 )
 
-from .helpers import CallSignal, Run, collect, collect_all, request
+from .helpers import CallSignal, Run, collect, request
 
 TINY_BYTES_PER_TOKEN = 512
 
@@ -171,20 +170,3 @@ async def test_a_waiting_request_can_be_cancelled_and_frees_its_lane(tiny_model:
         assert len(runs[0].tokens) == 200
         assert stats.lanes_borrowed == 0
         assert stats.cancellations.confirmed == 1
-
-
-async def test_mlx_buffer_cache_is_bounded_instead_of_flushed(tiny_model: Path) -> None:
-    """The engine bounds MLX's buffer cache (`buffer_cache_bytes`) rather than emptying it
-    after every prefill chunk as mlx-lm does: after prompts prefilled in many chunks, alone
-    and batched, what the cache keeps is within the bound."""
-    bound = 256 << 10
-    config = EngineConfig(
-        tiny_model, buffer_cache_bytes=bound, prefill_step_size=16, prompt_cache_bytes=0
-    )
-    async with open_engine(config) as engine:
-        long = request(engine, "waves and more waves " * 60, max_tokens=8)
-        assert len(long.prompt_tokens) > 200
-        alone = await collect(engine, long)
-        together = await collect_all(engine, [long, long])
-        assert [run.tokens for run in together] == [alone.tokens, alone.tokens]
-        assert mx.get_cache_memory() <= bound

@@ -26,10 +26,6 @@ class EngineConfig:
     it, less the weights and `prompt_cache_bytes`; engine/_memory.py). The engine holds
     arrivals back, and takes the newest sequence out of the batch to replay it later, rather
     than outgrow it; the served context length is capped by it."""
-    buffer_cache_bytes: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
-    """The most memory MLX's allocator keeps for reuse once arrays are freed (its buffer
-    cache, `mx.set_cache_limit`). None: 5% of the device's memory, at most 4 GiB. The engine
-    never flushes the cache (engine/_schedule.py says why); this bound replaces the flush."""
     prompt_cache_entries: int = attrs.field(default=64, validator=v.ge(1))
     prompt_cache_ttl: float = attrs.field(default=600.0, validator=v.gt(0))
     """Seconds an unused prefix-cache entry is kept."""

@@ -89,18 +89,6 @@ def device_memory(info: Mapping[str, Any]) -> int | None:
         return None
 
 
-BUFFER_CACHE_FRACTION = 0.05
-BUFFER_CACHE_MAX = 4 << 30
-
-
-def default_buffer_cache(memory: int | None) -> int:
-    """MLX's buffer cache bound when none is set: enough for a step's and a prefill chunk's
-    temporaries to be reused, a small share of the device."""
-    if memory is None:
-        return BUFFER_CACHE_MAX
-    return min(BUFFER_CACHE_MAX, int(memory * BUFFER_CACHE_FRACTION))
-
-
 def derive_kv_bytes(memory: int | None, weights: int, prompt_cache_bytes: int) -> int | None:
     """The default KV budget: `DEVICE_MEMORY_FRACTION` of the device's memory, less the
     weights and the prefix cache's budget (None when the memory is unknown). Never below

@@ -26,56 +26,11 @@ import time
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, _right_pad_prompts
-
-
-class _PromptBatch(PromptProcessingBatch):  # type: ignore[misc]  # mlx-lm is untyped
-    """mlx-lm's prompt batch without its `mx.clear_cache()` after every prefill chunk.
-
-    Emptying MLX's buffer cache makes every later step allocate afresh; on CUDA that also
-    defeats MLX's CUDA-graph reuse, which depends on stable buffer addresses
-    (ml-explore/mlx#2358). Under arrivals a chunk runs every few decode steps, so the
-    running streams paid for it again and again. The worker bounds the cache with
-    `mx.set_cache_limit` instead (`_worker`), which keeps memory in check without a flush."""
-
-    def prompt(self, tokens: list[list[int]]) -> None:
-        if len(self.uids) != len(tokens):
-            raise ValueError("The batch length doesn't match the number of inputs")
-        if not tokens:
-            return
-        for held, added in zip(self.tokens, tokens, strict=True):
-            held += added
-        lengths = [len(t) for t in tokens]
-        padding = [max(lengths) - n for n in lengths]
-        if max(padding) > 0:
-            inputs = _right_pad_prompts(tokens, max_length=max(lengths))
-            for c in self.prompt_cache:
-                c.prepare(lengths=lengths, right_padding=padding)
-        else:
-            inputs = mx.array(tokens)
-        while inputs.shape[1] > 0:
-            n = min(self.prefill_step_size, inputs.shape[1])
-            self.model(inputs[:, :n], cache=self.prompt_cache)
-            mx.eval([c.state for c in self.prompt_cache])
-            inputs = inputs[:, n:]
-        if max(padding) > 0:
-            for c in self.prompt_cache:
-                c.finalize()
-            mx.eval([c.state for c in self.prompt_cache])
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
 
 class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is untyped
-    """`BatchGenerator` with the prefill schedule described in this module's docstring, and
-    prompt batches that leave MLX's buffer cache alone (`_PromptBatch`)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._prompt_batch.__class__ = _PromptBatch  # made empty by mlx-lm's __init__
-
-    def _make_batch(self, n: int) -> PromptProcessingBatch:
-        batch = super()._make_batch(n)
-        batch.__class__ = _PromptBatch  # same fields: only `prompt` differs
-        return batch
+    """`BatchGenerator` with the prefill schedule described in this module's docstring."""
 
     _currently_processing: list[list[Any]]
     """mlx-lm's record per prompt in the prompt batch: [segments left, done, total]."""
@@ -94,7 +49,9 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             generation_responses = self._generation_batch.next()
             counters.decode_time += time.perf_counter() - tic
             counters.generation_tokens += len(generation_responses)
-            counters.generation_steps += 1  # no periodic cache flush: the cache is bounded
+            counters.generation_steps += 1
+            if counters.generation_steps % 512 == 0:
+                mx.clear_cache()  # as mlx-lm does: the allocator's cache grows with shapes
         if len(self._generation_batch) >= self.completion_batch_size:
             return prompt_responses, generation_responses
 

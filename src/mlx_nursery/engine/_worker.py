@@ -19,14 +19,7 @@ from ..models import load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenBytes
 from ._ledger import Ledger
-from ._memory import (
-    KV_STEP,
-    KVBudget,
-    default_buffer_cache,
-    derive_kv_bytes,
-    device_memory,
-    kv_bytes_per_token,
-)
+from ._memory import KV_STEP, KVBudget, derive_kv_bytes, device_memory, kv_bytes_per_token
 from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, WorkerStats
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
@@ -130,10 +123,6 @@ class Worker:
                     max_entries=self._config.prompt_cache_entries,
                     ttl=self._config.prompt_cache_ttl,
                 )
-            limit = self._config.buffer_cache_bytes
-            if limit is None:
-                limit = default_buffer_cache(device_memory(mx.device_info()))
-            mx.set_cache_limit(limit)  # process-wide; every engine sets it the same way
             budget = self._kv_budget(model.model)
             if self._config.warmup:
                 log.info("warming up the model's kernels")
