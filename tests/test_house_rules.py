@@ -148,6 +148,7 @@ PUBLIC = {
         "ResourceNotFound",
         "ResponseBuilder",
         "ResponsesRequest",
+        "SegmentEncoder",
         "ServedModel",
         "TextDelta",
         "ToolCallOut",

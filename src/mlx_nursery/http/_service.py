@@ -25,6 +25,7 @@ from ..openai import (
     ImageLimits,
     Prepared,
     RequestTimeout,
+    SegmentEncoder,
     ServedModel,
     Unavailable,
     fetch_images,
@@ -158,6 +159,9 @@ class Service:
         vocab_size, max_token_bytes = await trio.to_thread.run_sync(
             _vocabulary, engine.model.tokenizer
         )
+        encoder = await trio.to_thread.run_sync(SegmentEncoder, engine.model.tokenizer)
+        if not encoder.enabled:
+            log.info("this tokenizer is not split at its added tokens: prompts encode whole")
         self.served = ServedModel(
             name=self.settings.served_model_name or _public_name(self.settings.model),
             aliases=frozenset({self.settings.model or "default", str(engine.model.path)}),
@@ -172,6 +176,7 @@ class Service:
             grammars=Grammars(engine.model.tokenizer, vocab_size),
             default_max_tokens=self.settings.default_max_tokens,
             vision=engine.model.vision,
+            encoder=encoder if encoder.enabled else None,
             image_limits=ImageLimits(
                 max_bytes=self.settings.max_image_bytes,
                 max_images=self.settings.max_images_per_request,

@@ -36,6 +36,7 @@ from ._responses_output import ResponseBuilder, input_items_page
 from ._responses_schemas import ResponsesRequest
 from ._served import ServedModel
 from ._structured import Grammars
+from ._tokenizing import SegmentEncoder
 from ._tools import ToolCallOut, tool_format
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "ResourceNotFound",
     "ResponseBuilder",
     "ResponsesRequest",
+    "SegmentEncoder",
     "ServedModel",
     "TextDelta",
     "ToolCallOut",

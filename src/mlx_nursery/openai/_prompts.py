@@ -95,12 +95,14 @@ def render_chat_prompt(
     limits: ImageLimits | None = None,
     where: Callable[[int], str] = lambda index: f"messages[{index}]",
     url_param: str = "image_url.url",
+    encode: Callable[[str], list[int]] | None = None,
 ) -> tuple[list[int], ImageInputs | None]:
     """`render_chat`, images included: with a vision model's processor (`vision`), image
     parts are decoded under `limits` and the processor turns the rendered text and the
     images into token ids (a placeholder per image token) and the images' inputs. Without
-    one, an image part is refused. Errors name message i as `where(i)`. Blocking (decoding,
-    processing): a worker thread."""
+    one, an image part is refused. Errors name message i as `where(i)`. `encode`, if given,
+    tokenizes the rendered text instead of the template (a `SegmentEncoder`'s, which gives
+    the same ids). Blocking (decoding, processing): a worker thread."""
     if not messages:
         raise InvalidRequest(
             "'messages' must contain at least one message", param="messages", code="invalid_value"
@@ -121,6 +123,11 @@ def render_chat_prompt(
                 return vision.prepare(text, images)
             except (ValueError, TypeError, IndexError) as exc:  # the processor's own rules
                 raise takes.refused(vision, exc) from None
+        if encode is not None:
+            text = tokenizer.apply_chat_template(
+                rendered, add_generation_prompt=True, tokenize=False, **extra
+            )
+            return encode(text), None
         tokens = tokenizer.apply_chat_template(
             rendered, add_generation_prompt=True, tokenize=True, **extra
         )
@@ -155,6 +162,7 @@ def render_served(
         native_tools=served.tool_format.native,
         vision=served.vision,
         limits=served.image_limits,
+        encode=served.encoder.encode if served.encoder is not None else None,
         **where,
     )
 

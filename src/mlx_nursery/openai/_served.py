@@ -36,6 +36,8 @@ class ServedModel:
     its decoded text."""
     grammars: Any = None
     """`_structured.Grammars` for this model's tokenizer (None: structured outputs unavailable)."""
+    encoder: Any = None
+    """A `_tokenizing.SegmentEncoder` for rendered prompts (None: the template tokenizes)."""
     vision: Any = None
     """A vision-language model's `VisionProcessor` (None: the model takes text only)."""
     image_limits: ImageLimits = attrs.field(factory=ImageLimits)
