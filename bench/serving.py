@@ -18,9 +18,12 @@ conversations. Outputs: `--output-len` as `max_tokens` (fixed or a range); OpenA
 ignore_eos, so actual lengths are reported, and `--ignore-eos` sends `logit_bias` -100 on the
 model's EOS ids. Sampling: `--mix greedy:1,temperature:2,seeded:1,json_schema:1` (weights;
 mlx_lm.server 0.32.2 ignores `response_format` and runs a request with a `seed` unbatched).
-Request i is the same for every server (seeded by `--seed` and i).
+Request i is the same for every server (seeded by `--seed` and i). A vision model's load:
+`--images N` puts N images (`--image-size 448x448`, JPEG noise, different for every request)
+before each generated prompt's text, as data URLs.
 
-Servers: `--server ours` (mlx-nursery serve) and `--server mlx_lm` (mlx_lm.server) are started
+Servers: `--server ours` (mlx-nursery serve), `--server mlx_lm` (mlx_lm.server) and
+`--server mlx_vlm` (mlx-vlm's server, for vision models) are started
 here on free ports, waited for (/health), warmed up (`--warmup` requests) and stopped (SIGINT
 to the process group, then SIGTERM, then SIGKILL), even when the run fails; `--url URL` measures a
 server already running. Several run back to back; `--rounds R` interleaves them (the order
@@ -226,7 +229,7 @@ def load_conversations(path: Path, count: Callable[[str], int | None]) -> list[C
 @dataclass(frozen=True)
 class RequestSpec:
     index: int
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     prompt_tokens: int | None  # of the messages' text, by the tokenizer (None: no tokenizer)
     max_tokens: int
     kind: str
@@ -243,6 +246,9 @@ class Workload:
     seed: int
     conversations: list[Conversation] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # sent with every request
+    images: int = 0
+    """Images before the text of each generated prompt (a vision model's load)."""
+    image_size: tuple[int, int] = (448, 448)
 
     def request(self, index: int, tag: str = "run") -> RequestSpec:
         """Request `index`: the same for every server and round."""
@@ -258,10 +264,32 @@ class Workload:
             prompt_tokens = None if None in counts else sum(c or 0 for c in counts)
         else:
             prompt_tokens = self.input_len.draw(rng)
-            messages = [{"role": "user", "content": self.prompts.text(prompt_tokens, rng)}]
-            prompt_tokens = self.prompts.count(messages[0]["content"])
+            text = self.prompts.text(prompt_tokens, rng)
+            prompt_tokens = self.prompts.count(text)
+            content: Any = text
+            if self.images:
+                parts = [image_part(rng, self.image_size) for _ in range(self.images)]
+                content = [*parts, {"type": "text", "text": text}]
+            messages = [{"role": "user", "content": content}]
         fields = {**sampling_fields(kind, self.temperature, rng), **self.extra}
         return RequestSpec(index, messages, prompt_tokens, max_tokens, kind, fields)
+
+
+def image_part(rng: random.Random, size: tuple[int, int]) -> dict[str, Any]:
+    """A chat image part: a JPEG of noise drawn from `rng` (so request i's images are the
+    same for every server, and differ from every other request's), as a data URL."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    noise = np.random.default_rng(rng.getrandbits(64)).integers(
+        0, 256, (size[1], size[0], 3), dtype=np.uint8
+    )
+    out = io.BytesIO()
+    Image.fromarray(noise).save(out, format="JPEG", quality=90)
+    url = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 # ---------------------------------------------------------------------------- one request
@@ -511,7 +539,7 @@ def records_summary(records: Sequence[Record]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Target:
-    label: str  # "ours", "mlx_lm" or the URL
+    label: str  # "ours", "mlx_lm", "mlx_vlm" or the URL
     url: str | None = None
 
 
@@ -529,6 +557,9 @@ def server_command(kind: str, model: Path, port: int, concurrency: int, extra: s
         command = [*head, "serve", "--model", str(model), "--port", str(port)]
         command += ["--max-concurrency", str(concurrency), "--log-level", "warning"]
         command += ["--responses-db", ":memory:"]
+    elif kind == "mlx_vlm":
+        command = [sys.executable, "-m", "mlx_vlm.server", "--model", str(model)]
+        command += ["--port", str(port), "--max-num-seqs", str(concurrency)]
     else:
         command = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model)]
         command += ["--port", str(port), "--decode-concurrency", str(concurrency)]
@@ -592,7 +623,9 @@ async def open_server(
         return
     assert model is not None
     port = free_port()
-    extra = args.ours_args if target.label == "ours" else args.mlx_lm_args
+    extra = {"ours": args.ours_args, "mlx_lm": args.mlx_lm_args, "mlx_vlm": args.mlx_vlm_args}[
+        target.label
+    ]
     command = server_command(target.label, model, port, args.server_concurrency, extra)
     log = log_dir / f"{target.label}-{port}.log"
     base_url = f"http://127.0.0.1:{port}"
@@ -755,11 +788,11 @@ def ratios(ours: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def format_ratio_row(r: dict[str, Any]) -> str:
+def format_ratio_row(r: dict[str, Any], reference: str = "mlx_lm") -> str:
     def f(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
-    cells = ["ours / mlx_lm", "", f(r["requests_per_s"]), f(r["output_tokens_per_s"])]
+    cells = [f"ours / {reference}", "", f(r["requests_per_s"]), f(r["output_tokens_per_s"])]
     cells.append(f(r["goodput_requests_per_s"]))
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
         cells.append(" / ".join(f(r[key][f"p{p}"]) for p in PERCENTILES))
@@ -797,7 +830,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--server", action="append", choices=("ours", "mlx_lm"), default=[])
+    p.add_argument("--server", action="append", choices=("ours", "mlx_lm", "mlx_vlm"), default=[])
     p.add_argument("--url", action="append", default=[], help="a server already running")
     p.add_argument("--model", type=Path, help="model directory (default: the tiny preset)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: --model)")
@@ -820,6 +853,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-concurrency", type=int, default=8, help="batch width of both")
     p.add_argument("--ours-args", default="", help="more `mlx-nursery serve` flags")
     p.add_argument("--mlx-lm-args", default="", help="more mlx_lm.server flags")
+    p.add_argument("--mlx-vlm-args", default="", help="more mlx_vlm.server flags")
+    p.add_argument("--images", type=int, default=0, help="images per generated prompt")
+    p.add_argument("--image-size", default="448x448", help="WIDTHxHEIGHT of each image")
     p.add_argument("--request-timeout", type=float, default=600)
     p.add_argument("--ready-timeout", type=float, default=300)
     p.add_argument("--save-records", action="store_true", help="every request in the JSON")
@@ -873,7 +909,14 @@ def build_workload(args: argparse.Namespace, model: Path | None) -> Workload:
         args.seed,
         conversations,
         extra,
+        images=args.images,
+        image_size=parse_size(args.image_size),
     )
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    width, _, height = text.lower().partition("x")
+    return int(width), int(height)
 
 
 def report(
@@ -884,9 +927,10 @@ def report(
         print(format_row(result["label"], result["metrics"]))
     by_label = {r["label"]: r["metrics"] for r in results}
     ratio = None
-    if "ours" in by_label and "mlx_lm" in by_label:
-        ratio = ratios(by_label["ours"], by_label["mlx_lm"])
-        print(format_ratio_row(ratio))
+    reference = next((k for k in ("mlx_lm", "mlx_vlm") if k in by_label), None)
+    if "ours" in by_label and reference is not None:
+        ratio = ratios(by_label["ours"], by_label[reference])
+        print(format_ratio_row(ratio, reference))
     settings = {
         key: (str(value) if isinstance(value, Path) else value)
         for key, value in vars(args).items()

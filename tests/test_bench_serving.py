@@ -3,7 +3,9 @@ and load patterns on synthetic inputs; and one run of the tool against our real 
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import io
 import json
 import random
 import subprocess
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,6 +140,32 @@ def test_workload_requests_are_reproducible_and_sampled_by_the_mix(tiny_model: P
         assert ("seed" in body) == (s.kind == "seeded")
         assert ("response_format" in body) == (s.kind == "json_schema")
     assert workload.request(0, tag="warmup") != specs[0]
+
+
+def test_image_requests_carry_their_own_images_before_the_text(tiny_model: Path) -> None:
+    """`--images 2`: each prompt is two data-URL JPEGs of the size asked, then its text; the
+    same request gets the same images for every server, other requests other images."""
+    workload = serving.Workload(
+        serving.PromptMaker(serving.load_tokenizer(tiny_model)),
+        serving.Lengths(16, 16),
+        serving.Lengths(8, 8),
+        serving.parse_mix("greedy"),
+        0.7,
+        seed=1,
+        images=2,
+        image_size=serving.parse_size("64x32"),
+    )
+    first, again, other = workload.request(0), workload.request(0), workload.request(1)
+    parts = first.messages[0]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "image_url", "text"]
+    assert first.prompt_tokens == 16  # the text's tokens; the images are the model's to count
+    url = parts[0]["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,")
+    image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert image.size == (64, 32)
+    assert again == first
+    assert parts[0] != parts[1]
+    assert other.messages[0]["content"][0] != parts[0]
 
 
 def test_jsonl_conversations(tmp_path: Path) -> None:

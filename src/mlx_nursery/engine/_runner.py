@@ -202,15 +202,25 @@ class Runner:
         return [len(s.request.prompt_tokens) + len(s.tokens) for s in running]
 
     def prefill_images(self) -> None:
-        """One chunk of the oldest image prompt's prefill; once it is done, the sequence
-        starts as a prefix-cache hit would (the fast path if alone, else the batch). A
-        failure fails that request alone."""
-        seq_id, sequence = next(iter(self._ledger.imaging.items()))
-        prefill: ImagePrefill = sequence.prefill
-        try:
-            prefill.step()
-            if not prefill.done:
+        """Chunks of the image prompts' prefills, oldest first, up to `prefill_step_size`
+        tokens in all (at least one chunk), as a text prefill chunk bounds an iteration."""
+        budget = self._config.prefill_step_size
+        for seq_id in list(self._ledger.imaging):
+            if budget <= 0:
                 return
+            budget -= self._prefill_image_chunk(seq_id)
+
+    def _prefill_image_chunk(self, seq_id: int) -> int:
+        """One chunk of this image prompt's prefill; once it is done, the sequence starts
+        as a prefix-cache hit would (the fast path if alone, else the batch). A failure
+        fails that request alone. Returns the tokens prefilled."""
+        sequence = self._ledger.imaging[seq_id]
+        prefill: ImagePrefill = sequence.prefill
+        tokens = 0
+        try:
+            tokens = prefill.step()
+            if not prefill.done:
+                return tokens
             del self._ledger.imaging[seq_id]
             sequence.prefill = None
             prompt = prefill.prompt
@@ -221,6 +231,7 @@ class Runner:
             self._ledger.imaging.pop(seq_id, None)
             sequence.prefill = None
             self._ledger.finish(sequence, sequence.final("error", _COULD_NOT_START))
+        return max(tokens, 1)
 
     def _start(self, sequence: LiveSequence, start: Start) -> None:
         """Put a sequence whose prompt is prefilled into a stepper (raises if it cannot)."""

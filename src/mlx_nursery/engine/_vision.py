@@ -143,9 +143,9 @@ class ImagePrefill:
     def done(self) -> bool:
         return self._next >= len(self.prompt) - 1
 
-    def step(self) -> None:
-        """Prefill the next chunk. Raises what the model raises (the caller fails this
-        request alone)."""
+    def step(self) -> int:
+        """Prefill the next chunk; return its tokens. Raises what the model raises (the
+        caller fails this request alone)."""
         start, end = self._next, min(self._next + self._step_size, len(self.prompt) - 1)
         kwargs = (
             {} if self._positions is None else {"position_ids": self._positions[..., start:end]}
@@ -158,3 +158,4 @@ class ImagePrefill:
         )
         mx.eval([c.state for c in self.cache])
         self._next = end
+        return end - start

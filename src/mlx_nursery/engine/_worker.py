@@ -52,7 +52,8 @@ class Worker:
          KV state in the prefix cache;
       4. replay the next sequence on probation; or else replay the preempted sequences
          that fit the KV budget again, then admit the held submissions that fit; then run
-         one chunk of the oldest image prompt's prefill (starting it once done);
+         chunks of the image prompts' prefills, oldest first, up to `prefill_step_size`
+         tokens (starting each once done);
       5. take the newest sequences out of the batch (preempted) while the step's KV would
          outgrow the budget; run one step of the stepper and emit each sequence's token;
          end the sequences whose sampler or logits processors failed in it;
