@@ -225,3 +225,33 @@ async def test_a_cached_prefix_that_covers_the_images_is_reused_and_changes_noth
     assert cached[2] >= images_end[2]  # a second turn over the first turn's image
     assert cached[3] < images_end[3] - 1  # another image: nothing past the text before it
     assert cached[4] >= images_end[4]
+
+
+async def test_the_qwen2_5_vl_family_loads_and_takes_images(tmp_path: Path) -> None:
+    """The real-shape benchmark preset is Qwen2.5-VL (too large to write here): a tiny
+    model of that architecture, written by the same factory, loads and answers images."""
+    from mlx_nursery.models import PRESETS
+    from mlx_nursery.models._presets import Preset
+    from mlx_nursery.models._vlm_factory import write_vlm
+
+    tiny = PRESETS["tiny-vlm"].config
+    config = {
+        **tiny,
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "vision_config": {
+            **tiny["vision_config"],
+            "model_type": "qwen2_5_vl",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+        },
+    }
+    preset = Preset("tiny-vlm-2.5", config, 2048, PRESETS["tiny-vlm"].image_processor)
+    write_vlm(tmp_path, preset, "float32", 0)
+    async with open_engine(EngineConfig(tmp_path, prompt_cache_bytes=0)) as engine:
+        first = await collect(engine, await image_request(engine, "What?", [picture(1)]))
+        other = await collect(engine, await image_request(engine, "What?", [picture(2)]))
+    assert len(first.tokens) == 12 and first.tokens != other.tokens

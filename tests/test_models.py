@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,36 @@ def test_repo_id_in_the_local_hf_cache_resolves(
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(hub))
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     assert resolve_model_path("acme/tiny") == snapshot
+
+
+def test_the_real_shape_vlm_preset_builds_in_both_packages() -> None:
+    """`qwen2.5-vl-3b` (for GPU benchmarks; too large to write here): mlx-vlm builds it, and
+    mlx-lm's text model for it has exactly the language model's parameter names and shapes,
+    which loading a VLM shares. Parameters are counted without being allocated (lazy)."""
+    import json
+
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    from mlx_nursery.models import PRESETS
+
+    config = json.loads(json.dumps(PRESETS["qwen2.5-vl-3b"].config))
+    arch, _ = get_model_and_args(config)
+    params = {**json.loads(json.dumps(config)), "text_config": {}}
+    vlm = arch.Model(
+        update_module_configs(arch.ModelConfig.from_dict(params), arch, params, ["text", "vision"])
+    )
+    model_class, args_class = _get_classes(config)
+    text = model_class(args_class.from_dict(config))
+
+    def shapes(module: object) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in tree_flatten(module.parameters())}  # type: ignore[attr-defined]
+
+    assert shapes(text.language_model) == shapes(vlm.language_model)
+    counts = {
+        part: sum(math.prod(s) for s in shapes(getattr(vlm, part)).values())
+        for part in ("language_model", "vision_tower")
+    }
+    assert 3.0e9 < counts["language_model"] < 3.2e9
+    assert 0.6e9 < counts["vision_tower"] < 0.7e9

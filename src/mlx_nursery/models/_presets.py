@@ -1,7 +1,8 @@
 """Architecture presets for factory-made models.
 
-`tiny` and `small` are for tests; `qwen3-0.6b` and `llama-3.1-8b` carry the
-real architecture configs (random weights) so benchmarks run at real shapes.
+`tiny`, `small` and `tiny-vlm` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
+`qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
+real shapes.
 """
 
 from __future__ import annotations
@@ -142,5 +143,42 @@ PRESETS: dict[str, Preset] = {
         trained_vocab=2048,
         # Any image becomes 1 to 16 image tokens (28x28-pixel blocks, at most 112x112).
         image_processor={"min_pixels": 784, "max_pixels": 12544},
+    ),
+    "qwen2.5-vl-3b": Preset(
+        "qwen2.5-vl-3b",
+        {
+            "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+            "model_type": "qwen2_5_vl",
+            "hidden_act": "silu",
+            "hidden_size": 2048,
+            "num_hidden_layers": 36,
+            "intermediate_size": 11008,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": 151_936,
+            "rope_theta": 1_000_000.0,
+            "max_position_embeddings": 128_000,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "tie_word_embeddings": True,
+            "vision_config": {
+                "model_type": "qwen2_5_vl",
+                "depth": 32,
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "out_hidden_size": 2048,
+                "num_heads": 16,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "window_size": 112,
+                "fullatt_block_indexes": [7, 15, 23, 31],
+                "in_channels": 3,
+                "tokens_per_second": 2,
+            },
+        },
+        trained_vocab=4096,
+        # Qwen2.5-VL's own processor limits: a 448x448 image is 256 image tokens.
+        image_processor={"min_pixels": 3136, "max_pixels": 12_845_056},
     ),
 }

@@ -50,14 +50,18 @@ def write_vlm(out: Path, preset: Any, dtype: str, seed: int) -> None:
         mlx_nursery_preset=preset.name,
     )
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
-    _write_processor(out, preset.image_processor)
+    _write_processor(out, preset.image_processor, _PROCESSORS[config["model_type"]])
     _write_weights(out, config, getattr(mx, dtype), seed)
 
 
-def _write_processor(out: Path, image: dict[str, Any]) -> None:
+_PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
+"""The processor class mlx-vlm registers for each architecture the factory writes."""
+
+
+def _write_processor(out: Path, image: dict[str, Any], processor_class: str) -> None:
     processor = {
         "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2VLProcessor",
+        "processor_class": processor_class,
         "do_resize": True,
         "do_rescale": True,
         "do_normalize": True,
@@ -72,7 +76,7 @@ def _write_processor(out: Path, image: dict[str, Any]) -> None:
     }
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2), "utf-8")
     (out / "processor_config.json").write_text(
-        json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=2), "utf-8"
+        json.dumps({"processor_class": processor_class}, indent=2), "utf-8"
     )
 
 
