@@ -101,7 +101,8 @@ _clients: dict[int, list[openai.AsyncOpenAI]] = {}
 
 def sdk(running: Running, **kwargs: Any) -> openai.AsyncOpenAI:
     """The official SDK's async client for `running`; closed when the server's block ends."""
-    client = openai.AsyncOpenAI(base_url=running.base_url + "/v1", api_key="unused", **kwargs)
+    kwargs.setdefault("api_key", "unused")
+    client = openai.AsyncOpenAI(base_url=running.base_url + "/v1", **kwargs)
     _clients.setdefault(id(running), []).append(client)
     return client
 

@@ -105,6 +105,7 @@ PUBLIC = {
         "open_engine",
     ],
     "http": [
+        "Access",
         "HYPERCORN_HEAD_BYTES",
         "LifetimeHTTPConnection",
         "RequestLimits",

@@ -11,6 +11,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from .http import (
+    Access,
     LifetimeHTTPConnection,
     RequestLimits,
     RequestProcessors,
@@ -50,6 +51,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
     app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
+    access = Access.from_settings(settings.api_key, settings.api_key_file, settings.allowed_origins)
     service = Service(settings, extra_processors)
     app.extensions["mlx_nursery"] = service
     app.register_blueprint(routes)
@@ -69,10 +71,33 @@ def create_app(
         usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
         g.request_id = given if usable else f"req_{secrets.token_hex(12)}"
 
+    @app.before_request
+    async def check_access() -> Response | None:
+        """A browser's preflight is answered here; a /v1 request without a key the server
+        holds gets OpenAI's 401 (http/_access.py)."""
+        origin = request.headers.get("Origin")
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            asked = request.headers.get("Access-Control-Request-Headers")
+            return Response("", status=204, headers=access.preflight_headers(origin, asked))
+        if access.admits(request.path, request.headers.get("Authorization")):
+            return None
+        await _drain_body(401)
+        response = envelope_response(
+            401,
+            "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+            "invalid_request_error",
+            "invalid_api_key",
+        )
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
     @app.after_request
     async def return_request_id(response: Response) -> Response:
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
         response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
+        response.headers.update(access.cors_headers(request.headers.get("Origin")))
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        service.metrics.requests.labels(rule, str(response.status_code)).inc()
         return response
 
     @app.errorhandler(OpenAIError)

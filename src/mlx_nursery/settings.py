@@ -219,6 +219,24 @@ class Settings:
         validator=v.gt(0),
         metadata=_help("seconds an image fetch may wait to connect or between reads"),
     )
+    api_key: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "the key every /v1 request must send as `Authorization: Bearer KEY`",
+            none="none: the API is open",
+        ),
+    )
+    api_key_file: str | None = attrs.field(
+        default=None,
+        metadata=_help("a file of API keys, one per line (with --api-key: either is taken)"),
+    )
+    allowed_origins: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "comma-separated browser origins whose pages may call the API, or *",
+            none="none: no CORS",
+        ),
+    )
     max_request_bytes: int = attrs.field(
         default=8 << 20,
         validator=v.ge(1),

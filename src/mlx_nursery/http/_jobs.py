@@ -22,7 +22,16 @@ import attrs
 import trio
 
 from ..engine import Engine
-from ..openai import OpenAIError, Output, Prepared, RequestTimeout, Unavailable, generate_text
+from ..openai import (
+    Finished,
+    OpenAIError,
+    Output,
+    Prepared,
+    RequestTimeout,
+    Unavailable,
+    generate_text,
+)
+from ._metrics import Metrics
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -47,10 +56,19 @@ class Job:
 
 
 class Jobs:
-    def __init__(self, nursery: trio.Nursery, engine: Engine, timeout: float | None) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        engine: Engine,
+        timeout: float | None,
+        metrics: Metrics | None = None,
+        model_name: str = "",
+    ) -> None:
         self._nursery = nursery
         self._engine = engine
         self._timeout = timeout
+        self._metrics = metrics
+        self._model_name = model_name
         self._active: set[Job] = set()
         self._idle = trio.Event()
         """Set while no job runs. Replaced only once set: a drain may be waiting on it."""
@@ -58,11 +76,14 @@ class Jobs:
         self._closed = False
         """Set by `drain`: no job starts after it."""
 
-    async def start(self, prepared: Prepared, deadline: float | None = None) -> Job:
+    async def start(
+        self, prepared: Prepared, deadline: float | None = None, arrived: float | None = None
+    ) -> Job:
         """Admit and start a job; returns once its sequence holds a lane.
 
         `deadline`: when the request started earlier (its preparation); default now plus the
-        request timeout.
+        request timeout. `arrived`: when the request arrived (its latencies count from
+        there, in the metrics); default now.
 
         Raises the OpenAIError of a refused admission: the shutdown 503 once `drain` has
         begun (then without a checkpoint), or when a drain cancels it while queued; 503
@@ -83,8 +104,9 @@ class Jobs:
         self._active.add(job)
         if self._idle.is_set():
             self._idle = trio.Event()
+        arrived = trio.current_time() if arrived is None else arrived
         try:
-            await self._nursery.start(self._run, job, prepared, send)
+            await self._nursery.start(self._run, job, prepared, send, arrived)
         except BaseException:
             self._finished(job)
             raise
@@ -95,9 +117,21 @@ class Jobs:
         job: Job,
         prepared: Prepared,
         send: trio.MemorySendChannel[JobItem],
+        arrived: float,
         task_status: trio.TaskStatus[None],
     ) -> None:
         started = False
+        observer = self._metrics.observer(self._model_name, arrived) if self._metrics else None
+
+        def observe(output: Output) -> None:
+            assert observer is not None
+            if isinstance(output, Finished):
+                usage = output.usage
+                observer.finished(
+                    trio.current_time(), output.reason, usage.prompt_tokens, usage.completion_tokens
+                )
+            else:
+                observer.first_token(trio.current_time())
 
         def mark_started(value: None = None) -> None:
             nonlocal started
@@ -117,6 +151,7 @@ class Jobs:
                             prompt_param=prepared.prompt_param,
                             tools=prepared.tool_extractor(),
                             logprobs=prepared.logprob_aligner(),
+                            observe=observe if observer is not None else None,
                             task_status=_Started(mark_started),
                         )
                     except OpenAIError as exc:
@@ -124,6 +159,8 @@ class Jobs:
                             raise
                         failure = exc
                 if job.scope.cancelled_caught:
+                    if observer is not None and started:
+                        observer.cancelled(job.reason)
                     failure = self._cancellation_error(job)
                     if not started:
                         raise failure

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import attrs
+import trio
 from quart import Response, request
 
 from ..openai import (
@@ -42,6 +43,7 @@ TRUNCATED_HEADER = "x-truncated-messages"
 async def create_response() -> Response:
     service = _service()
     _, served, jobs = service.require_ready()
+    arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
 
@@ -69,7 +71,7 @@ async def create_response() -> Response:
         {TRUNCATED_HEADER: str(prepared.truncated_messages)} if prepared.truncated_messages else {}
     )
     note_ignored(prepared.prepared, **truncated)
-    job = own(await jobs.start(prepared.prepared, deadline))  # cancelled when the request ends
+    job = own(await jobs.start(prepared.prepared, deadline, arrived))  # ends with the request
     builder = ResponseBuilder(prepared)
     if parsed.stream:
         response = Response(

@@ -33,6 +33,7 @@ from ..openai import (
 from ._batching import merged_text
 from ._jobs import Job, JobItem
 from ._lifetime import own
+from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._pump import ended_early, pump
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
@@ -57,6 +58,12 @@ async def health() -> Response:
         else "unhealthy"
     }
     return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+@routes.get("/metrics")
+async def metrics() -> Response:
+    """Prometheus text format (`_metrics.py`); open, as /health is."""
+    return Response(_service().metrics.render(), content_type=METRICS_CONTENT_TYPE)
 
 
 @routes.get("/v1/models")
@@ -100,6 +107,7 @@ async def _complete(
 ) -> Response:
     service = _service()
     _, served, jobs = service.require_ready()
+    arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
     parsed: Any = None
@@ -116,7 +124,7 @@ async def _complete(
 
     prepared = await service.prepare(work, deadline)
     note_ignored(prepared)
-    job = own(await jobs.start(prepared, deadline))  # cancelled when the request ends
+    job = own(await jobs.start(prepared, deadline, arrived))  # cancelled when the request ends
     if prepared.stream:
         body = pump(job, _ChunkStream(prepared), service.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)

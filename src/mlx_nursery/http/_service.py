@@ -37,6 +37,7 @@ from ..settings import Settings
 from ..store import ResponsesStore
 from ._batching import WritePolicy
 from ._jobs import Jobs
+from ._metrics import Metrics
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -80,6 +81,7 @@ class Service:
             max_age_seconds=settings.responses_max_age,
         )
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
+        self.metrics = Metrics()
 
     def deadline(self) -> float:
         """The deadline of a request that starts now (the request timeout; inf without one)."""
@@ -194,7 +196,10 @@ class Service:
                 fetch_timeout=self.settings.image_fetch_timeout,
             ),
         )
-        self.jobs = Jobs(nursery, engine, self.settings.request_timeout)
+        self.metrics.watch_engine(engine, self.served.name)
+        self.jobs = Jobs(
+            nursery, engine, self.settings.request_timeout, self.metrics, self.served.name
+        )
         self.state = "ready"
         self.ready.set()
         log.info(

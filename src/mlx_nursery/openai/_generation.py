@@ -8,6 +8,7 @@ caller owns the task and its deadline (see `http._jobs`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
@@ -57,9 +58,11 @@ async def generate_text(
     prompt_param: str = "messages",
     tools: ToolCallExtractor | None = None,
     logprobs: LogprobAligner | None = None,
+    observe: Callable[[Output], None] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Generate, reporting `started` once the sequence holds a lane (errors before that raise).
+    `observe` sees each output once it is sent (metrics).
 
     Cancellation: cancelled while waiting for a lane, nothing was admitted and no compute
     ran. After that, `Cancelled` propagates only once the engine has confirmed that the
@@ -71,14 +74,19 @@ async def generate_text(
     """
     matcher = StopMatcher(stops)
 
+    async def put(output: Output) -> None:
+        await _put(send, output)
+        if observe is not None:
+            observe(output)
+
     async def emit(text: str) -> None:
         if tools is None:
             entries = tuple(logprobs.take(text)) if logprobs is not None else ()
             if text or entries:
-                await _put(send, TextDelta(text, entries))
+                await put(TextDelta(text, entries))
             return
         for piece in tools.feed(text) if text else []:
-            await _put(send, TextDelta(piece.text) if isinstance(piece, ContentText) else piece)
+            await put(TextDelta(piece.text) if isinstance(piece, ContentText) else piece)
 
     try:
         async with engine.generate(request) as stream:
@@ -99,6 +107,8 @@ async def generate_text(
                         event, matcher, tools, logprobs, request.logits_processors
                     ):
                         await send.send(output)
+                        if observe is not None:
+                            observe(output)
     # Admission errors: raised before the sequence got a lane, so before `started`.
     except PromptTooLong as exc:
         raise context_length_error(exc, prompt_param) from None

@@ -1,0 +1,89 @@
+"""Who may call the API: API keys on every /v1 route, and CORS for browsers.
+
+Keys are compared in constant time against every key the server holds (so the time taken
+says nothing of which key, or how much of one, matched), and only `Authorization: Bearer`
+carries them, as OpenAI's API and SDKs do. `/health` stays open for load balancers. A
+browser's preflight (OPTIONS with `Access-Control-Request-Method`) is answered before any
+key is asked for: browsers send no credentials on it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+import attrs
+
+from ..settings import SettingsError
+
+PREFLIGHT_MAX_AGE = 600
+ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
+DEFAULT_ALLOWED_HEADERS = "authorization, content-type, x-request-id"
+EXPOSED_HEADERS = "x-request-id, x-ignored-params, x-truncated-messages"
+"""The headers of ours a page may read (beside the CORS-safelisted ones)."""
+
+
+class KeyFileError(SettingsError):
+    """The API key file cannot be read or holds no key."""
+
+
+@attrs.frozen
+class Access:
+    """The server's keys (none: the API is open) and the browser origins it serves."""
+
+    keys: tuple[bytes, ...] = ()
+    origins: frozenset[str] = frozenset()
+    """Origins whose pages may call the API; "*" is any."""
+
+    @classmethod
+    def from_settings(cls, key: str | None, key_file: str | None, origins: str | None) -> Access:
+        """Raises KeyFileError for a key file that cannot be read or holds no key."""
+        keys = [k for k in [key] if k]
+        if key_file:
+            try:
+                lines = Path(key_file).read_text("utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise KeyFileError(f"cannot read the API key file {key_file}: {exc}") from None
+            from_file = [line.strip() for line in lines if line.strip()]
+            if not from_file:
+                raise KeyFileError(f"the API key file {key_file} holds no key")
+            keys += from_file
+        allowed = frozenset(o.strip() for o in (origins or "").split(",") if o.strip())
+        return cls(tuple(k.encode() for k in keys), allowed)
+
+    def admits(self, path: str, authorization: str | None) -> bool:
+        """Whether a request to `path` with this Authorization header may proceed."""
+        if not self.keys or not path.startswith("/v1"):
+            return True
+        scheme, _, given = (authorization or "").partition(" ")
+        candidate = given.strip().encode() if scheme.lower() == "bearer" else b""
+        matched = False
+        for key in self.keys:  # every key, whatever matched: the time says nothing
+            matched |= hmac.compare_digest(candidate, key)
+        return matched
+
+    def cors_headers(self, origin: str | None) -> dict[str, str]:
+        """Headers that let a page of `origin` read the response (none: not allowed)."""
+        if not origin or not self.origins:
+            return {}
+        if "*" in self.origins:
+            allowed = {"Access-Control-Allow-Origin": "*"}
+        elif origin in self.origins:
+            allowed = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        else:
+            return {}
+        return {**allowed, "Access-Control-Expose-Headers": EXPOSED_HEADERS}
+
+    def preflight_headers(self, origin: str | None, requested: str | None) -> dict[str, str]:
+        """The answer to a preflight from `origin` that asks for the `requested` headers
+        (none: not allowed)."""
+        allowed = self.cors_headers(origin)
+        if not allowed:
+            return {}
+        headers = requested or DEFAULT_ALLOWED_HEADERS
+        return {
+            **allowed,
+            "Access-Control-Allow-Methods": ALLOWED_METHODS,
+            "Access-Control-Allow-Headers": headers,
+            "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE),
+        }

@@ -1,0 +1,154 @@
+"""Prometheus metrics (`GET /metrics`) by prometheus-client, named as vLLM names them where
+the meaning is the same (`vllm:time_to_first_token_seconds` is ours
+`mlx_nursery:time_to_first_token_seconds`), so that dashboards translate by prefix.
+
+Requests are observed where they live: the routes count answers by route and status; a
+job records its time to first token, time per output token, end-to-end latency, tokens and
+how it ended (`RequestObserver`). What the engine knows (lanes in use, the queue, the prefix
+cache, preemptions) is read from `Engine.statistics()` at scrape time, not mirrored. Each
+server has its own registry (tests run several in one process). No label carries request
+content: model, route, status, finish reason and cancel cause only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..engine import Engine
+
+PREFIX = "mlx_nursery:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+                  0.75, 1.0, 2.5)  # fmt: skip
+
+
+class Metrics:
+    """One server's metrics, for one served model (its `model_name` label)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            PREFIX + "http_requests", "HTTP requests answered", ["route", "status"], registry=r
+        )
+        self.success = Counter(
+            PREFIX + "request_success",
+            "Generations that ended, by finish reason",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.cancelled = Counter(
+            PREFIX + "request_cancelled",
+            "Generations stopped before their end, by cause",
+            ["model_name", "cause"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of finished generations", ["model_name"],
+            registry=r,
+        )  # fmt: skip
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Tokens generated", ["model_name"], registry=r
+        )
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "From the request's arrival to its first token",
+            ["model_name"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            PREFIX + "time_per_output_token_seconds",
+            "A generation's time per token after its first",
+            ["model_name"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "From the request's arrival to its generation's end",
+            ["model_name"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def watch_engine(self, engine: Engine, model_name: str) -> None:
+        """Read the engine's own statistics at every scrape."""
+        self.registry.register(_EngineCollector(engine, model_name))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observer(self, model_name: str, arrived: float) -> RequestObserver:
+        return RequestObserver(self, model_name, arrived)
+
+
+class RequestObserver:
+    """What one generation's job reports (times from `trio.current_time()`)."""
+
+    def __init__(self, metrics: Metrics, model_name: str, arrived: float) -> None:
+        self._metrics = metrics
+        self._model = model_name
+        self._arrived = arrived
+        self._first: float | None = None
+
+    def first_token(self, now: float) -> None:
+        if self._first is None:
+            self._first = now
+            self._metrics.ttft.labels(self._model).observe(now - self._arrived)
+
+    def finished(self, now: float, reason: str, prompt_tokens: int, tokens: int) -> None:
+        m, model = self._metrics, self._model
+        m.success.labels(model, reason).inc()
+        m.prompt_tokens.labels(model).inc(prompt_tokens)
+        m.generation_tokens.labels(model).inc(tokens)
+        m.e2e.labels(model).observe(now - self._arrived)
+        if self._first is not None and tokens > 1:
+            m.tpot.labels(model).observe((now - self._first) / (tokens - 1))
+
+    def cancelled(self, cause: str) -> None:
+        self._metrics.cancelled.labels(self._model, cause).inc()
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self._engine = engine
+        self._model = model_name
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self._engine.statistics()
+        labels = [self._model]
+
+        def gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(PREFIX + name, text, labels=["model_name"])
+            family.add_metric(labels, value)
+            return family
+
+        def counter(name: str, text: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(PREFIX + name, text, labels=["model_name"])
+            family.add_metric(labels, value)
+            return family
+
+        yield gauge("num_requests_running", "Sequences holding a lane", stats.lanes_borrowed)
+        yield gauge("num_requests_waiting", "Requests waiting for a lane", stats.queued)
+        yield gauge("engine_healthy", "1 while the engine runs", float(stats.state == "running"))
+        worker = stats.worker
+        if worker is None:
+            return
+        yield counter("preemptions", "Sequences preempted for KV memory", worker.preemptions)
+        yield counter(
+            "held_for_memory", "Requests that waited for KV memory", worker.held_for_memory
+        )
+        cache = worker.prefix_cache
+        if cache is not None:
+            yield counter("prefix_cache_hits", "Prefix cache hits", cache.hits)
+            yield counter("prefix_cache_queries", "Prefix cache lookups", cache.hits + cache.misses)
+            yield counter("prefix_cache_hit_tokens", "Prompt tokens reused", cache.reused_tokens)
+            yield gauge("prefix_cache_bytes", "Bytes the prefix cache holds", cache.nbytes)

@@ -1,0 +1,113 @@
+"""API keys and CORS through a real server: the official SDK, httpx, real sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from mlx_nursery.http import Access
+from mlx_nursery.settings import SettingsError
+
+from .http_helpers import chat_body, running_server, sdk, validate_error
+
+
+async def test_a_keyed_server_answers_only_requests_with_one_of_its_keys(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("\n  second-key  \n\nthird-key\n")
+    async with (
+        running_server(tiny_model, api_key="first-key", api_key_file=str(keys)) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        assert (await http.get("/health")).status_code == 200  # open for load balancers
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "first-key"}):
+            refused = await http.post(
+                "/v1/chat/completions", json=chat_body(max_tokens=2), headers=headers
+            )
+            assert refused.status_code == 401, headers
+            validate_error(refused.json())
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+            assert refused.headers["www-authenticate"] == "Bearer"
+        listed = await http.get("/v1/models")
+        assert listed.status_code == 401
+        for key in ("first-key", "second-key", "third-key"):
+            reply = await sdk(server, api_key=key).chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+            assert reply.usage is not None and reply.usage.completion_tokens == 2
+        with pytest.raises(openai.AuthenticationError):
+            await sdk(server, api_key="not-one-of-them").models.list()
+        # A refused request leaves the connection usable for the next one.
+        again = await http.get("/v1/models", headers={"Authorization": "Bearer third-key"})
+        assert again.status_code == 200
+
+
+async def test_browsers_of_allowed_origins_get_cors_headers(tiny_model: Path) -> None:
+    page = "https://app.example"
+    async with (
+        running_server(
+            tiny_model, api_key="k", allowed_origins=f"{page}, https://b.example"
+        ) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        preflight = await http.options(
+            "/v1/chat/completions",
+            headers={
+                "Origin": page,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
+        assert preflight.status_code == 204  # answered without a key: browsers send none
+        assert preflight.headers["access-control-allow-origin"] == page
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert preflight.headers["access-control-allow-headers"] == "authorization, content-type"
+        stranger = await http.options(
+            "/v1/chat/completions",
+            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert "access-control-allow-origin" not in stranger.headers
+        ok = await http.post(
+            "/v1/chat/completions",
+            json=chat_body(max_tokens=2),
+            headers={"Origin": page, "Authorization": "Bearer k"},
+        )
+        assert ok.status_code == 200
+        assert ok.headers["access-control-allow-origin"] == page
+        assert "x-request-id" in ok.headers["access-control-expose-headers"]
+        refused = await http.get("/v1/models", headers={"Origin": page})
+        assert refused.status_code == 401  # and the page can read why
+        assert refused.headers["access-control-allow-origin"] == page
+        other = await http.get(
+            "/v1/models", headers={"Origin": "https://evil.example", "Authorization": "Bearer k"}
+        )
+        assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+
+
+async def test_without_keys_or_origins_the_api_is_open_and_sends_no_cors(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = await http.get("/v1/models", headers={"Origin": "https://app.example"})
+        assert reply.status_code == 200
+        assert "access-control-allow-origin" not in reply.headers
+
+
+def test_a_key_file_that_cannot_serve_is_a_settings_error(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n \n")
+    with pytest.raises(SettingsError, match="holds no key"):
+        Access.from_settings(None, str(empty), None)
+    with pytest.raises(SettingsError, match="cannot read"):
+        Access.from_settings(None, str(tmp_path / "missing"), None)
+    assert (
+        Access.from_settings(None, None, "*").cors_headers("https://any.example")[
+            "Access-Control-Allow-Origin"
+        ]
+        == "*"
+    )

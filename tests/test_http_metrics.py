@@ -1,0 +1,77 @@
+"""GET /metrics through a real server, parsed by prometheus-client's own parser; its counters
+checked against the requests made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from .http_helpers import chat_body, eventually, running_server
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(
+    metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model, request_timeout=30) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        replies = [
+            await http.post("/v1/chat/completions", json=chat_body(max_tokens=5, temperature=0)),
+            await http.post(
+                "/v1/chat/completions", json=chat_body(max_tokens=3, stream=True, temperature=0)
+            ),
+            await http.post(
+                "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 4}
+            ),
+            await http.post("/v1/chat/completions", json={"model": "tiny"}),  # 400: no messages
+        ]
+        assert [r.status_code for r in replies] == [200, 200, 200, 400]
+        # A client that leaves mid-stream: counted as cancelled by the client.
+        with trio.move_on_after(30):
+            async with http.stream(
+                "POST", "/v1/chat/completions", json=chat_body(max_tokens=4000, stream=True)
+            ) as stream:
+                async for _ in stream.aiter_bytes():
+                    break
+        registry = server.service.metrics.registry
+        labels = {"model_name": "tiny", "cause": "client"}
+        await eventually(  # the job ends just after the client left
+            lambda: registry.get_sample_value("mlx_nursery:request_cancelled_total", labels),
+            "the client's cancel counted",
+        )
+        scraped = await http.get("/metrics")
+        assert scraped.status_code == 200
+        assert scraped.headers["content-type"].startswith("text/plain")
+        m = samples(scraped.text)
+
+    chat = "/v1/chat/completions"
+    assert value(m, "mlx_nursery:http_requests_total", route=chat, status="200") == 3
+    assert value(m, "mlx_nursery:http_requests_total", route=chat, status="400") == 1
+    assert value(m, "mlx_nursery:http_requests_total", route="/v1/completions", status="200") == 1
+    assert (
+        value(m, "mlx_nursery:request_success_total", model_name="tiny", finished_reason="length")
+        == 3
+    )
+    assert value(m, "mlx_nursery:generation_tokens_total", model_name="tiny") >= 5 + 3 + 4
+    assert value(m, "mlx_nursery:time_to_first_token_seconds_count", model_name="tiny") >= 3
+    assert value(m, "mlx_nursery:e2e_request_latency_seconds_count", model_name="tiny") == 3
+    assert value(m, "mlx_nursery:time_per_output_token_seconds_count", model_name="tiny") == 3
+    assert value(m, "mlx_nursery:num_requests_running", model_name="tiny") >= 0
+    assert value(m, "mlx_nursery:engine_healthy", model_name="tiny") == 1
+    assert value(m, "mlx_nursery:prefix_cache_queries_total", model_name="tiny") >= 3
