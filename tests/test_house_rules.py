@@ -105,7 +105,6 @@ PUBLIC = {
         "open_engine",
     ],
     "http": [
-        "Access",
         "HYPERCORN_HEAD_BYTES",
         "LifetimeHTTPConnection",
         "RequestLimits",

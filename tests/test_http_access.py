@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import trio
 
-from mlx_nursery.http import Access
+from mlx_nursery.http._access import Access
 from mlx_nursery.settings import SettingsError
 
-from .http_helpers import chat_body, running_server, sdk, validate_error
+from .http_helpers import chat_body, running_server, sdk, spawned_server, validate_error
 
 
 async def test_a_keyed_server_answers_only_requests_with_one_of_its_keys(
@@ -111,3 +113,54 @@ def test_a_key_file_that_cannot_serve_is_a_settings_error(tmp_path: Path) -> Non
         ]
         == "*"
     )
+
+
+async def test_sighup_reloads_the_key_file_and_a_bad_file_keeps_the_keys(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("old-key\n")
+    flags = ("--served-model-name", "tiny", "--api-key-file", str(keys))
+    async with (
+        spawned_server(tiny_model, *flags) as (process, port),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+    ):
+
+        async def status(key: str) -> int:
+            return (
+                await http.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            ).status_code
+
+        def logged(words: str) -> None:
+            """Read the server's log until a line with `words` (the signal was handled)."""
+            assert process.stderr is not None
+            for line in process.stderr:
+                if words in line:
+                    return
+            raise AssertionError(f"the server ended without logging {words!r}")
+
+        assert (await status("old-key"), await status("new-key")) == (200, 401)
+        keys.write_text("new-key\n")
+        process.send_signal(signal.SIGHUP)
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(logged, "API keys reloaded (1)", abandon_on_cancel=True)
+        assert (await status("old-key"), await status("new-key")) == (401, 200)
+        keys.write_text("\n")  # no key: refused, the keys in force stay
+        process.send_signal(signal.SIGHUP)
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(
+                logged, "the API keys were not reloaded", abandon_on_cancel=True
+            )
+        assert (await status("old-key"), await status("new-key")) == (401, 200)
+        assert (await http.get("/health")).status_code == 200
+
+
+async def test_metrics_can_ask_for_a_key_too(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model, api_key="k", metrics_need_key=True) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        assert (await http.get("/metrics")).status_code == 401
+        keyed = await http.get("/metrics", headers={"Authorization": "Bearer k"})
+        assert keyed.status_code == 200 and "mlx_nursery:" in keyed.text
+        assert (await http.get("/health")).status_code == 200

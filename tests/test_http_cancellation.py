@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -27,6 +21,7 @@ from .http_helpers import (
     read_until,
     running_server,
     sdk,
+    spawned_server,
     sse_events,
     validate_error,
 )
@@ -157,51 +152,6 @@ async def test_idle_keep_alive_connections_are_closed(tiny_model: Path) -> None:
         with trio.fail_after(30):
             while await connection.receive_some(65536):
                 pass
-
-
-@asynccontextmanager
-async def spawned_server(
-    model: Path, *flags: str
-) -> AsyncIterator[tuple[subprocess.Popen[str], int]]:
-    """`mlx-nursery serve` as a real process (for signals); killed on exit if still running."""
-    process, port = await trio.to_thread.run_sync(lambda: _spawn_server(model, *flags))
-    try:
-        yield process, port
-    finally:
-        if process.poll() is None:
-            process.kill()
-        await trio.to_thread.run_sync(process.wait)
-        assert process.stderr is not None
-        process.stderr.close()
-
-
-def _spawn_server(model: Path, *flags: str) -> tuple[subprocess.Popen[str], int]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlx_nursery",
-            "serve",
-            "--model",
-            str(model),
-            "--port",
-            "0",
-            *flags,
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert process.stderr is not None
-    port, loaded = None, False
-    for line in process.stderr:
-        if match := re.search(r"Running on http://127\.0\.0\.1:(\d+)", line):
-            port = int(match.group(1))
-        loaded = loaded or "serving tiny" in line
-        if port and loaded:
-            break
-    assert port is not None, "the server did not start"
-    return process, port
 
 
 async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path) -> None:

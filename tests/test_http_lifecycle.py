@@ -62,8 +62,10 @@ class HeldStart:
         self.entered = trio.Event()
         self.job: Job | None = None
 
-    async def __call__(self, prepared: Prepared, deadline: float | None = None) -> Job:
-        job = await self._start(prepared, deadline)
+    async def __call__(
+        self, prepared: Prepared, deadline: float | None = None, arrived: float | None = None
+    ) -> Job:
+        job = await self._start(prepared, deadline, arrived)
         self.job = job
         self.entered.set()
         limit = trio.current_time() + 60

@@ -11,7 +11,6 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from .http import (
-    Access,
     LifetimeHTTPConnection,
     RequestLimits,
     RequestProcessors,
@@ -51,8 +50,8 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
     app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
-    access = Access.from_settings(settings.api_key, settings.api_key_file, settings.allowed_origins)
     service = Service(settings, extra_processors)
+    access = service.access
     app.extensions["mlx_nursery"] = service
     app.register_blueprint(routes)
 
@@ -78,8 +77,9 @@ def create_app(
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             asked = request.headers.get("Access-Control-Request-Headers")
-            return Response("", status=204, headers=access.preflight_headers(origin, asked))
-        if access.admits(request.path, request.headers.get("Authorization")):
+            headers = access.current.preflight_headers(origin, asked)
+            return Response("", status=204, headers=headers)
+        if access.current.admits(request.path, request.headers.get("Authorization")):
             return None
         await _drain_body(401)
         response = envelope_response(
@@ -95,7 +95,7 @@ def create_app(
     async def return_request_id(response: Response) -> Response:
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
         response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
-        response.headers.update(access.cors_headers(request.headers.get("Origin")))
+        response.headers.update(access.current.cors_headers(request.headers.get("Origin")))
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         service.metrics.requests.labels(rule, str(response.status_code)).inc()
         return response

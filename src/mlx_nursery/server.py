@@ -20,7 +20,7 @@ from hypercorn.typing import ASGIFramework
 
 from .app import asgi_app, create_app
 from .http import HYPERCORN_HEAD_BYTES, RequestProcessors, Service
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 log = logging.getLogger("mlx_nursery.server")
 
@@ -97,12 +97,28 @@ async def serve(
     async with trio.open_nursery() as nursery:
         if handle_signals:
             nursery.start_soon(_signals_to, shutdown)
+            nursery.start_soon(_reload_keys_on_sighup, service)
         nursery.start_soon(drain_on_shutdown)
         nursery.start_soon(stop_if_load_fails)
         urls = await nursery.start(run_hypercorn)
         await service.ready.wait()
         task_status.started(Running(urls, service))
     return 1 if service.state == "failed" else 0
+
+
+async def _reload_keys_on_sighup(service: Service) -> None:
+    """SIGHUP re-reads the API key file (a rotated key without a restart); a file that
+    cannot serve is logged and the keys in force stay."""
+    if not hasattr(signal, "SIGHUP"):
+        return
+    with trio.open_signal_receiver(signal.SIGHUP) as signals:
+        async for _ in signals:
+            try:
+                service.access.reload()
+            except SettingsError as exc:
+                log.error("SIGHUP: the API keys were not reloaded: %s", exc)
+            else:
+                log.info("SIGHUP: API keys reloaded (%d)", len(service.access.current.keys))
 
 
 async def _signals_to(shutdown: trio.Event) -> None:

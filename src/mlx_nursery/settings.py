@@ -230,6 +230,10 @@ class Settings:
         default=None,
         metadata=_help("a file of API keys, one per line (with --api-key: either is taken)"),
     )
+    metrics_need_key: bool = attrs.field(
+        default=False,
+        metadata=_help("with API keys set, /metrics asks for one too (else it is open)"),
+    )
     allowed_origins: str | None = attrs.field(
         default=None,
         metadata=_help(

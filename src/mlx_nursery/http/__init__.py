@@ -7,7 +7,6 @@ worker thread, run the generation as a job (`_jobs.py`) tied to the request's li
 """
 
 from . import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
-from ._access import Access
 from ._errors import envelope_response, error_response, internal_error, log_failure
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection
@@ -17,7 +16,6 @@ from ._service import RequestProcessors, Service
 
 __all__ = [
     "HYPERCORN_HEAD_BYTES",
-    "Access",
     "LifetimeHTTPConnection",
     "RequestLimits",
     "RequestProcessors",

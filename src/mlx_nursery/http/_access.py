@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from ..settings import SettingsError
+from ..settings import Settings, SettingsError
 
 PREFLIGHT_MAX_AGE = 600
 ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
@@ -27,6 +27,26 @@ class KeyFileError(SettingsError):
     """The API key file cannot be read or holds no key."""
 
 
+class AccessPolicy:
+    """The `Access` in force, rebuilt from the settings on `reload` (SIGHUP: a rotated key
+    file takes effect without a restart). A file that cannot serve keeps the keys in force."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.current = self._read()
+
+    def reload(self) -> None:
+        """Re-read the key file. Raises KeyFileError (the keys in force stay) if it cannot
+        serve. Trio thread (a small file: no thread needed)."""
+        self.current = self._read()
+
+    def _read(self) -> Access:
+        s = self._settings
+        return Access.from_settings(
+            s.api_key, s.api_key_file, s.allowed_origins, metrics_need_key=s.metrics_need_key
+        )
+
+
 @attrs.frozen
 class Access:
     """The server's keys (none: the API is open) and the browser origins it serves."""
@@ -34,9 +54,18 @@ class Access:
     keys: tuple[bytes, ...] = ()
     origins: frozenset[str] = frozenset()
     """Origins whose pages may call the API; "*" is any."""
+    keyed_paths: tuple[str, ...] = ("/v1",)
+    """Path prefixes that need a key (with keys set); `/metrics` too with --metrics-need-key."""
 
     @classmethod
-    def from_settings(cls, key: str | None, key_file: str | None, origins: str | None) -> Access:
+    def from_settings(
+        cls,
+        key: str | None,
+        key_file: str | None,
+        origins: str | None,
+        *,
+        metrics_need_key: bool = False,
+    ) -> Access:
         """Raises KeyFileError for a key file that cannot be read or holds no key."""
         keys = [k for k in [key] if k]
         if key_file:
@@ -49,11 +78,12 @@ class Access:
                 raise KeyFileError(f"the API key file {key_file} holds no key")
             keys += from_file
         allowed = frozenset(o.strip() for o in (origins or "").split(",") if o.strip())
-        return cls(tuple(k.encode() for k in keys), allowed)
+        keyed = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
+        return cls(tuple(k.encode() for k in keys), allowed, keyed)
 
     def admits(self, path: str, authorization: str | None) -> bool:
         """Whether a request to `path` with this Authorization header may proceed."""
-        if not self.keys or not path.startswith("/v1"):
+        if not self.keys or not path.startswith(self.keyed_paths):
             return True
         scheme, _, given = (authorization or "").partition(" ")
         candidate = given.strip().encode() if scheme.lower() == "bearer" else b""

@@ -35,6 +35,7 @@ from ..openai import (
 )
 from ..settings import Settings
 from ..store import ResponsesStore
+from ._access import AccessPolicy
 from ._batching import WritePolicy
 from ._jobs import Jobs
 from ._metrics import Metrics
@@ -82,6 +83,8 @@ class Service:
         )
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
         self.metrics = Metrics()
+        self.access = AccessPolicy(settings)
+        """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
 
     def deadline(self) -> float:
         """The deadline of a request that starts now (the request timeout; inf without one)."""
