@@ -34,49 +34,44 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter(
-            PREFIX + "http_requests", "HTTP requests answered", ["route", "status"], registry=r
-        )
-        self.success = Counter(
-            PREFIX + "request_success",
+
+        def counter(name: str, text: str, *labels: str) -> Counter:
+            return Counter(PREFIX + name, text, list(labels), registry=self.registry)
+
+        def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(
+                PREFIX + name, text, ["model_name"], buckets=buckets, registry=self.registry
+            )
+
+        self.requests = counter("http_requests", "HTTP requests answered", "route", "status")
+        self.success = counter(
+            "request_success",
             "Generations that ended, by finish reason",
-            ["model_name", "finished_reason"],
-            registry=r,
+            "model_name",
+            "finished_reason",
         )
-        self.cancelled = Counter(
-            PREFIX + "request_cancelled",
-            "Generations stopped before their end, by cause",
-            ["model_name", "cause"],
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            PREFIX + "prompt_tokens", "Prompt tokens of finished generations", ["model_name"],
-            registry=r,
+        self.cancelled = counter(
+            "request_cancelled", "Generations stopped before their end, by cause",
+            "model_name", "cause",
         )  # fmt: skip
-        self.generation_tokens = Counter(
-            PREFIX + "generation_tokens", "Tokens generated", ["model_name"], registry=r
+        self.prompt_tokens = counter(
+            "prompt_tokens", "Prompt tokens of finished generations", "model_name"
         )
-        self.ttft = Histogram(
-            PREFIX + "time_to_first_token_seconds",
+        self.generation_tokens = counter("generation_tokens", "Tokens generated", "model_name")
+        self.ttft = histogram(
+            "time_to_first_token_seconds",
             "From the request's arrival to its first token",
-            ["model_name"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
-        self.tpot = Histogram(
-            PREFIX + "time_per_output_token_seconds",
+        self.tpot = histogram(
+            "time_per_output_token_seconds",
             "A generation's time per token after its first",
-            ["model_name"],
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
+            _TOKEN_BUCKETS,
         )
-        self.e2e = Histogram(
-            PREFIX + "e2e_request_latency_seconds",
+        self.e2e = histogram(
+            "e2e_request_latency_seconds",
             "From the request's arrival to its generation's end",
-            ["model_name"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+            _LATENCY_BUCKETS,
         )
 
     def watch_engine(self, engine: Engine, model_name: str) -> None:
