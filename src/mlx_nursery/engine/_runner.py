@@ -22,7 +22,7 @@ from ._sequence import LiveSequence, Response, build_sequence, token_logprob
 from ._shapes import ShapeWatch
 from ._solo import SoloStepper
 from ._stepper import BatchStepper, Start, Stepper
-from ._types import FinishReason
+from ._types import FinishReason, ImageInputs
 from ._vision import ImagePrefill, cache_key, last_image_end
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -59,6 +59,8 @@ class Runner:
         self._outbox = outbox
         self._ledger = ledger
         self._eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
+        self._image_token = int(model.config["image_token_id"]) if model.vision else None
+        """A vision model's image placeholder id (None: a text model)."""
         self.shapes = ShapeWatch(model.model)
         """The model as both steppers call it, counting the prefill shapes they run."""
         self._batch = self._new_batch()
@@ -93,16 +95,14 @@ class Runner:
         uid = self._ledger.uids.get(seq_id)
         if uid is not None:
             self._ledger.remove(uid, self._stepper, "cancelled")
-        elif seq_id in self._ledger.probation:
-            sequence = self._ledger.probation.pop(seq_id)
-            self._ledger.finish(sequence, sequence.final("cancelled"))
-        elif seq_id in self._ledger.preempted:
-            sequence = self._ledger.preempted.pop(seq_id)
-            self._ledger.finish(sequence, sequence.final("cancelled"))
-        elif seq_id in self._ledger.imaging:
-            sequence = self._ledger.imaging.pop(seq_id)
-            sequence.prefill = None  # its partial KV goes with it
-            self._ledger.finish(sequence, sequence.final("cancelled"))
+            return
+        ledger = self._ledger
+        for waiting in (ledger.probation, ledger.preempted, ledger.imaging):
+            if seq_id in waiting:  # held by no stepper
+                sequence = waiting.pop(seq_id)
+                sequence.prefill = None  # an image prefill's partial KV goes with it
+                ledger.finish(sequence, sequence.final("cancelled"))
+                return
 
     def release_idle_responses(self) -> None:
         if not self._ledger.active:
@@ -265,10 +265,7 @@ class Runner:
                     assert self._cache is not None
                     self._cache.record_failure()
             if uid is None and command.request.images is not None:
-                # Images to encode: prefilled a chunk per iteration, then started.
-                step = self._config.prefill_step_size
-                sequence.prefill = ImagePrefill(self._model, prompt, command.request.images, step)
-                self._ledger.imaging[sequence.seq_id] = sequence
+                self._begin_image_prefill(sequence, prompt, command.request.images)
                 return
             if uid is None:
                 uid = stepper.insert(sequence, fresh)
@@ -308,19 +305,26 @@ class Runner:
         """Prefix-cache entries are shared only within a model and a request's cache key."""
         return (str(self._model.path), sequence.request.cache_key)
 
+    def _begin_image_prefill(
+        self, sequence: LiveSequence, prompt: list[int], images: ImageInputs
+    ) -> None:
+        """Encode the images (raises what the model raises) and queue the prompt's prefill,
+        a chunk per iteration (`prefill_images`); the sequence starts once it is done."""
+        step = self._config.prefill_step_size
+        sequence.prefill = ImagePrefill(self._model, prompt, images, step)
+        self._ledger.imaging[sequence.seq_id] = sequence
+
     def _cache_key(self, sequence: LiveSequence, tokens: list[int]) -> list[int] | None:
         """What the prefix cache knows `tokens` of this sequence by: the tokens, with an image
         prompt's placeholders named by their images (None: not cacheable)."""
         images = sequence.request.images
-        if images is None:
+        if images is None or self._image_token is None:
             return tokens
-        return cache_key(tokens, images, int(self._model.config["image_token_id"]))
+        return cache_key(tokens, images, self._image_token)
 
     def _images_end(self, prompt: list[int]) -> int:
         """Where a prompt's images end: a cached prefix must reach it (0 for a text model)."""
-        if self._model.vision is None:
-            return 0
-        return last_image_end(prompt, int(self._model.config["image_token_id"]))
+        return 0 if self._image_token is None else last_image_end(prompt, self._image_token)
 
     def _fetch_prefix(self, sequence: LiveSequence, prompt: list[int] | None) -> CacheHit | None:
         if self._cache is None or prompt is None:
@@ -443,13 +447,10 @@ class Runner:
         images = sequence.request.images
         if images is not None:  # its images go through the vision tower again
             try:
-                step = self._config.prefill_step_size
-                sequence.prefill = ImagePrefill(self._model, prompt, images, step)
+                self._begin_image_prefill(sequence, prompt, images)
             except Exception:  # fails this request only
                 log.exception("could not replay sequence %d", sequence.seq_id)
                 self._ledger.finish(sequence, sequence.final("error", _COULD_NOT_CONTINUE))
-                return
-            self._ledger.imaging[sequence.seq_id] = sequence
             return
         try:
             uid = self._batch.insert(sequence, Start(prompt, None, [], remaining))

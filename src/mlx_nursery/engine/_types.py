@@ -52,11 +52,14 @@ class ImageInputs:
     them under. The prompt's token ids already hold one placeholder per image token."""
 
     arrays: Mapping[str, Any]
-    images: int = attrs.field(validator=v.ge(1))
     image_tokens: int = attrs.field(validator=v.ge(0))
-    digests: tuple[bytes, ...] = ()
+    digests: tuple[bytes, ...] = attrs.field(validator=v.min_len(1))
     """Each image's identity (a hash of its decoded pixels), in prompt order: what the prefix
-    cache keys an image's placeholder tokens by (none: its prompt is not cached)."""
+    cache keys an image's placeholder tokens by."""
+
+    @property
+    def images(self) -> int:
+        return len(self.digests)
 
 
 @attrs.frozen

@@ -38,10 +38,8 @@ class VisionProcessor:
         self._processor = processor
         self._image_token_id = image_token_id
 
-    def prepare(self, text: str, images: list[Any]) -> tuple[list[int], ImageInputs | None]:
+    def prepare(self, text: str, images: list[Any]) -> tuple[list[int], ImageInputs]:
         """Raises ValueError (and what the processor raises) for inputs it cannot take."""
-        if not images:
-            return list(self._processor.tokenizer.encode(text, add_special_tokens=False)), None
         out = self._processor(text=[text], images=images, return_tensors="np")
         ids = [int(t) for t in np.asarray(out["input_ids"])[0]]
         arrays = {
@@ -51,9 +49,7 @@ class VisionProcessor:
         }
         image_tokens = sum(1 for t in ids if t == self._image_token_id)
         digests = tuple(_digest(image) for image in images)
-        return ids, ImageInputs(
-            arrays, images=len(images), image_tokens=image_tokens, digests=digests
-        )
+        return ids, ImageInputs(arrays, image_tokens=image_tokens, digests=digests)
 
     def check_image(self, image: Any) -> None:
         """Run one image through the image processor alone: raises what `prepare` would
