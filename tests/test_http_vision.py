@@ -426,3 +426,20 @@ async def test_http_images_are_fetched_from_allowed_hosts_only(tiny_vlm: Path) -
         )
         assert response.output_text == inline.json()["choices"][0]["message"]["content"]
         assert asked.count("/cat.png") == 3
+
+
+async def test_a_part_neither_text_nor_image_is_named_beside_an_image(tiny_vlm: Path) -> None:
+    body = image_chat(data_url(png(1)))
+    body["messages"][0]["content"].append({"type": "input_audio", "input_audio": {}})
+    async with (
+        running_server(tiny_vlm) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        reply = await http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 400
+        validate_error(reply.json())
+        error = reply.json()["error"]
+        assert (error["code"], error["param"]) == (
+            "unsupported_content",
+            "messages[0].content[2].type",
+        )

@@ -279,7 +279,7 @@ def _content(where: str, message: ChatMessage, images: _ImageTaker) -> str | lis
         elif part.type == "text" and part.text is not None:
             parts.append({"type": "text", "text": part.text})
         else:
-            _text(where, message)  # refuses the part it cannot take, by name
+            raise _unsupported_part(where, j, part.type)
     return parts
 
 
@@ -298,13 +298,17 @@ def _text(where: str, message: ChatMessage) -> str:
     pieces = []
     for j, part in enumerate(content):
         if part.type != "text" or part.text is None:
-            raise InvalidRequest(
-                f"content parts of type {quoted(part.type)} are not supported (text only)",
-                param=f"{where}.content[{j}].type",
-                code="unsupported_content",
-            )
+            raise _unsupported_part(where, j, part.type)
         pieces.append(part.text)
     return "".join(pieces)
+
+
+def _unsupported_part(where: str, index: int, kind: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"content parts of type {quoted(kind)} are not supported (text only)",
+        param=f"{where}.content[{index}].type",
+        code="unsupported_content",
+    )
 
 
 def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[int]:
