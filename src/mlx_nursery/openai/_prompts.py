@@ -107,26 +107,19 @@ def render_chat_prompt(
         raise InvalidRequest(
             "'messages' must contain at least one message", param="messages", code="invalid_value"
         )
-    images: list[Any] = []
-    takes = _ImageTaker(vision is not None, limits or ImageLimits(), images, url_param)
+    takes = _ImageTaker(vision, limits or ImageLimits(), url_param)
     rendered = [_message(where(i), m, takes) for i, m in enumerate(messages)]
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
     extra = {"tools": tools} if tools else {}
     try:
-        if images:
-            assert vision is not None
+        if takes.images or encode is not None:
             text = tokenizer.apply_chat_template(
                 rendered, add_generation_prompt=True, tokenize=False, **extra
             )
-            try:
-                return vision.prepare(text, images)
-            except (ValueError, TypeError, IndexError) as exc:  # the processor's own rules
-                raise takes.refused(vision, exc) from None
-        if encode is not None:
-            text = tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=True, tokenize=False, **extra
-            )
+            if takes.images:
+                return takes.prepare(text)
+            assert encode is not None
             return encode(text), None
         tokens = tokenizer.apply_chat_template(
             rendered, add_generation_prompt=True, tokenize=True, **extra
@@ -171,16 +164,16 @@ def render_served(
 class _ImageTaker:
     """Decodes a request's image parts in order, within its limits (one per request)."""
 
-    vision: bool
+    vision: VisionProcessor | None
     limits: ImageLimits
-    images: list[Any]
     url_param: str
     """Where a part keeps its URL, as errors name it (chat's `image_url.url`)."""
+    images: list[Any] = attrs.Factory(list)
     params: list[str] = attrs.Factory(list)
     """Each image's part, as errors name it."""
 
     def take(self, part: Any, param: str) -> dict[str, str]:
-        if not self.vision:
+        if self.vision is None:
             raise InvalidRequest(
                 "this model does not take images (text only)",
                 param=f"{param}.type",
@@ -194,7 +187,15 @@ class _ImageTaker:
         self.params.append(param)
         return {"type": "image"}
 
-    def refused(self, vision: VisionProcessor, exc: Exception) -> InvalidRequest:
+    def prepare(self, text: str) -> tuple[list[int], ImageInputs]:
+        """The rendered text and the images taken, through the model's processor."""
+        assert self.vision is not None  # images are taken only with one
+        try:
+            return self.vision.prepare(text, self.images)
+        except (ValueError, TypeError, IndexError) as exc:  # the processor's own rules
+            raise self._refused(self.vision, exc) from None
+
+    def _refused(self, vision: VisionProcessor, exc: Exception) -> InvalidRequest:
         """The 400 for images the model's processor would not take, naming the first image
         it refuses alone (the error path only: each image is processed again)."""
         culprit = None
