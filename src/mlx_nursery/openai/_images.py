@@ -97,7 +97,7 @@ def _data_url_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
             f"a data URL of type {media!r} is not an image", param=param, code="invalid_image"
         )
     if len(payload) // 4 * 3 > limits.max_bytes + 2:
-        raise _too_large(len(payload) // 4 * 3, limits, param)
+        raise too_large(len(payload) // 4 * 3, limits, param)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
@@ -130,13 +130,13 @@ def _local_file_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
         )
     size = path.stat().st_size
     if size > limits.max_bytes:
-        raise _too_large(size, limits, param)
+        raise too_large(size, limits, param)
     return path.read_bytes()
 
 
 def _decode(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
     if len(data) > limits.max_bytes:
-        raise _too_large(len(data), limits, param)
+        raise too_large(len(data), limits, param)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -168,9 +168,12 @@ def _decode(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
         ) from None
 
 
-def _too_large(size: int, limits: ImageLimits, param: str) -> InvalidRequest:
+def too_large(size: int, limits: ImageLimits, param: str) -> InvalidRequest:
+    """The 400 for an image of `size` bytes or more (a file's size, a data URL's decoded
+    size, or as much of a fetched image as was read) past the byte limit."""
     return InvalidRequest(
-        f"the image is {size} bytes; this server takes at most {limits.max_bytes} per image",
+        f"the image is {size} bytes or more; this server takes at most {limits.max_bytes} "
+        "per image",
         param=param,
         code="image_too_large",
     )

@@ -18,7 +18,7 @@ import httpx
 import trio
 
 from ._errors import InvalidRequest
-from ._images import ImageLimits
+from ._images import ImageLimits, too_large
 
 MAX_REDIRECTS = 3
 
@@ -36,26 +36,26 @@ def chat_image_urls(body: Any) -> Iterator[tuple[str, str]]:
     """(url, param) of the http(s) image parts of a raw chat request body (anything not
     shaped as one is left to the request's validation)."""
     messages = body.get("messages") if isinstance(body, dict) else None
+    for i, j, url in _remote_parts(messages):
+        yield url, f"messages[{i}].content[{j}].image_url.url"
+
+
+def conversation_image_urls(messages: Any, where: str) -> Iterator[tuple[str, str]]:
+    """(url, param) of the http(s) images of chat-shaped messages (a stored conversation)."""
+    for _, _, url in _remote_parts(messages):
+        yield url, where
+
+
+def _remote_parts(messages: Any) -> Iterator[tuple[int, int, str]]:
+    """(message index, part index, url) of the http(s) image parts of chat-shaped messages,
+    JSON as sent or stored; anything else is passed over."""
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
             source = part.get("image_url") if isinstance(part, dict) else None
             url = source.get("url") if isinstance(source, dict) else source
             if isinstance(url, str) and is_remote(url):
-                yield url, f"messages[{i}].content[{j}].image_url.url"
-
-
-def conversation_image_urls(
-    messages: list[dict[str, Any]], where: str
-) -> Iterator[tuple[str, str]]:
-    """(url, param) of the http(s) images of chat-shaped messages (a stored conversation)."""
-    for message in messages:
-        content = message.get("content")
-        for part in content if isinstance(content, list) else ():
-            source = part.get("image_url") if isinstance(part, dict) else None
-            url = source.get("url") if isinstance(source, dict) else None
-            if isinstance(url, str) and is_remote(url):
-                yield url, where
+                yield i, j, url
 
 
 def responses_image_urls(
@@ -118,12 +118,12 @@ async def _fetch_into(
                     raise _failed(param, f"HTTP {response.status_code}")
                 declared = response.headers.get("content-length")
                 if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-                    raise _too_large(int(declared), limits, param)
+                    raise too_large(int(declared), limits, param)
                 data = bytearray()
                 async for chunk in response.aiter_bytes():
                     data += chunk
                     if len(data) > limits.max_bytes:
-                        raise _too_large(len(data), limits, param)
+                        raise too_large(len(data), limits, param)
                 out[url] = bytes(data)
                 return
         raise _failed(param, "too many redirects")
@@ -136,13 +136,4 @@ async def _fetch_into(
 def _failed(param: str, why: str) -> InvalidRequest:
     return InvalidRequest(
         f"the image could not be fetched: {why}", param=param, code="invalid_image"
-    )
-
-
-def _too_large(size: int, limits: ImageLimits, param: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"the image is over {limits.max_bytes} bytes ({size} read); this server takes at "
-        f"most {limits.max_bytes} per image",
-        param=param,
-        code="image_too_large",
     )
