@@ -1,6 +1,6 @@
-"""mlx-lm's `BatchGenerator` with a prefill schedule that keeps time to first token short
-under arrivals. The only module that touches `BatchGenerator`'s internals (pinned:
-mlx-lm 0.32.2, whose `_next` this replaces).
+"""mlx-lm's `BatchGenerator` with a prefill schedule that does not idle prompts between
+their prefill and their first token. The only module that touches `BatchGenerator`'s
+internals (pinned: mlx-lm 0.32.2, whose `_next` this replaces).
 
 Each call of mlx-lm's `_next` runs one decode step of the running batch and one prefill
 chunk of the prompt batch, in this order: decode; admit waiting prompts into the prompt
@@ -10,8 +10,8 @@ whole call before its first token is even computed, and, since admission counts 
 prompt batch before those leave it, the next group of prompts cannot start in the call
 that moves the previous group out: a full prompt batch turns over every second call. A
 wave of arrivals (closed-loop clients that finish together) queues for that many calls,
-each as long as a prefill chunk. Measured through the server on an H100, that was most
-of a 750 ms median time to first token at 32 clients whose prefills take ~80 ms a group.
+each as long as a prefill chunk. (Measured on an H100, a wave's own prefill cost dominates
+its time to first token whichever the order: docs/benchmarks.md.)
 
 `ServingBatchGenerator._next` keeps the same data structures and steps, in the order:
 decode; admit; move prompts with nothing to prefill out; prefill a chunk; move the

@@ -2,12 +2,12 @@
 before any request waits for them.
 
 MLX builds kernels on first use: on CUDA it compiles them at run time (NVRTC), and a fresh
-process's first request on an 8B model took over a minute on an H100, every later one a
-fraction of a second. The warm-up runs what serving runs, on a dummy prompt: a prefill and
-decode steps alone (the fast path), then a small batch with sampling, prefill chunks of two
-lengths and a sequence leaving the batch. Shapes of real traffic differ (`_shapes`), but
-the kernels are built per operation and type far more than per shape. Engine thread; the
-server's /health answers 503 until it is done.
+process's first requests waited for that, far longer than any later one
+(docs/benchmarks.md, "Cold start, and the warm-up"). The warm-up runs what serving runs,
+on a dummy prompt: a prefill and decode steps alone (the fast path), then a small batch
+with sampling, prefill chunks of two lengths and a sequence leaving the batch. Shapes of
+real traffic differ (`_shapes`), but the kernels are built per operation and type far more
+than per shape. Engine thread; the server's /health answers 503 until it is done.
 """
 
 from __future__ import annotations

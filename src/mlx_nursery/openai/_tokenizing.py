@@ -1,11 +1,11 @@
 """Tokenizing rendered prompts a segment at a time, keeping the long segments seen before.
 
 Agent clients send the whole conversation every turn, and the preparation thread tokenized
-all of it every time: an 8,000-token system prompt cost about 15 ms a request on the dev
-machine, on the one thread that prepares every request. A fast tokenizer cuts text at its
-added tokens (`<|im_start|>`, `<|im_end|>`, ...) before anything else and tokenizes each
-piece between them on its own; so the ids of a long piece (a system prompt, a message, a
-tool schema) are the same wherever it appears, and can be kept.
+all of it every time, on the one thread that prepares every request (what a long shared
+prefix cost, and costs now: `bench/tokenizing.py`, docs/benchmarks.md). A fast tokenizer
+cuts text at its added tokens (`<|im_start|>`, `<|im_end|>`, ...) before anything else and
+tokenizes each piece between them on its own; so the ids of a long piece (a system prompt,
+a message, a tool schema) are the same wherever it appears, and can be kept.
 
 That holds only for tokenizers that treat each piece alike: no added token that strips or
 matches the whitespace around it, no pre-tokenizer that marks only the first piece (a
