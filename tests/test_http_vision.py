@@ -443,3 +443,42 @@ async def test_a_part_neither_text_nor_image_is_named_beside_an_image(tiny_vlm: 
             "unsupported_content",
             "messages[0].content[2].type",
         )
+
+
+async def test_image_detail_is_a_hint_named_as_ignored_or_refused_when_strict(
+    tiny_vlm: Path,
+) -> None:
+    """`detail` (chat's `image_url.detail`, Responses' `input_image.detail`): the model's
+    processor decides the resolution, so "low"/"high" are named in x-ignored-params, and
+    with --strict-params refused; "auto" is no hint."""
+
+    def chat(detail: str) -> dict[str, Any]:
+        body = image_chat(data_url(png(1)))
+        body["messages"][0]["content"][0]["image_url"]["detail"] = detail
+        return body
+
+    def respond(detail: str) -> dict[str, Any]:
+        parts = responses_input(data_url(png(1)))
+        parts[0]["content"][0]["detail"] = detail
+        return {"model": "tiny", "input": parts, "max_output_tokens": 4}
+
+    for strict in (False, True):
+        async with (
+            running_server(tiny_vlm, strict_params=strict) as server,
+            httpx.AsyncClient(base_url=server.base_url) as http,
+        ):
+            for path, make, name in (
+                ("/v1/chat/completions", chat, "image_url.detail"),
+                ("/v1/responses", respond, "input_image.detail"),
+            ):
+                auto = await http.post(path, json=make("auto"))
+                assert auto.status_code == 200
+                assert name not in auto.headers.get("x-ignored-params", "")
+                high = await http.post(path, json=make("high"))
+                if strict:
+                    assert high.status_code == 400
+                    validate_error(high.json())
+                    assert high.json()["error"]["param"] == name
+                else:
+                    assert high.status_code == 200
+                    assert name in high.headers["x-ignored-params"]

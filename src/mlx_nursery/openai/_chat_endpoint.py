@@ -142,6 +142,16 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     served.check(request.model)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
     ignored = params.ignored_hints(request, _HINTS, strict=served.strict_params)
+    details = [  # the model's image processor decides each image's resolution
+        part.image_url.get("detail")
+        for message in request.messages
+        if isinstance(message.content, list)
+        for part in message.content
+        if part.type == "image_url" and isinstance(part.image_url, dict)
+    ]
+    detail = next((d for d in details if d not in (None, "auto")), None)
+    given = {"image_url.detail": detail} if detail is not None else {}
+    ignored = (*ignored, *params.ignored_values(given, strict=served.strict_params))
     if request.max_tokens is not None and request.max_completion_tokens is not None:
         params.require(
             request.max_tokens == request.max_completion_tokens,

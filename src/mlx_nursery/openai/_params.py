@@ -46,20 +46,27 @@ def ignored_hints(request: Any, hints: dict[str, object], *, strict: bool) -> tu
     effort for a model without reasoning, a verbosity, a cache retention), which clients
     send by default. They are accepted and named in the response's `x-ignored-params`
     header; with `strict` (`--strict-params`) each is a 400, as unimplemented fields are."""
-    ignored: list[str] = []
+    given: dict[str, object] = {}
     for name, no_op in hints.items():
         value = getattr(request, name)
         if value is None or value in (no_op if isinstance(no_op, tuple) else (no_op,)):
             continue
-        if strict:
-            raise InvalidRequest(
-                f"'{name}' is not supported by this server (got {quoted(value)}); it is accepted "
-                "and ignored unless the server runs with --strict-params",
-                param=name,
-                code="unsupported_parameter",
-            )
-        ignored.append(name)
-    return tuple(ignored)
+        given[name] = value
+    return ignored_values(given, strict=strict)
+
+
+def ignored_values(given: Mapping[str, object], *, strict: bool) -> tuple[str, ...]:
+    """`ignored_hints` for hints already found set (nested fields, content parts): their
+    names for the `x-ignored-params` header, or, with `strict`, a 400 for the first."""
+    if strict and given:
+        name, value = next(iter(given.items()))
+        raise InvalidRequest(
+            f"'{name}' is not supported by this server (got {quoted(value)}); it is accepted "
+            "and ignored unless the server runs with --strict-params",
+            param=name,
+            code="unsupported_parameter",
+        )
+    return tuple(given)
 
 
 def sampling_from(fields: SamplingFields) -> SamplingParams:

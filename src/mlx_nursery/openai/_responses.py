@@ -28,7 +28,7 @@ from ._endpoints import (
 from ._errors import InvalidRequest, quoted
 from ._prompts import check_prompt_size, prompt_texts, render_served
 from ._responses_items import input_items, item_id, to_messages
-from ._responses_schemas import ResponsesRequest
+from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
 from ._served import ServedModel
 from ._shared import NamedToolChoice, SamplingFields, ToolChoiceMode, ToolChoiceType
 from ._tool_choice import offered_tools
@@ -185,24 +185,24 @@ def prepare_response(
 
 def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str, ...]:
     """Chat's rule (`_params.ignored_hints`) for the Responses fields, nested ones included."""
-    ignored = list(params.ignored_hints(request, _HINTS, strict=served.strict_params))
+    ignored = params.ignored_hints(request, _HINTS, strict=served.strict_params)
+    details = [
+        part.detail
+        for item in (request.input if isinstance(request.input, list) else [])
+        if isinstance(item, MessageItem) and isinstance(item.content, list)
+        for part in item.content
+        if isinstance(part, ImagePart)
+    ]
     nested = {
         "text.verbosity": request.text.verbosity if request.text else None,
         "stream_options.include_obfuscation": (
             request.stream_options.include_obfuscation if request.stream_options else None
         ),
+        # The model's image processor decides each image's resolution.
+        "input_image.detail": next((d for d in details if d not in (None, "auto")), None),
     }
-    for name, value in nested.items():
-        if value is None or value is False:
-            continue
-        if served.strict_params:
-            raise InvalidRequest(
-                f"'{name}' is not supported by this server (got {quoted(value)})",
-                param=name,
-                code="unsupported_parameter",
-            )
-        ignored.append(name)
-    return tuple(ignored)
+    given = {name: value for name, value in nested.items() if value not in (None, False)}
+    return (*ignored, *params.ignored_values(given, strict=served.strict_params))
 
 
 def _origins(instructions: int, previous: int, items: list[dict[str, Any]]) -> list[str]:
