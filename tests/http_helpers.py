@@ -64,17 +64,15 @@ def validate_error(body: Any) -> None:
 
 @asynccontextmanager
 async def running_server(
-    model: Path | None, *, extra_processors: Any = None, **settings: Any
+    model_dir: Path | None, /, *, extra_processors: Any = None, **settings: Any
 ) -> AsyncIterator[Running]:
     """Serve `model` until the block ends, then shut down as SIGTERM would and join everything.
 
-    `model` None serves the built-in default model."""
-    defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:"}
-    if model is not None:
-        defaults["served_model_name"] = "tiny"
-    config = Settings(
-        model=None if model is None else str(model), port=0, **{**defaults, **settings}
-    )
+    `model_dir` None serves the built-in default model, or the models `settings` name."""
+    defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:", "port": 0}
+    if model_dir is not None:
+        defaults.update(model=str(model_dir), served_model_name="tiny")
+    config = Settings(**{**defaults, **settings})
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(

@@ -104,11 +104,11 @@ def test_a_key_file_that_cannot_serve_is_a_settings_error(tmp_path: Path) -> Non
     empty = tmp_path / "empty"
     empty.write_text("\n \n")
     with pytest.raises(SettingsError, match="holds no key"):
-        Access.from_settings(None, str(empty), None)
+        Access.from_settings((), str(empty), None)
     with pytest.raises(SettingsError, match="cannot read"):
-        Access.from_settings(None, str(tmp_path / "missing"), None)
+        Access.from_settings((), str(tmp_path / "missing"), None)
     assert (
-        Access.from_settings(None, None, "*").cors_headers("https://any.example")[
+        Access.from_settings((), None, "*").cors_headers("https://any.example")[
             "Access-Control-Allow-Origin"
         ]
         == "*"

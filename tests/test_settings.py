@@ -62,7 +62,8 @@ def test_cli_has_a_flag_per_setting_with_the_settings_help_and_default() -> None
     for field in FIELDS:
         action = actions[flag_name(field)]
         assert action.dest == field.name
-        assert action.help == f"{setting_help(field).text} (default: {shown_default(field)})"
+        expected = f"{setting_help(field).text} (default: {shown_default(field)})"
+        assert action.help == expected.replace("%", "%%")  # argparse's escape
 
 
 def test_cli_defaults_are_the_settings_defaults() -> None:

@@ -16,6 +16,7 @@ from .http import (
     RequestProcessors,
     Service,
     ShieldFinalBody,
+    current_record,
     envelope_response,
     error_response,
     internal_error,
@@ -69,18 +70,30 @@ def create_app(
         # The client's id, if it is one: it is echoed and logged, so a short printable one.
         usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
         g.request_id = given if usable else f"req_{secrets.token_hex(12)}"
+        record = current_record()
+        if record is not None:
+            record.request_id = g.request_id
 
     @app.before_request
     async def check_access() -> Response | None:
         """A browser's preflight is answered here; a /v1 request without a key the server
-        holds gets OpenAI's 401 (http/_access.py)."""
+        holds gets OpenAI's 401, an admin route without an admin key a 403 (http/_access.py)."""
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             asked = request.headers.get("Access-Control-Request-Headers")
             headers = access.current.preflight_headers(origin, asked)
             return Response("", status=204, headers=headers)
-        if access.current.admits(request.path, request.headers.get("Authorization")):
+        verdict = access.current.verdict(request.path, request.headers.get("Authorization"))
+        if verdict == "allowed":
             return None
+        if verdict == "forbidden":
+            await _drain_body(403)
+            return envelope_response(
+                403,
+                "This route loads and unloads models: it needs an admin key (--admin-key).",
+                "invalid_request_error",
+                "admin_key_required",
+            )
         await _drain_body(401)
         response = envelope_response(
             401,
@@ -96,12 +109,18 @@ def create_app(
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
         response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
         response.headers.update(access.current.cors_headers(request.headers.get("Origin")))
+        record = current_record()
+        if record is not None:
+            record.status = response.status_code
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
         service.metrics.requests.labels(rule, str(response.status_code)).inc()
         return response
 
     @app.errorhandler(OpenAIError)
     async def openai_error(error: OpenAIError) -> Response:
+        record = current_record()
+        if record is not None:
+            record.error = error.code
         if error.status >= 500:
             log.warning("request %s failed: %s", getattr(g, "request_id", "-"), error.message)
         await _drain_body(error.status)

@@ -39,6 +39,8 @@ def _convert_gguf(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
+    from .http import model_sources
+    from .logs import configure_logging
     from .models import ModelNotFoundError, resolve_model_path
     from .models.default import DefaultModelError, ensure_default_model
     from .server import serve
@@ -46,15 +48,20 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         settings = serve_settings(args)
+        sources = model_sources(settings)
+        unknown = set(settings.preload) - {source.name for source in sources}
+        if unknown:
+            raise SettingsError(f"--preload names no served model: {', '.join(sorted(unknown))}")
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level)
-    try:
-        if settings.model is None:
-            ensure_default_model(lambda m: print(m, file=sys.stderr))
-        else:
-            resolve_model_path(settings.model)
+    configure_logging(settings.log_level, settings.log_format)
+    try:  # every model is found before the server starts; each loads when it is first used
+        for source in sources:
+            if source.spec is None:
+                ensure_default_model(lambda m: print(m, file=sys.stderr))
+            else:
+                resolve_model_path(source.spec)
     except (ModelNotFoundError, DefaultModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -72,15 +79,6 @@ def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
 
     overrides = {field.name: getattr(args, field.name) for field in attrs.fields(Settings)}
     return Settings.from_env(environ, **overrides)
-
-
-def _configure_logging(level: str) -> None:
-    import logging
-
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +122,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per Settings field, its help and shown default from the field (settings.py)."""
     import attrs
 
-    from .settings import Settings, flag_name, setting_help, shown_default, value_type
+    from .settings import Settings, flag_name, repeatable, setting_help, shown_default, value_type
 
     for field in attrs.fields(Settings):
         text = f"{setting_help(field).text} (default: {shown_default(field)})".replace("%", "%%")
@@ -134,6 +132,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(
                 flag, dest=field.name, action="store_const", const=True, default=None, help=text
             )
+        elif repeatable(field):
+            parser.add_argument(flag, dest=field.name, action="append", default=None, help=text)
         else:
             parser.add_argument(flag, dest=field.name, type=kind, default=None, help=text)
 

@@ -18,7 +18,8 @@ import attrs
 from attrs import validators as v
 
 from .engine import EngineConfig
-from .openai import ImageLimits
+from .logs import LOG_FORMATS
+from .openai import ImageLimits, RequestCaps
 
 ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -58,6 +59,20 @@ def _image_default(name: str) -> Any:
     return attrs.fields_dict(ImageLimits)[name].default
 
 
+def _strings(value: str | typing.Iterable[str] | None) -> tuple[str, ...]:
+    """A repeatable setting's values: one string (the environment's, comma-separated) or
+    several (repeated flags); empty ones dropped."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def _caps_default(name: str) -> Any:
+    """RequestCaps' default for `name`: stated once, in the OpenAI layer."""
+    return attrs.fields_dict(RequestCaps)[name].default
+
+
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value <= 0:
         raise SettingsError(f"{attribute.name} must be positive, got {value}")
@@ -65,14 +80,45 @@ def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float 
 
 @attrs.frozen
 class Settings:
-    model: str | None = attrs.field(
-        default=None,
+    model: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,
         metadata=_help(
-            "a local mlx-lm directory or a repo id already in the HF cache, never downloaded",
+            "PATH[=NAME]: a local mlx-lm or mlx-vlm directory, or a repo id already in the HF"
+            " cache (never downloaded), served as NAME; repeat it to serve several",
             none="the built-in model",
         ),
     )
-    """None serves the built-in default model (models/default.py)."""
+    """Empty (and no `models_dir`): the built-in default model (models/default.py)."""
+    models_dir: str | None = attrs.field(
+        default=None,
+        metadata=_help("serve every model directory under this folder, each by its folder name"),
+    )
+    max_loaded_models: int = attrs.field(
+        default=1,
+        validator=v.ge(1),
+        metadata=_help(
+            "models loaded at once; a request for another unloads the least recently used idle"
+            " one first"
+        ),
+    )
+    memory_budget: int | None = attrs.field(
+        default=None,
+        validator=v.optional(v.ge(1)),
+        metadata=_help(
+            "memory the loaded models may reserve together (weights, KV, prefix cache); each"
+            " model's KV defaults to its share of it",
+            none="80% of device memory",
+            unit="bytes",
+        ),
+    )
+    preload: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,
+        metadata=_help(
+            "a served model name to load at startup (repeatable)", none="the only model if one"
+        ),
+    )
     host: str = attrs.field(default="127.0.0.1", metadata=_help("address to bind"))
     port: int = attrs.field(
         default=8000, validator=[v.ge(0), v.le(65535)], metadata=_help("port to bind")
@@ -100,7 +146,10 @@ class Settings:
     """None: up to the model's context length."""
     served_model_name: str | None = attrs.field(
         default=None,
-        metadata=_help("the model id clients send as `model`", none="the model's name"),
+        metadata=_help(
+            "the model id clients send as `model`, for a server of one model (several: PATH=NAME)",
+            none="the model's name",
+        ),
     )
     prefill_batch_size: int = attrs.field(
         default=_engine_default("prefill_batch_size"),
@@ -148,6 +197,11 @@ class Settings:
         default="info",
         validator=v.in_(LOG_LEVELS),
         metadata=_help("debug, info, warning or error; prompts and completions are never logged"),
+    )
+    log_format: str = attrs.field(
+        default="text",
+        validator=v.in_(LOG_FORMATS),
+        metadata=_help("text, or json: one JSON object per line, a request's line with its fields"),
     )
     responses_db: str | None = attrs.field(
         default=None,
@@ -219,16 +273,25 @@ class Settings:
         validator=v.gt(0),
         metadata=_help("seconds an image fetch may wait to connect or between reads"),
     )
-    api_key: str | None = attrs.field(
-        default=None,
+    api_key: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,
         metadata=_help(
-            "the key every /v1 request must send as `Authorization: Bearer KEY`",
+            "a key /v1 requests may send as `Authorization: Bearer KEY` (repeatable)",
             none="none: the API is open",
         ),
     )
     api_key_file: str | None = attrs.field(
         default=None,
         metadata=_help("a file of API keys, one per line (with --api-key: either is taken)"),
+    )
+    admin_key: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_strings,
+        metadata=_help(
+            "a key for the model load and unload routes (repeatable); it is an API key too",
+            none="none: open only while the API is",
+        ),
     )
     metrics_need_key: bool = attrs.field(
         default=False,
@@ -248,6 +311,26 @@ class Settings:
     )
     """Past it, 413 before the body is read in full. 8 MiB holds many times the text any
     served context can take, and bounds what one body costs to parse."""
+
+    max_messages: int = attrs.field(
+        default=_caps_default("max_messages"),
+        validator=v.ge(1),
+        metadata=_help(
+            "messages in a chat request, or in a Responses conversation with its previous turns"
+        ),
+    )
+    max_tools: int = attrs.field(
+        default=_caps_default("max_tools"),
+        validator=v.ge(0),
+        metadata=_help("tools in one request"),
+    )
+    max_tokens_ceiling: int | None = attrs.field(
+        default=_caps_default("max_tokens"),
+        validator=_optional_positive,
+        metadata=_help(
+            "the largest max_tokens a request may ask for; past it, 400", none="the context room"
+        ),
+    )
 
     def responses_db_path(self) -> str:
         if self.responses_db:
@@ -295,11 +378,16 @@ def value_type(field: attrs.Attribute[Any]) -> type:
     return scalar
 
 
+def repeatable(field: attrs.Attribute[Any]) -> bool:
+    """Whether a setting takes several values (`tuple[str, ...]`: a flag given repeatedly)."""
+    return typing.get_origin(_FIELD_TYPES[field.name]) is tuple
+
+
 def shown_default(field: attrs.Attribute[Any]) -> str:
     """How a setting's default reads in --help and README: `2 GiB`, `30 days`, `0 (by load)`."""
     help_ = setting_help(field)
     value = field.default
-    if value is None:
+    if value is None or value == ():
         return help_.none
     if isinstance(value, bool):
         return "on" if value else "off"

@@ -96,3 +96,17 @@ def derive_kv_bytes(memory: int | None, weights: int, prompt_cache_bytes: int) -
     if memory is None:
         return None
     return max(0, int(memory * DEVICE_MEMORY_FRACTION) - weights - prompt_cache_bytes)
+
+
+def default_memory_budget() -> int | None:
+    """What the loaded models may reserve together when no budget is set:
+    `DEVICE_MEMORY_FRACTION` of the device's memory (None when it is unknown). Reads
+    device facts only, no model: any thread."""
+    memory = device_memory(mx.device_info())
+    return None if memory is None else int(memory * DEVICE_MEMORY_FRACTION)
+
+
+def memory_in_use() -> int:
+    """Bytes MLX holds in arrays now, all models and threads together (its own counter;
+    freed buffers MLX keeps for reuse are not counted). Any thread."""
+    return int(mx.get_active_memory())

@@ -9,21 +9,25 @@ worker thread, run the generation as a job (`_jobs.py`) tied to the request's li
 from . import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
 from ._errors import envelope_response, error_response, internal_error, log_failure
 from ._keepalive import ShieldFinalBody
-from ._lifetime import LifetimeHTTPConnection
+from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
+from ._model_sources import ModelSource, model_sources
 from ._routes import routes
 from ._service import RequestProcessors, Service
 
 __all__ = [
     "HYPERCORN_HEAD_BYTES",
     "LifetimeHTTPConnection",
+    "ModelSource",
     "RequestLimits",
     "RequestProcessors",
     "Service",
     "ShieldFinalBody",
+    "current_record",
     "envelope_response",
     "error_response",
     "internal_error",
     "log_failure",
+    "model_sources",
     "routes",
 ]

@@ -10,7 +10,9 @@ key is asked for: browsers send no credentials on it.
 from __future__ import annotations
 
 import hmac
+import re
 from pathlib import Path
+from typing import Literal
 
 import attrs
 
@@ -21,6 +23,9 @@ ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
 DEFAULT_ALLOWED_HEADERS = "authorization, content-type, x-request-id"
 EXPOSED_HEADERS = "x-request-id, x-ignored-params, x-truncated-messages"
 """The headers of ours a page may read (beside the CORS-safelisted ones)."""
+ADMIN_PATH = re.compile(r"^/v1/models/.+/(load|unload)$")
+"""The operators' routes: they need an admin key (`Access.verdict`)."""
+Verdict = Literal["allowed", "unauthorized", "forbidden"]
 
 
 class KeyFileError(SettingsError):
@@ -43,7 +48,11 @@ class AccessPolicy:
     def _read(self) -> Access:
         s = self._settings
         return Access.from_settings(
-            s.api_key, s.api_key_file, s.allowed_origins, metrics_need_key=s.metrics_need_key
+            s.api_key,
+            s.api_key_file,
+            s.allowed_origins,
+            admin_keys=s.admin_key,
+            metrics_need_key=s.metrics_need_key,
         )
 
 
@@ -52,6 +61,11 @@ class Access:
     """The server's keys (none: the API is open) and the browser origins it serves."""
 
     keys: tuple[bytes, ...] = ()
+    """Every key that opens the API, the admin keys included."""
+    admin_keys: tuple[bytes, ...] = ()
+    """Keys that also open the load and unload routes."""
+    api_open: bool = True
+    """No API key is set (admin keys alone guard only the admin routes)."""
     origins: frozenset[str] = frozenset()
     """Origins whose pages may call the API; "*" is any."""
     keyed_paths: tuple[str, ...] = ("/v1",)
@@ -60,14 +74,15 @@ class Access:
     @classmethod
     def from_settings(
         cls,
-        key: str | None,
+        api_keys: tuple[str, ...],
         key_file: str | None,
         origins: str | None,
         *,
+        admin_keys: tuple[str, ...] = (),
         metrics_need_key: bool = False,
     ) -> Access:
         """Raises KeyFileError for a key file that cannot be read or holds no key."""
-        keys = [k for k in [key] if k]
+        keys = list(api_keys)
         if key_file:
             try:
                 lines = Path(key_file).read_text("utf-8").splitlines()
@@ -79,18 +94,31 @@ class Access:
             keys += from_file
         allowed = frozenset(o.strip() for o in (origins or "").split(",") if o.strip())
         keyed = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
-        return cls(tuple(k.encode() for k in keys), allowed, keyed)
+        return cls(
+            tuple(k.encode() for k in [*keys, *admin_keys]),
+            tuple(k.encode() for k in admin_keys),
+            not keys,
+            allowed,
+            keyed,
+        )
 
-    def admits(self, path: str, authorization: str | None) -> bool:
-        """Whether a request to `path` with this Authorization header may proceed."""
-        if not self.keys or not path.startswith(self.keyed_paths):
-            return True
+    def verdict(self, path: str, authorization: str | None) -> Verdict:
+        """Whether a request to `path` with this Authorization header may proceed: a key
+        missing or wrong is "unauthorized" (401), a right key on an admin route that is not
+        an admin key "forbidden" (403). Admin keys open every route; admin routes are open
+        only on a server with no key at all."""
+        admin = ADMIN_PATH.match(path) is not None
+        if not admin and (self.api_open or not path.startswith(self.keyed_paths)):
+            return "allowed"
+        if admin and not self.keys:
+            return "allowed"
         scheme, _, given = (authorization or "").partition(" ")
         candidate = given.strip().encode() if scheme.lower() == "bearer" else b""
-        matched = False
-        for key in self.keys:  # every key, whatever matched: the time says nothing
-            matched |= hmac.compare_digest(candidate, key)
-        return matched
+        if admin and _matches(candidate, self.admin_keys):
+            return "allowed"
+        if not _matches(candidate, self.keys):
+            return "unauthorized"
+        return "forbidden" if admin else "allowed"
 
     def cors_headers(self, origin: str | None) -> dict[str, str]:
         """Headers that let a page of `origin` read the response (none: not allowed)."""
@@ -117,3 +145,10 @@ class Access:
             "Access-Control-Allow-Headers": headers,
             "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE),
         }
+
+
+def _matches(candidate: bytes, keys: tuple[bytes, ...]) -> bool:
+    matched = False
+    for key in keys:  # every key, whatever matched: the time says nothing
+        matched |= hmac.compare_digest(candidate, key)
+    return matched

@@ -32,6 +32,7 @@ from ..openai import (
     generate_text,
 )
 from ._metrics import Metrics
+from ._request_log import RequestRecord
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -76,14 +77,24 @@ class Jobs:
         self._closed = False
         """Set by `drain`: no job starts after it."""
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job is running (its model must stay loaded)."""
+        return bool(self._active)
+
     async def start(
-        self, prepared: Prepared, deadline: float | None = None, arrived: float | None = None
+        self,
+        prepared: Prepared,
+        deadline: float | None = None,
+        arrived: float | None = None,
+        record: RequestRecord | None = None,
     ) -> Job:
         """Admit and start a job; returns once its sequence holds a lane.
 
         `deadline`: when the request started earlier (its preparation); default now plus the
         request timeout. `arrived`: when the request arrived (its latencies count from
-        there, in the metrics); default now.
+        there, in the metrics); default now. `record`: the request's log record, which the
+        job fills in (tokens, finish, cancel cause) and holds open until it ends.
 
         Raises the OpenAIError of a refused admission: the shutdown 503 once `drain` has
         begun (then without a checkpoint), or when a drain cancels it while queued; 503
@@ -105,10 +116,17 @@ class Jobs:
         if self._idle.is_set():
             self._idle = trio.Event()
         arrived = trio.current_time() if arrived is None else arrived
+        if record is not None:
+            record.model = self._model_name
+            record.job_started()
         try:
-            await self._nursery.start(self._run, job, prepared, send, arrived)
-        except BaseException:
+            await self._nursery.start(self._run, job, prepared, send, arrived, record)
+        except BaseException as exc:
             self._finished(job)
+            if record is not None:
+                if isinstance(exc, OpenAIError):
+                    record.error = exc.code
+                record.part_ended()
             raise
         return job
 
@@ -118,20 +136,29 @@ class Jobs:
         prepared: Prepared,
         send: trio.MemorySendChannel[JobItem],
         arrived: float,
+        record: RequestRecord | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
         started = False
         observer = self._metrics.observer(self._model_name, arrived) if self._metrics else None
 
         def observe(output: Output) -> None:
-            assert observer is not None
+            now = trio.current_time()
             if isinstance(output, Finished):
                 usage = output.usage
-                observer.finished(
-                    trio.current_time(), output.reason, usage.prompt_tokens, usage.completion_tokens
-                )
+                if observer is not None:
+                    observer.finished(
+                        now, output.reason, usage.prompt_tokens, usage.completion_tokens
+                    )
+                if record is not None:
+                    record.prompt_tokens = usage.prompt_tokens
+                    record.completion_tokens = usage.completion_tokens
+                    record.finish_reason = output.reason
             else:
-                observer.first_token(trio.current_time())
+                if observer is not None:
+                    observer.first_token(now)
+                if record is not None and record.ttft_s is None:
+                    record.ttft_s = now - arrived
 
         def mark_started(value: None = None) -> None:
             nonlocal started
@@ -151,7 +178,7 @@ class Jobs:
                             prompt_param=prepared.prompt_param,
                             tools=prepared.tool_extractor(),
                             logprobs=prepared.logprob_aligner(),
-                            observe=observe if observer is not None else None,
+                            observe=observe if observer or record else None,
                             task_status=_Started(mark_started),
                         )
                     except OpenAIError as exc:
@@ -161,15 +188,21 @@ class Jobs:
                 if job.scope.cancelled_caught:
                     if observer is not None and started:
                         observer.cancelled(job.reason)
+                    if record is not None:
+                        record.cancel_cause = job.reason
                     failure = self._cancellation_error(job)
                     if not started:
                         raise failure
                 if failure is not None:
+                    if record is not None:
+                        record.error = failure.code
                     # Best effort, bounded: a client that stopped reading will not see it anyway.
                     with trio.move_on_after(1):
                         await send.send(failure)
         finally:
             self._finished(job)
+            if record is not None and started:
+                record.part_ended()  # before it started, `start` ends the record's part
 
     def _cancellation_error(self, job: Job) -> OpenAIError:
         if job.reason == "shutdown":

@@ -22,6 +22,7 @@ from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from ._jobs import Job
+from ._request_log import RequestRecord
 
 _current: ContextVar[RequestLifetime | None] = ContextVar(
     "mlx_nursery_request_lifetime", default=None
@@ -30,14 +31,22 @@ _current: ContextVar[RequestLifetime | None] = ContextVar(
 
 @attrs.define(eq=False)
 class RequestLifetime:
-    """The jobs one request started; cancelled ("client") when the request ends."""
+    """The jobs one request started; cancelled ("client") when the request ends. And the
+    request's log record, written once the request and its jobs have ended."""
 
+    record: RequestRecord
     jobs: list[Job] = attrs.Factory(list)
 
     def end(self) -> None:
         """Cancel every job still running: no one will read its output. Not a checkpoint."""
         for job in self.jobs:
             job.cancel("client")
+
+
+def current_record() -> RequestRecord | None:
+    """The log record of the request being handled (None outside one)."""
+    lifetime = _current.get()
+    return None if lifetime is None else lifetime.record
 
 
 def own(job: Job) -> Job:
@@ -57,10 +66,11 @@ class LifetimeHTTPConnection(TrioASGIHTTPConnection):
     context."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        lifetime = RequestLifetime()
+        lifetime = RequestLifetime(RequestRecord(self.scope["method"], self.scope["path"]))
         token = _current.set(lifetime)
         try:
             await super().__call__(receive, send)
         finally:
             _current.reset(token)
             lifetime.end()
+            lifetime.record.part_ended()

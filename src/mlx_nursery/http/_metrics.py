@@ -14,26 +14,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..engine import Engine
+from ..engine import Engine, memory_in_use
 
 PREFIX = "mlx_nursery:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+_LOAD_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
                   0.75, 1.0, 2.5)  # fmt: skip
 
 
 class Metrics:
-    """One server's metrics, for one served model (its `model_name` label)."""
+    """One server's metrics; what is per model carries its `model_name` label."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._engines: dict[int, _EngineCollector] = {}
+        self.registry.register(_MemoryCollector())
 
         def counter(name: str, text: str, *labels: str) -> Counter:
             return Counter(PREFIX + name, text, list(labels), registry=self.registry)
@@ -74,9 +77,44 @@ class Metrics:
             _LATENCY_BUCKETS,
         )
 
-    def watch_engine(self, engine: Engine, model_name: str) -> None:
-        """Read the engine's own statistics at every scrape."""
-        self.registry.register(_EngineCollector(engine, model_name))
+        self.model_loads = counter("model_loads", "Models loaded", "model_name")
+        self.model_load_failures = counter(
+            "model_load_failures", "Model loads that failed", "model_name"
+        )
+        self.model_unloads = counter("model_unloads", "Models unloaded", "model_name")
+        self.model_load_seconds = histogram(
+            "model_load_seconds", "How long a model took to load", _LOAD_BUCKETS
+        )
+        self.model_loaded_now = Gauge(
+            PREFIX + "model_loaded",
+            "1 while the model is loaded",
+            ["model_name"],
+            registry=self.registry,
+        )
+        self.model_reserved_bytes = Gauge(
+            PREFIX + "model_reserved_bytes",
+            "Memory a loaded model may hold: weights, KV budget, prefix cache budget",
+            ["model_name"],
+            registry=self.registry,
+        )
+
+    def model_loaded(self, engine: Engine, model_name: str, seconds: float, reserved: int) -> None:
+        """A model loaded: count it, and read its engine's statistics at every scrape."""
+        self.model_loads.labels(model_name).inc()
+        self.model_load_seconds.labels(model_name).observe(seconds)
+        self.model_loaded_now.labels(model_name).set(1)
+        self.model_reserved_bytes.labels(model_name).set(reserved)
+        collector = _EngineCollector(engine, model_name)
+        self._engines[id(engine)] = collector
+        self.registry.register(collector)
+
+    def model_unloaded(self, engine: Engine, model_name: str) -> None:
+        self.model_unloads.labels(model_name).inc()
+        self.model_loaded_now.labels(model_name).set(0)
+        self.model_reserved_bytes.labels(model_name).set(0)
+        collector = self._engines.pop(id(engine), None)
+        if collector is not None:
+            self.registry.unregister(collector)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -147,3 +185,12 @@ class _EngineCollector(Collector):
             yield counter("prefix_cache_queries", "Prefix cache lookups", cache.hits + cache.misses)
             yield counter("prefix_cache_hit_tokens", "Prompt tokens reused", cache.reused_tokens)
             yield gauge("prefix_cache_bytes", "Bytes the prefix cache holds", cache.nbytes)
+
+
+class _MemoryCollector(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            PREFIX + "memory_active_bytes",
+            "Memory MLX holds in arrays now, every loaded model together",
+            value=memory_in_use(),
+        )

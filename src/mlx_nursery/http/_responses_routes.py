@@ -29,7 +29,7 @@ from ..openai import (
 from ..store import StoredResponse
 from ._batching import merged_text
 from ._jobs import JobItem
-from ._lifetime import own
+from ._lifetime import current_record, own
 from ._pump import ended_early, pump
 from ._routes import _service, note_ignored, request_body, request_id, routes
 from ._service import Service
@@ -42,7 +42,7 @@ TRUNCATED_HEADER = "x-truncated-messages"
 @routes.post("/v1/responses")
 async def create_response() -> Response:
     service = _service()
-    _, served, jobs = service.require_ready()
+    models = service.check_open()
     arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
@@ -58,20 +58,26 @@ async def create_response() -> Response:
         if stored is None:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
-    served = await service.fetched(served, responses_image_urls(parsed.input, previous), deadline)
+    async with models.lease(service.slot_for(body), deadline) as hosted:
+        urls = responses_image_urls(parsed.input, previous)
+        served = await service.fetched(hosted.served, urls, deadline)
 
-    def prepare() -> PreparedResponse:
-        prepared = prepare_response(parsed, served, previous)
-        return attrs.evolve(
-            prepared, prepared=service.with_extra_processors(prepared.prepared, body)
+        def prepare() -> PreparedResponse:
+            prepared = prepare_response(parsed, served, previous)
+            return attrs.evolve(
+                prepared, prepared=service.with_extra_processors(prepared.prepared, body)
+            )
+
+        prepared = await service.prepare(prepare, deadline)
+        truncated = (
+            {TRUNCATED_HEADER: str(prepared.truncated_messages)}
+            if prepared.truncated_messages
+            else {}
         )
-
-    prepared = await service.prepare(prepare, deadline)
-    truncated = (
-        {TRUNCATED_HEADER: str(prepared.truncated_messages)} if prepared.truncated_messages else {}
-    )
-    note_ignored(prepared.prepared, **truncated)
-    job = own(await jobs.start(prepared.prepared, deadline, arrived))  # ends with the request
+        note_ignored(prepared.prepared, **truncated)
+        job = own(
+            await hosted.jobs.start(prepared.prepared, deadline, arrived, current_record())
+        )  # request's
     builder = ResponseBuilder(prepared)
     if parsed.stream:
         response = Response(

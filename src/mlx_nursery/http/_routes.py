@@ -32,7 +32,7 @@ from ..openai import (
 )
 from ._batching import merged_text
 from ._jobs import Job, JobItem
-from ._lifetime import own
+from ._lifetime import current_record, own
 from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._pump import ended_early, pump
 from ._service import Service
@@ -68,15 +68,32 @@ async def metrics() -> Response:
 
 @routes.get("/v1/models")
 async def list_models() -> dict[str, Any]:
-    _, served, _ = _service().require_ready()
-    return to_json(ModelList([served.card()]))  # type: ignore[no-any-return]
+    models = _service().check_open()
+    return to_json(ModelList([slot.card() for slot in models.slots]))  # type: ignore[no-any-return]
 
 
 @routes.get("/v1/models/<path:model>")
 async def get_model(model: str) -> dict[str, Any]:
-    _, served, _ = _service().require_ready()
-    served.check(model)
-    return to_json(served.card())  # type: ignore[no-any-return]
+    return to_json(_service().check_open().find(model).card())  # type: ignore[no-any-return]
+
+
+@routes.post("/v1/models/<path:model>/load")
+async def load_model(model: str) -> dict[str, Any]:
+    """Load a model now (an operator's route: admin key), unloading idle ones if it must;
+    the card of the loaded model. Errors as a request for the model would get."""
+    service = _service()
+    models = service.check_open()
+    hosted = await models.load(models.find(model), service.deadline())
+    return to_json(hosted.served.card())  # type: ignore[no-any-return]
+
+
+@routes.post("/v1/models/<path:model>/unload")
+async def unload_model(model: str) -> dict[str, Any]:
+    """Unload a model now (admin key); 409 while a request uses it. The model's card."""
+    models = _service().check_open()
+    slot = models.find(model)
+    await models.unload(slot)
+    return to_json(slot.card())  # type: ignore[no-any-return]
 
 
 @routes.post("/v1/chat/completions")
@@ -106,25 +123,32 @@ async def _complete(
     image_urls: Callable[[Any], Iterable[tuple[str, str]]] | None = None,
 ) -> Response:
     service = _service()
-    _, served, jobs = service.require_ready()
+    models = service.check_open()
     arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
     parsed: Any = None
-    if image_urls is not None and served.image_limits.domains and b"http" in raw:
-        # Remote images are fetched here, in the request's scope, between parsing and
-        # preparing; the common request skips the extra hop.
+    if models.only is None or (
+        image_urls is not None and service.image_limits.domains and b"http" in raw
+    ):
+        # Parsed first to know the model (a server of several), or to fetch remote images
+        # in the request's scope before preparing; the common request skips the extra hop.
         parsed = await service.prepare(lambda: parse_json(raw), deadline)
-        served = await service.fetched(served, image_urls(parsed), deadline)
+    async with models.lease(service.slot_for(parsed), deadline) as hosted:
+        served = hosted.served
+        if image_urls is not None and parsed is not None:
+            served = await service.fetched(served, image_urls(parsed), deadline)
 
-    def work() -> Prepared:
-        body = parse_json(raw) if parsed is None else parsed
-        trio.from_thread.check_cancelled()
-        return service.with_extra_processors(prepare(body, served), body)
+        def work() -> Prepared:
+            body = parse_json(raw) if parsed is None else parsed
+            trio.from_thread.check_cancelled()
+            return service.with_extra_processors(prepare(body, served), body)
 
-    prepared = await service.prepare(work, deadline)
-    note_ignored(prepared)
-    job = own(await jobs.start(prepared, deadline, arrived))  # cancelled when the request ends
+        prepared = await service.prepare(work, deadline)
+        note_ignored(prepared)
+        job = own(
+            await hosted.jobs.start(prepared, deadline, arrived, current_record())
+        )  # ends with the request
     if prepared.stream:
         body = pump(job, _ChunkStream(prepared), service.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)

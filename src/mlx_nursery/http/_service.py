@@ -1,8 +1,9 @@
-"""What the routes serve from: the engine, its jobs, the model as the API names it.
+"""What the routes serve from: the served models (their engines and jobs), the store.
 
-The service starts in the app's nursery at startup. The model loads in the
-background: until it is ready /health answers 503 and requests get a 503, so
-a slow load never trips the ASGI server's startup timeout.
+The service starts in the app's nursery at startup. The models to preload (a server of one
+model: that one) load in the background: until they are ready /health answers 503 and
+requests get a 503, so a slow load never trips the ASGI server's startup timeout. Other
+models load when a request names them (`_registry.py`).
 
 Requests are prepared (JSON parsed, validated, chat template rendered, tokenized) on a
 worker thread, one at a time: see `Service.prepare`.
@@ -19,17 +20,20 @@ from typing import Any, Literal, TypeVar
 
 import trio
 
-from ..engine import Engine, EngineConfig
+from ..engine import Engine, EngineConfig, default_memory_budget
 from ..openai import (
     Grammars,
     ImageLimits,
+    OpenAIError,
     Prepared,
+    RequestCaps,
     RequestTimeout,
     SegmentEncoder,
     ServedModel,
     Unavailable,
     fetch_images,
     longest_token_bytes,
+    requested_model,
     tool_format,
     with_processors,
 )
@@ -39,6 +43,8 @@ from ._access import AccessPolicy
 from ._batching import WritePolicy
 from ._jobs import Jobs
 from ._metrics import Metrics
+from ._model_sources import ModelSource, model_sources
+from ._registry import Hosted, ModelRegistry, ModelSlot, Reservation
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -71,9 +77,14 @@ class Service:
         self.state: State = "loading"
         self.ready = trio.Event()
         """Set once the state leaves "loading" (to ready, or failed)."""
-        self.engine: Engine | None = None
-        self.served: ServedModel | None = None
-        self.jobs: Jobs | None = None
+        self.sources = model_sources(settings)
+        self.preload = settings.preload or (
+            (self.sources[0].name,) if len(self.sources) == 1 else ()
+        )
+        """Loaded at startup: those named, else the only model of a server of one."""
+        self.models: ModelRegistry | None = None
+        """Made at startup (`run`), once the memory budget is known."""
+        self.image_limits = image_limits(settings)
         self.writes = WritePolicy(settings.stream_interval)
         """How streams batch their writes; it counts the streams open."""
         self.store = ResponsesStore(
@@ -133,43 +144,70 @@ class Service:
         return with_processors(prepared, *self.extra_processors(body))
 
     async def run(self, nursery: trio.Nursery) -> None:
-        """Load the model and start the engine in `nursery`; on failure, log, report unhealthy."""
+        """Open the store, start the model registry in `nursery` and load the models to
+        preload; on failure, log and report unhealthy (the server then exits: server.py)."""
         try:
             await self.store.open()
         except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
             self._failed(f"the responses store at {self.store.path} could not be opened")
             return
-        try:
-            model = self.settings.model
-            if model is None:
-                from ..models.default import ensure_default_model
+        budget = self.settings.memory_budget
+        if budget is None:
+            budget = await trio.to_thread.run_sync(default_memory_budget)
+        self.models = ModelRegistry(
+            self.sources,
+            self._open_model,
+            self.metrics,
+            max_loaded=self.settings.max_loaded_models,
+            memory_budget=budget,
+            kv_cache_bytes=self.settings.kv_cache_bytes,
+            prompt_cache_bytes=self.settings.prompt_cache_bytes,
+        )
+        self.models.start(nursery)
+        await self.models.read_facts()
+        for name in self.preload:
+            try:
+                await self.models.load(self.models.find(name), math.inf)
+            except OpenAIError as exc:
+                log.error("model %s was not preloaded: %s", name, exc.message)
+                self.state = "failed"
+                self.ready.set()
+                return
+        self.state = "ready"
+        self.ready.set()
+        log.info(
+            "serving %s (%s loaded, %d lanes per model)",
+            ", ".join(slot.source.name for slot in self.models.slots),
+            ", ".join(self.preload) or "none",
+            self.settings.max_concurrency,
+        )
 
-                model = str(await trio.to_thread.run_sync(lambda: ensure_default_model(log.info)))
-            config = EngineConfig(
-                model,
-                max_concurrency=self.settings.max_concurrency,
-                max_queue=self.settings.max_queue,
-                prompt_cache_bytes=self.settings.prompt_cache_bytes,
-                kv_cache_bytes=self.settings.kv_cache_bytes,
-                prefill_batch_size=self.settings.prefill_batch_size,
-                prefill_step_size=self.settings.prefill_step_size,
-                cudnn_attention=self.settings.cudnn_attention,
-                warmup=not self.settings.skip_warmup,
-            )
-            engine: Engine = await nursery.start(Engine(config).run)
-        except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
-            self._failed("the model failed to load")
-            return
-        self.engine = engine
+    async def _open_model(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> Hosted:
+        """Start `source`'s engine in `nursery` (its own) and present it to the API (the
+        registry's `Opener`). Raises what the load raised."""
+        config = EngineConfig(
+            path,
+            max_concurrency=self.settings.max_concurrency,
+            max_queue=self.settings.max_queue,
+            prompt_cache_bytes=reservation.prefix_cache,
+            kv_cache_bytes=reservation.kv,
+            prefill_batch_size=self.settings.prefill_batch_size,
+            prefill_step_size=self.settings.prefill_step_size,
+            cudnn_attention=self.settings.cudnn_attention,
+            warmup=not self.settings.skip_warmup,
+        )
+        engine: Engine = await nursery.start(Engine(config).run)
         vocab_size, max_token_bytes = await trio.to_thread.run_sync(
             _vocabulary, engine.model.tokenizer
         )
         encoder = await trio.to_thread.run_sync(SegmentEncoder, engine.model.tokenizer)
         if not encoder.enabled:
             log.info("this tokenizer is not split at its added tokens: prompts encode whole")
-        self.served = ServedModel(
-            name=self.settings.served_model_name or _public_name(self.settings.model),
-            aliases=frozenset({self.settings.model or "default", str(engine.model.path)}),
+        served = ServedModel(
+            name=source.name,
+            aliases=source.aliases | {str(engine.model.path)},
             created=int(time.time()),
             tokenizer=engine.model.tokenizer,
             context_length=engine.model.context_length,
@@ -182,35 +220,15 @@ class Service:
             default_max_tokens=self.settings.default_max_tokens,
             vision=engine.model.vision,
             encoder=encoder if encoder.enabled else None,
-            image_limits=ImageLimits(
-                max_bytes=self.settings.max_image_bytes,
-                max_images=self.settings.max_images_per_request,
-                max_pixels=self.settings.max_image_pixels,
-                local_path=(
-                    Path(self.settings.allowed_local_media_path)
-                    if self.settings.allowed_local_media_path
-                    else None
-                ),
-                domains=frozenset(
-                    d.strip().lower()
-                    for d in (self.settings.allowed_media_domains or "").split(",")
-                    if d.strip()
-                ),
-                fetch_timeout=self.settings.image_fetch_timeout,
+            image_limits=self.image_limits,
+            caps=RequestCaps(
+                max_messages=self.settings.max_messages,
+                max_tools=self.settings.max_tools,
+                max_tokens=self.settings.max_tokens_ceiling,
             ),
         )
-        self.metrics.watch_engine(engine, self.served.name)
-        self.jobs = Jobs(
-            nursery, engine, self.settings.request_timeout, self.metrics, self.served.name
-        )
-        self.state = "ready"
-        self.ready.set()
-        log.info(
-            "serving %s (context %d tokens, %d lanes)",
-            self.served.name,
-            self.served.context_length,
-            self.settings.max_concurrency,
-        )
+        jobs = Jobs(nursery, engine, self.settings.request_timeout, self.metrics, source.name)
+        return Hosted(engine, served, jobs, reservation)
 
     def _failed(self, what: str) -> None:
         log.exception("%s", what)
@@ -219,23 +237,51 @@ class Service:
 
     @property
     def healthy(self) -> bool:
-        return self.state == "ready" and self.engine is not None and self.engine.healthy
+        return self.state == "ready" and self.models is not None and self.models.healthy
 
-    def require_ready(self) -> tuple[Engine, ServedModel, Jobs]:
+    def check_open(self) -> ModelRegistry:
+        """The registry, while the server takes requests. Raises the 503 otherwise."""
         if self.state == "draining":
             raise Unavailable("the server is shutting down", code="server_shutting_down")
-        if self.state == "loading":
+        if self.state == "loading" or self.models is None:
             raise Unavailable("the model is still loading; retry shortly", code="model_loading")
-        if not self.healthy or self.engine is None or self.served is None or self.jobs is None:
-            raise Unavailable("the engine is not running", code="engine_unavailable")
-        return self.engine, self.served, self.jobs
+        if self.state == "failed":
+            raise Unavailable("the server failed to start", code="engine_unavailable")
+        return self.models
+
+    def slot_for(self, body: Any | None) -> ModelSlot:
+        """The slot of the model a request names: on a server of one model, that one
+        (`body` unread: its preparation refuses a wrong name); else the one `body` names."""
+        models = self.check_open()
+        only = models.only
+        if only is not None:
+            return only
+        return models.find(requested_model(body))
+
+    @property
+    def hosted(self) -> Hosted | None:
+        """The first loaded model (tests and a server of one model)."""
+        loaded = self.models.loaded() if self.models is not None else []
+        return loaded[0] if loaded else None
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.hosted.engine if self.hosted is not None else None
+
+    @property
+    def served(self) -> ServedModel | None:
+        return self.hosted.served if self.hosted is not None else None
+
+    @property
+    def jobs(self) -> Jobs | None:
+        return self.hosted.jobs if self.hosted is not None else None
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give running ones `grace` seconds, then cancel them."""
-        if self.state == "ready":
+        if self.state in ("ready", "loading"):
             self.state = "draining"
-        if self.jobs is not None:
-            await self.jobs.drain(grace)
+        if self.models is not None:
+            await self.models.drain(grace)
 
 
 def _vocabulary(tokenizer: Any) -> tuple[int, int]:
@@ -247,10 +293,19 @@ def _vocabulary(tokenizer: Any) -> tuple[int, int]:
     return len(vocabulary), longest_token_bytes(vocabulary)
 
 
-def _public_name(model: str | None) -> str:
-    if model is None:
-        from ..models.default import DEFAULT_MODEL_NAME
-
-        return DEFAULT_MODEL_NAME
-    path = Path(model).expanduser()
-    return path.name if path.exists() else model
+def image_limits(settings: Settings) -> ImageLimits:
+    """The image limits of every vision model served, from the settings."""
+    return ImageLimits(
+        max_bytes=settings.max_image_bytes,
+        max_images=settings.max_images_per_request,
+        max_pixels=settings.max_image_pixels,
+        local_path=(
+            Path(settings.allowed_local_media_path) if settings.allowed_local_media_path else None
+        ),
+        domains=frozenset(
+            d.strip().lower()
+            for d in (settings.allowed_media_domains or "").split(",")
+            if d.strip()
+        ),
+        fetch_timeout=settings.image_fetch_timeout,
+    )

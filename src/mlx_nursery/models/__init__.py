@@ -1,13 +1,24 @@
 """Model runtime: loading models from local paths or the local HF cache, and the model factory."""
 
-from ._loading import LoadedModel, ModelNotFoundError, load_model, resolve_model_path
+from ._loading import (
+    LoadedModel,
+    ModelFacts,
+    ModelLoadError,
+    ModelNotFoundError,
+    load_model,
+    model_facts,
+    resolve_model_path,
+)
 from .factory import PRESETS, make_model
 
 __all__ = [
     "PRESETS",
     "LoadedModel",
+    "ModelFacts",
+    "ModelLoadError",
     "ModelNotFoundError",
     "load_model",
     "make_model",
+    "model_facts",
     "resolve_model_path",
 ]

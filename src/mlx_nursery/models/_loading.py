@@ -86,6 +86,37 @@ def model_kind(path: Path) -> ModelKind:
     return "vlm" if "vision_config" in config else "lm"
 
 
+@attrs.frozen
+class ModelFacts:
+    """What a model directory says of itself before it is loaded (no MLX): for the model
+    list and for deciding whether it fits beside the models loaded already."""
+
+    kind: ModelKind
+    context_length: int | None
+    """The model's own context (its config's); the served one may be less (KV budget)."""
+    weight_bytes: int
+    """The size of its weight files: what loading it adds to MLX's active memory."""
+
+
+def model_facts(path: Path) -> ModelFacts:
+    """Read `path`'s config and weight files' sizes. Raises ModelLoadError for a config that
+    is not a JSON object. File reads: call it from a worker thread."""
+    try:
+        config = json.loads((path / "config.json").read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: unreadable config.json ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path}: config.json is not an object")
+    text = config.get("text_config")
+    context = None
+    for source in (config, text if isinstance(text, dict) else {}):
+        for key in ("max_position_embeddings", "max_seq_len", "n_ctx"):
+            if context is None and isinstance(source.get(key), int):
+                context = int(source[key])
+    weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return ModelFacts("vlm" if "vision_config" in config else "lm", context, weights)
+
+
 def _load_lm(path: Path) -> LoadedModel:
     from mlx_lm.utils import load
 

@@ -9,6 +9,8 @@ from ._completions_endpoint import prepare_completion
 from ._converter import to_json
 from ._endpoints import Prepared, with_processors
 from ._errors import (
+    Conflict,
+    Forbidden,
     GenerationFailed,
     HeadersTooLarge,
     InvalidRequest,
@@ -28,25 +30,29 @@ from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
 from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
-from ._models import ModelList
+from ._models import ModelCard, ModelList
+from ._params import RequestCaps
 from ._prompts import longest_token_bytes
 from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page
 from ._responses_schemas import ResponsesRequest
-from ._served import ServedModel
+from ._served import ServedModel, requested_model, unknown_model
 from ._structured import Grammars
 from ._tokenizing import SegmentEncoder
 from ._tools import ToolCallOut, tool_format
 
 __all__ = [
+    "Conflict",
     "Finished",
+    "Forbidden",
     "GenerationFailed",
     "Grammars",
     "HeadersTooLarge",
     "ImageLimits",
     "InvalidRequest",
     "LogprobEntry",
+    "ModelCard",
     "ModelList",
     "ModelNotFound",
     "OpenAIError",
@@ -54,6 +60,7 @@ __all__ = [
     "Overloaded",
     "Prepared",
     "PreparedResponse",
+    "RequestCaps",
     "RequestTimeout",
     "RequestTooLarge",
     "ResourceNotFound",
@@ -77,8 +84,10 @@ __all__ = [
     "prepare_completion",
     "prepare_response",
     "quoted",
+    "requested_model",
     "responses_image_urls",
     "to_json",
     "tool_format",
+    "unknown_model",
     "with_processors",
 ]

@@ -163,6 +163,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         if request.max_completion_tokens is not None
         else (request.max_tokens, "max_tokens")
     )
+    params.check_count(len(request.messages), served.caps.max_messages, "messages")
     checked = common(request, served)
     tools, forced = offered_tools(request.tools, request.tool_choice, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")

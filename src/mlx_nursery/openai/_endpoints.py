@@ -188,7 +188,9 @@ def prepared_for(
     """The engine request for a rendered prompt: its token budget checked against the room
     the context leaves."""
     room = served.context_length - len(tokens)
-    max_tokens = params.max_tokens(budget, budget_param, served.default_max_tokens, room)
+    max_tokens = params.max_tokens(
+        budget, budget_param, served.default_max_tokens, room, served.caps.max_tokens
+    )
     generation = GenerationRequest(
         tokens,
         max_tokens,

@@ -83,6 +83,20 @@ class HeadersTooLarge(OpenAIError):
     type = "invalid_request_error"
 
 
+class Forbidden(OpenAIError):
+    """The key is right but does not open this route (the admin routes)."""
+
+    status = 403
+    type = "invalid_request_error"
+
+
+class Conflict(OpenAIError):
+    """The resource is in a state that forbids the change (a model busy with requests)."""
+
+    status = 409
+    type = "invalid_request_error"
+
+
 class ModelNotFound(OpenAIError):
     status = 404
     type = "invalid_request_error"

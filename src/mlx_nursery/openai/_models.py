@@ -15,6 +15,9 @@ class ModelCard:
     input_modalities: list[str] = attrs.Factory(lambda: ["text"])
     """What a request may give the model: "text", and "image" for a vision model (not
     OpenAI's: local servers list what each model takes beside `context_length`)."""
+    loaded: bool = True
+    """Whether the model is in memory now (not OpenAI's): a request for one that is not
+    loads it first, which takes a while (see `--max-loaded-models`)."""
     owned_by: str = "mlx-nursery"
     object: Literal["model"] = "model"
 

@@ -17,6 +17,29 @@ _TOKEN_ID_DIGITS = 10
 long digit string is not free)."""
 
 
+@attrs.frozen
+class RequestCaps:
+    """What one request may ask for, checked before its prompt is rendered (each a setting:
+    `--max-messages`, `--max-tools`, `--max-tokens-ceiling`)."""
+
+    max_messages: int = 1000
+    """Chat messages, or a Responses conversation with its previous turns."""
+    max_tools: int = 128
+    """Tools offered in one request (OpenAI's own limit)."""
+    max_tokens: int | None = None
+    """The largest token budget a request may set (None: the context's room)."""
+
+
+def check_count(count: int, limit: int, param: str) -> None:
+    """A 400 naming `param` when a request gives more than `limit` of it."""
+    if count > limit:
+        raise InvalidRequest(
+            f"{param} holds {count} items; this server takes at most {limit}",
+            param=param,
+            code="too_many_items",
+        )
+
+
 def require(condition: bool, param: str, message: str) -> None:
     if not condition:
         raise InvalidRequest(message, param=param, code="invalid_value")
@@ -171,11 +194,19 @@ def check_n(n: int | None) -> None:
         )
 
 
-def max_tokens(requested: int | None, param: str, default: int | None, room: int) -> int:
-    """The token budget: the request's, else the server default, else the context's room."""
+def max_tokens(
+    requested: int | None, param: str, default: int | None, room: int, ceiling: int | None = None
+) -> int:
+    """The token budget: the request's, else the server default, else the context's room;
+    a request's above `ceiling` is a 400, a default above it is lowered to it."""
     if requested is not None:
         require(requested >= 1, param, f"{param} must be at least 1, got {requested}")
+        if ceiling is not None:
+            require(
+                requested <= ceiling,
+                param,
+                f"{param} is at most {ceiling} on this server, got {requested}",
+            )
         return requested
-    if default is not None:
-        return min(default, max(room, 1))
-    return max(room, 1)
+    budget = max(room, 1) if default is None else min(default, max(room, 1))
+    return budget if ceiling is None else min(budget, ceiling)

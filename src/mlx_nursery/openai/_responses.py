@@ -33,9 +33,6 @@ from ._served import ServedModel
 from ._shared import NamedToolChoice, SamplingFields, ToolChoiceMode, ToolChoiceType
 from ._tool_choice import offered_tools
 
-MAX_CONVERSATION_MESSAGES = 1000
-
-
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 REASONING_INCLUDE = "reasoning.encrypted_content"
 """Satisfied as asked: no model served here emits reasoning items, so there is none to
@@ -116,10 +113,12 @@ def prepare_response(
     ignored = _ignored_hints(request, served)
     items = input_items(request.input)
     conversation = [*(previous or []), *to_messages(items)]
-    if len(conversation) > MAX_CONVERSATION_MESSAGES:
+    limit = served.caps.max_messages
+    if len(conversation) > limit:
         raise InvalidRequest(
-            f"the conversation exceeds {MAX_CONVERSATION_MESSAGES} messages",
-            param="previous_response_id",
+            f"the conversation holds {len(conversation)} messages; this server takes at most"
+            f" {limit} (--max-messages)",
+            param="previous_response_id" if previous else "input",
             code="conversation_too_long",
         )
     system = [{"role": "system", "content": request.instructions}] if request.instructions else []

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import attrs
 
-from ._errors import ModelNotFound, quoted
+from ._errors import InvalidRequest, ModelNotFound, quoted
 from ._images import ImageLimits
 from ._models import ModelCard
+from ._params import RequestCaps
 
 
 @attrs.frozen
@@ -41,6 +42,8 @@ class ServedModel:
     vision: Any = None
     """A vision-language model's `VisionProcessor` (None: the model takes text only)."""
     image_limits: ImageLimits = attrs.field(factory=ImageLimits)
+    caps: RequestCaps = attrs.field(factory=RequestCaps)
+    """What one request may ask for (messages, tools, max_tokens)."""
 
     def with_fetched(self, fetched: Mapping[str, bytes]) -> ServedModel:
         """This model for one request whose remote images were fetched (`_media_fetch`)."""
@@ -54,11 +57,7 @@ class ServedModel:
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
-            raise ModelNotFound(
-                f"The model {quoted(requested)} does not exist. This server serves: '{self.name}'.",
-                param="model",
-                code="model_not_found",
-            )
+            raise unknown_model(requested, [self.name])
 
     def card(self) -> ModelCard:
         return ModelCard(
@@ -67,3 +66,33 @@ class ServedModel:
             context_length=self.context_length,
             input_modalities=self.input_modalities,
         )
+
+
+def unknown_model(requested: str, served: Collection[str]) -> ModelNotFound:
+    """The 404 for a model this server does not serve, naming those it does."""
+    names = ", ".join(f"'{name}'" for name in served)
+    return ModelNotFound(
+        f"The model {quoted(requested)} does not exist. This server serves: {names}.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def requested_model(body: Any) -> str:
+    """The `model` a request body names, read before the body is validated in full (a
+    server of several models must know which one prepares it). Raises InvalidRequest, in
+    the words the full validation would use, for a body that names none."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("Invalid type for 'body': expected an object", code="invalid_type")
+    if "model" not in body:
+        raise InvalidRequest(
+            "Missing required parameter: 'model'.",
+            param="model",
+            code="missing_required_parameter",
+        )
+    model = body["model"]
+    if not isinstance(model, str):
+        raise InvalidRequest(
+            "Invalid type for 'model': expected a string", param="model", code="invalid_type"
+        )
+    return model

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._errors import InvalidRequest, quoted
+from ._params import check_count
 from ._served import ServedModel
 from ._shared import FunctionTool, NamedToolChoice, ToolChoiceMode
 from ._tools import normalize_tools, strict_tool_names
@@ -25,6 +26,7 @@ def offered_tools(
     or the fallback convention). A tool_choice is checked with or without tools: one that
     forces a call needs a tool to call.
     """
+    check_count(len(raw or ()), served.caps.max_tools, "tools")
     tools = normalize_tools(raw)
     forcing = choice not in (None, "auto", "none")
     name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None

@@ -1,0 +1,393 @@
+"""The served models, loaded on demand within a memory budget.
+
+A request takes a lease on its model (`ModelRegistry.lease`), which loads the model first
+if it is not loaded. Loads run one at a time, in the service's nursery: requests for the
+same model wait for the same load, each within its own deadline, and one that gives up
+leaves the load going for the others. Before a load, the models already loaded must leave
+room for it: at most `--max-loaded-models` of them, and their reservations (weights, KV
+budget, prefix cache budget) within `--memory-budget`. The least recently used idle model
+is unloaded first; a busy one never (busy: a request holds a lease on it, or a job of it
+runs). If there is no room even so, the request gets 503 `insufficient_memory` with
+Retry-After: nothing was computed, and room may come when a busy model goes idle.
+
+A reservation is a bound, not a guess: the engine holds its sequences' KV within its KV
+budget (engine/_memory.py) and its prefix cache within its byte budget, and the weights are
+what the model's files hold. Without `--kv-cache-bytes`, a model's KV budget is its share
+of the memory budget (the budget over `--max-loaded-models`) less its weights and prefix
+cache: so with the defaults (one model loaded, 80% of device memory) a model gets what a
+server of one model always gave it.
+
+Each loaded model runs in its own nursery: its engine (thread, lanes, queue, prefix cache)
+and its jobs. Unloading closes the engine and waits until its thread has ended (the thread
+frees MLX's buffers before it ends), then drops every reference to the model.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
+
+import attrs
+import trio
+
+from ..engine import Engine
+from ..models import ModelFacts, model_facts, resolve_model_path
+from ..openai import (
+    Conflict,
+    ModelCard,
+    OpenAIError,
+    Overloaded,
+    RequestTimeout,
+    ServedModel,
+    Unavailable,
+    unknown_model,
+)
+from ._jobs import Jobs
+from ._metrics import Metrics
+from ._model_sources import ModelSource
+
+log = logging.getLogger("mlx_nursery.http")
+
+SlotState = Literal["unloaded", "loading", "ready", "unloading"]
+
+
+@attrs.frozen
+class Reservation:
+    """What a loaded model may hold, in bytes: its weights, its prefix cache's budget and
+    its KV budget (None: the engine derives one; only without any memory budget)."""
+
+    weights: int
+    prefix_cache: int
+    kv: int | None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.prefix_cache + (self.kv or 0)
+
+
+@attrs.frozen
+class Hosted:
+    """A loaded model: its engine, the model as the API presents it, its jobs."""
+
+    engine: Engine
+    served: ServedModel
+    jobs: Jobs
+    reservation: Reservation
+
+
+Opener = Callable[[ModelSource, Path, Reservation, trio.Nursery], Awaitable[Hosted]]
+"""Starts a model's engine in the nursery given and returns it hosted (`Service`)."""
+
+
+@attrs.define(eq=False)
+class _Attempt:
+    """One load of a model, which every request waiting for the model waits for."""
+
+    done: trio.Event = attrs.Factory(trio.Event)
+    failure: OpenAIError | None = None
+
+
+@attrs.define(eq=False)
+class ModelSlot:
+    """One served model, loaded or not."""
+
+    source: ModelSource
+    state: SlotState = "unloaded"
+    hosted: Hosted | None = None
+    facts: ModelFacts | None = None
+    """Read when it first loads (its kind, its own context length)."""
+    leases: int = 0
+    last_used: float = -math.inf
+    attempt: _Attempt | None = None
+    release: trio.Event = attrs.Factory(trio.Event)
+    """Set: the hosted model is to be unloaded."""
+    ended: trio.Event = attrs.Factory(trio.Event)
+    """Set once the hosted model's engine thread has ended (a new one per load)."""
+
+    @property
+    def busy(self) -> bool:
+        return self.leases > 0 or (self.hosted is not None and self.hosted.jobs.busy)
+
+    def card(self) -> ModelCard:
+        if self.hosted is not None and self.state == "ready":
+            return self.hosted.served.card()
+        facts = self.facts
+        return ModelCard(
+            id=self.source.name,
+            created=0,
+            context_length=facts.context_length or 0 if facts is not None else 0,
+            input_modalities=["text", "image"] if facts and facts.kind == "vlm" else ["text"],
+            loaded=False,
+        )
+
+
+class ModelRegistry:
+    """The served models: which are loaded, leases on them, loads and unloads."""
+
+    def __init__(
+        self,
+        sources: list[ModelSource],
+        opener: Opener,
+        metrics: Metrics,
+        *,
+        max_loaded: int,
+        memory_budget: int | None,
+        kv_cache_bytes: int | None,
+        prompt_cache_bytes: int,
+    ) -> None:
+        self.slots = [ModelSlot(source) for source in sources]
+        self._by_name = {
+            name: slot for slot in self.slots for name in (slot.source.name, *slot.source.aliases)
+        }
+        self._opener = opener
+        self._metrics = metrics
+        self._max_loaded = max_loaded
+        self.memory_budget = memory_budget
+        self._kv_cache_bytes = kv_cache_bytes
+        self._prompt_cache_bytes = prompt_cache_bytes
+        self._one_load = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Loads and loaded models run in `nursery` (the service's) from now on."""
+        self._nursery = nursery
+
+    async def read_facts(self) -> None:
+        """Read each model's config (kind, context length) for the model list, before any
+        load. A model that cannot be read now is listed without them; its load says why.
+        Cancellation: between models (each read runs on a worker thread)."""
+        for slot in self.slots:
+            try:
+                path = await trio.to_thread.run_sync(_resolve, slot.source)
+                slot.facts = await trio.to_thread.run_sync(model_facts, path)
+            except Exception:  # noqa: BLE001 - the load reports it, to the request that needs it
+                log.warning("model %s: its config could not be read", slot.source.name)
+
+    @property
+    def only(self) -> ModelSlot | None:
+        """The one served model, on a server of one (whose requests need not be read first
+        to know their model; a wrong name is refused by its preparation, as ever)."""
+        return self.slots[0] if len(self.slots) == 1 else None
+
+    def find(self, name: str) -> ModelSlot:
+        """The slot of the model served as `name` (or an alias). Raises the 404."""
+        slot = self._by_name.get(name)
+        if slot is None:
+            raise unknown_model(name, [s.source.name for s in self.slots])
+        return slot
+
+    def loaded(self) -> list[Hosted]:
+        return [slot.hosted for slot in self.slots if slot.hosted is not None]
+
+    @property
+    def healthy(self) -> bool:
+        """Every loaded model's engine runs (none loaded is healthy: they load on demand)."""
+        return all(hosted.engine.healthy for hosted in self.loaded())
+
+    @asynccontextmanager
+    async def lease(self, slot: ModelSlot, deadline: float) -> AsyncIterator[Hosted]:
+        """`slot`'s model, loaded, and kept loaded until the block ends (a job started in
+        it keeps the model busy on its own until the job ends).
+
+        Raises 503 `insufficient_memory` when it cannot be loaded for lack of room, 503
+        `model_load_failed` when its load failed, 504 when `deadline` passes first (the
+        load goes on for whoever else waits for it), 503 after `drain`.
+
+        Cancellation: waiting for the load is cancellable at any point, at no cost to the
+        load or to other waiters."""
+        slot.leases += 1
+        try:
+            hosted: Hosted | None = None
+            with trio.move_on_at(deadline):
+                hosted = await self._ready(slot)
+            if hosted is None:
+                raise RequestTimeout(
+                    f"the request timed out while the model {slot.source.name!r} loaded",
+                    code="request_timeout",
+                )
+            slot.last_used = trio.current_time()
+            try:
+                yield hosted
+            finally:
+                slot.last_used = trio.current_time()
+        finally:
+            slot.leases -= 1
+
+    async def load(self, slot: ModelSlot, deadline: float) -> Hosted:
+        """Load `slot`'s model if it is not (an operator's route; errors as `lease`)."""
+        async with self.lease(slot, deadline) as hosted:
+            return hosted
+
+    async def unload(self, slot: ModelSlot) -> bool:
+        """Unload `slot`'s model and wait until its engine thread has ended; False when it
+        was not loaded. Raises 409 while a request holds or uses it, or while it loads.
+
+        Cancellation: once begun, the unload completes whatever happens to the caller
+        (shielded: the engine thread ends within a step)."""
+        if slot.state in ("unloaded",):
+            return False
+        if slot.state == "loading" or slot.busy:
+            raise Conflict(
+                f"the model {slot.source.name!r} is in use; it was not unloaded",
+                param="model",
+                code="model_busy",
+            )
+        await self._unload(slot)
+        return True
+
+    async def drain(self, grace: float) -> None:
+        """No model loads from now on; every loaded model's jobs drain (`Jobs.drain`)."""
+        self._closed = True
+        async with trio.open_nursery() as nursery:
+            for hosted in self.loaded():
+                nursery.start_soon(hosted.jobs.drain, grace)
+
+    # -- loading -----------------------------------------------------------------------------
+    async def _ready(self, slot: ModelSlot) -> Hosted:
+        while True:
+            if self._closed:
+                raise Unavailable("the server is shutting down", code="server_shutting_down")
+            if slot.state == "ready":
+                assert slot.hosted is not None
+                return slot.hosted
+            if slot.state == "unloading":
+                await slot.ended.wait()
+                continue
+            if slot.state == "unloaded":
+                slot.state, slot.attempt = "loading", _Attempt()
+                assert self._nursery is not None, "the registry is not started"
+                self._nursery.start_soon(self._load, slot, slot.attempt)
+            attempt = slot.attempt
+            assert attempt is not None
+            await attempt.done.wait()
+            if attempt.failure is not None:
+                raise attempt.failure
+
+    async def _load(self, slot: ModelSlot, attempt: _Attempt) -> None:
+        name = slot.source.name
+        try:
+            async with self._one_load:
+                if self._closed:
+                    raise Unavailable("the server is shutting down", code="server_shutting_down")
+                began = trio.current_time()
+                path = await trio.to_thread.run_sync(_resolve, slot.source)
+                slot.facts = await trio.to_thread.run_sync(model_facts, path)
+                reservation = self._reservation(name, slot.facts)
+                await self._make_room(slot, reservation)
+                log.info("loading model %s", name)
+                assert self._nursery is not None
+                slot.hosted = await self._nursery.start(self._host, slot, path, reservation)
+                slot.state = "ready"
+                seconds = trio.current_time() - began
+                self._metrics.model_loaded(slot.hosted.engine, name, seconds, reservation.total)
+                log.info("model %s loaded in %.1f s", name, seconds)
+        except OpenAIError as exc:
+            attempt.failure = exc
+        except Exception:
+            log.exception("model %s failed to load", name)
+            self._metrics.model_load_failures.labels(name).inc()
+            attempt.failure = Unavailable(
+                f"the model {name!r} failed to load; the server's log says why",
+                code="model_load_failed",
+            )
+        finally:
+            if slot.state == "loading":
+                slot.state = "unloaded"
+                if attempt.failure is None:  # cancelled: the server is stopping
+                    attempt.failure = Unavailable(
+                        "the server is shutting down", code="server_shutting_down"
+                    )
+            attempt.done.set()
+
+    async def _host(
+        self,
+        slot: ModelSlot,
+        path: Path,
+        reservation: Reservation,
+        *,
+        task_status: trio.TaskStatus[Hosted],
+    ) -> None:
+        """Run the model's engine and jobs in a nursery of their own until it is unloaded
+        (or the service ends)."""
+        slot.release, slot.ended = trio.Event(), trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                hosted = await self._opener(slot.source, path, reservation, nursery)
+                task_status.started(hosted)
+                await slot.release.wait()
+                hosted.engine.close()
+        finally:
+            slot.ended.set()
+
+    def _reservation(self, name: str, facts: ModelFacts) -> Reservation:
+        prefix, kv = self._prompt_cache_bytes, self._kv_cache_bytes
+        budget = self.memory_budget
+        if kv is None and budget is not None:
+            share = budget // self._max_loaded
+            kv = share - facts.weight_bytes - prefix
+            if kv <= 0:
+                raise _insufficient(
+                    f"the model {name!r} does not fit its share of the memory budget "
+                    f"({share} bytes: --memory-budget over --max-loaded-models) with its "
+                    f"weights ({facts.weight_bytes} bytes) and prefix cache ({prefix} bytes)"
+                )
+        reservation = Reservation(facts.weight_bytes, prefix, kv)
+        if budget is not None and reservation.total > budget:
+            raise _insufficient(
+                f"the model {name!r} needs {reservation.total} bytes (weights, KV and prefix "
+                f"cache), more than the memory budget of {budget} bytes"
+            )
+        return reservation
+
+    async def _make_room(self, slot: ModelSlot, reservation: Reservation) -> None:
+        """Unload idle models, least recently used first, until `reservation` fits beside
+        the rest. Raises 503 `insufficient_memory` if busy models leave too little."""
+        while True:
+            others = [s for s in self.slots if s.hosted is not None and s is not slot]
+            held = sum(s.hosted.reservation.total for s in others if s.hosted is not None)
+            fits_count = len(others) < self._max_loaded
+            budget = self.memory_budget
+            fits_bytes = budget is None or held + reservation.total <= budget
+            if fits_count and fits_bytes:
+                return
+            idle = [s for s in others if s.state == "ready" and not s.busy]
+            if not idle:
+                raise _insufficient(
+                    f"the model {slot.source.name!r} cannot be loaded now: the models in use "
+                    "leave no room for it (--max-loaded-models, --memory-budget)"
+                )
+            await self._unload(min(idle, key=lambda s: s.last_used))
+
+    async def _unload(self, slot: ModelSlot) -> None:
+        name = slot.source.name
+        log.info("unloading model %s", name)
+        slot.state = "unloading"
+        slot.release.set()
+        with trio.CancelScope(shield=True):
+            await slot.ended.wait()
+        if slot.hosted is not None:
+            self._metrics.model_unloaded(slot.hosted.engine, name)
+        slot.hosted = None
+        slot.state = "unloaded"
+        gc.collect()  # the model's arrays held in reference cycles go now, not at some later pass
+        log.info("model %s unloaded", name)
+
+
+def _insufficient(message: str) -> Overloaded:
+    return Overloaded(message, param="model", code="insufficient_memory")
+
+
+def _resolve(source: ModelSource) -> Path:
+    """The model's directory: the built-in default's (converted on first use), or the path
+    or cached repo id given. Raises ModelNotFoundError. Worker thread."""
+    if source.spec is None:
+        from ..models.default import ensure_default_model
+
+        return ensure_default_model(log.info)
+    return resolve_model_path(source.spec)

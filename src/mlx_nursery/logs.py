@@ -1,0 +1,50 @@
+"""How the server's logs are written: text for people, or one JSON object per line for log
+pipelines (`--log-format json`).
+
+A JSON line holds the time, level, logger and message, and the fields a record carries
+as `request` (the request log, `http/_request_log.py`) at the top level. Prompts and
+completions never reach a log record: nothing here has to filter them out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Literal
+
+LogFormat = Literal["text", "json"]
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": _iso8601(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "request", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str, log_format: str) -> None:
+    """The root logger's level and its one handler (stderr), in text or JSON."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    )
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def _iso8601(created: float) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+    return f"{seconds}.{int(created % 1 * 1000):03d}Z"

@@ -1,0 +1,101 @@
+"""The request log over a real server: one line per request, written when the request and its
+generation have ended, with its fields; JSON lines under --log-format json; never the
+prompt or the output."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from mlx_nursery.logs import JsonFormatter
+
+from .http_helpers import (
+    chat_body,
+    eventually,
+    port_of,
+    post_request,
+    raw_http,
+    read_until,
+    running_server,
+)
+
+SECRET = "zebra-marmalade-4417"  # in every prompt; must appear in no log line
+
+
+def request_lines(caplog: pytest.LogCaptureFixture) -> dict[str, dict[str, Any]]:
+    """The request log's fields by request id."""
+    return {
+        r.request["request_id"]: r.request  # type: ignore[attr-defined]
+        for r in caplog.records
+        if r.name == "mlx_nursery.requests"
+    }
+
+
+async def test_one_line_per_request_with_its_fields_and_never_its_text(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        done = await http.post(
+            "/v1/chat/completions",
+            json=chat_body(SECRET, max_tokens=3, temperature=0),
+            headers={"x-request-id": "done-1"},
+        )
+        assert done.status_code == 200
+        refused = await http.post(
+            "/v1/chat/completions",
+            json=chat_body(SECRET, max_tokens=0),
+            headers={"x-request-id": "refused-1"},
+        )
+        assert refused.status_code == 400
+        body = chat_body(SECRET, max_tokens=3000, temperature=0, stream=True)
+        stream = await raw_http(
+            port_of(server),
+            post_request("/v1/chat/completions", body).replace(
+                b"\r\n\r\n", b"\r\nx-request-id: left-1\r\n\r\n", 1
+            ),
+        )
+        await read_until(stream, b"data: ")
+        await stream.aclose()  # the client leaves mid-stream
+        await eventually(lambda: "left-1" in request_lines(caplog), "the line of the one that left")
+
+    lines = request_lines(caplog)
+    assert lines["done-1"] | {"ttft_s": None, "duration_s": None} == {
+        "request_id": "done-1",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "model": "tiny",
+        "prompt_tokens": done.json()["usage"]["prompt_tokens"],
+        "completion_tokens": 3,
+        "finish_reason": "length",
+        "cancel_cause": None,
+        "error": None,
+        "ttft_s": None,
+        "duration_s": None,
+    }
+    assert 0 < lines["done-1"]["ttft_s"] <= lines["done-1"]["duration_s"]
+    assert (lines["refused-1"]["status"], lines["refused-1"]["error"]) == (400, "invalid_value")
+    assert lines["refused-1"]["completion_tokens"] is None
+    left = lines["left-1"]
+    assert (left["status"], left["cancel_cause"], left["finish_reason"]) == (200, "client", None)
+    assert sum(1 for r in caplog.records if r.name == "mlx_nursery.requests") == len(lines)
+
+    formatter = JsonFormatter()
+    for record in caplog.records:
+        line = formatter.format(record)
+        assert "\n" not in line
+        parsed = json.loads(line)
+        assert parsed["logger"] == record.name and parsed["level"] == record.levelname.lower()
+        if record.name == "mlx_nursery.requests":
+            assert parsed["request_id"] in lines and parsed["status"] is not None
+    assert SECRET not in caplog.text
+    assert all(SECRET not in formatter.format(r) for r in caplog.records)
