@@ -109,11 +109,11 @@ PUBLIC = {
     "http": [
         "HYPERCORN_HEAD_BYTES",
         "LifetimeHTTPConnection",
-        "ModelSource",
         "RequestLimits",
         "RequestProcessors",
         "Service",
         "ShieldFinalBody",
+        "current_record",
         "envelope_response",
         "error_response",
         "internal_error",

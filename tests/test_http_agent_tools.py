@@ -81,7 +81,9 @@ async def test_strict_tools_under_auto_are_enforced_once_a_call_opens(
                 reply = await client.chat.completions.create(**fields, seed=seed)
                 (call, *_) = reply.choices[0].message.tool_calls or []
                 calls.append((call.function.name, call.function.arguments))
-        free = await client.chat.completions.create(**{**fields, "user": None, "max_tokens": 8})
+        free = await client.chat.completions.create(
+            **{**fields, "user": None, "max_tokens": 8, "seed": 0}  # seeded: never flaky
+        )
     for name, arguments in calls:
         assert_strict_call(name, arguments)
     assert free.choices[0].message.content  # no call opened: text, unconstrained

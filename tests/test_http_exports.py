@@ -1,4 +1,5 @@
-"""The HTTP package's public surface: what app.py and server.py are built from, and only that."""
+"""The HTTP package's public surface: what app.py, server.py and cli.py are built from, and
+only that."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_all_names_exist_once() -> None:
 
 def test_app_and_server_import_http_only_through_its_package() -> None:
     imported: set[str] = set()
-    for module in ("app.py", "server.py"):
+    for module in ("app.py", "server.py", "cli.py"):
         tree = ast.parse((SOURCE / module).read_text("utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("http"):

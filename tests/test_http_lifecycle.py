@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -62,10 +62,8 @@ class HeldStart:
         self.entered = trio.Event()
         self.job: Job | None = None
 
-    async def __call__(
-        self, prepared: Prepared, deadline: float | None = None, arrived: float | None = None
-    ) -> Job:
-        job = await self._start(prepared, deadline, arrived)
+    async def __call__(self, prepared: Prepared, *rest: Any) -> Job:
+        job = await self._start(prepared, *rest)
         self.job = job
         self.entered.set()
         limit = trio.current_time() + 60

@@ -4,6 +4,7 @@ memory back after an unload, by MLX's own counter."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,10 @@ async def models_by_id(http: httpx.AsyncClient) -> dict[str, Any]:
     return {card["id"]: card for card in listing["data"]}
 
 
+async def loaded_models(http: httpx.AsyncClient) -> dict[str, bool]:
+    return {name: card["loaded"] for name, card in (await models_by_id(http)).items()}
+
+
 async def chat(http: httpx.AsyncClient, model: str, **fields: Any) -> httpx.Response:
     return await http.post(
         "/v1/chat/completions",
@@ -72,10 +77,7 @@ async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_le
 
         first = await chat(http, "a")
         assert first.status_code == 200 and first.json()["model"] == "a"
-        assert {k: c["loaded"] for k, c in (await models_by_id(http)).items()} == {
-            "a": True,
-            "b": False,
-        }
+        assert await loaded_models(http) == {"a": True, "b": False}
 
         # Two requests for `b` at once: one load, both served; `a` (idle) made room.
         replies: list[httpx.Response] = []
@@ -83,10 +85,7 @@ async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_le
             for _ in range(2):
                 nursery.start_soon(lambda: _append(replies, chat(http, "b")))
         assert [r.status_code for r in replies] == [200, 200]
-        assert {k: c["loaded"] for k, c in (await models_by_id(http)).items()} == {
-            "a": False,
-            "b": True,
-        }
+        assert await loaded_models(http) == {"a": False, "b": True}
         metrics = samples((await http.get("/metrics")).text)
         assert value(metrics, "mlx_nursery:model_loads_total", model_name="a") == 1
         assert value(metrics, "mlx_nursery:model_loads_total", model_name="b") == 1
@@ -133,7 +132,7 @@ async def test_a_busy_model_stays_and_a_load_that_cannot_fit_is_a_503(tiny_model
         assert int(refused.headers["Retry-After"]) >= 1
         unload = await http.post("/v1/models/a/unload")
         assert unload.status_code == 409 and unload.json()["error"]["code"] == "model_busy"
-        assert (await models_by_id(http))["a"]["loaded"] is True
+        assert (await loaded_models(http))["a"] is True
 
         # The stream on `a` was never disturbed: it is still running.
         more = await read_until(busy, b"data: ")
@@ -142,8 +141,39 @@ async def test_a_busy_model_stays_and_a_load_that_cannot_fit_is_a_503(tiny_model
 
         served = await chat(http, "b")
         assert served.status_code == 200 and served.json()["model"] == "b"
-        cards = await models_by_id(http)
-        assert (cards["a"]["loaded"], cards["b"]["loaded"]) == (False, True)
+        assert await loaded_models(http) == {"a": False, "b": True}
+
+
+async def test_a_load_beside_a_running_model_disturbs_none_of_its_requests(
+    tiny_model: Path,
+) -> None:
+    async with (
+        two_models(tiny_model, max_loaded_models=2) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        assert (await chat(http, "a")).status_code == 200
+        chunks: list[dict[str, Any]] = []
+
+        async def stream_on_a() -> None:
+            body = {
+                **chat_body(max_tokens=300, temperature=0, stream=True),
+                "model": "a",
+                "stream_options": {"include_usage": True},
+            }
+            async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: {"):
+                        chunks.append(json.loads(line[len("data: ") :]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream_on_a)
+            loaded = await chat(http, "b")  # loads `b` while `a` streams
+            assert loaded.status_code == 200, loaded.text
+            assert loaded.json()["model"] == "b"
+        # `a`'s stream ran to its end, every token of it.
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert chunks[-1]["usage"]["completion_tokens"] == 300
+        assert await loaded_models(http) == {"a": True, "b": True}
 
 
 async def test_a_model_larger_than_the_budget_is_refused_and_the_server_goes_on(

@@ -11,14 +11,13 @@ from ._errors import envelope_response, error_response, internal_error, log_fail
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
-from ._model_sources import ModelSource, model_sources
+from ._model_sources import model_sources
 from ._routes import routes
 from ._service import RequestProcessors, Service
 
 __all__ = [
     "HYPERCORN_HEAD_BYTES",
     "LifetimeHTTPConnection",
-    "ModelSource",
     "RequestLimits",
     "RequestProcessors",
     "Service",

@@ -35,7 +35,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._engines: dict[int, _EngineCollector] = {}
+        self._engines = _EngineCollector()
+        self.registry.register(self._engines)
         self.registry.register(_MemoryCollector())
 
         def counter(name: str, text: str, *labels: str) -> Counter:
@@ -104,17 +105,13 @@ class Metrics:
         self.model_load_seconds.labels(model_name).observe(seconds)
         self.model_loaded_now.labels(model_name).set(1)
         self.model_reserved_bytes.labels(model_name).set(reserved)
-        collector = _EngineCollector(engine, model_name)
-        self._engines[id(engine)] = collector
-        self.registry.register(collector)
+        self._engines.engines[model_name] = engine
 
-    def model_unloaded(self, engine: Engine, model_name: str) -> None:
+    def model_unloaded(self, model_name: str) -> None:
         self.model_unloads.labels(model_name).inc()
         self.model_loaded_now.labels(model_name).set(0)
         self.model_reserved_bytes.labels(model_name).set(0)
-        collector = self._engines.pop(id(engine), None)
-        if collector is not None:
-            self.registry.unregister(collector)
+        self._engines.engines.pop(model_name, None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -151,40 +148,47 @@ class RequestObserver:
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: Engine, model_name: str) -> None:
-        self._engine = engine
-        self._model = model_name
+    """What each loaded model's engine knows, read at scrape time: one family per metric,
+    a sample per model (a family registered twice would be refused by the registry)."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, Engine] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        stats = self._engine.statistics()
-        labels = [self._model]
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
-        def gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(PREFIX + name, text, labels=["model_name"])
-            family.add_metric(labels, value)
-            return family
+        def sample(kind: str, name: str, text: str, model: str, value: float) -> None:
+            family = families.get(name)
+            if family is None:
+                make = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+                family = families[name] = make(PREFIX + name, text, labels=["model_name"])
+            family.add_metric([model], value)
 
-        def counter(name: str, text: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(PREFIX + name, text, labels=["model_name"])
-            family.add_metric(labels, value)
-            return family
-
-        yield gauge("num_requests_running", "Sequences holding a lane", stats.lanes_borrowed)
-        yield gauge("num_requests_waiting", "Requests waiting for a lane", stats.queued)
-        yield gauge("engine_healthy", "1 while the engine runs", float(stats.state == "running"))
-        worker = stats.worker
-        if worker is None:
-            return
-        yield counter("preemptions", "Sequences preempted for KV memory", worker.preemptions)
-        yield counter(
-            "held_for_memory", "Requests that waited for KV memory", worker.held_for_memory
-        )
-        cache = worker.prefix_cache
-        if cache is not None:
-            yield counter("prefix_cache_hits", "Prefix cache hits", cache.hits)
-            yield counter("prefix_cache_queries", "Prefix cache lookups", cache.hits + cache.misses)
-            yield counter("prefix_cache_hit_tokens", "Prompt tokens reused", cache.reused_tokens)
-            yield gauge("prefix_cache_bytes", "Bytes the prefix cache holds", cache.nbytes)
+        for model, engine in self.engines.items():
+            stats = engine.statistics()
+            sample("gauge", "num_requests_running", "Sequences holding a lane", model,
+                   stats.lanes_borrowed)  # fmt: skip
+            sample("gauge", "num_requests_waiting", "Requests waiting for a lane", model,
+                   stats.queued)  # fmt: skip
+            sample("gauge", "engine_healthy", "1 while the engine runs", model,
+                   float(stats.state == "running"))  # fmt: skip
+            worker = stats.worker
+            if worker is None:
+                continue
+            sample("counter", "preemptions", "Sequences preempted for KV memory", model,
+                   worker.preemptions)  # fmt: skip
+            sample("counter", "held_for_memory", "Requests that waited for KV memory", model,
+                   worker.held_for_memory)  # fmt: skip
+            cache = worker.prefix_cache
+            if cache is not None:
+                sample("counter", "prefix_cache_hits", "Prefix cache hits", model, cache.hits)
+                sample("counter", "prefix_cache_queries", "Prefix cache lookups", model,
+                       cache.hits + cache.misses)  # fmt: skip
+                sample("counter", "prefix_cache_hit_tokens", "Prompt tokens reused", model,
+                       cache.reused_tokens)  # fmt: skip
+                sample("gauge", "prefix_cache_bytes", "Bytes the prefix cache holds", model,
+                       cache.nbytes)  # fmt: skip
+        yield from families.values()
 
 
 class _MemoryCollector(Collector):

@@ -372,7 +372,7 @@ class ModelRegistry:
         with trio.CancelScope(shield=True):
             await slot.ended.wait()
         if slot.hosted is not None:
-            self._metrics.model_unloaded(slot.hosted.engine, name)
+            self._metrics.model_unloaded(name)
         slot.hosted = None
         slot.state = "unloaded"
         gc.collect()  # the model's arrays held in reference cycles go now, not at some later pass
