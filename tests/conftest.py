@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +9,9 @@ import pytest
 from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, open_engine
 from mlx_nursery.models import make_model
+
+from .postgres import PostgresServer, postgres_server
+from .postgres import why_not as postgres_unavailable
 
 # Every engine of the suite (in-process or served) asserts its thread's invariants after each
 # iteration: a violation stops it, and the test sees the failure.
@@ -40,3 +43,13 @@ def engine_config(tiny_model: Path) -> EngineConfig:
 async def engine(engine_config: EngineConfig) -> AsyncIterator[Engine]:
     async with open_engine(engine_config) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (tests/postgres.py); skips where none can run."""
+    reason = postgres_unavailable()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL server: {reason}")
+    with postgres_server() as server:
+        yield server

@@ -182,8 +182,12 @@ PUBLIC = {
         "with_processors",
     ],
     "store": [
+        "PostgresResponsesStore",
+        "ResponsesStorage",
         "ResponsesStore",
+        "StoreUnavailable",
         "StoredResponse",
+        "responses_store_at",
     ],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""

@@ -206,7 +206,8 @@ class Settings:
     responses_db: str | None = attrs.field(
         default=None,
         metadata=_help(
-            "SQLite file of stored responses; ':memory:' keeps none across restarts",
+            "SQLite file of stored responses (':memory:' keeps none across restarts), "
+            "or a postgresql:// URL that several server processes share",
             none="responses.db in the user data dir",
         ),
     )

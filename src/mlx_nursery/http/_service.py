@@ -38,7 +38,7 @@ from ..openai import (
     with_processors,
 )
 from ..settings import Settings
-from ..store import ResponsesStore
+from ..store import responses_store_at
 from ._access import AccessPolicy
 from ._batching import WritePolicy
 from ._jobs import Jobs
@@ -87,7 +87,7 @@ class Service:
         self.image_limits = image_limits(settings)
         self.writes = WritePolicy(settings.stream_interval)
         """How streams batch their writes; it counts the streams open."""
-        self.store = ResponsesStore(
+        self.store = responses_store_at(
             settings.responses_db_path(),
             max_responses=settings.responses_max,
             max_age_seconds=settings.responses_max_age,

@@ -1,5 +1,14 @@
-"""Durable storage for the Responses API."""
+"""Durable storage for the Responses API: SQLite embedded, or PostgreSQL shared by replicas."""
 
+from ._postgres import PostgresResponsesStore, StoreUnavailable
 from ._responses import ResponsesStore, StoredResponse
+from ._storage import ResponsesStorage, responses_store_at
 
-__all__ = ["ResponsesStore", "StoredResponse"]
+__all__ = [
+    "PostgresResponsesStore",
+    "ResponsesStorage",
+    "ResponsesStore",
+    "StoreUnavailable",
+    "StoredResponse",
+    "responses_store_at",
+]

@@ -1,0 +1,276 @@
+"""The Responses store in PostgreSQL, shared by every server process that names the database.
+
+The rows, limits and cancellation behaviour are SQLite's (`_responses.py`): the JSON columns
+are text holding `json.dumps`'s output, so a body comes back byte for byte as SQLite gives
+it (jsonb would reorder its keys and refuse `\\u0000`). psycopg's async API runs only on
+asyncio, so the sync API runs on a worker thread, one call at a time, on one connection
+per process; each write is its own committed transaction.
+
+Several processes at once:
+- Schema creation takes a transaction-scoped advisory lock: `CREATE TABLE IF NOT EXISTS`
+  run by two sessions at once can fail on a unique index of the catalog.
+- Each put takes another advisory lock for its transaction, so puts from every process are
+  serialized as SQLite's `BEGIN IMMEDIATE` serializes them: two concurrent prunes would
+  each miss the other's row, leaving the table past `max_responses`.
+
+A lost connection (a server restart, an idle connection cut) is found when a call uses it:
+the call is retried once on a new connection; a call that fails on a new connection raises
+(the route's error handler answers 500 in OpenAI's envelope) and the next call connects
+again, so the store never stays failed. The URL's password is never in a message we make:
+`path` leaves it out, and errors at open are scrubbed of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import trio
+
+from ._responses import StoredResponse
+
+if TYPE_CHECKING:
+    import psycopg
+
+T = TypeVar("T")
+
+SCHEMES = ("postgresql://", "postgres://")
+
+_TABLE = "mlx_nursery_responses"
+"""Prefixed: the database may be shared with other applications."""
+
+_SCHEMA = (
+    f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
+        id TEXT PRIMARY KEY,
+        created_at DOUBLE PRECISION NOT NULL,
+        body TEXT NOT NULL,
+        input_items TEXT NOT NULL,
+        conversation TEXT NOT NULL
+    )""",
+    f"CREATE INDEX IF NOT EXISTS {_TABLE}_created_at ON {_TABLE} (created_at)",
+)
+
+
+def _lock_key(name: str) -> int:
+    """A bigint advisory lock key of our own (advisory keys are shared by every client of
+    the database: a hash of a name of ours is unlikely to be anyone else's)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+_SCHEMA_LOCK = _lock_key("mlx-nursery responses schema")
+_WRITE_LOCK = _lock_key("mlx-nursery responses write")
+
+_CONNECTION_DEFAULTS: dict[str, Any] = {
+    "application_name": "mlx-nursery",
+    "connect_timeout": 10,
+    # A server that vanishes (no reset) is found within about a minute, not TCP's hours:
+    # the worker thread, and every store call queued behind it, waits at most that long.
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+"""What the URL does not set itself."""
+
+
+def is_postgres_url(location: str) -> bool:
+    return location.startswith(SCHEMES)
+
+
+def shown_url(url: str) -> str:
+    """`url` for messages: scheme, user, host, port and database; never the password (nor
+    the query, which may carry one)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return f"{parts.scheme}://(a URL that does not parse)"
+    if "@" in parts.path or ":" in parts.path:  # an unencoded '/' in the password cut it
+        return f"{parts.scheme}://(a URL that does not parse)"
+    user = f"{parts.username}@" if parts.username else ""
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{user}{host}{f':{port}' if port else ''}{parts.path}"
+
+
+class StoreUnavailable(Exception):
+    """The database could not be reached or set up; the message never holds the password."""
+
+
+class PostgresResponsesStore:
+    """Stored responses in PostgreSQL, every call on a worker thread, one at a time.
+
+    Cancellation, for every method, as `ResponsesStore`'s: each is a checkpoint. Cancelled
+    before its thread starts (on entry, or while another call holds the one thread), it does
+    nothing and raises `Cancelled`. Once its thread runs, it is not abandoned: the call
+    completes (a connection attempt within `connect_timeout`, 10 s unless the URL says), a
+    write is committed or rolled back, and the cancellation is delivered at the caller's
+    next checkpoint. So a `put` under way when its client leaves still stores the response.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_responses: int = 10_000,
+        max_age_seconds: float = 30 * 24 * 3600,
+    ) -> None:
+        self._url = url
+        self.path = shown_url(url)
+        self.max_responses = max_responses
+        self.max_age_seconds = max_age_seconds
+        self._open = False
+        self._db: psycopg.Connection[Any] | None = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def open(self) -> None:
+        """Connect, and create the table if missing. Raises `StoreUnavailable` if either
+        fails. Cancelled before its thread ran: still closed."""
+        await self._run(self._open_db)
+
+    async def close(self) -> None:
+        """Close the connection. Cancelled before its thread ran: still open."""
+        await self._run(self._close_db)
+
+    async def put(self, record: StoredResponse) -> None:
+        """Store `record` (replacing one with its id), then evict past the age and count
+        limits, in one transaction. Cancelled before its thread ran: nothing was written."""
+        await self._run(self._call, self._put, record)
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response, or None (never stored, deleted, evicted, or too old)."""
+        found: StoredResponse | None = await self._run(self._call, self._get, response_id)
+        return found
+
+    async def delete(self, response_id: str) -> bool:
+        """Delete a response; whether it was there. Cancelled before its thread ran: nothing
+        was deleted. (Should the connection drop while the commit's answer is on its way,
+        the retry finds nothing and says False.)"""
+        deleted: bool = await self._run(self._call, self._delete, response_id)
+        return deleted
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the store's thread; never abandoned once started (class docstring)."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    # -- on the worker thread ---------------------------------------------------------------
+    def _open_db(self) -> None:
+        db = self._connect()
+        import psycopg  # imported by _connect: here for its name
+
+        try:
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in _SCHEMA:
+                    db.execute(statement)
+        except psycopg.Error as error:
+            db.close()
+            raise StoreUnavailable(
+                f"could not create the table at {self.path}: {self._scrubbed(error)}"
+            ) from None
+        self._close_db()
+        self._db, self._open = db, True
+
+    def _close_db(self) -> None:
+        self._open = False
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            import psycopg
+            from psycopg.conninfo import conninfo_to_dict
+        except ImportError:
+            raise StoreUnavailable(
+                "a PostgreSQL store needs psycopg: pip install 'mlx-nursery[postgres]'"
+            ) from None
+        try:
+            params = {**_CONNECTION_DEFAULTS, **conninfo_to_dict(self._url)}
+            return psycopg.connect(autocommit=True, **params)
+        except psycopg.Error as error:
+            raise StoreUnavailable(
+                f"could not connect to {self.path}: {self._scrubbed(error)}"
+            ) from None
+
+    def _call(self, fn: Callable[[psycopg.Connection[Any], Any], T], arg: Any) -> T:
+        """`fn(connection, arg)`, connecting first if no connection is kept. A kept
+        connection found dead in use (the server restarted, an idle connection was cut) is
+        replaced and the call retried once: puts and gets are idempotent, and a delete's
+        answer is as its docstring says. A new connection that fails is dropped, and the
+        error raised; the next call connects again."""
+        import psycopg
+
+        if not self._open:
+            raise RuntimeError("the responses store is not open")
+        retry = self._db is not None
+        while True:
+            if self._db is None:
+                self._db = self._connect()
+            db = self._db
+            try:
+                return fn(db, arg)
+            except psycopg.OperationalError:
+                if not db.broken:
+                    raise
+                self._db = None
+                db.close()
+                if not retry:
+                    raise
+                retry = False
+
+    def _put(self, db: psycopg.Connection[Any], record: StoredResponse) -> None:
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+            db.execute(
+                f"INSERT INTO {_TABLE} (id, created_at, body, input_items, conversation)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                " created_at = EXCLUDED.created_at, body = EXCLUDED.body,"
+                " input_items = EXCLUDED.input_items, conversation = EXCLUDED.conversation",
+                (
+                    record.id,
+                    record.created_at,
+                    json.dumps(record.body),
+                    json.dumps(record.input_items),
+                    json.dumps(record.conversation),
+                ),
+            )
+            db.execute(
+                f"DELETE FROM {_TABLE} WHERE created_at < %s",
+                (time.time() - self.max_age_seconds,),
+            )
+            db.execute(
+                f"DELETE FROM {_TABLE} WHERE id IN (SELECT id FROM {_TABLE}"
+                " ORDER BY created_at DESC OFFSET %s)",
+                (self.max_responses,),
+            )
+
+    def _get(self, db: psycopg.Connection[Any], response_id: str) -> StoredResponse | None:
+        row = db.execute(
+            f"SELECT id, created_at, body, input_items, conversation FROM {_TABLE} WHERE id = %s",
+            (response_id,),
+        ).fetchone()
+        if row is None or row[1] < time.time() - self.max_age_seconds:
+            return None
+        return StoredResponse(
+            row[0], row[1], json.loads(row[2]), json.loads(row[3]), json.loads(row[4])
+        )
+
+    def _delete(self, db: psycopg.Connection[Any], response_id: str) -> bool:
+        return db.execute(f"DELETE FROM {_TABLE} WHERE id = %s", (response_id,)).rowcount > 0
+
+    def _scrubbed(self, error: BaseException) -> str:
+        """`error`'s message with the password taken out (libpq's never quotes it; a
+        parse error of the URL could)."""
+        message = f"{type(error).__name__}: {error}".strip()
+        try:
+            password = urlsplit(self._url).password
+        except ValueError:
+            password = None
+        for secret in {password, unquote(password or "")} - {None, ""}:
+            assert secret is not None
+            message = message.replace(secret, "***")
+        return message

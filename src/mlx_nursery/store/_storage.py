@@ -1,0 +1,57 @@
+"""What the server needs of a Responses store, and the one place that picks the backend.
+
+SQLite is the embedded default (one process, nothing to run beside it); PostgreSQL lets
+several server processes behind a load balancer share `previous_response_id`, retrieve and
+delete. Both keep the same rows, limits and cancellation behaviour.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ._postgres import PostgresResponsesStore, is_postgres_url
+from ._responses import ResponsesStore, StoredResponse
+
+
+class ResponsesStorage(Protocol):
+    """A Responses store. Cancellation, for every method: a checkpoint; cancelled before its
+    thread starts, it does nothing and raises `Cancelled`; once started it is never abandoned
+    (a `put` under way when its client leaves still stores): see `ResponsesStore`."""
+
+    @property
+    def path(self) -> str:
+        """Where the store is, for messages: a file path, or a URL without its password."""
+        ...
+
+    async def open(self) -> None:
+        """Open the store, creating its schema if missing; raises if it cannot."""
+        ...
+
+    async def close(self) -> None:
+        """Close the store; later calls raise until it is opened again."""
+        ...
+
+    async def put(self, record: StoredResponse) -> None:
+        """Store `record` (replacing one with its id), evicting past the count and age
+        limits; committed when it returns."""
+        ...
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response, or None (never stored, deleted, evicted, or too old)."""
+        ...
+
+    async def delete(self, response_id: str) -> bool:
+        """Delete a response; whether it was there."""
+        ...
+
+
+def responses_store_at(
+    location: str, *, max_responses: int, max_age_seconds: float
+) -> ResponsesStorage:
+    """The store `--responses-db` names, not yet open: a `postgresql://` or `postgres://` URL
+    is a PostgreSQL database; anything else is a SQLite file (or `:memory:`)."""
+    if is_postgres_url(location):
+        return PostgresResponsesStore(
+            location, max_responses=max_responses, max_age_seconds=max_age_seconds
+        )
+    return ResponsesStore(location, max_responses=max_responses, max_age_seconds=max_age_seconds)
