@@ -323,6 +323,9 @@ class ModelRegistry:
                 await slot.release.wait()
                 hosted.engine.close()
         finally:
+            slot.hosted = None  # gone before anyone waiting for its end looks again
+            if slot.state == "unloading":
+                slot.state = "unloaded"
             slot.ended.set()
 
     def _reservation(self, name: str, facts: ModelFacts) -> Reservation:
@@ -370,11 +373,8 @@ class ModelRegistry:
         slot.state = "unloading"
         slot.release.set()
         with trio.CancelScope(shield=True):
-            await slot.ended.wait()
-        if slot.hosted is not None:
-            self._metrics.model_unloaded(name)
-        slot.hosted = None
-        slot.state = "unloaded"
+            await slot.ended.wait()  # the host task has dropped the model (`_host`)
+        self._metrics.model_unloaded(name)
         gc.collect()  # the model's arrays held in reference cycles go now, not at some later pass
         log.info("model %s unloaded", name)
 
