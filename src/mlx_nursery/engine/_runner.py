@@ -147,8 +147,7 @@ class Runner:
         for i, command in enumerate(commands):
             lengths.append(len(command.request.prompt_tokens))
             if not self._budget.fits(lengths, growth=KV_STEP):
-                self._ledger.held = [*commands[i:], *self._ledger.held]
-                self.held_for_memory += arriving * len(commands[i:])
+                self.hold(commands[i:], ahead=True, count=arriving)
                 break
             admitted.append(command)
         if not admitted:
@@ -161,6 +160,14 @@ class Runner:
         self._hand_over()
         for command in admitted:
             self._admit(command, self._batch)
+
+    def hold(self, commands: list[Submit], *, ahead: bool, count: bool) -> None:
+        """Hold submissions back, in order: `ahead` of those held already (they were held
+        first and came back), else behind them. `count`: they wait for KV memory
+        (`held_for_memory`), not only behind sequences on probation."""
+        held = self._ledger.held
+        self._ledger.held = [*commands, *held] if ahead else [*held, *commands]
+        self.held_for_memory += count * len(commands)
 
     def admit_waiting(self) -> None:
         """Replay the preempted sequences that fit again, oldest preemption first, then admit

@@ -242,9 +242,7 @@ class Worker:
                     admitted.append(command)
         ledger = self._ledger
         if admitted and (ledger.probation or ledger.preempted or ledger.held):
-            if not ledger.probation:
-                runner.held_for_memory += len(admitted)
-            ledger.held += admitted  # behind those already waiting
+            runner.hold(admitted, ahead=False, count=not ledger.probation)
         elif admitted:
             runner.settle()  # what the cancels ended leaves its stepper before anyone enters
             runner.admit_all(admitted)
