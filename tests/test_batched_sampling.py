@@ -104,3 +104,61 @@ def test_a_failing_row_is_guarded_alone_when_the_batched_draw_fails(
     drawn = sample_batch([doomed, healthy], logprobs).tolist()
     assert len(failures) == 1 and "broke" in str(failures[0])
     assert drawn == [mx.argmax(logprobs[0]).item(), alone(logprobs[1:2]).item()]
+
+
+BIASED = [
+    SamplingParams(temperature=0.0, logit_bias={5: 40.0, 6: -100.0}),
+    SamplingParams(temperature=0.8, seed=21, logit_bias={7: 3.0, 8: 2.5, 9: -100.0}),
+    SamplingParams(temperature=1.1, seed=22, top_p=0.9, logit_bias={10: 4.0}),
+    SamplingParams(temperature=0.7, seed=23),  # no bias, beside biased rows
+]
+
+
+def test_biased_rows_in_a_batch_draw_what_they_draw_alone_and_follow_their_bias() -> None:
+    batched = [make_request_sampler(p, []) for p in BIASED]
+    alone = [make_request_sampler(p, []) for p in BIASED]
+    drawn: list[list[int]] = []
+    for step in range(40):
+        logprobs = logprobs_for(len(BIASED), step)
+        together = sample_batch(batched, logprobs).tolist()
+        assert together == [alone[i](logprobs[i : i + 1]).item() for i in range(len(BIASED))]
+        drawn.append(together)
+    assert all(row[0] == 5 for row in drawn)  # +40 on token 5 outweighs any normal logit
+    assert not any(row[1] == 9 for row in drawn)  # -100 is as good as a ban
+    assert sum(row[1] in (7, 8) for row in drawn) > 2  # pulled up from 2 of 300 tokens
+
+
+def test_a_biased_draw_is_the_draw_from_the_biased_logits() -> None:
+    """What the sampler does with a bias is what mlx-lm's logit-bias processor followed by
+    an unbiased sampler does (the distribution they draw from is the same)."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    params = BIASED[1]
+    (processor,) = make_logits_processors(logit_bias=dict(params.logit_bias or {}))
+    with_bias = make_request_sampler(params, [])
+    reference = make_request_sampler(attrs_evolve(params, logit_bias=None), [])
+    for step in range(20):
+        logits = mx.random.normal((1, VOCAB), key=mx.random.key(2000 + step))
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        biased = processor(mx.array([]), logits)
+        biased = biased - mx.logsumexp(biased, axis=-1, keepdims=True)
+        assert with_bias(logprobs).item() == reference(biased).item()
+
+
+def test_a_bias_is_a_processor_only_for_a_request_told_its_logprobs() -> None:
+    from mlx_nursery.engine import GenerationRequest
+    from mlx_nursery.engine._messages import Submit
+    from mlx_nursery.engine._sequence import build_sequence
+
+    sampling = SamplingParams(temperature=0.7, seed=3, logit_bias={5: 2.0})
+    plain = build_sequence(Submit(0, GenerationRequest([1, 2], 4, sampling=sampling)), frozenset())
+    told = build_sequence(
+        Submit(1, GenerationRequest([1, 2], 4, sampling=sampling, logprobs=0)), frozenset()
+    )
+    assert plain.processors == [] and len(told.processors) == 1
+
+
+def attrs_evolve(params: SamplingParams, **changes: object) -> SamplingParams:
+    import attrs
+
+    return attrs.evolve(params, **changes)

@@ -194,10 +194,10 @@ async def test_a_failure_while_admitting_fails_only_that_request(
     def breaks_for_poison(
         real: Callable[..., Any], key_of: Callable[..., Any]
     ) -> Callable[..., Any]:
-        def wrapper(*args: Any) -> Any:
+        def wrapper(*args: Any, **keywords: Any) -> Any:
             if key_of(*args) == "poison":
                 raise RuntimeError(f"{where} broke")
-            return real(*args)
+            return real(*args, **keywords)
 
         return wrapper
 

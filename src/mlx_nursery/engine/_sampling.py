@@ -9,6 +9,14 @@ Where ours differ from mlx-lm's, and why:
   state, so the filters here are our own, and a draw's key depends only on the seed and
   the draw's index: a sequence replayed after a failed batch step draws again exactly
   what it would have drawn (`rewind`).
+- A logit bias is applied by the sampler, for all rows of a step in one scatter-add, not
+  as a logits processor: mlx-lm's batch runs its processors row by row (a slice, the
+  processor's ops and a concatenation per row, for every row of the batch once any row has
+  one), which cost a 32-row step hundreds of kernel launches where `logit_bias` was common
+  (every benchmark request that suppresses EOS sends one). The draw is the same: adding the
+  bias to normalized log-probabilities rather than to logits shifts each row by a constant,
+  which no filter or draw here depends on. A request that wants logprobs keeps the bias as
+  a processor, so that the log-probabilities it is told are the biased ones.
 - `GuardedProcessor` / `GuardedSampler`: mlx-lm applies every row's processors and
   samplers inside one batched step, so one request's exception would fail the whole
   batch; these record the error on the request and leave its row usable, and the worker
@@ -99,12 +107,51 @@ def _kth_largest_floor(logprobs: mx.array, k: mx.array) -> mx.array:
     return mx.where(logprobs < threshold, -float("inf"), logprobs)
 
 
+LogitBias = tuple[tuple[int, ...], tuple[float, ...]]
+"""A row's logit bias: token ids and what is added to each."""
+
+
+def _biased(logprobs: mx.array, biases: Sequence[LogitBias | None]) -> mx.array:
+    """`logprobs` (B, V) with each row's bias added, all rows in one scatter-add."""
+    rows: list[int] = []
+    tokens: list[int] = []
+    values: list[float] = []
+    for row, bias in enumerate(biases):
+        if bias is not None:
+            rows += [row] * len(bias[0])
+            tokens += bias[0]
+            values += bias[1]
+    if not rows:
+        return logprobs
+    added = mx.array(values, dtype=logprobs.dtype)
+    return logprobs.at[mx.array(rows), mx.array(tokens)].add(added)
+
+
+def logit_bias(params: SamplingParams) -> LogitBias | None:
+    if not params.logit_bias:
+        return None
+    tokens = tuple(int(t) for t in params.logit_bias)
+    return tokens, tuple(float(params.logit_bias[t]) for t in params.logit_bias)
+
+
+class BiasedGreedy:
+    """The argmax after a logit bias (`greedy_sampler`, shared by unbiased greedy rows,
+    has none)."""
+
+    def __init__(self, bias: LogitBias) -> None:
+        self.bias = bias
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return sample_rows([None], logprobs, [self.bias])
+
+
 class KeyedSampler:
     """Top-p, min-p and top-k filtering as mlx-lm does them, then a categorical draw with
     this sequence's key for this draw. A request without a seed gets a random one. Alone it
     samples its one row; in a batch, `sample_rows` samples every row in one computation."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, bias: LogitBias | None = None) -> None:
+        self.bias = bias
         self.seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.draws = 0
         """Tokens drawn so far; `rewind` sets it."""
@@ -118,13 +165,20 @@ class KeyedSampler:
         self.draws = draws
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        return sample_rows([self], logprobs)
+        return sample_rows([self], logprobs, [self.bias])
 
 
-def sample_rows(rows: Sequence[KeyedSampler | None], logprobs: mx.array) -> mx.array:
+def sample_rows(
+    rows: Sequence[KeyedSampler | None],
+    logprobs: mx.array,
+    biases: Sequence[LogitBias | None] = (),
+) -> mx.array:
     """Sample every row of `logprobs` (B, V) in one computation: row i by `rows[i]` (None:
-    the argmax). Each keyed row's draw counter advances only once the whole computation is
-    built, so a failure leaves every sampler where it was."""
+    the argmax), after its bias `biases[i]` (if any). Each keyed row's draw counter advances
+    only once the whole computation is built, so a failure leaves every sampler where it
+    was."""
+    if any(bias is not None for bias in biases):
+        logprobs = _biased(logprobs, biases)
     keyed = [row for row in rows if row is not None]
     if not keyed:
         return mx.argmax(logprobs, axis=-1)
@@ -194,7 +248,11 @@ def sample_batch(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
     rows = [_batch_row(sampler) for sampler in samplers]
     if not any(row is _UNBATCHABLE for row in rows):
         try:
-            return sample_rows([r if isinstance(r, KeyedSampler) else None for r in rows], logprobs)
+            return sample_rows(
+                [r[0] if isinstance(r, tuple) else None for r in rows],
+                logprobs,
+                [r[1] if isinstance(r, tuple) else None for r in rows],
+            )
         except Exception:
             log.warning("a batched draw failed to build; sampling row by row", exc_info=True)
     return mx.concatenate([s(logprobs[i : i + 1]) for i, s in enumerate(samplers)], axis=0)
@@ -203,13 +261,18 @@ def sample_batch(samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:
 _UNBATCHABLE = object()
 
 
-def _batch_row(sampler: Sampler) -> KeyedSampler | object | None:
-    """What `sample_rows` needs of a row's sampler: its keyed sampler, None for the argmax
-    (greedy, or a guard that has failed), or `_UNBATCHABLE` for a sampler of another kind."""
+def _batch_row(sampler: Sampler) -> tuple[KeyedSampler | None, LogitBias | None] | object:
+    """What `sample_rows` needs of a row's sampler: its keyed sampler (None for the argmax:
+    greedy, or a guard that has failed) and its logit bias; or `_UNBATCHABLE` for a sampler
+    of another kind."""
     if sampler is greedy_sampler:
-        return None
-    if isinstance(sampler, GuardedSampler) and isinstance(sampler.sampler, KeyedSampler):
-        return None if sampler.failures else sampler.sampler
+        return None, None
+    if isinstance(sampler, GuardedSampler):
+        inner = sampler.sampler
+        if isinstance(inner, KeyedSampler):
+            return (None if sampler.failures else inner), inner.bias
+        if isinstance(inner, BiasedGreedy):
+            return None, inner.bias
     return _UNBATCHABLE
 
 
@@ -218,11 +281,18 @@ _GREEDY_BELOW = 1e-30
 infinity are no distribution."""
 
 
-def make_request_sampler(params: SamplingParams, failures: list[BaseException]) -> Sampler:
+def make_request_sampler(
+    params: SamplingParams, failures: list[BaseException], *, with_bias: bool = True
+) -> Sampler:
+    """The request's sampler; with `with_bias`, it applies the request's logit bias (then
+    `make_request_processors` must be told not to)."""
+    bias = logit_bias(params) if with_bias else None
     if params.temperature < _GREEDY_BELOW:
+        if bias is not None:
+            return GuardedSampler(BiasedGreedy(bias), failures)
         greedy: Sampler = greedy_sampler  # shared: the batch samples greedy rows in one call
         return greedy
-    return GuardedSampler(KeyedSampler(params), failures)
+    return GuardedSampler(KeyedSampler(params, bias), failures)
 
 
 def rewind_sampler(sampler: Sampler, draws: int) -> None:
@@ -275,9 +345,11 @@ def make_request_processors(
     extra: tuple[LogitsProcessor, ...],
     prompt_length: int,
     failures: list[BaseException],
+    *,
+    bias_as_processor: bool = True,
 ) -> list[Any]:
     processors: list[LogitsProcessor] = []
-    if params.logit_bias:
+    if params.logit_bias and bias_as_processor:
         processors += make_logits_processors(logit_bias=dict(params.logit_bias))
     if params.repetition_penalty not in (None, 1.0):
         processors += make_logits_processors(repetition_penalty=params.repetition_penalty)

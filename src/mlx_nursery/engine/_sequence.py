@@ -72,12 +72,19 @@ def build_sequence(command: Submit, eos: frozenset[int]) -> LiveSequence:
     building them raises: the caller fails that request alone)."""
     request = command.request
     failures: list[BaseException] = []
+    # The sampler applies a logit bias batch-wide; a request told its logprobs keeps it as a
+    # processor, so that they are the biased ones (`_sampling`'s docstring).
+    bias_in_sampler = request.logprobs is None
     return LiveSequence(
         seq_id=command.seq_id,
         request=request,
-        sampler=make_request_sampler(request.sampling, failures),
+        sampler=make_request_sampler(request.sampling, failures, with_bias=bias_in_sampler),
         processors=make_request_processors(
-            request.sampling, request.logits_processors, len(request.prompt_tokens), failures
+            request.sampling,
+            request.logits_processors,
+            len(request.prompt_tokens),
+            failures,
+            bias_as_processor=not bias_in_sampler,
         ),
         stop_ids=(frozenset() if request.ignore_eos else eos) | request.stop_token_ids,
         failures=failures,
