@@ -20,7 +20,9 @@ model's EOS ids. Sampling: `--mix greedy:1,temperature:2,seeded:1,json_schema:1`
 mlx_lm.server 0.32.2 ignores `response_format` and runs a request with a `seed` unbatched).
 Request i is the same for every server (seeded by `--seed` and i). A vision model's load:
 `--images N` puts N images (`--image-size 448x448`, JPEG noise, different for every request)
-before each generated prompt's text, as data URLs.
+before each generated prompt's text, as data URLs; with `--image-clients K` (closed loop) only the
+first K clients send images and the others text alone (a mixed load), and the metrics are
+also reported per class (`by_class`: image, text).
 
 Servers: `--server ours` (mlx-nursery serve), `--server mlx_lm` (mlx_lm.server) and
 `--server mlx_vlm` (mlx-vlm's server, for vision models) are started
@@ -234,6 +236,7 @@ class RequestSpec:
     max_tokens: int
     kind: str
     fields: dict[str, Any]
+    images: int = 0  # images before the text
 
 
 @dataclass(frozen=True)
@@ -250,12 +253,14 @@ class Workload:
     """Images before the text of each generated prompt (a vision model's load)."""
     image_size: tuple[int, int] = (448, 448)
 
-    def request(self, index: int, tag: str = "run") -> RequestSpec:
-        """Request `index`: the same for every server and round."""
+    def request(self, index: int, tag: str = "run", images: bool = True) -> RequestSpec:
+        """Request `index`: the same for every server and round. `images=False`: text alone
+        (a text client of a mixed load), whatever `self.images` says."""
         rng = random.Random(f"{self.seed}:{tag}:{index}")
         kinds, weights = zip(*self.mix, strict=True)
         kind = rng.choices(kinds, weights)[0]
         max_tokens = self.output_len.draw(rng)
+        sent_images = 0
         if self.conversations:
             conversation = self.conversations[index % len(self.conversations)]
             messages = conversation.messages
@@ -267,12 +272,13 @@ class Workload:
             text = self.prompts.text(prompt_tokens, rng)
             prompt_tokens = self.prompts.count(text)
             content: Any = text
-            if self.images:
+            if images and self.images:
                 parts = [image_part(rng, self.image_size) for _ in range(self.images)]
                 content = [*parts, {"type": "text", "text": text}]
+                sent_images = self.images
             messages = [{"role": "user", "content": content}]
         fields = {**sampling_fields(kind, self.temperature, rng), **self.extra}
-        return RequestSpec(index, messages, prompt_tokens, max_tokens, kind, fields)
+        return RequestSpec(index, messages, prompt_tokens, max_tokens, kind, fields, sent_images)
 
 
 def image_part(rng: random.Random, size: tuple[int, int]) -> dict[str, Any]:
@@ -303,6 +309,7 @@ class Record:
     kind: str
     max_tokens: int
     requested_prompt_tokens: int | None
+    images: int = 0
     start: float = 0.0
     error: str | None = None
     ttft: float | None = None
@@ -379,7 +386,7 @@ async def send_request(
     """Stream one chat completion. A connection refused or reset before any byte is retried
     (as the SDKs do: mlx_lm.server's stdlib listener resets bursts); timing starts at the first
     attempt. Other failures end up in `record.error`."""
-    record = Record(spec.index, spec.kind, spec.max_tokens, spec.prompt_tokens)
+    record = Record(spec.index, spec.kind, spec.max_tokens, spec.prompt_tokens, spec.images)
     body = request_body(model, spec)
     sent = time.perf_counter()
     record.start = sent - origin
@@ -416,6 +423,7 @@ class Load:
     max_concurrency: int | None  # open loop cap on requests in flight
     num_requests: int | None
     duration: float | None
+    image_clients: int | None = None  # closed loop: only the first K clients send images
 
     def more(self, index: int, elapsed: float) -> bool:
         if self.num_requests is not None and index >= self.num_requests:
@@ -431,14 +439,15 @@ async def run_load(send: Send, workload: Workload, load: Load, seed: int) -> flo
     async with trio.open_nursery() as nursery:
         if load.rate is None:
 
-            async def client() -> None:
+            async def client(images: bool) -> None:
                 nonlocal next_index
                 while load.more(next_index, time.perf_counter() - start):
                     next_index += 1
-                    await send(workload.request(next_index - 1))
+                    await send(workload.request(next_index - 1, images=images))
 
-            for _ in range(load.clients or 1):
-                nursery.start_soon(client)
+            for number in range(load.clients or 1):
+                images = load.image_clients is None or number < load.image_clients
+                nursery.start_soon(client, images)
         else:
             arrivals = random.Random(f"{seed}:arrivals")
             limit = trio.Semaphore(load.max_concurrency or 10**9)
@@ -508,6 +517,21 @@ def compute_metrics(
         "tpot_ms": distribution([t for r in ok if (t := r.tpot) is not None]),
         "itl_ms": distribution([gap for r in ok for gap in r.itl]),
         "e2el_ms": distribution([r.latency for r in ok if r.latency is not None]),
+    }
+
+
+def metrics_by_class(
+    records: Sequence[Record], duration: float, slo: dict[str, float]
+) -> dict[str, Any]:
+    """The metrics of the requests with images and of those without, each over the whole
+    run's wall time (a mixed load's classes); empty unless both classes are present."""
+    image = [r for r in records if r.images]
+    text = [r for r in records if not r.images]
+    if not image or not text:
+        return {}
+    return {
+        "image": compute_metrics(image, duration, slo),
+        "text": compute_metrics(text, duration, slo),
     }
 
 
@@ -715,7 +739,12 @@ async def run_rounds(
 ) -> list[dict[str, Any]]:
     """Every target, round by round (the order reversed every other round)."""
     results: dict[str, dict[str, Any]] = {t.label: {"label": t.label, "runs": []} for t in targets}
-    with tempfile.TemporaryDirectory(prefix="bench-serving-") as log_dir:
+    with contextlib.ExitStack() as stack:
+        if args.log_dir is None:
+            log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serving-"))
+        else:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+            log_dir = str(args.log_dir)
         for round_index in range(args.rounds):
             order = targets if round_index % 2 == 0 else targets[::-1]
             for target in order:
@@ -728,6 +757,9 @@ async def run_rounds(
                 result["runs"].append(run)
                 metrics = compute_metrics(run["records"], run["duration_s"], args.slo)
                 print(f"  {format_row(target.label, metrics)}", flush=True)
+                by_class = metrics_by_class(run["records"], run["duration_s"], args.slo)
+                for name, class_metrics in by_class.items():
+                    print(f"  {format_row(f'{target.label} ({name})', class_metrics)}", flush=True)
     return [summarize(result, args) for result in results.values()]
 
 
@@ -736,6 +768,8 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     records = [r for run in runs for r in run["records"]]
     duration = sum(run["duration_s"] for run in runs)
     result["metrics"] = compute_metrics(records, duration, args.slo)
+    if by_class := metrics_by_class(records, duration, args.slo):
+        result["by_class"] = by_class
     result["rounds"] = [
         {
             key: compute_metrics(run["records"], run["duration_s"], args.slo)[key]
@@ -856,9 +890,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mlx-vlm-args", default="", help="more mlx_vlm.server flags")
     p.add_argument("--images", type=int, default=0, help="images per generated prompt")
     p.add_argument("--image-size", default="448x448", help="WIDTHxHEIGHT of each image")
+    p.add_argument(
+        "--image-clients", type=int, help="closed loop: only the first K clients send images"
+    )
     p.add_argument("--request-timeout", type=float, default=600)
     p.add_argument("--ready-timeout", type=float, default=300)
     p.add_argument("--save-records", action="store_true", help="every request in the JSON")
+    p.add_argument("--log-dir", type=Path, help="keep the servers' logs here (default: removed)")
     p.add_argument("--out", type=Path, help="JSON results file")
     args = p.parse_args(argv)
     if not args.server and not args.url:
@@ -869,9 +907,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.clients = 8
     if args.num_requests is None and args.duration is None:
         args.duration = 60.0
+    if args.image_clients is not None:
+        if args.rate is not None or not args.images:
+            p.error("--image-clients needs closed-loop --clients and --images")
+        if not 0 <= args.image_clients <= args.clients:
+            p.error("--image-clients: between 0 and --clients")
     args.slo = parse_slo(args.goodput)
     args.load = Load(
-        args.clients, args.rate, args.max_concurrency, args.num_requests, args.duration
+        args.clients,
+        args.rate,
+        args.max_concurrency,
+        args.num_requests,
+        args.duration,
+        args.image_clients,
     )
     return args
 
@@ -925,6 +973,8 @@ def report(
     print(f"\n{HEADER}\n|" + "---|" * 9)
     for result in results:
         print(format_row(result["label"], result["metrics"]))
+        for name, metrics in result.get("by_class", {}).items():
+            print(format_row(f"{result['label']} ({name})", metrics))
     by_label = {r["label"]: r["metrics"] for r in results}
     ratio = None
     reference = next((k for k in ("mlx_lm", "mlx_vlm") if k in by_label), None)

@@ -313,6 +313,51 @@ async def test_open_loop_sends_every_arrival_under_the_concurrency_cap() -> None
     assert sorted(sent) == list(range(12)) and peak <= 2
 
 
+async def test_image_clients_send_images_and_the_others_text_alone() -> None:
+    """`--image-clients 1` of 3 clients: one client's requests carry images, the other two's
+    text alone; the metrics are reported for each class and for both together."""
+    workload = serving.Workload(
+        serving.PromptMaker(None),
+        serving.Lengths(4, 4),
+        serving.Lengths(4, 4),
+        [("greedy", 1)],
+        0,
+        0,
+        images=1,
+        image_size=(16, 16),
+    )
+    clients: dict[int, list[int]] = {}
+
+    async def send(spec: Any) -> Any:
+        client = id(trio.lowlevel.current_task())
+        clients.setdefault(client, []).append(spec.images)
+        await trio.lowlevel.checkpoint()
+        parts = spec.messages[0]["content"]
+        assert isinstance(parts, list) == bool(spec.images)
+        r = record(0.1, 1.0, 10, itl=[0.1] * 9)
+        r.images = spec.images
+        return r
+
+    await serving.run_load(send, workload, serving.Load(3, None, None, 12, None, 1), seed=0)
+    assert sorted(tuple(set(images)) for images in clients.values()) == [(0,), (0,), (1,)]
+
+    records = [record(0.1, 1.0, 10), record(0.2, 1.0, 10), record(0.4, 1.0, 10)]
+    records[0].images = 1
+    by_class = serving.metrics_by_class(records, 2.0, {})
+    assert by_class["image"]["completed"] == 1 and by_class["text"]["completed"] == 2
+    assert by_class["text"]["ttft_ms"]["p50"] == pytest.approx(300)
+    assert serving.metrics_by_class(records[1:], 2.0, {}) == {}
+
+
+def test_image_clients_needs_a_closed_loop_with_images() -> None:
+    assert serving.parse_args(["--server", "ours", "--images", "1", "--image-clients", "2"])
+    for bad in (["--image-clients", "2"], ["--images", "1", "--rate", "2", "--image-clients", "1"]):
+        with pytest.raises(SystemExit):
+            serving.parse_args(["--server", "ours", *bad])
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--server", "ours", "--images", "1", "--image-clients", "9"])
+
+
 def test_tool_runs_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "serving.json"
     command = [sys.executable, str(ROOT / "bench" / "serving.py"), "--server", "ours"]
