@@ -145,7 +145,7 @@ async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) ->
         second = await client.chat.completions.create(
             model="tiny", messages=history, tools=[WEATHER], max_tokens=4, temperature=0
         )
-    tokenizer = server.service.served.tokenizer  # type: ignore[union-attr]
+        tokenizer = server.service.served.tokenizer  # type: ignore[union-attr]  # while loaded
     messages = [structure(m, ChatMessage) for m in json.loads(json.dumps(history, default=str))]
     expected = render_chat(tokenizer, messages, [WEATHER])
     assert second.usage.prompt_tokens == len(expected)
