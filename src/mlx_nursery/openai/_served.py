@@ -44,6 +44,11 @@ class ServedModel:
     image_limits: ImageLimits = attrs.field(factory=ImageLimits)
     caps: RequestCaps = attrs.field(factory=RequestCaps)
     """What one request may ask for (messages, tools, max_tokens)."""
+    scripted: bool = False
+    """The scripted model: requests may carry a `script` (`_scripts`); others refuse one."""
+    default_script: Any = None
+    """The scripted model's `_script_schema.ScriptSpec` for requests without one (`--script`;
+    None: `_scripts.DEFAULT_TEXT`)."""
 
     def with_fetched(self, fetched: Mapping[str, bytes]) -> ServedModel:
         """This model for one request whose remote images were fetched (`_media_fetch`)."""
