@@ -322,10 +322,12 @@ async def test_the_request_timeout_stops_a_scripted_wait() -> None:
 
 
 async def test_a_caller_that_stops_reading_during_a_stall_frees_the_lane() -> None:
-    """The stall holds token 2 back; the caller closes the stream after token 1: no token
-    after it is computed, the lane is back, and the engine stopped within one step."""
-    script = {"output": {"chunks": ["zero", " one", " two", " three"]}}
-    script["stalls"] = [{"at": 2, "seconds": 30}]
+    """The stall holds the third chunk back; the caller closes the stream after the second:
+    nothing after it is computed, the lane is back, and the engine stopped within one step."""
+    script = {
+        "output": {"chunks": ["zero", " one", " two", " three"]},
+        "stalls": [{"at": 2, "seconds": 30}],
+    }
     async with running_server(None, **SCRIPTED) as server:
         client = sdk(server, max_retries=0)
         seen = ""
