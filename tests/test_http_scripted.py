@@ -301,6 +301,17 @@ async def test_a_disconnect_while_waiting_for_the_first_token_stops_the_request(
         assert reply.choices[0].message.content == "ok"
 
 
+async def test_an_sdk_timeout_stops_the_request_on_the_server() -> None:
+    """The client gives up (its own timeout); the server sees the disconnect and stops."""
+    async with running_server(None, **SCRIPTED) as server:
+        client = sdk(server, timeout=0.5, max_retries=0)
+        with pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(**ask(script={"ttft": 30}))
+        await eventually(lambda: _lanes(server) == 0, "the lane came back")
+        assert _generated(server) == 0
+        assert engine_of(server).statistics().cancellations.confirmed == 1
+
+
 async def test_the_request_timeout_stops_a_scripted_wait() -> None:
     async with (
         running_server(None, **SCRIPTED, request_timeout=0.5) as server,
