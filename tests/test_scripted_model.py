@@ -3,6 +3,7 @@ step may sleep), a script built from the wire, and the engine running it end to 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +130,19 @@ async def test_the_engine_serves_the_scripted_model_without_compute() -> None:
         stats = engine.statistics()
         assert stats.lanes_borrowed == 0 and stats.worker is not None
         assert stats.worker.prompt_tokens_processed == 0 and stats.worker.solo_steps == 0
+
+
+def test_a_bad_script_file_stops_the_start(tmp_path: Path) -> None:
+    from mlx_nursery.http import default_script
+    from mlx_nursery.settings import Settings, SettingsError
+
+    path = tmp_path / "script.json"
+    path.write_text('{"output": {"text": "ok"}, "ttft": -1}')
+    with pytest.raises(SettingsError, match=r"script\.ttft"):
+        default_script(Settings(script=str(path)))
+    path.write_text("{not json")
+    with pytest.raises(SettingsError, match=r"script\.json"):
+        default_script(Settings(script=str(path)))
+    path.write_text('{"output": {"text": "ok"}}')
+    spec = default_script(Settings(script=str(path)))
+    assert spec is not None and spec.output == {"text": "ok"}

@@ -313,7 +313,8 @@ def default_script(settings: Settings) -> ScriptSpec | None:
     try:
         return parse_script(value, "--script")
     except OpenAIError as exc:
-        raise SettingsError(f"--script {path}: {exc.message} (at {exc.param})") from None
+        where = f" (at {exc.param})" if exc.param and exc.param not in exc.message else ""
+        raise SettingsError(f"--script {path}: {exc.message}{where}") from None
 
 
 def image_limits(settings: Settings) -> ImageLimits:
