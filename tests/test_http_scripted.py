@@ -238,6 +238,38 @@ async def test_the_sdk_retries_a_scripted_429_as_retry_after_says() -> None:
     assert attempts == [429, 429, 429]
 
 
+async def test_a_fault_on_the_first_attempts_lets_a_retry_succeed() -> None:
+    """`times`: the SDK's retries of the same body meet the 429 twice, then the reply; a
+    mid-stream failure likewise hits the first attempt only."""
+    attempts: list[int] = []
+
+    async def count(response: httpx.Response) -> None:
+        attempts.append(response.status_code)
+
+    script = {
+        "output": {"text": "at last"},
+        "fault": {"status": 429, "retry_after": 0.01, "times": 2},
+    }
+    async with running_server(None, **SCRIPTED) as server:
+        http = httpx.AsyncClient(event_hooks={"response": [count]})
+        async with http:
+            client = sdk(server, max_retries=2, http_client=http)
+            reply = await client.chat.completions.create(**ask(script=script))
+        assert attempts == [429, 429, 200]
+        assert reply.choices[0].message.content == "at last"
+
+        client = sdk(server, max_retries=0)
+        flaky = {
+            "output": {"text": "one two"},
+            "fault": {"error_after": 1, "times": 1, "key": "flaky"},
+        }
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(**ask(script=flaky))
+        again = await client.chat.completions.create(**ask(script=flaky))
+        assert again.choices[0].message.content == "one two"
+        assert _lanes(server) == 0
+
+
 async def test_scripts_are_validated_strictly() -> None:
     bad = {
         "script.ttfb": {"ttfb": 1},
@@ -250,6 +282,7 @@ async def test_scripts_are_validated_strictly() -> None:
         "script.fault.retry_after": {"fault": {"status": 500, "retry_after": 1}},
         "script.fault": {"fault": {"status": 429, "error_after": 1}},
         "script.output.echo": {"output": {"echo": False}},
+        "script.fault.times": {"fault": {"status": 429, "times": 0}},
     }
     async with (
         running_server(None, **SCRIPTED) as server,

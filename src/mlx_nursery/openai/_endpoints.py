@@ -270,7 +270,9 @@ def with_script(
         return prepared
     if spec is not None:
         check_script(spec)
-    script = script_for(spec, served.default_script, served.tokenizer, echo=echo)
+    script = script_for(
+        spec, served.default_script, served.tokenizer, echo=echo, counts=served.fault_counts
+    )
     return attrs.evolve(prepared, generation=attrs.evolve(prepared.generation, script=script))
 
 

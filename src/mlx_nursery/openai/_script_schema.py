@@ -53,6 +53,11 @@ class ScriptFault:
     """The request is answered with this HTTP status at once (429, 500 or 503)."""
     retry_after: float | None = None
     """Seconds in Retry-After (429 and 503; 1 when not given)."""
+    times: int | None = None
+    """The fault hits only the first `times` requests with this script (counted per served
+    model); later ones run the script without it, as a retry that succeeds. None: all."""
+    key: str | None = None
+    """Tells otherwise equal scripts' counts apart (e.g. one per test)."""
 
 
 @attrs.frozen

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from ..engine import Script
 from ._chat import ChatMessage
-from ._converter import structure
+from ._converter import structure, to_json
 from ._errors import InvalidRequest, OpenAIError
 from ._script_schema import DelayRange, ScriptOutput, ScriptSpec
 
@@ -84,6 +86,8 @@ def check_script(spec: ScriptSpec, param: str = "script") -> None:
                 f"{where}.status",
                 f"status must be one of {', '.join(map(str, FAULT_STATUSES))}",
             )
+        if fault.times is not None:
+            _require(fault.times >= 1, f"{where}.times", "times must be >= 1")
         if fault.retry_after is not None:
             _require(
                 fault.status in (429, 503),
@@ -106,21 +110,48 @@ def _output(raw: dict[str, Any], param: str) -> ScriptOutput:
     return output
 
 
+class FaultCounts:
+    """How many requests each script with `fault.times` has faulted, so that the first
+    attempts fail and a retry of the same body succeeds. At most `MAX_SCRIPTS` scripts are
+    remembered (the least recently seen is forgotten). Thread-safe."""
+
+    MAX_SCRIPTS = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def take(self, spec: ScriptSpec, times: int) -> bool:
+        """True (and counted) while `spec`'s fault has hit fewer than `times` requests."""
+        key = json.dumps(to_json(spec), sort_keys=True)
+        with self._lock:
+            count = self._counts.pop(key, 0)
+            self._counts[key] = min(count + 1, times)
+            while len(self._counts) > self.MAX_SCRIPTS:
+                self._counts.popitem(last=False)
+            return count < times
+
+
 def script_for(
     spec: ScriptSpec | None,
     default: ScriptSpec | None,
     tokenizer: Any,
     *,
     echo: Callable[[], str],
+    counts: FaultCounts | None = None,
 ) -> Script:
     """The engine's script for a request: its own, else the server's default (`--script`),
     else `DEFAULT_TEXT` at once. Raises `ScriptedFailure` for a status fault (the request
     is answered before it is queued), InvalidRequest for an output that cannot be rendered.
-    `echo` gives the request's last user text. Preparation thread (it tokenizes)."""
+    `echo` gives the request's last user text; `counts` tracks faults with `times` (None:
+    every request faults). Preparation thread (it tokenizes)."""
     param = "script"
     if spec is None:
         spec, param = default or ScriptSpec(), "--script"
     fault = spec.fault
+    if fault is not None and fault.times is not None and counts is not None:
+        # Past its first `times` requests, the script runs without its fault.
+        fault = fault if counts.take(spec, fault.times) else None
     if fault is not None and fault.status is not None:
         retry_after = fault.retry_after
         if retry_after is None and fault.status in (429, 503):
