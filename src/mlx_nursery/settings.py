@@ -221,6 +221,13 @@ class Settings:
         validator=v.gt(0),
         metadata=_help("seconds a stored response is kept", unit="seconds"),
     )
+    script: str | None = attrs.field(
+        default=None,
+        metadata=_help(
+            "a JSON file: the scripted model's script for requests that bring none "
+            "(docs/testing-clients.md)"
+        ),
+    )
     strict_params: bool = attrs.field(
         default=False,
         metadata=_help(

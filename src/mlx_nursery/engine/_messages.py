@@ -110,3 +110,5 @@ class ModelInfo:
     """A vision-language model's processor for prompts with images (None: text only)."""
     kv_budget_tokens: int | None = None
     """Tokens of KV the running sequences may hold (`_memory.KVBudget`); None: no limit."""
+    scripted: bool = False
+    """The scripted model (no weights: each request's `Script` says its output and timing)."""

@@ -18,6 +18,7 @@ from ._outbox import Outbox
 from ._prefix_cache import CacheHit, PrefixCache
 from ._recovery import judge, model_computes
 from ._sampling import rewind_sampler
+from ._scripted import ScriptedFault, ScriptedStepper
 from ._sequence import LiveSequence, Response, build_sequence, token_logprob
 from ._shapes import ShapeWatch
 from ._solo import SoloStepper
@@ -59,11 +60,14 @@ class Runner:
         self._outbox = outbox
         self._ledger = ledger
         self._eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
+        self._scripted = model.kind == "scripted"
+        """The scripted model: its stepper is the only one (no fast path, no handover)."""
+        self._fast_path = config.single_sequence_fast_path and not self._scripted
         self._image_token = int(model.config["image_token_id"]) if model.vision else None
         """A vision model's image placeholder id (None: a text model)."""
         self.shapes = ShapeWatch(model.model)
         """The model as both steppers call it, counting the prefill shapes they run."""
-        self._batch = self._new_batch()
+        self._batch: Stepper = self._new_batch()
         self._solo = SoloStepper(
             self.shapes,
             prefill_step_size=config.prefill_step_size,
@@ -130,7 +134,10 @@ class Runner:
         if self._ledger.to_store:
             self._store_finished()
 
-    def _new_batch(self) -> BatchStepper:
+    def _new_batch(self) -> Stepper:
+        if self._scripted:
+            config = self._model.config
+            return ScriptedStepper(int(config["vocab_size"]), int(config["eos_token_id"][0]))
         return BatchStepper(
             self.shapes,
             max_concurrency=self._config.max_concurrency,
@@ -154,7 +161,7 @@ class Runner:
             return
         ledger = self._ledger
         lone = not (ledger.active or ledger.probation or ledger.preempted) and len(admitted) == 1
-        if lone and self._config.single_sequence_fast_path:
+        if lone and self._fast_path:
             self._admit(admitted[0], self._solo)
             return
         self._hand_over()
@@ -244,7 +251,7 @@ class Runner:
         """Put a sequence whose prompt is prefilled into a stepper (raises if it cannot)."""
         ledger = self._ledger
         lone = not (ledger.active or ledger.probation or ledger.preempted)
-        if lone and self._config.single_sequence_fast_path:
+        if lone and self._fast_path:
             stepper: Stepper = self._solo
         else:
             self._hand_over()
@@ -364,7 +371,11 @@ class Runner:
         # The step returns token k while it computes token k+1 (pipelined), so a processor
         # failure recorded now concerns a token nobody has seen: emit k, never k+1.
         for sequence in [s for s in self._ledger.active.values() if s.failures]:
-            reason = repr(sequence.failures[0])[:MAX_REASON_CHARS]  # may quote a whole grammar
+            failure = sequence.failures[0]
+            reason = repr(failure)[:MAX_REASON_CHARS]  # may quote a whole grammar
+            if isinstance(failure, ScriptedFault):  # the scripted model's, as its script asked
+                self._ledger.remove(sequence.uid, self._stepper, "error", str(failure))
+                continue
             log.warning(
                 "logits processor or sampler failed for sequence %d: %s", sequence.seq_id, reason
             )
@@ -419,7 +430,7 @@ class Runner:
             self._ledger.probation[sequence.seq_id] = sequence
         if verdict.blamed is not None:
             blamed = self._ledger.probation.pop(verdict.blamed.seq_id)
-            if model_computes(self._model.model):
+            if self._scripted or model_computes(self._model.model):
                 self.isolated_failures += 1
                 self._ledger.finish(
                     blamed, blamed.final("error", "the engine could not compute this request")

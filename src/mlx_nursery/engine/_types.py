@@ -62,6 +62,42 @@ class ImageInputs:
         return len(self.digests)
 
 
+def _delays(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(float(value) for value in values)
+
+
+def _pieces(values: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(token) for token in piece) for piece in values)
+
+
+def _non_negative(_: object, attribute: attrs.Attribute[Any], values: tuple[float, ...]) -> None:
+    if any(not value >= 0.0 for value in values):  # NaN fails too
+        raise ValueError(f"{attribute.name} must be non-negative seconds")
+
+
+@attrs.frozen
+class Script:
+    """What the scripted model (models/scripted.py) answers one request, and when.
+
+    `pieces` are emitted one per step, in order: a piece is one token, or several (a chunk)
+    that arrive together. `delays[i]` is the time before piece `i` (the first: from the
+    sequence's admission; the others: from the previous piece's due time), and `delays[-1]`
+    the time before the end when there is no piece. After the last piece the sequence ends
+    on its EOS ("stop"), in the same step, unless `max_tokens` ended it first ("length").
+    `error_after`: the sequence fails after that many pieces (or after its last, if it has
+    fewer), as a real failure would: the client gets an error, not a finish."""
+
+    pieces: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_pieces)
+    delays: tuple[float, ...] = attrs.field(default=(0.0,), converter=_delays)
+    error_after: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
+
+    @delays.validator
+    def _check_delays(self, attribute: attrs.Attribute[Any], values: tuple[float, ...]) -> None:
+        _non_negative(self, attribute, values)
+        if len(values) != len(self.pieces) + 1:
+            raise ValueError("a script has one delay per piece, and one before the end")
+
+
 @attrs.frozen
 class GenerationRequest:
     """One sequence to generate.
@@ -92,6 +128,9 @@ class GenerationRequest:
     """For a vision-language model: the prompt's images. Its prompt is encoded and
     prefilled with them on admission, and never shared through the prefix cache (its
     placeholder ids are the same whatever the image)."""
+    script: Script | None = None
+    """For the scripted model: its output and timing (None: it ends at once). Other models
+    ignore it; the OpenAI layer gives it to the scripted model only."""
 
 
 @attrs.frozen

@@ -118,14 +118,17 @@ class Worker:
             # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
             os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
             model = load_model(self._config.model)
-            if self._config.prompt_cache_bytes > 0:
+            # The scripted model has no weights: no KV to measure, no kernels to warm, no
+            # prefix to cache (engine/_scripted.py).
+            scripted = model.kind == "scripted"
+            if self._config.prompt_cache_bytes > 0 and not scripted:
                 self._cache = PrefixCache(
                     max_bytes=self._config.prompt_cache_bytes,
                     max_entries=self._config.prompt_cache_entries,
                     ttl=self._config.prompt_cache_ttl,
                 )
-            budget = self._kv_budget(model.model)
-            if self._config.warmup:
+            budget = KVBudget(None) if scripted else self._kv_budget(model.model)
+            if self._config.warmup and not scripted:
                 log.info("warming up the model's kernels")
                 seconds = warm_up(model.model, self._config.prefill_step_size)
                 log.info("warm-up done in %.1f s", seconds)
@@ -140,6 +143,7 @@ class Worker:
                 vision=vision_processor(model),
                 eos_token_ids=frozenset(int(t) for t in model.tokenizer.eos_token_ids),
                 token_bytes=TokenBytes(model.tokenizer),
+                scripted=scripted,
             )
             del model  # the runner holds it, until `_release_memory`
         except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it

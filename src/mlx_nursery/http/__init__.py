@@ -13,7 +13,7 @@ from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
 from ._model_sources import model_sources
 from ._routes import routes
-from ._service import RequestProcessors, Service
+from ._service import RequestProcessors, Service, default_script
 
 __all__ = [
     "HYPERCORN_HEAD_BYTES",
@@ -23,6 +23,7 @@ __all__ = [
     "Service",
     "ShieldFinalBody",
     "current_record",
+    "default_script",
     "envelope_response",
     "error_response",
     "internal_error",

@@ -1,6 +1,9 @@
 """Every error as OpenAI's envelope, with the headers that steer SDK retries.
 
 - 503 queue full: `Retry-After` (the SDK waits that long, then retries: right, nothing ran).
+  Any error with a `retry_after` carries it (the scripted model's 429 and 503 faults too): in
+  whole seconds, as HTTP has it, and also as `retry-after-ms` when it is not whole (the
+  openai SDKs read that first), so that a test of retries need not wait whole seconds.
 - 504 request timeout: `x-should-retry: false` (the SDK would otherwise retry a 5xx
   and run the same too-long request again).
 - 500: a generic message; details go to the log with the request id, never to the client.
@@ -12,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import traceback
 
 from quart import Response
 
-from ..openai import OpenAIError, Overloaded, RequestTimeout
+from ..openai import OpenAIError, RequestTimeout
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -35,8 +39,10 @@ def log_failure(request_id: str, what: str, error: BaseException) -> None:
 
 def error_response(error: OpenAIError) -> Response:
     headers: dict[str, str] = {}
-    if isinstance(error, Overloaded):
-        headers["Retry-After"] = str(error.retry_after)
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(math.ceil(error.retry_after))
+        if error.retry_after != math.ceil(error.retry_after):
+            headers["retry-after-ms"] = str(round(error.retry_after * 1000))
     if isinstance(error, RequestTimeout):
         headers["x-should-retry"] = "false"
     return Response(

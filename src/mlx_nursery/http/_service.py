@@ -11,6 +11,7 @@ worker thread, one at a time: see `Service.prepare`.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -28,16 +29,18 @@ from ..openai import (
     Prepared,
     RequestCaps,
     RequestTimeout,
+    ScriptSpec,
     SegmentEncoder,
     ServedModel,
     Unavailable,
     fetch_images,
     longest_token_bytes,
+    parse_script,
     requested_model,
     tool_format,
     with_processors,
 )
-from ..settings import Settings
+from ..settings import Settings, SettingsError
 from ..store import responses_store_at
 from ._access import AccessPolicy
 from ._batching import WritePolicy
@@ -78,6 +81,8 @@ class Service:
         self.ready = trio.Event()
         """Set once the state leaves "loading" (to ready, or failed)."""
         self.sources = model_sources(settings)
+        self.default_script = default_script(settings)
+        """The scripted model's script for requests without one (`--script`)."""
         self.preload = settings.preload or (
             (self.sources[0].name,) if len(self.sources) == 1 else ()
         )
@@ -226,6 +231,8 @@ class Service:
                 max_tools=self.settings.max_tools,
                 max_tokens=self.settings.max_tokens_ceiling,
             ),
+            scripted=engine.model.scripted,
+            default_script=self.default_script if engine.model.scripted else None,
         )
         jobs = Jobs(nursery, engine, self.settings.request_timeout, self.metrics, source.name)
         return Hosted(engine, served, jobs, reservation)
@@ -291,6 +298,23 @@ def _vocabulary(tokenizer: Any) -> tuple[int, int]:
     vocabulary = tokenizer.get_vocab()
     tokenizer.encode("warm up")
     return len(vocabulary), longest_token_bytes(vocabulary)
+
+
+def default_script(settings: Settings) -> ScriptSpec | None:
+    """The script in `--script`'s file (None without one). Raises SettingsError for a file
+    that cannot be read or is not a valid script. Reads a file: startup only."""
+    if settings.script is None:
+        return None
+    path = Path(settings.script).expanduser()
+    try:
+        value = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"--script {path}: {exc}") from None
+    try:
+        return parse_script(value, "--script")
+    except OpenAIError as exc:
+        where = f" (at {exc.param})" if exc.param and exc.param not in exc.message else ""
+        raise SettingsError(f"--script {path}: {exc.message}{where}") from None
 
 
 def image_limits(settings: Settings) -> ImageLimits:

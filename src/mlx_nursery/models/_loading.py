@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 import attrs
 
-ModelKind = Literal["lm", "vlm"]
+from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
+
+ModelKind = Literal["lm", "vlm", "scripted"]
 
 
 class ModelNotFoundError(LookupError):
@@ -38,9 +40,10 @@ class Vision:
 class LoadedModel:
     """A model and its tokenizer, loaded on (and only to be used from) the engine thread.
 
-    `model` is always an mlx-lm text model, which the engine batches; a vision-language
+    `model` is an mlx-lm text model, which the engine batches; a vision-language
     model's `vision` encodes images and prefills prompts that hold them, on the same
-    weights (mlx-lm's text model of the checkpoint shares the arrays of mlx-vlm's)."""
+    weights (mlx-lm's text model of the checkpoint shares the arrays of mlx-vlm's). The
+    scripted model (kind "scripted", models/scripted.py) has a tokenizer and no model."""
 
     path: Path
     kind: ModelKind
@@ -58,8 +61,11 @@ class LoadedModel:
 
 
 def resolve_model_path(spec: str | Path) -> Path:
-    """Return a local directory for `spec`, a path or a cached `org/name` repo id."""
+    """Return a local directory for `spec`, a path or a cached `org/name` repo id, or the
+    built-in scripted model's (`scripted`, unless a directory of that name exists)."""
     path = Path(spec).expanduser()
+    if str(spec) == SCRIPTED_MODEL and not path.exists():
+        return ensure_scripted_model()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} is a directory but has no config.json")
@@ -82,7 +88,12 @@ def resolve_model_path(spec: str | Path) -> Path:
 
 
 def model_kind(path: Path) -> ModelKind:
-    config = json.loads((path / "config.json").read_text("utf-8"))
+    return _kind_of(json.loads((path / "config.json").read_text("utf-8")))
+
+
+def _kind_of(config: dict[str, Any]) -> ModelKind:
+    if config.get("mlx_nursery_kind") == SCRIPTED_KIND:
+        return "scripted"
     return "vlm" if "vision_config" in config else "lm"
 
 
@@ -114,7 +125,7 @@ def model_facts(path: Path) -> ModelFacts:
             if context is None and isinstance(source.get(key), int):
                 context = int(source[key])
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    return ModelFacts("vlm" if "vision_config" in config else "lm", context, weights)
+    return ModelFacts(_kind_of(config), context, weights)
 
 
 def _load_lm(path: Path) -> LoadedModel:
@@ -155,7 +166,20 @@ def _load_vlm(path: Path) -> LoadedModel:
     )
 
 
-_LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {"lm": _load_lm, "vlm": _load_vlm}
+def _load_scripted(path: Path) -> LoadedModel:
+    """The scripted model: its tokenizer alone (no MLX arrays: nothing to compute)."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    config = json.loads((path / "config.json").read_text("utf-8"))
+    tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    return LoadedModel(path=path, kind="scripted", model=None, tokenizer=tokenizer, config=config)
+
+
+_LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
+    "lm": _load_lm,
+    "vlm": _load_vlm,
+    "scripted": _load_scripted,
+}
 
 
 def load_model(spec: str | Path) -> LoadedModel:

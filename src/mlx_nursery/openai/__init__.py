@@ -37,6 +37,8 @@ from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page
 from ._responses_schemas import ResponsesRequest
+from ._script_schema import ScriptSpec
+from ._scripts import parse_script
 from ._served import ServedModel, requested_model, unknown_model
 from ._structured import Grammars
 from ._tokenizing import SegmentEncoder
@@ -66,6 +68,7 @@ __all__ = [
     "ResourceNotFound",
     "ResponseBuilder",
     "ResponsesRequest",
+    "ScriptSpec",
     "SegmentEncoder",
     "ServedModel",
     "TextDelta",
@@ -80,6 +83,7 @@ __all__ = [
     "longest_token_bytes",
     "parse_json",
     "parse_responses_request",
+    "parse_script",
     "prepare_chat",
     "prepare_completion",
     "prepare_response",

@@ -28,12 +28,14 @@ from ._endpoints import (
     with_logprobs,
     with_processors,
     with_response_format,
+    with_script,
     with_tools,
 )
 from ._errors import InvalidRequest
 from ._generation import Finished
 from ._logprobs import LogprobEntry
 from ._prompts import check_prompt_size, prompt_texts, render_served
+from ._scripts import last_user_text
 from ._served import ServedModel
 from ._tool_choice import offered_tools
 from ._tools import ToolCallOut
@@ -185,6 +187,9 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     prepared = with_processors(prepared, forced)
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     prepared = attrs.evolve(prepared, ignored=ignored)
+    prepared = with_script(
+        prepared, served, request.script, lambda: last_user_text(request.messages)
+    )
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 

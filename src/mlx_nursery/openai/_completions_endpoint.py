@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from . import _params as params
 from ._completions import Completion, CompletionChoice, CompletionRequest
 from ._converter import structure, to_json
-from ._endpoints import Prepared, common, prepared_for, with_logprobs
+from ._endpoints import Prepared, common, prepared_for, with_logprobs, with_script
 from ._generation import Finished
 from ._logprobs import LogprobEntry
 from ._prompts import completion_tokens
@@ -104,4 +104,7 @@ def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     )
     if request.logprobs is not None:
         params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
+    prepared = with_script(
+        prepared, served, request.script, lambda: served.tokenizer.decode(tokens)
+    )
     return with_logprobs(prepared, served, request.logprobs)

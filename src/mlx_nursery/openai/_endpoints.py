@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -21,6 +21,8 @@ from ._errors import InvalidRequest
 from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._responses_schemas import TextFormatParam
+from ._script_schema import ScriptSpec
+from ._scripts import check_script, refuse_script, script_for
 from ._served import ServedModel
 from ._shared import SamplingFields, TextFormat
 from ._structured import response_format_processor
@@ -254,6 +256,24 @@ def with_tools(
     return attrs.evolve(
         prepared, tools=tools, tool_markup=(form.start, form.end, form.parse), max_tool_calls=limit
     )
+
+
+def with_script(
+    prepared: Prepared, served: ServedModel, spec: ScriptSpec | None, echo: Callable[[], str]
+) -> Prepared:
+    """The scripted model's script for this request (its own, or the default); a script sent
+    to any other model is a 400. Raises the script's HTTP fault (`ScriptedFailure`) here,
+    before the request is queued. Tokenizes: preparation thread."""
+    if not served.scripted:
+        if spec is not None:
+            raise refuse_script()
+        return prepared
+    if spec is not None:
+        check_script(spec)
+    script = script_for(
+        spec, served.default_script, served.tokenizer, echo=echo, counts=served.fault_counts
+    )
+    return attrs.evolve(prepared, generation=attrs.evolve(prepared.generation, script=script))
 
 
 def with_response_format(

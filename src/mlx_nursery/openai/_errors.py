@@ -39,6 +39,8 @@ def quoted(value: Any) -> str:
 class OpenAIError(Exception):
     status = 500
     type = "server_error"
+    retry_after: float | None = None
+    """Seconds a client should wait before retrying (the Retry-After header); None: none."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         message = shortened(message, MESSAGE_CHARS)
@@ -112,7 +114,7 @@ class Overloaded(OpenAIError):
 
     status = 503
     type = "server_error"
-    retry_after = 1
+    retry_after: float | None = 1
 
 
 class Unavailable(OpenAIError):

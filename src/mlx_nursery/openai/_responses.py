@@ -23,12 +23,14 @@ from ._endpoints import (
     with_logprobs,
     with_processors,
     with_response_format,
+    with_script,
     with_tools,
 )
 from ._errors import InvalidRequest, quoted
 from ._prompts import check_prompt_size, prompt_texts, render_served
 from ._responses_items import input_items, item_id, to_messages
 from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
+from ._scripts import last_user_text
 from ._served import ServedModel
 from ._shared import NamedToolChoice, SamplingFields, ToolChoiceMode, ToolChoiceType
 from ._tool_choice import offered_tools
@@ -172,6 +174,7 @@ def prepare_response(
             )
         prepared = with_logprobs(prepared, served, request.top_logprobs or 0)
     prepared = attrs.evolve(prepared, ignored=ignored)
+    prepared = with_script(prepared, served, request.script, lambda: last_user_text(messages))
     prepared = with_tools(
         prepared,
         served,

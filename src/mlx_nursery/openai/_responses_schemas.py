@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ._script_schema import ScriptSpec
 from ._shared import (
     FunctionTool,
     JsonObjectFormat,
@@ -148,3 +149,5 @@ class ResponsesRequest:
     prompt: Any = None
     conversation: Any = None
     prompt_cache_retention: str | None = None
+    script: ScriptSpec | None = None
+    """This server's extension: the scripted model's script (`_scripts`); other models refuse it."""

@@ -11,6 +11,7 @@ from ._errors import InvalidRequest, ModelNotFound, quoted
 from ._images import ImageLimits
 from ._models import ModelCard
 from ._params import RequestCaps
+from ._scripts import FaultCounts
 
 
 @attrs.frozen
@@ -44,6 +45,13 @@ class ServedModel:
     image_limits: ImageLimits = attrs.field(factory=ImageLimits)
     caps: RequestCaps = attrs.field(factory=RequestCaps)
     """What one request may ask for (messages, tools, max_tokens)."""
+    scripted: bool = False
+    """The scripted model: requests may carry a `script` (`_scripts`); others refuse one."""
+    default_script: Any = None
+    """The scripted model's `_script_schema.ScriptSpec` for requests without one (`--script`;
+    None: `_scripts.DEFAULT_TEXT`)."""
+    fault_counts: FaultCounts = attrs.field(factory=FaultCounts)
+    """Requests each script with `fault.times` has faulted so far (the scripted model)."""
 
     def with_fetched(self, fetched: Mapping[str, bytes]) -> ServedModel:
         """This model for one request whose remote images were fetched (`_media_fetch`)."""

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ._script_schema import ScriptSpec
+
 ToolChoiceMode = Literal["none", "auto", "required"]
 
 
@@ -40,6 +42,8 @@ class SamplingFields:
     stop: str | list[str] | None = None
     n: int | None = None
     user: str | None = None
+    script: ScriptSpec | None = None
+    """This server's extension: the scripted model's script (`_scripts`); other models refuse it."""
 
 
 @attrs.frozen

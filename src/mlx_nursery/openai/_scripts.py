@@ -1,0 +1,232 @@
+"""The `script` extension field: what the scripted model answers a request, and when.
+
+A test harness sets it on chat completions, completions and Responses requests (the openai
+SDK: `extra_body={"script": {...}}`); only the scripted model (`--model scripted`) accepts
+it. It is validated strictly, as the rest of the body is (an unknown key is a 400 naming its
+path), and turned into the engine's `Script` here, on the preparation thread: the output is
+tokenized with the model's tokenizer, the delays drawn. The schema is documented in
+docs/testing-clients.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..engine import Script
+from ._chat import ChatMessage
+from ._converter import structure, to_json
+from ._errors import InvalidRequest, OpenAIError
+from ._script_schema import DelayRange, ScriptOutput, ScriptSpec
+
+DEFAULT_TEXT = "This is a scripted reply."
+"""What the scripted model answers a request without a script (and no `--script`)."""
+MAX_SECONDS = 3600.0
+"""The longest any one scripted wait may be."""
+FAULT_STATUSES = (429, 500, 503)
+OUTPUT_KINDS = ("text", "chunks", "tool_call", "json", "echo")
+
+
+class ScriptedFailure(OpenAIError):
+    """The HTTP status a script's fault asks for (429, 500 or 503), before any generation."""
+
+    def __init__(self, status: int, retry_after: float | None) -> None:
+        super().__init__(
+            f"scripted fault: status {status}",
+            code="rate_limit_exceeded" if status == 429 else "scripted_fault",
+        )
+        self.status = status
+        self.type = "requests" if status == 429 else "server_error"
+        self.retry_after = retry_after
+
+
+def parse_script(value: Any, param: str = "script") -> ScriptSpec:
+    """`value` (a `--script` file's JSON) as a script; raises InvalidRequest naming the path."""
+    spec = structure(value, ScriptSpec, param)
+    check_script(spec, param)
+    return spec
+
+
+def check_script(spec: ScriptSpec, param: str = "script") -> None:
+    """What the schema's types do not say: ranges, and one output kind. Raises InvalidRequest."""
+    _seconds(spec.ttft, f"{param}.ttft")
+    if isinstance(spec.token_delay, DelayRange):
+        _seconds(spec.token_delay.min, f"{param}.token_delay.min")
+        _seconds(spec.token_delay.max, f"{param}.token_delay.max")
+        _require(
+            spec.token_delay.min <= spec.token_delay.max,
+            f"{param}.token_delay",
+            "token_delay.min must not exceed token_delay.max",
+        )
+    else:
+        _seconds(spec.token_delay, f"{param}.token_delay")
+    for i, stall in enumerate(spec.stalls):
+        _require(stall.at >= 0, f"{param}.stalls[{i}].at", "a stall's index must be >= 0")
+        _seconds(stall.seconds, f"{param}.stalls[{i}].seconds")
+    if spec.output is not None:
+        _output(spec.output, f"{param}.output")
+    fault = spec.fault
+    if fault is not None:
+        where = f"{param}.fault"
+        _require(
+            (fault.error_after is None) != (fault.status is None),
+            where,
+            "a fault is either error_after or status",
+        )
+        if fault.error_after is not None:
+            _require(fault.error_after >= 0, f"{where}.error_after", "error_after must be >= 0")
+        if fault.status is not None:
+            _require(
+                fault.status in FAULT_STATUSES,
+                f"{where}.status",
+                f"status must be one of {', '.join(map(str, FAULT_STATUSES))}",
+            )
+        if fault.times is not None:
+            _require(fault.times >= 1, f"{where}.times", "times must be >= 1")
+        if fault.retry_after is not None:
+            _require(
+                fault.status in (429, 503),
+                f"{where}.retry_after",
+                "retry_after goes with status 429 or 503",
+            )
+            _seconds(fault.retry_after, f"{where}.retry_after")
+
+
+def _output(raw: dict[str, Any], param: str) -> ScriptOutput:
+    given = list(raw)
+    _require(
+        len(given) == 1,
+        param,
+        f"output takes exactly one of {', '.join(OUTPUT_KINDS)} (got {len(given)})",
+    )
+    output = structure(raw, ScriptOutput, param)
+    if output.tool_call is not None:
+        _require(bool(output.tool_call.name), f"{param}.tool_call.name", "a tool needs a name")
+    return output
+
+
+class FaultCounts:
+    """How many requests each script with `fault.times` has faulted, so that the first
+    attempts fail and a retry of the same body succeeds. At most `MAX_SCRIPTS` scripts are
+    remembered (the least recently seen is forgotten). Thread-safe."""
+
+    MAX_SCRIPTS = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def take(self, spec: ScriptSpec, times: int) -> bool:
+        """True (and counted) while `spec`'s fault has hit fewer than `times` requests."""
+        key = json.dumps(to_json(spec), sort_keys=True)
+        with self._lock:
+            count = self._counts.pop(key, 0)
+            self._counts[key] = min(count + 1, times)
+            while len(self._counts) > self.MAX_SCRIPTS:
+                self._counts.popitem(last=False)
+            return count < times
+
+
+def script_for(
+    spec: ScriptSpec | None,
+    default: ScriptSpec | None,
+    tokenizer: Any,
+    *,
+    echo: Callable[[], str],
+    counts: FaultCounts | None = None,
+) -> Script:
+    """The engine's script for a request: its own, else the server's default (`--script`),
+    else `DEFAULT_TEXT` at once. Raises `ScriptedFailure` for a status fault (the request
+    is answered before it is queued), InvalidRequest for an output that cannot be rendered.
+    `echo` gives the request's last user text; `counts` tracks faults with `times` (None:
+    every request faults). Preparation thread (it tokenizes)."""
+    param = "script"
+    if spec is None:
+        spec, param = default or ScriptSpec(), "--script"
+    fault = spec.fault
+    if fault is not None and fault.times is not None and counts is not None:
+        # Past its first `times` requests, the script runs without its fault.
+        fault = fault if counts.take(spec, fault.times) else None
+    if fault is not None and fault.status is not None:
+        retry_after = fault.retry_after
+        if retry_after is None and fault.status in (429, 503):
+            retry_after = 1.0
+        raise ScriptedFailure(fault.status, retry_after)
+    raw = spec.output if spec.output is not None else {"text": DEFAULT_TEXT}
+    pieces = output_pieces(_output(raw, f"{param}.output"), tokenizer, echo)
+    stalls: dict[int, float] = {}
+    for stall in spec.stalls:
+        stalls[stall.at] = stalls.get(stall.at, 0.0) + stall.seconds
+    draw = _delays(spec.token_delay)
+    delays = [spec.ttft + stalls.get(0, 0.0)]
+    delays += [draw() + stalls.get(i, 0.0) for i in range(1, len(pieces))]
+    delays.append(0.0 if pieces else delays.pop())  # the end rides with the last piece
+    return Script(pieces, delays, fault.error_after if fault is not None else None)
+
+
+def output_pieces(output: ScriptOutput, tokenizer: Any, echo: Callable[[], str]) -> list[list[int]]:
+    """The output as pieces of token ids: a token each, or a chunk's tokens for `chunks`. A
+    tool call is written in the Hermes format the scripted model's template uses, which the
+    server's tool-call extraction reads back as `tool_calls` (when the request offers tools)."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    if output.chunks is not None:
+        return [encode(chunk) for chunk in output.chunks]
+    if output.tool_call is not None:
+        call = {"name": output.tool_call.name, "arguments": output.tool_call.arguments}
+        text = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    elif output.echo is not None:
+        text = echo()
+    elif output.text is not None:
+        text = output.text
+    else:
+        text = json.dumps(output.json)
+    return [[token] for token in encode(text)]
+
+
+def last_user_text(messages: list[ChatMessage]) -> str:
+    """The text of the last user message (its text parts joined): what `echo` repeats."""
+    for message in reversed(messages):
+        if message.role != "user":
+            continue
+        if isinstance(message.content, str):
+            return message.content
+        return "".join(part.text or "" for part in message.content or [] if part.type == "text")
+    return ""
+
+
+def refuse_script(param: str = "script") -> InvalidRequest:
+    """The 400 for a script sent to a model that is not the scripted one."""
+    return InvalidRequest(
+        "script is accepted only by the scripted model (mlx-nursery serve --model scripted)",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def _delays(delay: float | DelayRange) -> Callable[[], float]:
+    if isinstance(delay, DelayRange):
+        rng = random.Random(delay.seed)
+        low, high = delay.min, delay.max
+        return lambda: rng.uniform(low, high)
+    return lambda: delay
+
+
+def _seconds(value: float, param: str) -> None:
+    _require(
+        math.isfinite(value) and 0.0 <= value <= MAX_SECONDS,
+        param,
+        f"seconds must be between 0 and {MAX_SECONDS:g}",
+    )
+
+
+def _require(condition: bool, param: str, message: str) -> None:
+    if not condition:
+        raise InvalidRequest(message, param=param, code="invalid_value")
