@@ -30,7 +30,8 @@ here on free ports, waited for (/health), warmed up (`--warmup` requests) and st
 to the process group, then SIGTERM, then SIGKILL), even when the run fails; `--url URL` measures a
 server already running. Several run back to back; `--rounds R` interleaves them (the order
 reversed every other round) and pools their requests. Without `--model`, the tiny preset is
-made in a temporary directory.
+made in a temporary directory. `--out` is written after every run (`"complete": false` until
+the last), so a run cut short keeps what it measured.
 
 Usage:
   python bench/serving.py --server ours --server mlx_lm --clients 8 --duration 60 \
@@ -717,8 +718,16 @@ class Terminated(Exception):
     """SIGTERM arrived: the run stops as on Ctrl-C, its servers stopped."""
 
 
+Checkpoint = Callable[[list[dict[str, Any]]], None]
+"""Given the servers' results so far after each run (a run cut short later keeps them)."""
+
+
 async def run_all(
-    targets: list[Target], model: Path | None, workload: Workload, args: argparse.Namespace
+    targets: list[Target],
+    model: Path | None,
+    workload: Workload,
+    args: argparse.Namespace,
+    checkpoint: Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
     """`run_rounds`, stopped by SIGTERM (Terminated) as by Ctrl-C (KeyboardInterrupt)."""
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
@@ -729,15 +738,20 @@ async def run_all(
                     raise Terminated
 
             nursery.start_soon(watch)
-            rows = await run_rounds(targets, model, workload, args)
+            rows = await run_rounds(targets, model, workload, args, checkpoint)
             nursery.cancel_scope.cancel()
     return rows
 
 
 async def run_rounds(
-    targets: list[Target], model: Path | None, workload: Workload, args: argparse.Namespace
+    targets: list[Target],
+    model: Path | None,
+    workload: Workload,
+    args: argparse.Namespace,
+    checkpoint: Checkpoint | None = None,
 ) -> list[dict[str, Any]]:
-    """Every target, round by round (the order reversed every other round)."""
+    """Every target, round by round (the order reversed every other round); `checkpoint`
+    gets the results so far after each run."""
     results: dict[str, dict[str, Any]] = {t.label: {"label": t.label, "runs": []} for t in targets}
     with contextlib.ExitStack() as stack:
         if args.log_dir is None:
@@ -760,6 +774,14 @@ async def run_rounds(
                 by_class = metrics_by_class(run["records"], run["duration_s"], args.slo)
                 for name, class_metrics in by_class.items():
                     print(f"  {format_row(f'{target.label} ({name})', class_metrics)}", flush=True)
+                if checkpoint is not None:
+                    checkpoint(
+                        [
+                            summarize({**r, "runs": [*r["runs"]]}, args)
+                            for r in results.values()
+                            if r["runs"]
+                        ]
+                    )
     return [summarize(result, args) for result in results.values()]
 
 
@@ -1016,20 +1038,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             model = make_model(Path(scratch) / "tiny", "tiny", seed=0)
         workload = build_workload(args, model)
+
+        def write(results: list[dict[str, Any]], *, complete: bool) -> None:
+            if not args.out:
+                return
+            document = report(args, args.model, workload, results)
+            document["complete"] = complete  # False: the runs so far of a run not finished
+            if args.model is None and args.server:
+                document["model"] = "the tiny preset (seed 0), made in a temporary directory"
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(document, indent=2) + "\n")
+
         interrupted = False
         try:
-            results = trio.run(run_all, targets, model, workload, args)
+            results = trio.run(
+                run_all, targets, model, workload, args, lambda rows: write(rows, complete=False)
+            )
         except* (KeyboardInterrupt, Terminated):
             interrupted = True
         if interrupted:
             print("interrupted: the servers started were stopped", file=sys.stderr)
             return 130
-        document = report(args, args.model, workload, results)
-        if args.model is None and args.server:
-            document["model"] = "the tiny preset (seed 0), made in a temporary directory"
+        write(results, complete=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0
 

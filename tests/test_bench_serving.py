@@ -369,6 +369,7 @@ def test_tool_runs_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
     assert "| ours | 6 / 0 |" in done.stdout
 
     document = json.loads(out.read_text())
+    assert document["complete"] is True  # the file written after each run, final at the end
     assert document["git"]["commit"] and document["machine"]["cpus"] >= 1
     assert "--num-requests 6" in document["command"]
     [server] = document["servers"]
