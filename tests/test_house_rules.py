@@ -108,6 +108,7 @@ PUBLIC = {
         "open_engine",
     ],
     "http": [
+        "ConnectionDrops",
         "HYPERCORN_HEAD_BYTES",
         "LifetimeHTTPConnection",
         "RequestLimits",
@@ -136,6 +137,7 @@ PUBLIC = {
     ],
     "openai": [
         "Conflict",
+        "ConnectionDropped",
         "Finished",
         "Forbidden",
         "GenerationFailed",
@@ -155,10 +157,10 @@ PUBLIC = {
         "RequestCaps",
         "RequestTimeout",
         "RequestTooLarge",
-        "ScriptSpec",
         "ResourceNotFound",
         "ResponseBuilder",
         "ResponsesRequest",
+        "ScriptSpec",
         "SegmentEncoder",
         "ServedModel",
         "TextDelta",

@@ -186,6 +186,39 @@ async def test_error_after_n_pieces_is_an_error_after_them() -> None:
         assert _lanes(server) == 0
 
 
+async def test_drop_after_n_pieces_cuts_the_connection_mid_stream() -> None:
+    script = {"output": {"chunks": ["one", " two", " three"]}, "fault": {"drop_after": 2}}
+    async with (
+        running_server(None, **SCRIPTED) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        received = b""
+        with pytest.raises(httpx.RemoteProtocolError):  # a chunked body that never ends
+            async with http.stream(
+                "POST", "/v1/chat/completions", json=body_of(script=script, stream=True)
+            ) as streamed:
+                assert streamed.status_code == 200
+                async for data in streamed.aiter_bytes():
+                    received += data
+        events = [json.loads(e[6:]) for e in received.decode().split("\n\n") if e]
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+        assert content == "one two" and all("error" not in e for e in events)
+        await eventually(lambda: _lanes(server) == 0, "the lane came back")
+
+        # The SDK sees a lost connection, not an error event; the server serves on.
+        with pytest.raises(openai.APIConnectionError):
+            async with await sdk(server, max_retries=0).chat.completions.create(
+                stream=True, **ask(script=script)
+            ) as chunks:
+                async for _ in chunks:
+                    pass
+        refused = await http.post("/v1/chat/completions", json=body_of(script=script))
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "script.fault.drop_after"
+        served = await sdk(server).chat.completions.create(**ask(script={"output": {"text": "ok"}}))
+        assert served.choices[0].message.content == "ok"
+
+
 async def test_status_faults_answer_before_any_generation() -> None:
     async with (
         running_server(None, **SCRIPTED) as server,

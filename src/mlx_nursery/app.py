@@ -11,6 +11,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from .http import (
+    ConnectionDrops,
     LifetimeHTTPConnection,
     RequestLimits,
     RequestProcessors,
@@ -34,8 +35,9 @@ MAX_REQUEST_ID_CHARS = 128
 
 def asgi_app(app: QuartTrio) -> RequestLimits:
     """`app` as Hypercorn serves it: the URL and header limits first (http/_limits.py), then
-    the keep-alive fix (http/_keepalive.py)."""
-    return RequestLimits(ShieldFinalBody(app))
+    the keep-alive fix (http/_keepalive.py), then the scripted connection drops
+    (http/_drop.py)."""
+    return RequestLimits(ShieldFinalBody(ConnectionDrops(app)))
 
 
 def create_app(

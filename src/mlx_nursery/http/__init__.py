@@ -7,6 +7,7 @@ worker thread, run the generation as a job (`_jobs.py`) tied to the request's li
 """
 
 from . import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
+from ._drop import ConnectionDrops
 from ._errors import envelope_response, error_response, internal_error, log_failure
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
@@ -17,6 +18,7 @@ from ._service import RequestProcessors, Service, default_script
 
 __all__ = [
     "HYPERCORN_HEAD_BYTES",
+    "ConnectionDrops",
     "LifetimeHTTPConnection",
     "RequestLimits",
     "RequestProcessors",

@@ -23,6 +23,7 @@ import trio
 
 from ..engine import Engine
 from ..openai import (
+    ConnectionDropped,
     Finished,
     OpenAIError,
     Output,
@@ -185,6 +186,10 @@ class Jobs:
                         if not started:
                             raise
                         failure = exc
+                        if prepared.drop_on_failure:  # the scripted model's drop_after
+                            failure = ConnectionDropped(
+                                "the script dropped the connection", code="connection_dropped"
+                            )
                 if job.scope.cancelled_caught:
                     if observer is not None and started:
                         observer.cancelled(job.reason)

@@ -16,8 +16,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from ..openai import OpenAIError
+from ..openai import ConnectionDropped, OpenAIError
 from ._batching import WriteBatcher, WritePolicy
+from ._drop import DROP_CONNECTION
 from ._errors import internal_error, log_failure
 from ._jobs import Job, JobItem
 
@@ -55,6 +56,14 @@ async def pump(
                 yield opening
             batches = WriteBatcher(job.receive, writes)
             while (items := await batches.next()) is not None:
+                drop = next(
+                    (i for i, x in enumerate(items) if isinstance(x, ConnectionDropped)), -1
+                )
+                if drop >= 0:  # what came before goes out, then the connection is cut
+                    if drop:
+                        yield (await format.render(items[:drop]))[0]
+                    yield DROP_CONNECTION
+                    return
                 write, ended = await format.render(items)
                 yield write
                 if ended:

@@ -10,6 +10,7 @@ from ._converter import to_json
 from ._endpoints import Prepared, with_processors
 from ._errors import (
     Conflict,
+    ConnectionDropped,
     Forbidden,
     GenerationFailed,
     HeadersTooLarge,
@@ -46,6 +47,7 @@ from ._tools import ToolCallOut, tool_format
 
 __all__ = [
     "Conflict",
+    "ConnectionDropped",
     "Finished",
     "Forbidden",
     "GenerationFailed",

@@ -22,7 +22,7 @@ from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._responses_schemas import TextFormatParam
 from ._script_schema import ScriptSpec
-from ._scripts import check_script, refuse_script, script_for
+from ._scripts import check_script, drops_connection, refuse_script, script_for
 from ._served import ServedModel
 from ._shared import SamplingFields, TextFormat
 from ._structured import response_format_processor
@@ -85,6 +85,9 @@ class Prepared:
     token_bytes: Any = None
     """A token id's exact bytes; set when logprobs were asked for."""
     ignored: tuple[str, ...] = ()
+    drop_on_failure: bool = False
+    """The scripted model's `drop_after`: a failure of this stream drops its connection
+    (`ConnectionDropped`) instead of ending it with an error event."""
     """Hints the request set that this server does not act on (`x-ignored-params`)."""
 
     def logprob_aligner(self) -> LogprobAligner | None:
@@ -270,10 +273,21 @@ def with_script(
         return prepared
     if spec is not None:
         check_script(spec)
+        if spec.fault is not None and spec.fault.drop_after is not None and not prepared.stream:
+            raise InvalidRequest(
+                "drop_after cuts a stream: it needs stream: true",
+                param="script.fault.drop_after",
+                code="invalid_value",
+            )
     script = script_for(
         spec, served.default_script, served.tokenizer, echo=echo, counts=served.fault_counts
     )
-    return attrs.evolve(prepared, generation=attrs.evolve(prepared.generation, script=script))
+    drop = drops_connection(spec if spec is not None else served.default_script, script)
+    return attrs.evolve(
+        prepared,
+        generation=attrs.evolve(prepared.generation, script=script),
+        drop_on_failure=drop and prepared.stream,
+    )
 
 
 def with_response_format(

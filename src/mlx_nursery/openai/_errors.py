@@ -131,6 +131,14 @@ class RequestTimeout(OpenAIError):
     type = "timeout_error"
 
 
+class ConnectionDropped(OpenAIError):
+    """Not sent: the HTTP layer cuts the stream's connection where this would go (the
+    scripted model's `drop_after` fault)."""
+
+    status = 500
+    type = "server_error"
+
+
 class GenerationFailed(OpenAIError):
     """The engine failed this request; details are logged, not returned."""
 

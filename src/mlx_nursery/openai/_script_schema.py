@@ -49,6 +49,9 @@ class Stall:
 class ScriptFault:
     error_after: int | None = None
     """The stream fails after this many pieces (an error event; non-streaming: a 500)."""
+    drop_after: int | None = None
+    """The server drops the connection after this many pieces, mid-stream: no error event,
+    no end of the chunked body (streams only)."""
     status: int | None = None
     """The request is answered with this HTTP status at once (429, 500 or 503)."""
     retry_after: float | None = None

@@ -73,13 +73,16 @@ def check_script(spec: ScriptSpec, param: str = "script") -> None:
     fault = spec.fault
     if fault is not None:
         where = f"{param}.fault"
+        kinds = (fault.error_after, fault.drop_after, fault.status)
         _require(
-            (fault.error_after is None) != (fault.status is None),
+            sum(kind is not None for kind in kinds) == 1,
             where,
-            "a fault is either error_after or status",
+            "a fault is one of error_after, drop_after or status",
         )
         if fault.error_after is not None:
             _require(fault.error_after >= 0, f"{where}.error_after", "error_after must be >= 0")
+        if fault.drop_after is not None:
+            _require(fault.drop_after >= 0, f"{where}.drop_after", "drop_after must be >= 0")
         if fault.status is not None:
             _require(
                 fault.status in FAULT_STATUSES,
@@ -166,7 +169,19 @@ def script_for(
     delays = [spec.ttft + stalls.get(0, 0.0)]
     delays += [draw() + stalls.get(i, 0.0) for i in range(1, len(pieces))]
     delays.append(0.0 if pieces else delays.pop())  # the end rides with the last piece
-    return Script(pieces, delays, fault.error_after if fault is not None else None)
+    # A dropped connection is a failure after its pieces, which the HTTP layer turns into a
+    # cut connection instead of an error event (`drops_connection`).
+    fails_after = None
+    if fault is not None:
+        fails_after = fault.error_after if fault.error_after is not None else fault.drop_after
+    return Script(pieces, delays, fails_after)
+
+
+def drops_connection(spec: ScriptSpec | None, script: Script) -> bool:
+    """Whether `script`'s failure is `spec`'s `drop_after` (still armed: a fault with
+    `times` disarms after its first requests)."""
+    fault = spec.fault if spec is not None else None
+    return fault is not None and fault.drop_after is not None and script.error_after is not None
 
 
 def output_pieces(output: ScriptOutput, tokenizer: Any, echo: Callable[[], str]) -> list[list[int]]:
