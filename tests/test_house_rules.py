@@ -122,6 +122,7 @@ PUBLIC = {
         "internal_error",
         "log_failure",
         "model_sources",
+        "parse_fault",
         "routes",
     ],
     "models": [

@@ -39,7 +39,7 @@ def _convert_gguf(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
-    from .http import default_script, model_sources
+    from .http import default_script, model_sources, parse_fault
     from .logs import configure_logging
     from .models import ModelNotFoundError, resolve_model_path
     from .models.default import DefaultModelError, ensure_default_model
@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = serve_settings(args)
         sources = model_sources(settings)
+        parse_fault(settings.fault)
         default_script(settings)  # a bad --script file stops the start, as a bad flag does
         unknown = set(settings.preload) - {source.name for source in sources}
         if unknown:

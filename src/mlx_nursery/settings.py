@@ -340,6 +340,22 @@ class Settings:
         ),
     )
 
+    fault_rate: float = attrs.field(
+        default=0.0,
+        validator=[v.ge(0.0), v.le(1.0)],
+        metadata=_help("fraction of generation requests that get --fault (chaos tests); 0: none"),
+    )
+    fault: str = attrs.field(
+        default="status:503",
+        metadata=_help(
+            "the injected fault: status:429|500|503, error_after:N or drop_after:N (outputs)"
+        ),
+    )
+    fault_seed: int | None = attrs.field(
+        default=None,
+        metadata=_help("seed of the draw of faulted requests", none="random"),
+    )
+
     def responses_db_path(self) -> str:
         if self.responses_db:
             return self.responses_db

@@ -9,6 +9,7 @@ worker thread, run the generation as a job (`_jobs.py`) tied to the request's li
 from . import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
 from ._drop import ConnectionDrops
 from ._errors import envelope_response, error_response, internal_error, log_failure
+from ._faults import parse_fault
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
@@ -31,5 +32,6 @@ __all__ = [
     "internal_error",
     "log_failure",
     "model_sources",
+    "parse_fault",
     "routes",
 ]

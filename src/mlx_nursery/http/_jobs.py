@@ -32,6 +32,7 @@ from ..openai import (
     Unavailable,
     generate_text,
 )
+from ._faults import Fault, InjectedBreak
 from ._metrics import Metrics
 from ._request_log import RequestRecord
 
@@ -89,13 +90,15 @@ class Jobs:
         deadline: float | None = None,
         arrived: float | None = None,
         record: RequestRecord | None = None,
+        fault: Fault | None = None,
     ) -> Job:
         """Admit and start a job; returns once its sequence holds a lane.
 
         `deadline`: when the request started earlier (its preparation); default now plus the
         request timeout. `arrived`: when the request arrived (its latencies count from
         there, in the metrics); default now. `record`: the request's log record, which the
-        job fills in (tokens, finish, cancel cause) and holds open until it ends.
+        job fills in (tokens, finish, cancel cause) and holds open until it ends. `fault`:
+        an injected `error_after` / `drop_after` (`_faults.py`).
 
         Raises the OpenAIError of a refused admission: the shutdown 503 once `drain` has
         begun (then without a checkpoint), or when a drain cancels it while queued; 503
@@ -121,7 +124,7 @@ class Jobs:
             record.model = self._model_name
             record.job_started()
         try:
-            await self._nursery.start(self._run, job, prepared, send, arrived, record)
+            await self._nursery.start(self._run, job, prepared, send, arrived, record, fault)
         except BaseException as exc:
             self._finished(job)
             if record is not None:
@@ -138,12 +141,19 @@ class Jobs:
         send: trio.MemorySendChannel[JobItem],
         arrived: float,
         record: RequestRecord | None,
+        fault: Fault | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
         started = False
         observer = self._metrics.observer(self._model_name, arrived) if self._metrics else None
+        outputs = 0
 
         def observe(output: Output) -> None:
+            nonlocal outputs
+            if fault is not None and not isinstance(output, Finished):
+                outputs += 1
+                if outputs == fault.value:  # raised out of the generation: its compute stops
+                    raise InjectedBreak(fault)
             now = trio.current_time()
             if isinstance(output, Finished):
                 usage = output.usage
@@ -179,14 +189,15 @@ class Jobs:
                             prompt_param=prepared.prompt_param,
                             tools=prepared.tool_extractor(),
                             logprobs=prepared.logprob_aligner(),
-                            observe=observe if observer or record else None,
+                            observe=observe if observer or record or fault else None,
                             task_status=_Started(mark_started),
                         )
                     except OpenAIError as exc:
                         if not started:
                             raise
                         failure = exc
-                        if prepared.drop_on_failure:  # the scripted model's drop_after
+                        drops = isinstance(exc, InjectedBreak) and exc.drops and prepared.stream
+                        if prepared.drop_on_failure or drops:  # drop_after: scripted, injected
                             failure = ConnectionDropped(
                                 "the script dropped the connection", code="connection_dropped"
                             )

@@ -78,6 +78,9 @@ class Metrics:
             _LATENCY_BUCKETS,
         )
 
+        self.faults_injected = counter(
+            "faults_injected", "Requests given an injected fault (--fault-rate)", "kind"
+        )
         self.model_loads = counter("model_loads", "Models loaded", "model_name")
         self.model_load_failures = counter(
             "model_load_failures", "Model loads that failed", "model_name"

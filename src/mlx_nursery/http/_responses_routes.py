@@ -46,6 +46,7 @@ async def create_response() -> Response:
     arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
+    fault = service.draw_fault()
 
     def parse() -> tuple[Any, ResponsesRequest]:
         body = parse_json(raw)
@@ -76,7 +77,7 @@ async def create_response() -> Response:
         )
         note_ignored(prepared.prepared, **truncated)
         job = own(
-            await hosted.jobs.start(prepared.prepared, deadline, arrived, current_record())
+            await hosted.jobs.start(prepared.prepared, deadline, arrived, current_record(), fault)
         )  # request's
     builder = ResponseBuilder(prepared)
     if parsed.stream:

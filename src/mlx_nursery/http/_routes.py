@@ -127,6 +127,7 @@ async def _complete(
     arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
+    fault = service.draw_fault()
     parsed: Any = None
     if models.only is None or (
         image_urls is not None and service.image_limits.domains and b"http" in raw
@@ -147,7 +148,7 @@ async def _complete(
         prepared = await service.prepare(work, deadline)
         note_ignored(prepared)
         job = own(
-            await hosted.jobs.start(prepared, deadline, arrived, current_record())
+            await hosted.jobs.start(prepared, deadline, arrived, current_record(), fault)
         )  # ends with the request
     if prepared.stream:
         body = pump(job, _ChunkStream(prepared), service.writes, request_id())

@@ -44,6 +44,7 @@ from ..settings import Settings, SettingsError
 from ..store import responses_store_at
 from ._access import AccessPolicy
 from ._batching import WritePolicy
+from ._faults import Fault, FaultInjector, InjectedFailure, parse_fault
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources
@@ -99,6 +100,10 @@ class Service:
         )
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
         self.metrics = Metrics()
+        self.faults = FaultInjector(
+            settings.fault_rate, parse_fault(settings.fault), settings.fault_seed
+        )
+        """Server-wide fault injection (`--fault-rate`): off by default."""
         self.access = AccessPolicy(settings)
         """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
 
@@ -142,6 +147,17 @@ class Service:
             f"the request did not complete within {self.settings.request_timeout:g} s",
             code="request_timeout",
         )
+
+    def draw_fault(self) -> Fault | None:
+        """This generation request's injected fault (`--fault-rate`), if any; a status fault
+        is raised here, before any work. Not a checkpoint."""
+        fault = self.faults.draw()
+        if fault is None:
+            return None
+        self.metrics.faults_injected.labels(fault.kind).inc()
+        if fault.kind == "status":
+            raise InjectedFailure(fault.value)
+        return fault
 
     def with_extra_processors(self, prepared: Prepared, body: Any) -> Prepared:
         if self.extra_processors is None:
