@@ -219,6 +219,30 @@ async def test_drop_after_n_pieces_cuts_the_connection_mid_stream() -> None:
         assert served.choices[0].message.content == "ok"
 
 
+async def test_usage_is_reported_as_the_script_says() -> None:
+    script = {"output": {"text": "ok"}, "usage": {"prompt_tokens": 1000, "completion_tokens": 7}}
+    async with running_server(None, **SCRIPTED) as server:
+        client = sdk(server)
+        reply = await client.chat.completions.create(**ask(script=script))
+        assert reply.choices[0].message.content == "ok"
+        usage = reply.usage
+        assert usage is not None
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (1000, 7, 1007)
+        streamed = await client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **ask(script=script)
+        )
+        last = [chunk async for chunk in streamed][-1]
+        assert last.usage is not None and last.usage.prompt_tokens == 1000
+        response = await client.responses.create(
+            model="scripted", input="hi", extra_body={"script": script}
+        )
+        assert response.usage is not None and response.usage.output_tokens == 7
+        bad = {"usage": {"completion_tokens": -1}}
+        with pytest.raises(openai.BadRequestError) as raised:
+            await client.chat.completions.create(**ask(script=bad))
+        assert raised.value.body["param"] == "script.usage.completion_tokens"  # type: ignore[index]
+
+
 async def test_status_faults_answer_before_any_generation() -> None:
     async with (
         running_server(None, **SCRIPTED) as server,

@@ -190,6 +190,7 @@ class Jobs:
                             tools=prepared.tool_extractor(),
                             logprobs=prepared.logprob_aligner(),
                             observe=observe if observer or record or fault else None,
+                            usage=prepared.usage,
                             task_status=_Started(mark_started),
                         )
                     except OpenAIError as exc:

@@ -22,7 +22,13 @@ from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._responses_schemas import TextFormatParam
 from ._script_schema import ScriptSpec
-from ._scripts import check_script, drops_connection, refuse_script, script_for
+from ._scripts import (
+    check_script,
+    drops_connection,
+    refuse_script,
+    reported_usage,
+    script_for,
+)
 from ._served import ServedModel
 from ._shared import SamplingFields, TextFormat
 from ._structured import response_format_processor
@@ -85,6 +91,9 @@ class Prepared:
     token_bytes: Any = None
     """A token id's exact bytes; set when logprobs were asked for."""
     ignored: tuple[str, ...] = ()
+    usage: Any = None
+    """Rewrites the usage reported (`Callable[[Usage], Usage]`: the scripted model's
+    `script.usage`); None: the real counts."""
     drop_on_failure: bool = False
     """The scripted model's `drop_after`: a failure of this stream drops its connection
     (`ConnectionDropped`) instead of ending it with an error event."""
@@ -282,11 +291,12 @@ def with_script(
     script = script_for(
         spec, served.default_script, served.tokenizer, echo=echo, counts=served.fault_counts
     )
-    drop = drops_connection(spec if spec is not None else served.default_script, script)
+    chosen = spec if spec is not None else served.default_script
     return attrs.evolve(
         prepared,
         generation=attrs.evolve(prepared.generation, script=script),
-        drop_on_failure=drop and prepared.stream,
+        drop_on_failure=drops_connection(chosen, script) and prepared.stream,
+        usage=reported_usage(chosen),
     )
 
 

@@ -59,10 +59,12 @@ async def generate_text(
     tools: ToolCallExtractor | None = None,
     logprobs: LogprobAligner | None = None,
     observe: Callable[[Output], None] | None = None,
+    usage: Callable[[Usage], Usage] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Generate, reporting `started` once the sequence holds a lane (errors before that raise).
-    `observe` sees each output once it is sent (metrics).
+    `observe` sees each output once it is sent (metrics). `usage` rewrites the usage
+    reported (the scripted model's `script.usage`).
 
     Cancellation: cancelled while waiting for a lane, nothing was admitted and no compute
     ran. After that, `Cancelled` propagates only once the engine has confirmed that the
@@ -106,6 +108,8 @@ async def generate_text(
                     for output in _finish(
                         event, matcher, tools, logprobs, request.logits_processors
                     ):
+                        if usage is not None and isinstance(output, Finished):
+                            output = Finished(output.reason, usage(output.usage))
                         await send.send(output)
                         if observe is not None:
                             observe(output)

@@ -64,6 +64,15 @@ class ScriptFault:
 
 
 @attrs.frozen
+class ScriptUsage:
+    """Token counts the response reports instead of the real ones (each left out: real)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+@attrs.frozen
 class ScriptSpec:
     """The `script` field as the wire gives it."""
 
@@ -72,3 +81,4 @@ class ScriptSpec:
     token_delay: float | DelayRange = 0.0
     stalls: list[Stall] = attrs.field(factory=list)
     fault: ScriptFault | None = None
+    usage: ScriptUsage | None = None

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..engine import Script
+from ..engine import Script, Usage
 from ._chat import ChatMessage
 from ._converter import structure, to_json
 from ._errors import InvalidRequest, OpenAIError
@@ -70,6 +70,10 @@ def check_script(spec: ScriptSpec, param: str = "script") -> None:
         _seconds(stall.seconds, f"{param}.stalls[{i}].seconds")
     if spec.output is not None:
         _output(spec.output, f"{param}.output")
+    if spec.usage is not None:
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
+            count = getattr(spec.usage, name)
+            _require(count is None or count >= 0, f"{param}.usage.{name}", f"{name} must be >= 0")
     fault = spec.fault
     if fault is not None:
         where = f"{param}.fault"
@@ -245,3 +249,21 @@ def _seconds(value: float, param: str) -> None:
 def _require(condition: bool, param: str, message: str) -> None:
     if not condition:
         raise InvalidRequest(message, param=param, code="invalid_value")
+
+
+def reported_usage(spec: ScriptSpec | None) -> Callable[[Usage], Usage] | None:
+    """How `spec.usage` rewrites a response's usage (None: the real counts)."""
+    wanted = spec.usage if spec is not None else None
+    if wanted is None:
+        return None
+
+    def rewrite(real: Usage) -> Usage:
+        return Usage(
+            real.prompt_tokens if wanted.prompt_tokens is None else wanted.prompt_tokens,
+            real.completion_tokens
+            if wanted.completion_tokens is None
+            else wanted.completion_tokens,
+            real.cached_tokens if wanted.cached_tokens is None else wanted.cached_tokens,
+        )
+
+    return rewrite
