@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,11 @@ def test_a_real_model_directory_is_served(tiny_model: Path) -> None:
         assert report.requests_to("/v1/chat/completions") == 1
         assert report.generated_tokens == reply.usage.completion_tokens
     assert server.report().requests_to(status=200) == 1
+
+
+def test_a_server_that_cannot_start_raises_and_leaves_no_thread(tmp_path: Path) -> None:
+    threads = {t.name for t in threading.enumerate()}
+    missing = str(tmp_path / "no")
+    with pytest.raises(RuntimeError, match="model failed to load"), start_server(missing):
+        pass
+    assert {t.name for t in threading.enumerate()} <= threads

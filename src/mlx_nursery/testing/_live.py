@@ -282,7 +282,11 @@ class _Runner:
         self._shutdown: trio.Event | None = None
         self._running: Running | None = None
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="mlx-nursery-test-server")
+        self._thread = threading.Thread(
+            target=self._main, name="mlx-nursery-test-server", daemon=True
+        )
+        """A daemon, as the engine's thread is: a server wedged past `stop`'s timeout must
+        not keep the test process from exiting."""
 
     @property
     def running(self) -> bool:
@@ -318,14 +322,18 @@ class _Runner:
                 answer.put((False, exc))
 
         self._token.run_sync_soon(run)
-        ok, value = answer.get(timeout=_READ_TIMEOUT)
+        try:
+            ok, value = answer.get(timeout=_READ_TIMEOUT)
+        except queue.Empty:
+            raise RuntimeError(f"no answer from the server in {_READ_TIMEOUT:g} s") from None
         if not ok:
             raise value
         return value  # type: ignore[no-any-return]
 
     def stop(self, timeout: float) -> None:
         """Shut the server down as SIGTERM would (no grace unless its settings give one) and
-        join its thread. Raises RuntimeError if it is still running after `timeout` s."""
+        join its thread. Raises RuntimeError if it is still running after `timeout` s, or if
+        it failed while it ran (so that a test sees its server crash)."""
         shutdown = self._shutdown
         if self._token is not None and shutdown is not None:
             with suppress(trio.RunFinishedError):
@@ -333,14 +341,19 @@ class _Runner:
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise RuntimeError(f"the server did not stop within {timeout:g} s")
+        if self._failure is not None:
+            raise RuntimeError("the server failed while it ran") from self._failure
 
     def _main(self) -> None:
         try:
             trio.run(self._serve)
-        except BaseException as exc:  # noqa: BLE001 - reported by start, or lost with the run
+        except BaseException as exc:  # noqa: BLE001 - reported by start or stop
             self._failure = exc
         finally:
             self._started.set()
+            from ..cli import release_mlx_streams
+
+            release_mlx_streams()  # this thread's, if it made any (ml-explore/mlx#4327)
 
     async def _serve(self) -> None:
         from ..server import serve
