@@ -208,7 +208,6 @@ class LiveServer:
 
         Waits up to `within` seconds (polling) for the lanes to come back, as they do
         within an engine step of a client letting go; blocks the caller meanwhile."""
-        report = self.report()
         try:
             report = self.eventually(lambda r: not r.leaks(), "no leaks", within)
         except AssertionError:
