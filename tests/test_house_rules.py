@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mlx_nursery"
-PACKAGES = ("engine", "http", "models", "openai", "store")
+PACKAGES = ("engine", "http", "models", "openai", "store", "testing")
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -196,6 +196,7 @@ PUBLIC = {
         "StoredResponse",
         "responses_store_at",
     ],
+    "testing": ["CancelCause", "LiveServer", "ServerReport", "start_server"],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""
 
