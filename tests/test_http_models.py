@@ -18,6 +18,7 @@ from mlx_nursery.settings import Settings, SettingsError
 
 from .http_helpers import (
     chat_body,
+    eventually,
     port_of,
     post_request,
     raw_http,
@@ -77,6 +78,17 @@ async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_le
 
         first = await chat(http, "a")
         assert first.status_code == 200 and first.json()["model"] == "a"
+        models = server.service.models
+        assert models is not None
+        # A client with its whole answer finds its job gone: the model is idle at once.
+        assert not models.find("a").busy
+        async with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**chat_body(max_tokens=3, stream=True), "model": "a"},
+        ) as streamed:
+            assert (await streamed.aread()).endswith(b"data: [DONE]\n\n")
+        assert not models.find("a").busy
         assert await loaded_models(http) == {"a": True, "b": False}
 
         # Two requests for `b` at once: one load, both served; `a` (idle) made room.
@@ -137,7 +149,10 @@ async def test_a_busy_model_stays_and_a_load_that_cannot_fit_is_a_503(tiny_model
         # The stream on `a` was never disturbed: it is still running.
         more = await read_until(busy, b"data: ")
         assert b'"error"' not in more
-        await busy.aclose()  # `a` goes idle once its job has stopped
+        await busy.aclose()
+        models = server.service.models
+        assert models is not None
+        await eventually(lambda: not models.find("a").busy, "`a` idle once its job stopped")
 
         served = await chat(http, "b")
         assert served.status_code == 200 and served.json()["model"] == "b"

@@ -50,6 +50,16 @@ class Job:
     receive: trio.MemoryReceiveChannel[JobItem]
     scope: trio.CancelScope
     reason: CancelReason = "timeout"
+    ended: trio.Event = attrs.Factory(trio.Event)
+    """Set once the job's task has ended: its model is no longer busy with it."""
+
+    async def settled(self) -> None:
+        """Wait for the job's task to end, which follows its last output at once (bounded:
+        a second). A response waits for it before its last bytes, so that a client that
+        has its whole answer and asks again (another model, an unload) finds this job
+        gone. Cancellation: returns at once, as any wait."""
+        with trio.move_on_after(1):
+            await self.ended.wait()
 
     def cancel(self, reason: CancelReason) -> None:
         """Stop the job's compute (within one engine step); idempotent, first reason wins."""
@@ -234,6 +244,7 @@ class Jobs:
         return Unavailable("the request was cancelled", code="cancelled")
 
     def _finished(self, job: Job) -> None:
+        job.ended.set()
         self._active.discard(job)
         if not self._active:
             self._idle.set()

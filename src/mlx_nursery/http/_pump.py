@@ -65,6 +65,8 @@ async def pump(
                     yield DROP_CONNECTION
                     return
                 write, ended = await format.render(items)
+                if ended:
+                    await job.settled()  # the client's whole answer: the job is gone by then
                 yield write
                 if ended:
                     return

@@ -94,6 +94,7 @@ async def create_response() -> Response:
         _apply(builder, item)
         if isinstance(item, Finished):
             await _save(service, prepared, builder)
+            await job.settled()
             return Response(json.dumps(builder.response()), content_type="application/json")
     raise ended_early()
 

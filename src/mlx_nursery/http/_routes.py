@@ -204,6 +204,7 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
         elif isinstance(item, ToolCallOut):
             calls.append(item)
         elif isinstance(item, Finished):
+            await job.settled()
             return Response(
                 json.dumps(prepared.body("".join(pieces), item, calls, logprobs)),
                 content_type="application/json",
