@@ -897,8 +897,18 @@ async def test_a_failure_while_streaming_ends_with_an_error_event(
         patch.setattr(Prepared, "delta_json", fail)
         patch.setattr(ResponseBuilder, "text", fail)
         for path, body in [
-            (CHAT, chat_body(secret, max_tokens=4, stream=True)),
-            (COMPLETIONS, {"model": "tiny", "prompt": secret, "max_tokens": 4, "stream": True}),
+            # Greedy: the tiny model then always writes text (sampled, it could draw EOS first).
+            (CHAT, chat_body(secret, max_tokens=4, stream=True, temperature=0)),
+            (
+                COMPLETIONS,
+                {
+                    "model": "tiny",
+                    "prompt": secret,
+                    "max_tokens": 4,
+                    "stream": True,
+                    "temperature": 0,
+                },
+            ),
         ]:
             async with http.stream("POST", path, json=body) as response:
                 events = await sse_events(response)
@@ -912,7 +922,13 @@ async def test_a_failure_while_streaming_ends_with_an_error_event(
         async with http.stream(
             "POST",
             RESPONSES,
-            json={"model": "tiny", "input": secret, "max_output_tokens": 4, "stream": True},
+            json={
+                "model": "tiny",
+                "input": secret,
+                "max_output_tokens": 4,
+                "stream": True,
+                "temperature": 0,
+            },
         ) as response:
             events = _named_events((await response.aread()).decode())
         assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error"]
