@@ -139,6 +139,7 @@ PUBLIC = {
     "openai": [
         "Conflict",
         "ConnectionDropped",
+        "FaultStatus",
         "Finished",
         "Forbidden",
         "GenerationFailed",
@@ -173,6 +174,7 @@ PUBLIC = {
         "fetch_images",
         "generate_text",
         "input_items_page",
+        "input_modalities",
         "longest_token_bytes",
         "parse_json",
         "parse_responses_request",

@@ -21,7 +21,7 @@ from typing import Literal
 
 import attrs
 
-from ..openai import GenerationFailed, OpenAIError
+from ..openai import FaultStatus, GenerationFailed
 from ..settings import SettingsError
 
 FaultKind = Literal["status", "error_after", "drop_after"]
@@ -70,17 +70,14 @@ class FaultInjector:
             return self.fault if self._random.random() < self.rate else None
 
 
-class InjectedFailure(OpenAIError):
-    """A `status` fault's answer, sent before any work."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(
-            f"injected fault: status {status} (--fault-rate)",
-            code="rate_limit_exceeded" if status == 429 else "injected_fault",
-        )
-        self.status = status
-        self.type = "requests" if status == 429 else "server_error"
-        self.retry_after = 1.0 if status in (429, 503) else None
+def injected_failure(status: int) -> FaultStatus:
+    """A `status` fault's answer, sent before any work (429 and 503 with Retry-After: 1)."""
+    return FaultStatus(
+        status,
+        f"injected fault: status {status} (--fault-rate)",
+        code="injected_fault",
+        retry_after=1.0 if status in (429, 503) else None,
+    )
 
 
 class InjectedBreak(GenerationFailed):

@@ -45,6 +45,7 @@ from ..openai import (
     RequestTimeout,
     ServedModel,
     Unavailable,
+    input_modalities,
     unknown_model,
 )
 from ._jobs import Jobs
@@ -121,7 +122,7 @@ class ModelSlot:
             id=self.source.name,
             created=0,
             context_length=facts.context_length or 0 if facts is not None else 0,
-            input_modalities=["text", "image"] if facts and facts.kind == "vlm" else ["text"],
+            input_modalities=input_modalities(facts is not None and facts.kind == "vlm"),
             loaded=False,
         )
 

@@ -44,7 +44,7 @@ from ..settings import Settings, SettingsError
 from ..store import responses_store_at
 from ._access import AccessPolicy
 from ._batching import WritePolicy
-from ._faults import Fault, FaultInjector, InjectedFailure, parse_fault
+from ._faults import Fault, FaultInjector, injected_failure, parse_fault
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources
@@ -156,7 +156,7 @@ class Service:
             return None
         self.metrics.faults_injected.labels(fault.kind).inc()
         if fault.kind == "status":
-            raise InjectedFailure(fault.value)
+            raise injected_failure(fault.value)
         return fault
 
     def with_extra_processors(self, prepared: Prepared, body: Any) -> Prepared:

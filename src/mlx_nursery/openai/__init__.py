@@ -11,6 +11,7 @@ from ._endpoints import Prepared, with_processors
 from ._errors import (
     Conflict,
     ConnectionDropped,
+    FaultStatus,
     Forbidden,
     GenerationFailed,
     HeadersTooLarge,
@@ -31,7 +32,7 @@ from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
 from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
-from ._models import ModelCard, ModelList
+from ._models import ModelCard, ModelList, input_modalities
 from ._params import RequestCaps
 from ._prompts import longest_token_bytes
 from ._responses import PreparedResponse, prepare_response
@@ -48,6 +49,7 @@ from ._tools import ToolCallOut, tool_format
 __all__ = [
     "Conflict",
     "ConnectionDropped",
+    "FaultStatus",
     "Finished",
     "Forbidden",
     "GenerationFailed",
@@ -82,6 +84,7 @@ __all__ = [
     "fetch_images",
     "generate_text",
     "input_items_page",
+    "input_modalities",
     "longest_token_bytes",
     "parse_json",
     "parse_responses_request",

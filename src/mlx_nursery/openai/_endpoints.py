@@ -274,7 +274,7 @@ def with_script(
     prepared: Prepared, served: ServedModel, spec: ScriptSpec | None, echo: Callable[[], str]
 ) -> Prepared:
     """The scripted model's script for this request (its own, or the default); a script sent
-    to any other model is a 400. Raises the script's HTTP fault (`ScriptedFailure`) here,
+    to any other model is a 400. Raises the script's HTTP fault (`FaultStatus`) here,
     before the request is queued. Tokenizes: preparation thread."""
     if not served.scripted:
         if spec is not None:

@@ -131,6 +131,17 @@ class RequestTimeout(OpenAIError):
     type = "timeout_error"
 
 
+class FaultStatus(OpenAIError):
+    """A fault a test harness asked for (a script's, or `--fault-rate`'s): the request is
+    answered with `status` (429, 500 or 503) before any work; 429 as OpenAI's rate limit."""
+
+    def __init__(self, status: int, message: str, *, code: str, retry_after: float | None) -> None:
+        super().__init__(message, code="rate_limit_exceeded" if status == 429 else code)
+        self.status = status
+        self.type = "requests" if status == 429 else "server_error"
+        self.retry_after = retry_after
+
+
 class ConnectionDropped(OpenAIError):
     """Not sent: the HTTP layer cuts the stream's connection where this would go (the
     scripted model's `drop_after` fault)."""

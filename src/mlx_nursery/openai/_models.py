@@ -7,6 +7,11 @@ from typing import Literal
 import attrs
 
 
+def input_modalities(vision: bool) -> list[str]:
+    """What a request may give a model: text, and images for a vision model."""
+    return ["text", "image"] if vision else ["text"]
+
+
 @attrs.frozen
 class ModelCard:
     id: str

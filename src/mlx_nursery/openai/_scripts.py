@@ -21,7 +21,7 @@ from typing import Any
 from ..engine import Script, Usage
 from ._chat import ChatMessage
 from ._converter import structure, to_json
-from ._errors import InvalidRequest, OpenAIError
+from ._errors import FaultStatus, InvalidRequest
 from ._script_schema import DelayRange, ScriptOutput, ScriptSpec
 
 DEFAULT_TEXT = "This is a scripted reply."
@@ -30,19 +30,6 @@ MAX_SECONDS = 3600.0
 """The longest any one scripted wait may be."""
 FAULT_STATUSES = (429, 500, 503)
 OUTPUT_KINDS = ("text", "chunks", "tool_call", "json", "echo")
-
-
-class ScriptedFailure(OpenAIError):
-    """The HTTP status a script's fault asks for (429, 500 or 503), before any generation."""
-
-    def __init__(self, status: int, retry_after: float | None) -> None:
-        super().__init__(
-            f"scripted fault: status {status}",
-            code="rate_limit_exceeded" if status == 429 else "scripted_fault",
-        )
-        self.status = status
-        self.type = "requests" if status == 429 else "server_error"
-        self.retry_after = retry_after
 
 
 def parse_script(value: Any, param: str = "script") -> ScriptSpec:
@@ -148,7 +135,7 @@ def script_for(
     counts: FaultCounts | None = None,
 ) -> Script:
     """The engine's script for a request: its own, else the server's default (`--script`),
-    else `DEFAULT_TEXT` at once. Raises `ScriptedFailure` for a status fault (the request
+    else `DEFAULT_TEXT` at once. Raises `FaultStatus` for a status fault (the request
     is answered before it is queued), InvalidRequest for an output that cannot be rendered.
     `echo` gives the request's last user text; `counts` tracks faults with `times` (None:
     every request faults). Preparation thread (it tokenizes)."""
@@ -163,7 +150,12 @@ def script_for(
         retry_after = fault.retry_after
         if retry_after is None and fault.status in (429, 503):
             retry_after = 1.0
-        raise ScriptedFailure(fault.status, retry_after)
+        raise FaultStatus(
+            fault.status,
+            f"scripted fault: status {fault.status}",
+            code="scripted_fault",
+            retry_after=retry_after,
+        )
     raw = spec.output if spec.output is not None else {"text": DEFAULT_TEXT}
     pieces = output_pieces(_output(raw, f"{param}.output"), tokenizer, echo)
     stalls: dict[int, float] = {}

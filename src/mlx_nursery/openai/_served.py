@@ -9,7 +9,7 @@ import attrs
 
 from ._errors import InvalidRequest, ModelNotFound, quoted
 from ._images import ImageLimits
-from ._models import ModelCard
+from ._models import ModelCard, input_modalities
 from ._params import RequestCaps
 from ._scripts import FaultCounts
 
@@ -61,7 +61,7 @@ class ServedModel:
 
     @property
     def input_modalities(self) -> list[str]:
-        return ["text", "image"] if self.vision is not None else ["text"]
+        return input_modalities(self.vision is not None)
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
