@@ -38,7 +38,10 @@ async def test_a_keyed_server_answers_only_requests_with_one_of_its_keys(
         assert listed.status_code == 401
         for key in ("first-key", "second-key", "third-key"):
             reply = await sdk(server, api_key=key).chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+                model="tiny",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=2,
+                temperature=0,
             )
             assert reply.usage is not None and reply.usage.completion_tokens == 2
         with pytest.raises(openai.AuthenticationError):

@@ -64,7 +64,7 @@ async def test_a_client_that_stops_reading_does_not_hold_the_lane(tiny_model: Pa
         await eventually(
             lambda: engine_of(server).statistics().lanes_borrowed == 0, "lane returned"
         )
-        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2))
+        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2, temperature=0))
         assert reply.usage.completion_tokens == 2
         await stalled.aclose()
 
@@ -138,7 +138,7 @@ async def test_queue_full_is_503_with_retry_after(tiny_model: Path) -> None:
         validate_error(response.json())
         assert response.json()["error"]["code"] == "server_overloaded"
         await holder.aclose()
-        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2))
+        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2, temperature=0))
         assert reply.usage.completion_tokens == 2
 
 

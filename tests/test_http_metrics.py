@@ -37,7 +37,8 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
                 "/v1/chat/completions", json=chat_body(max_tokens=3, stream=True, temperature=0)
             ),
             await http.post(
-                "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 4}
+                "/v1/completions",
+                json={"model": "tiny", "prompt": "Hi", "max_tokens": 4, "temperature": 0},
             ),
             await http.post("/v1/chat/completions", json={"model": "tiny"}),  # 400: no messages
         ]

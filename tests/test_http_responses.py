@@ -91,7 +91,9 @@ async def test_store_false_is_not_retrievable(tiny_model: Path) -> None:
 
 async def test_max_output_tokens_gives_incomplete(tiny_model: Path) -> None:
     async with running_server(tiny_model) as server:
-        created = await sdk(server).responses.create(model="tiny", input="x", max_output_tokens=4)
+        created = await sdk(server).responses.create(
+            model="tiny", input="x", max_output_tokens=4, temperature=0
+        )
     _validate_response(created)
     assert created.status == "incomplete"
     assert created.incomplete_details.reason == "max_output_tokens"
@@ -328,7 +330,9 @@ async def test_disconnecting_a_response_stream_frees_the_lane(tiny_model: Path) 
         connection = await raw_http(port_of(server), post_request("/v1/responses", body))
         await read_until(connection, b"response.output_text.delta")
         await connection.aclose()
-        reply = await sdk(server).responses.create(model="tiny", input="next", max_output_tokens=2)
+        reply = await sdk(server).responses.create(
+            model="tiny", input="next", max_output_tokens=2, temperature=0
+        )
         assert reply.usage.output_tokens == 2
         stats = engine_of(server).statistics()
         assert stats.lanes_borrowed == 0 and stats.worker is not None
