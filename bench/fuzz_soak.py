@@ -75,6 +75,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def mlx_memory_mb(base: str) -> dict[str, float]:
+    """MLX's own counters from the server's /metrics: bytes in arrays and freed buffers it
+    keeps for reuse, so that RSS growth can be split into what MLX caches and the rest."""
+    text = httpx.get(base + "/metrics", timeout=30).text
+    found = {}
+    for name in ("memory_active_bytes", "memory_cache_bytes"):
+        match = re.search(rf"^mlx_nursery:{name} (\S+)$", text, re.MULTILINE)
+        found[name.removesuffix("_bytes")] = (
+            round(float(match.group(1)) / 2**20, 1) if match else math.nan
+        )
+    return found
+
+
 def proc_status(pid: int) -> dict[str, int]:
     """Threads, open file descriptors, RSS (bytes) and CPU ticks of a process, from /proc."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -659,6 +672,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     ttft_before = trio.run(ttft, base, args.ttft_samples)
     time.sleep(11)  # Trio's idle worker threads leave after 10 s: the baseline without them
     before = proc_status(pid)
+    mlx_before = mlx_memory_mb(base)
     peak_rss = before["rss"]
     started = time.monotonic()
 
@@ -682,9 +696,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 # cache that was still filling does not.
                 await trio.to_thread.run_sync(wait_idle, pid)
                 rounds.append(round(proc_status(pid)["rss"] / 2**20, 1))
+                mlx_rounds.append(await trio.to_thread.run_sync(mlx_memory_mb, base))
             nursery.cancel_scope.cancel()
 
     rounds: list[float] = []
+    mlx_rounds: list[dict[str, float]] = []
     trio.run(load_and_watch)
     wall = time.monotonic() - started
     idle_after, cpu_first_second = wait_idle(pid)
@@ -693,6 +709,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     threads, threads_s = wait_back(pid, "threads", before["threads"], 30)
     fds, fds_s = wait_back(pid, "fds", before["fds"], 30)
     after = proc_status(pid)
+    mlx_after = mlx_memory_mb(base)
     exit_status = server.stop()
     statuses = {k: v for k, v in tally.items() if v}
     five_xx = sum(
@@ -726,6 +743,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 100 * (after["rss"] / 2**20 - rounds[0]) / rounds[0], 2
             ),
         },
+        "mlx_memory_mb": {"before": mlx_before, "after_each_round": mlx_rounds, "after": mlx_after},
         "cpu_after_load": {
             "seconds_to_idle": round(idle_after, 2),
             "cpu_s_in_first_second": round(cpu_first_second, 3),

@@ -104,6 +104,7 @@ PUBLIC = {
         "VisionProcessor",
         "WorkerStats",
         "default_memory_budget",
+        "memory_in_cache",
         "memory_in_use",
         "open_engine",
     ],

@@ -76,3 +76,7 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
     assert value(m, "mlx_nursery:num_requests_running", model_name="tiny") >= 0
     assert value(m, "mlx_nursery:engine_healthy", model_name="tiny") == 1
     assert value(m, "mlx_nursery:prefix_cache_queries_total", model_name="tiny") >= 3
+    # MLX's own memory counters: the weights are in arrays; freed buffers kept for reuse are
+    # a family of their own (what the process holds beyond its arrays).
+    assert value(m, "mlx_nursery:memory_active_bytes") > 0
+    assert ("mlx_nursery:memory_cache_bytes", ()) in m

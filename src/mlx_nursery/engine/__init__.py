@@ -7,7 +7,7 @@ from ._config import EngineConfig
 from ._engine import THREAD_NAME, Engine, EngineStatistics, open_engine
 from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._grammar import GrammarProcessor
-from ._memory import default_memory_budget, memory_in_use
+from ._memory import default_memory_budget, memory_in_cache, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
 from ._statistics import CancelStatistics
@@ -50,6 +50,7 @@ __all__ = [
     "VisionProcessor",
     "WorkerStats",
     "default_memory_budget",
+    "memory_in_cache",
     "memory_in_use",
     "open_engine",
 ]

@@ -110,3 +110,9 @@ def memory_in_use() -> int:
     """Bytes MLX holds in arrays now, all models and threads together (its own counter;
     freed buffers MLX keeps for reuse are not counted). Any thread."""
     return int(mx.get_active_memory())
+
+
+def memory_in_cache() -> int:
+    """Bytes of freed buffers MLX keeps for reuse (its own counter): memory the process
+    holds that `memory_in_use` does not count. Any thread."""
+    return int(mx.get_cache_memory())

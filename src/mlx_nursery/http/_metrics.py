@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..engine import Engine, memory_in_use
+from ..engine import Engine, memory_in_cache, memory_in_use
 
 PREFIX = "mlx_nursery:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -200,4 +200,9 @@ class _MemoryCollector(Collector):
             PREFIX + "memory_active_bytes",
             "Memory MLX holds in arrays now, every loaded model together",
             value=memory_in_use(),
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "memory_cache_bytes",
+            "Freed buffers MLX keeps for reuse, every loaded model together",
+            value=memory_in_cache(),
         )
