@@ -347,11 +347,34 @@ async def test_reasoning_sent_back_reaches_a_thinking_template(thinking_model: P
             assert response.status_code == 200, response.text
             return int(response.json()["usage"]["prompt_tokens"])
 
+        flat = {"type": "function", **TOOL["function"]}
         plain = await prompt_tokens({"role": "assistant", "content": "yes"})
         shown = token_count(thinking_model, "<think>\nI ponder.\n</think>\n\n")
         for name in ("reasoning_content", "reasoning"):
             with_reasoning = {"role": "assistant", "content": "yes", name: "I ponder."}
             assert await prompt_tokens(with_reasoning) == plain + shown
+        # A Responses reasoning item is the reasoning of the assistant turn it precedes.
+        call = {"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": "{}"}
+        turn = [
+            {"role": "user", "content": "hi"},
+            call,
+            {"type": "function_call_output", "call_id": "c1", "output": "noon"},
+        ]
+        item = {
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "I ponder."}],
+        }
+        without, with_item = [
+            (
+                await http.post(
+                    "/v1/responses",
+                    json={"model": "tiny", "input": given, "max_output_tokens": 1, "tools": [flat]},
+                )
+            ).json()["usage"]["input_tokens"]
+            for given in (turn, [turn[0], item, *turn[1:]])
+        ]
+        assert with_item == without + shown
         refused = await http.post(
             "/v1/chat/completions",
             json={

@@ -124,7 +124,8 @@ def prepare_response(
     effort = _effort(request, served)
     thinking = thinking_switch(served.thinking, effort, "reasoning.effort")
     items = input_items(request.input)
-    conversation = [*(previous or []), *to_messages(items)]
+    thinks = served.thinking is not None
+    conversation = [*(previous or []), *to_messages(items, thinking=thinks)]
     limit = served.caps.max_messages
     if len(conversation) > limit:
         raise InvalidRequest(
@@ -150,7 +151,7 @@ def prepare_response(
             served, messages, len(system), tools, request.max_output_tokens
         )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
-    origins = _origins(len(system), len(previous or []), items)
+    origins = _origins(len(system), len(previous or []), items, thinks)
 
     def where(index: int) -> str:  # a message of the (possibly truncated) prompt -> the request
         return origins[index if index < len(system) else index + dropped]
@@ -250,12 +251,14 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
     return (*ignored, *params.ignored_values(given, strict=served.strict_params))
 
 
-def _origins(instructions: int, previous: int, items: list[dict[str, Any]]) -> list[str]:
+def _origins(
+    instructions: int, previous: int, items: list[dict[str, Any]], thinking: bool
+) -> list[str]:
     """What each chat message of the prompt came from, as an error names it: the
     instructions, an earlier turn (`previous_response_id`), or this turn's `input[k]`."""
     origins = ["instructions"] * instructions + ["previous_response_id"] * previous
     for k in range(len(items)):
-        turn = len(to_messages(items[: k + 1]))  # this turn's messages so far
+        turn = len(to_messages(items[: k + 1], thinking=thinking))  # this turn's messages so far
         origins += [f"input[{k}]"] * (instructions + previous + turn - len(origins))
     return origins
 
