@@ -10,6 +10,7 @@ from mlx_nursery.openai._reasoning import (
     ReasoningPiece,
     ReasoningSplitter,
     ThinkingFormat,
+    thinking_on,
     thinking_switch,
 )
 
@@ -84,6 +85,11 @@ def test_effort_turns_a_switchable_templates_thinking_on_or_off() -> None:
     fixed = ThinkingFormat("<think>", "</think>", (7,), (8,), switchable=False)
     assert thinking_switch(fixed, "none", "reasoning_effort") is None  # a hint then
     assert thinking_switch(None, "none", "reasoning_effort") is None
+    assert (thinking_on(QWEN3, False), thinking_on(fixed, False), thinking_on(None, True)) == (
+        False,
+        None,
+        None,
+    )
     with pytest.raises(InvalidRequest) as refused:
         thinking_switch(QWEN3, "lots", "reasoning.effort")
     assert refused.value.param == "reasoning.effort"

@@ -83,6 +83,13 @@ def thinking_switch(form: ThinkingFormat | None, effort: str | None, param: str)
     return effort_switch(effort, param)
 
 
+def thinking_on(form: ThinkingFormat | None, on: bool | None) -> bool | None:
+    """The template's `enable_thinking` for an API that asks for thinking on or off directly
+    (Anthropic's `thinking: {type: enabled | disabled}`); None where the template has no
+    switch (the request's wish is then a hint the server does not act on)."""
+    return on if switchable(form) else None
+
+
 def effort_switch(effort: str | None, param: str) -> bool | None:
     """OpenAI's effort as a template's switch: "none" turns thinking off, any other level on
     (a template has no levels); None leaves the template's default. 400 for a value that is
