@@ -10,6 +10,7 @@ detokenizer and streams.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,12 @@ from mlx_nursery.models import make_model
 
 from .http_helpers import (
     chat_body,
+    engine_of,
+    eventually,
+    port_of,
+    post_request,
+    raw_http,
+    read_until,
     running_server,
     scripted,
     sdk,
@@ -66,8 +73,13 @@ def open_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "open", "tiny-thinking-open")
 
 
+@functools.cache
+def tokenizer_of(model: Path) -> Any:
+    return AutoTokenizer.from_pretrained(str(model))
+
+
 def token_count(model: Path, text: str) -> int:
-    return len(AutoTokenizer.from_pretrained(str(model)).encode(text, add_special_tokens=False))
+    return len(tokenizer_of(model).encode(text, add_special_tokens=False))
 
 
 async def test_chat_separates_the_reasoning_streamed_or_not(thinking_model: Path) -> None:
@@ -123,9 +135,17 @@ async def test_an_output_that_begins_mid_thought(open_model: Path) -> None:
     processors = scripted(SCRIPTS, open_model)
     no_end = {"2047": -100}  # `</think>`: the random model may not close its thinking
     async with (
-        running_server(open_model, extra_processors=processors) as server,
+        running_server(open_model, extra_processors=processors, max_concurrency=1) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
+        # A client that leaves mid-thought stops the compute; the lane comes back.
+        long = chat_body("hi", max_tokens=3000, stream=True, logit_bias={**no_end, "317": 50})
+        connection = await raw_http(port_of(server), post_request("/v1/chat/completions", long))
+        await read_until(connection, b"reasoning_content")
+        await connection.aclose()
+        await eventually(lambda: engine_of(server).statistics().lanes_borrowed == 0, "lane back")
+        worker = engine_of(server).statistics().worker
+        assert worker is not None and worker.generated_tokens < 1500
         closed = await http.post(
             "/v1/chat/completions", json=chat_body("hi", user="mid", max_tokens=40, temperature=0)
         )
@@ -155,7 +175,7 @@ async def test_an_output_that_begins_mid_thought(open_model: Path) -> None:
             "/v1/chat/completions",
             json=chat_body("hi", max_tokens=6, temperature=0, logit_bias={**no_end, **ends}),
         )
-    tokenizer = AutoTokenizer.from_pretrained(str(open_model))
+    tokenizer = tokenizer_of(open_model)
     assert tokenizer.convert_tokens_to_ids(["</think>", "<|endoftext|>", "<|im_end|>"]) == [
         2047,
         0,
