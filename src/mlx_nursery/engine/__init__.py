@@ -6,7 +6,7 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 from ._config import EngineConfig
 from ._engine import THREAD_NAME, Engine, EngineStatistics, open_engine
 from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
-from ._grammar import GrammarProcessor
+from ._grammar import GrammarProcessor, ThinkingGate
 from ._memory import default_memory_budget, memory_in_cache, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
@@ -43,6 +43,7 @@ __all__ = [
     "PromptTooLong",
     "SamplingParams",
     "Script",
+    "ThinkingGate",
     "TokenEvent",
     "TokenLogprob",
     "TokenStream",

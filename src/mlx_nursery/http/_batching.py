@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import attrs
 import trio
 
-from ..openai import TextDelta
+from ..openai import ReasoningDelta, TextDelta
 from ._jobs import JobItem
 
 STREAMS_PER_PIECE = 8
@@ -66,15 +66,22 @@ def ready_items(receive: trio.MemoryReceiveChannel[JobItem]) -> list[JobItem]:
 
 
 def merged_text(items: list[JobItem]) -> list[JobItem]:
-    """`items` with each run of text pieces joined into one: one delta per write, not per token."""
+    """`items` with each run of text pieces (or of reasoning pieces) joined into one: one delta
+    per write, not per token."""
     merged: list[JobItem] = []
     for item in items:
         previous = merged[-1] if merged else None
         if isinstance(item, TextDelta) and isinstance(previous, TextDelta):
             merged[-1] = TextDelta(previous.text + item.text, previous.logprobs + item.logprobs)
+        elif isinstance(item, ReasoningDelta) and isinstance(previous, ReasoningDelta):
+            merged[-1] = ReasoningDelta(previous.text + item.text)
         else:
             merged.append(item)
     return merged
+
+
+_TEXT = (TextDelta, ReasoningDelta)
+"""Pieces of text a write may wait for (anything else goes out at once)."""
 
 
 class WriteBatcher:
@@ -91,7 +98,7 @@ class WriteBatcher:
             return None
         if self._written:
             interval = self._policy.interval()
-            while len(batch) < interval and all(isinstance(i, TextDelta) for i in batch):
+            while len(batch) < interval and all(isinstance(i, _TEXT) for i in batch):
                 try:
                     batch.append(await self._receive.receive())
                 except trio.EndOfChannel:

@@ -199,6 +199,7 @@ class Jobs:
                             prompt_param=prepared.prompt_param,
                             tools=prepared.tool_extractor(),
                             logprobs=prepared.logprob_aligner(),
+                            reasoning=prepared.reasoning_splitter(),
                             observe=observe if observer or record or fault else None,
                             usage=prepared.usage,
                             task_status=_Started(mark_started),

@@ -14,6 +14,7 @@ from ..openai import (
     InvalidRequest,
     OpenAIError,
     PreparedResponse,
+    ReasoningDelta,
     ResourceNotFound,
     ResponseBuilder,
     ResponsesRequest,
@@ -102,6 +103,8 @@ async def create_response() -> Response:
 def _apply(builder: ResponseBuilder, item: Any) -> list[dict[str, Any]]:
     if isinstance(item, TextDelta):
         return builder.text(item.text, item.logprobs)
+    if isinstance(item, ReasoningDelta):
+        return builder.reasoning(item.text)
     if isinstance(item, ToolCallOut):
         return builder.call(item)
     return builder.finish(item)

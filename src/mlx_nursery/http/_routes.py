@@ -18,6 +18,7 @@ from ..openai import (
     ModelList,
     OpenAIError,
     Prepared,
+    ReasoningDelta,
     RequestTooLarge,
     ServedModel,
     TextDelta,
@@ -195,20 +196,22 @@ async def request_body() -> bytes:
 
 async def _collect(prepared: Prepared, job: Job) -> Response:
     pieces: list[str] = []
+    thoughts: list[str] = []
     calls: list[ToolCallOut] = []
     logprobs: list[LogprobEntry] = []
     async for item in job.receive:
         if isinstance(item, TextDelta):
             pieces.append(item.text)
             logprobs.extend(item.logprobs)
+        elif isinstance(item, ReasoningDelta):
+            thoughts.append(item.text)
         elif isinstance(item, ToolCallOut):
             calls.append(item)
         elif isinstance(item, Finished):
             await job.settled()
-            return Response(
-                json.dumps(prepared.body("".join(pieces), item, calls, logprobs)),
-                content_type="application/json",
-            )
+            reasoning = "".join(thoughts) or None  # only a thinking model's message has one
+            body = prepared.body("".join(pieces), item, calls, logprobs, reasoning)
+            return Response(json.dumps(body), content_type="application/json")
         else:
             raise item  # to the one handler (app.py), as every error
     raise ended_early()
@@ -232,6 +235,8 @@ class _ChunkStream:
         for item in merged_text(items):
             if isinstance(item, TextDelta):
                 out.append(self._content(item))
+            elif isinstance(item, ReasoningDelta):
+                out.append(data_event(self.prepared.reasoning_chunk(item.text)))
             elif isinstance(item, ToolCallOut):
                 out.extend(data_event(chunk) for chunk in self.prepared.tool_call_chunks(item))
             elif isinstance(item, Finished):

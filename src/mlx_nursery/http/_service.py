@@ -37,6 +37,7 @@ from ..openai import (
     longest_token_bytes,
     parse_script,
     requested_model,
+    thinking_format,
     tool_format,
     with_processors,
 )
@@ -238,6 +239,7 @@ class Service:
             strict_params=self.settings.strict_params,
             tool_format=tool_format(engine.model.tokenizer),
             grammars=Grammars(engine.model.tokenizer, vocab_size),
+            thinking=thinking_format(engine.model.tokenizer),
             default_max_tokens=self.settings.default_max_tokens,
             vision=engine.model.vision,
             encoder=encoder if encoder.enabled else None,

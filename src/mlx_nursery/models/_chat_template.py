@@ -4,7 +4,9 @@ It renders system/user/assistant/tool roles, tool definitions and assistant
 tool calls in the `<tool_call>` JSON format that mlx-lm's `json_tools` parser
 reads back. OpenAI clients send tool-call arguments as a JSON *string*: the
 template emits a string as-is and only JSON-encodes a mapping, so arguments are
-never encoded twice. No `<think>` handling on purpose (see offline-models.md).
+never encoded twice. `CHAT_TEMPLATE` has no `<think>` handling on purpose (mlx-lm passes
+`enable_thinking` to every template when `<think>` is in the vocabulary; offline-models.md);
+the thinking presets' templates are built from it (`thinking_template`).
 """
 
 CHAT_TEMPLATE = (
@@ -66,3 +68,39 @@ VISION_CHAT_TEMPLATE = _CONTENT_MACRO + CHAT_TEMPLATE.replace(
 """`CHAT_TEMPLATE` for Qwen2-VL-like models: content may be a list of parts, and an image
 part becomes Qwen2-VL's `<|vision_start|><|image_pad|><|vision_end|>` (the processor then
 repeats the pad once per image token)."""
+
+
+_LAST_USER = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}"
+    "{% endif %}{% endfor %}"
+)
+_ASSISTANT_CONTENT = "{% if message.content %}{{ message.content }}{% endif %}"
+_ASSISTANT_WITH_REASONING = (
+    # As Qwen3's: the reasoning of the turns after the last user message is shown again
+    # (a tool-calling turn's), earlier turns' is dropped.
+    "{% if message.reasoning_content and loop.index0 > ns.last_user %}"
+    "<think>\n{{ message.reasoning_content.strip('\n') }}\n</think>\n\n{% endif %}"
+    + _ASSISTANT_CONTENT
+)
+_GENERATION_PROMPT = "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+_NO_THINKING = "{% if enable_thinking is defined and enable_thinking is false %}"
+
+
+def thinking_template(opens: bool) -> str:
+    """`CHAT_TEMPLATE` as a thinking model's (Qwen3-style): earlier reasoning rendered back
+    after the last user message, and `enable_thinking=false` an empty think block in the
+    prompt. `opens`: the prompt also opens the think block when thinking is on, so the output
+    begins mid-thought (Qwen3.5, DeepSeek-R1-0528); otherwise the model opens it (Qwen3)."""
+    thinking = "{% else %}<think>\n{% endif %}" if opens else "{% endif %}"
+    prompt = (
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        + _NO_THINKING
+        + "<think>\n\n</think>\n\n"
+        + thinking
+        + "{% endif %}"
+    )
+    template = CHAT_TEMPLATE.replace(_ASSISTANT_CONTENT, _ASSISTANT_WITH_REASONING)
+    template = template.replace(_GENERATION_PROMPT, prompt)
+    assert _ASSISTANT_WITH_REASONING in template and prompt in template
+    return _LAST_USER + template

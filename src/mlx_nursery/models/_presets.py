@@ -1,13 +1,14 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `small` and `tiny-vlm` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
-`qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
-real shapes.
+`tiny`, `tiny-thinking`, `small` and `tiny-vlm` are for tests; `qwen3-0.6b`, `llama-3.1-8b`
+and `qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
+real shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` /
+`</think>` are added tokens and a Qwen3-style template that honours `enable_thinking`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -19,6 +20,10 @@ class Preset:
     trained_vocab: int  # BPE merges learned from the corpus; the rest is filler up to vocab_size
     image_processor: dict[str, Any] | None = None
     """A vision-language preset's image-processor settings (None: a text model)."""
+    thinking: Literal["model", "prompt"] | None = None
+    """Its template thinks (`<think>` / `</think>` tokens, `enable_thinking`): "model", the
+    model opens its thinking itself (Qwen3); "prompt", the template opens it in the prompt
+    and the output begins mid-thought (Qwen3.5, DeepSeek-R1-0528); None: no thinking."""
 
     @property
     def vocab_size(self) -> int:
@@ -39,20 +44,22 @@ def _qwen3(**overrides: Any) -> dict[str, Any]:
     return config
 
 
+_TINY = _qwen3(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=2048,
+    max_position_embeddings=4096,
+)
+
 PRESETS: dict[str, Preset] = {
-    "tiny": Preset(
-        "tiny",
-        _qwen3(
-            hidden_size=64,
-            num_hidden_layers=2,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            vocab_size=2048,
-            max_position_embeddings=4096,
-        ),
-        trained_vocab=2048,
+    "tiny": Preset("tiny", _TINY, trained_vocab=2048),
+    "tiny-thinking": Preset("tiny-thinking", _TINY, trained_vocab=2040, thinking="model"),
+    "tiny-thinking-open": Preset(
+        "tiny-thinking-open", _TINY, trained_vocab=2040, thinking="prompt"
     ),
     "small": Preset(
         "small",

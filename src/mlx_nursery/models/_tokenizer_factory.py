@@ -12,13 +12,16 @@ import json
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ._chat_template import CHAT_TEMPLATE
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Tool-call tags are learned as ordinary tokens so they stream as text the parser can see.
 EXTRA_TRAINED_MARKUP = ["<tool_call>", "</tool_call>", "<tools>", "</tools>", "<tool_response>"]
+THINK_TOKENS = ["<think>", "</think>"]
+"""Added tokens of a thinking preset, not special (as Qwen3's): their text is decoded, so the
+reasoning's markers reach the text the server splits."""
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -210,10 +213,14 @@ def write_tokenizer(
     context_length: int,
     *,
     special_tokens: list[str] = SPECIAL_TOKENS,
+    added_tokens: list[str] | None = None,
     chat_template: str = CHAT_TEMPLATE,
 ) -> dict[str, int]:
-    """Write tokenizer.json and tokenizer_config.json; return the special token ids."""
+    """Write tokenizer.json and tokenizer_config.json; return the added token ids (special
+    and `added_tokens`, which are added as text tokens, not special ones)."""
     tokenizer = build_tokenizer(trained_vocab, vocab_size, special_tokens)
+    if added_tokens:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     spec = json.loads(tokenizer.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
     next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1

@@ -16,8 +16,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
+from ._chat_template import CHAT_TEMPLATE, thinking_template
 from ._presets import PRESETS, Preset
-from ._tokenizer_factory import EOS_TOKEN, PAD_TOKEN, write_tokenizer
+from ._tokenizer_factory import EOS_TOKEN, PAD_TOKEN, THINK_TOKENS, write_tokenizer
 
 DType = Literal["float32", "bfloat16", "float16"]
 _SHARD_BYTES = 4 << 30
@@ -44,7 +45,15 @@ def make_model(
         write_vlm(out, spec, dtype, seed)
         return out
     context_length = int(spec.config["max_position_embeddings"])
-    token_ids = write_tokenizer(out, spec.trained_vocab, spec.vocab_size, context_length)
+    thinking = spec.thinking is not None
+    token_ids = write_tokenizer(
+        out,
+        spec.trained_vocab,
+        spec.vocab_size,
+        context_length,
+        added_tokens=THINK_TOKENS if thinking else None,
+        chat_template=thinking_template(spec.thinking == "prompt") if thinking else CHAT_TEMPLATE,
+    )
     config = _model_config(spec, token_ids, dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
     _write_weights(out, config, getattr(mx, dtype), seed)

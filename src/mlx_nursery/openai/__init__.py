@@ -27,7 +27,7 @@ from ._errors import (
     URITooLong,
     quoted,
 )
-from ._generation import Finished, Output, TextDelta, generate_text
+from ._generation import Finished, Output, ReasoningDelta, TextDelta, generate_text
 from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
@@ -35,6 +35,7 @@ from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
 from ._models import ModelCard, ModelList, input_modalities
 from ._params import RequestCaps
 from ._prompts import longest_token_bytes
+from ._reasoning import thinking_format
 from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page
@@ -66,6 +67,7 @@ __all__ = [
     "Overloaded",
     "Prepared",
     "PreparedResponse",
+    "ReasoningDelta",
     "RequestCaps",
     "RequestTimeout",
     "RequestTooLarge",
@@ -95,6 +97,7 @@ __all__ = [
     "quoted",
     "requested_model",
     "responses_image_urls",
+    "thinking_format",
     "to_json",
     "tool_format",
     "unknown_model",

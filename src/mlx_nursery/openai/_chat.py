@@ -45,6 +45,10 @@ class ChatMessage:
     refusal: str | None = None
     function_call: Any = None
     audio: Any = None
+    reasoning_content: str | None = None
+    """An assistant turn's reasoning sent back (a thinking template may render it)."""
+    reasoning: str | None = None
+    """The same, by the name vLLM and OpenRouter use."""
 
 
 @attrs.frozen
@@ -113,6 +117,9 @@ class AssistantMessage:
     role: Literal["assistant"] = "assistant"
     refusal: None = None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    """A thinking model's reasoning (not OpenAI's: vLLM's and llama.cpp's name); left out
+    for a model that does not think."""
 
 
 @attrs.frozen
@@ -137,6 +144,7 @@ class ChatCompletion:
 class ChatDelta:
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 

@@ -23,10 +23,12 @@ from ._chat import (
 from ._converter import structure, to_json
 from ._endpoints import (
     Prepared,
+    answer_only,
     common,
     prepared_for,
     with_logprobs,
     with_processors,
+    with_reasoning,
     with_response_format,
     with_script,
     with_tools,
@@ -35,6 +37,7 @@ from ._errors import InvalidRequest
 from ._generation import Finished
 from ._logprobs import LogprobEntry
 from ._prompts import check_prompt_size, prompt_texts, render_served
+from ._reasoning import switchable, thinking_switch
 from ._scripts import last_user_text
 from ._served import ServedModel
 from ._tool_choice import offered_tools
@@ -53,12 +56,13 @@ _UNIMPLEMENTED: dict[str, object] = {
 }
 _HINTS: dict[str, object] = {
     # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
-    "reasoning_effort": (),  # no model served here reasons
+    "reasoning_effort": (),  # for a model that does not think (one that does acts on it)
     "verbosity": (),
     "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
     "store": False,  # no stored chat completions here
     "metadata": ({},),  # kept only with stored completions
 }
+_THINKING_HINTS = {k: v for k, v in _HINTS.items() if k != "reasoning_effort"}
 
 
 class ChatWire:
@@ -75,19 +79,25 @@ class ChatWire:
         finished: Finished,
         calls: Sequence[ToolCallOut],
         logprobs: Sequence[LogprobEntry],
+        reasoning: str | None,
     ) -> dict[str, Any]:
         message = AssistantMessage(
             text if text or not calls else None,
             tool_calls=[ToolCall(c.id, FunctionCall(c.name, c.arguments)) for c in calls] or None,
+            reasoning_content=reasoning,
         )
         choice = ChatChoice(0, message, finished.reason, _logprobs(p, logprobs))
-        body: dict[str, Any] = to_json(
-            ChatCompletion(p.id, p.created, p.model, [choice], UsageOut.of(finished.usage))
-        )
+        usage = UsageOut.of(finished.usage, finished.reasoning_tokens)
+        body: dict[str, Any] = to_json(ChatCompletion(p.id, p.created, p.model, [choice], usage))
         return body
 
     def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]:
         return [_chunk(p, ChatDelta(role="assistant", content=""))]
+
+    def reasoning_chunk(self, p: Prepared, text: str) -> dict[str, Any]:
+        """A piece of a thinking model's reasoning: `delta.reasoning_content`, as vLLM and
+        llama.cpp stream it."""
+        return _chunk(p, ChatDelta(reasoning_content=text))
 
     def delta_chunk(
         self, p: Prepared, text: str, logprobs: Sequence[LogprobEntry], offset: int
@@ -111,7 +121,7 @@ class ChatWire:
     def closing_chunks(self, p: Prepared, finished: Finished) -> list[dict[str, Any]]:
         chunks = [_chunk(p, ChatDelta(), finished.reason)]
         if p.include_usage:
-            usage = UsageOut.of(finished.usage)
+            usage = UsageOut.of(finished.usage, finished.reasoning_tokens)
             chunks.append(to_json(ChatCompletionChunk(p.id, p.created, p.model, [], usage)))
         return chunks
 
@@ -143,7 +153,9 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     request = structure(body, ChatCompletionRequest)
     served.check(request.model)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
-    ignored = params.ignored_hints(request, _HINTS, strict=served.strict_params)
+    thinking = thinking_switch(served.thinking, request.reasoning_effort, "reasoning_effort")
+    hints = _THINKING_HINTS if switchable(served.thinking) else _HINTS
+    ignored = params.ignored_hints(request, hints, strict=served.strict_params)
     details = [  # the model's image processor decides each image's resolution
         part.image_url.get("detail")
         for message in request.messages
@@ -169,7 +181,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     checked = common(request, served)
     tools, forced = offered_tools(request.tools, request.tool_choice, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
-    tokens, images = render_served(served, request.messages, tools)
+    tokens, images = render_served(served, request.messages, tools, thinking=thinking)
     prepared = prepared_for(
         CHAT,
         request,
@@ -181,10 +193,11 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         cache_key=request.prompt_cache_key,
         images=images,
     )
+    prepared = with_reasoning(prepared, served)
     prepared = with_response_format(
         prepared, served, request.response_format, "response_format", forced_call=forced is not None
     )
-    prepared = with_processors(prepared, forced)
+    prepared = with_processors(prepared, answer_only(prepared, served, forced))
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     prepared = attrs.evolve(prepared, ignored=ignored)
     prepared = with_script(

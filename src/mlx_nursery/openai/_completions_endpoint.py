@@ -38,6 +38,7 @@ class CompletionWire:
         finished: Finished,
         calls: Sequence[ToolCallOut],
         logprobs: Sequence[LogprobEntry],
+        reasoning: str | None,
     ) -> dict[str, Any]:
         choice = CompletionChoice(0, text, finished.reason, _logprobs(p, logprobs, 0))
         body: dict[str, Any] = to_json(
@@ -47,6 +48,10 @@ class CompletionWire:
 
     def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]:
         return []
+
+    def reasoning_chunk(self, p: Prepared, text: str) -> dict[str, Any]:
+        # A completion is the raw continuation of its prompt: nothing is split off as thinking.
+        raise AssertionError("completions have no reasoning")
 
     def delta_chunk(
         self, p: Prepared, text: str, logprobs: Sequence[LogprobEntry], offset: int

@@ -283,6 +283,8 @@ def _without_tool_calls_if_none(message: chat.AssistantMessage) -> dict[str, Any
     out = {"content": message.content, "role": message.role, "refusal": message.refusal}
     if message.tool_calls is not None:
         out["tool_calls"] = converter.unstructure(message.tool_calls)
+    if message.reasoning_content is not None:
+        out["reasoning_content"] = message.reasoning_content
     return out
 
 

@@ -14,12 +14,13 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..engine import GenerationRequest, ImageInputs
+from ..engine import GenerationRequest, GrammarProcessor, ImageInputs, ThinkingGate
 from . import _params as params
 from ._chat import ResponseFormat
 from ._errors import InvalidRequest
 from ._generation import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
+from ._reasoning import ReasoningSplitter, ThinkingFormat
 from ._responses_schemas import TextFormatParam
 from ._script_schema import ScriptSpec
 from ._scripts import (
@@ -57,9 +58,12 @@ class Wire(Protocol):
         finished: Finished,
         calls: Sequence[ToolCallOut],
         logprobs: Sequence[LogprobEntry],
+        reasoning: str | None,
     ) -> dict[str, Any]: ...
 
     def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]: ...
+
+    def reasoning_chunk(self, p: Prepared, text: str) -> dict[str, Any]: ...
 
     def delta_chunk(
         self, p: Prepared, text: str, logprobs: Sequence[LogprobEntry], offset: int
@@ -97,7 +101,10 @@ class Prepared:
     drop_on_failure: bool = False
     """The scripted model's `drop_after`: a failure of this stream drops its connection
     (`ConnectionDropped`) instead of ending it with an error event."""
-    """Hints the request set that this server does not act on (`x-ignored-params`)."""
+    thinking: ThinkingFormat | None = None
+    """A thinking model's markers: its reasoning is split from its answer (None: no split)."""
+    thinking_opened: bool = False
+    """The prompt opened the think block: the output begins mid-thought."""
 
     def logprob_aligner(self) -> LogprobAligner | None:
         if self.token_text is None:
@@ -105,6 +112,11 @@ class Prepared:
         return LogprobAligner(
             self.token_text, self.token_bytes, trimmed_space=self.generation.trim_leading_space
         )
+
+    def reasoning_splitter(self) -> ReasoningSplitter | None:
+        if self.thinking is None:
+            return None
+        return ReasoningSplitter(self.thinking, opened=self.thinking_opened)
 
     def tool_extractor(self) -> ToolCallExtractor | None:
         if not self.tools or self.tool_markup is None:
@@ -123,11 +135,16 @@ class Prepared:
         finished: Finished,
         calls: Sequence[ToolCallOut] = (),
         logprobs: Sequence[LogprobEntry] = (),
+        reasoning: str | None = None,
     ) -> dict[str, Any]:
-        return self.wire.body(self, text, finished, calls, logprobs)
+        """`reasoning`: a thinking model's (None for a model that does not think)."""
+        return self.wire.body(self, text, finished, calls, logprobs, reasoning)
 
     def opening_chunks(self) -> list[dict[str, Any]]:
         return self.wire.opening_chunks(self)
+
+    def reasoning_chunk(self, text: str) -> dict[str, Any]:
+        return self.wire.reasoning_chunk(self, text)
 
     def delta_chunk(
         self, text: str, logprobs: Sequence[LogprobEntry] = (), offset: int = 0
@@ -221,6 +238,36 @@ def prepared_for(
         checked.include_usage,
         request.model,
         id=new_id(wire.id_prefix),
+    )
+
+
+def with_reasoning(prepared: Prepared, served: ServedModel) -> Prepared:
+    """Split a thinking model's reasoning from its answer, knowing from the rendered prompt
+    whether the output begins mid-thought."""
+    if served.thinking is None:
+        return prepared
+    opened = served.thinking.opened_by(prepared.generation.prompt_tokens)
+    return attrs.evolve(prepared, thinking=served.thinking, thinking_opened=opened)
+
+
+def answer_only(prepared: Prepared, served: ServedModel, processor: Any) -> Any:
+    """A grammar processor (a format, a forced or strict call) for a thinking model's answer:
+    gated so that the thinking runs free and the grammar starts after it (`ThinkingGate`).
+    Other processors, and any for a model that does not think, are returned as they are.
+    Markers of several tokens cannot be gated: a 400 naming the grammar's field."""
+    form = prepared.thinking
+    if form is None or not isinstance(processor, GrammarProcessor):
+        return processor
+    if len(form.start_ids) != 1 or len(form.end_ids) != 1:
+        raise InvalidRequest(
+            "this model's thinking markers are several tokens each: its answer cannot be "
+            "held to a grammar after its thinking",
+            param=processor.param,
+            code="unsupported_parameter",
+        )
+    eos = frozenset(getattr(served.tokenizer, "eos_token_ids", ()) or ())
+    return ThinkingGate(
+        processor, form.start_ids[0], form.end_ids[0], eos, opened=prepared.thinking_opened
     )
 
 
@@ -323,4 +370,6 @@ def with_response_format(
             )
         return prepared
     processor = response_format_processor(served.grammars, response_format, param)
-    return prepared if forced_call else with_processors(prepared, processor)
+    if forced_call or processor is None:
+        return prepared
+    return with_processors(prepared, answer_only(prepared, served, processor))

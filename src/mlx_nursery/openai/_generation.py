@@ -1,8 +1,11 @@
-"""Engine events to outputs: stop strings applied, tool calls extracted, OpenAI finish reasons.
+"""Engine events to outputs: thinking split off, stop strings applied, tool calls extracted,
+OpenAI finish reasons.
 
-`generate_text` runs one sequence and sends `TextDelta`s and `ToolCallOut`s, then one
-`Finished`, to a channel. It raises the OpenAI-layer error of a failed sequence. The
-caller owns the task and its deadline (see `http._jobs`).
+`generate_text` runs one sequence and sends `ReasoningDelta`s, `TextDelta`s and
+`ToolCallOut`s, then one `Finished`, to a channel. A thinking model's reasoning comes first
+and goes out as it is; stop strings, tool calls and logprobs concern the answer only. It
+raises the OpenAI-layer error of a failed sequence. The caller owns the task and its deadline
+(see `http._jobs`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..engine import (
 )
 from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable, shortened
 from ._logprobs import LogprobAligner, LogprobEntry
+from ._reasoning import AnswerPiece, ReasoningPiece, ReasoningSplitter
 from ._stop import StopMatcher
 from ._tools import ContentText, ToolCallExtractor, ToolCallOut
 
@@ -41,12 +45,21 @@ class TextDelta:
 
 
 @attrs.frozen
+class ReasoningDelta:
+    """A piece of a thinking model's reasoning (its think block, markers left out)."""
+
+    text: str
+
+
+@attrs.frozen
 class Finished:
     reason: OpenAIFinish
     usage: Usage
+    reasoning_tokens: int = 0
+    """Of `usage.completion_tokens`, those generated while thinking (the markers included)."""
 
 
-Output = TextDelta | ToolCallOut | Finished
+Output = ReasoningDelta | TextDelta | ToolCallOut | Finished
 
 
 async def generate_text(
@@ -58,13 +71,15 @@ async def generate_text(
     prompt_param: str = "messages",
     tools: ToolCallExtractor | None = None,
     logprobs: LogprobAligner | None = None,
+    reasoning: ReasoningSplitter | None = None,
     observe: Callable[[Output], None] | None = None,
     usage: Callable[[Usage], Usage] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Generate, reporting `started` once the sequence holds a lane (errors before that raise).
-    `observe` sees each output once it is sent (metrics). `usage` rewrites the usage
-    reported (the scripted model's `script.usage`).
+    `reasoning` splits a thinking model's reasoning from its answer. `observe` sees each
+    output once it is sent (metrics). `usage` rewrites the usage reported (the scripted
+    model's `script.usage`).
 
     Cancellation: cancelled while waiting for a lane, nothing was admitted and no compute
     ran. After that, `Cancelled` propagates only once the engine has confirmed that the
@@ -90,26 +105,39 @@ async def generate_text(
         for piece in tools.feed(text) if text else []:
             await put(TextDelta(piece.text) if isinstance(piece, ContentText) else piece)
 
+    thinking = _Thinking(reasoning, logprobs)
     try:
         async with engine.generate(request) as stream:
             task_status.started()
             async for event in stream:
-                if (
-                    logprobs is not None
-                    and event.logprob is not None
-                    and event.token_id is not None
-                ):
-                    logprobs.add(event.text, event.logprob)
-                if event.text and not matcher.stopped:
-                    await emit(matcher.feed(event.text))
+                if reasoning is None:
+                    answer = event.text
+                    if (
+                        logprobs is not None
+                        and event.logprob is not None
+                        and event.token_id is not None
+                    ):
+                        logprobs.add(event.text, event.logprob)
+                else:
+                    thought, answer = thinking.feed(event)
+                    if thought:
+                        await put(ReasoningDelta(thought))
+                if answer and not matcher.stopped:
+                    await emit(matcher.feed(answer))
                     if matcher.stopped or (tools is not None and tools.done):
                         stream.stop()  # ends before the next step; the final event still comes
                 if event.is_final:
+                    if reasoning is not None:
+                        thought, answer = thinking.finish()
+                        if thought:
+                            await put(ReasoningDelta(thought))
+                        if answer and not matcher.stopped:
+                            await emit(matcher.feed(answer))
                     for output in _finish(
-                        event, matcher, tools, logprobs, request.logits_processors
+                        event, matcher, tools, logprobs, request.logits_processors, thinking.tokens
                     ):
                         if usage is not None and isinstance(output, Finished):
-                            output = Finished(output.reason, usage(output.usage))
+                            output = attrs.evolve(output, usage=usage(output.usage))
                         await send.send(output)
                         if observe is not None:
                             observe(output)
@@ -144,6 +172,7 @@ def _finish(
     tools: ToolCallExtractor | None,
     logprobs: LogprobAligner | None,
     processors: tuple[Any, ...] = (),
+    reasoning_tokens: int = 0,
 ) -> list[Output]:
     stopped_by_us = matcher.stopped or (tools is not None and tools.done)
     # No usage: the engine stopped under the sequence (its last event comes from the Trio side).
@@ -178,8 +207,50 @@ def _finish(
     reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
     if tools is not None and tools.calls and reason == "stop":
         reason = "tool_calls"
-    outputs.append(Finished(reason, event.usage))
+    outputs.append(Finished(reason, event.usage, reasoning_tokens))
     return outputs
+
+
+class _Thinking:
+    """A sequence's tokens through a `ReasoningSplitter`: each token's reasoning and answer
+    text, the tokens spent thinking, and the answer's tokens for the logprob aligner."""
+
+    def __init__(self, splitter: ReasoningSplitter | None, logprobs: LogprobAligner | None):
+        self._splitter = splitter
+        self._logprobs = logprobs
+        self.tokens = 0
+        """Tokens generated while thinking: those read inside the block or that opened or
+        closed it."""
+
+    def feed(self, event: TokenEvent) -> tuple[str, str]:
+        """(reasoning, answer) text of one event."""
+        assert self._splitter is not None
+        before = self._splitter.thinking
+        pieces = self._splitter.feed(event.text) if event.text else []
+        thought, answer = _joined(pieces)
+        if event.token_id is None:
+            return thought, answer
+        if before or self._splitter.thinking or thought:
+            self.tokens += 1
+        if self._logprobs is not None and event.logprob is not None:
+            # The answer's tokens only; a token whose text was held back and released with a
+            # later one (the start, a marker's prefix) is that later one's.
+            if answer:
+                self._logprobs.add(answer, event.logprob, exact=answer == event.text)
+            elif not event.text and self._splitter.answering:  # a partial character
+                self._logprobs.add("", event.logprob)
+        return thought, answer
+
+    def finish(self) -> tuple[str, str]:
+        """What the splitter held back when the output ended."""
+        assert self._splitter is not None
+        return _joined(self._splitter.finish())
+
+
+def _joined(pieces: list[AnswerPiece | ReasoningPiece]) -> tuple[str, str]:
+    thought = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece))
+    answer = "".join(p.text for p in pieces if isinstance(p, AnswerPiece))
+    return thought, answer
 
 
 def context_length_error(exc: PromptTooLong, param: str) -> InvalidRequest:

@@ -56,28 +56,30 @@ class LogprobAligner:
         self._token_text = token_text
         self._token_bytes = token_bytes or (lambda token: token_text(token).encode())
         self._trim_pending = trimmed_space
-        self._pending: deque[tuple[str, TokenLogprob]] = deque()
+        self._pending: deque[tuple[str, TokenLogprob, bool]] = deque()
         self._raw_popped = 0  # chars of the pending tokens' text already handed out
         self._emitted = 0
 
-    def add(self, text: str, logprob: TokenLogprob) -> None:
-        self._pending.append((text, logprob))
+    def add(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> None:
+        """A token's content `text`; not `exact` when that is only part of the token's text
+        (its bytes are then the text's own)."""
+        self._pending.append((text, logprob, exact))
 
     def take(self, emitted: str) -> list[LogprobEntry]:
         """`emitted` more characters of content went out: the entries now fully covered."""
         self._emitted += len(emitted)
         entries = []
         while self._pending and self._raw_popped + len(self._pending[0][0]) <= self._emitted:
-            text, logprob = self._pending.popleft()
+            text, logprob, exact = self._pending.popleft()
             self._raw_popped += len(text)
-            entries.append(self._entry(text, logprob))
+            entries.append(self._entry(text, logprob, exact=exact))
         return entries
 
     def finish(self) -> list[LogprobEntry]:
         """The content ended: a token straddling the end keeps its emitted part; the rest go."""
         entries = []
         if self._pending and self._raw_popped < self._emitted:
-            text, logprob = self._pending.popleft()
+            text, logprob, _ = self._pending.popleft()
             emitted = text[: self._emitted - self._raw_popped]
             entries.append(self._entry(emitted, logprob, exact=False))
         self._pending.clear()

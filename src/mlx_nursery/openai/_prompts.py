@@ -96,13 +96,15 @@ def render_chat_prompt(
     where: Callable[[int], str] = lambda index: f"messages[{index}]",
     url_param: str = "image_url.url",
     encode: Callable[[str], list[int]] | None = None,
+    thinking: bool | None = None,
 ) -> tuple[list[int], ImageInputs | None]:
     """`render_chat`, images included: with a vision model's processor (`vision`), image
     parts are decoded under `limits` and the processor turns the rendered text and the
     images into token ids (a placeholder per image token) and the images' inputs. Without
     one, an image part is refused. Errors name message i as `where(i)`. `encode`, if given,
     tokenizes the rendered text instead of the template (a `SegmentEncoder`'s, which gives
-    the same ids). Blocking (decoding, processing): a worker thread."""
+    the same ids). `thinking` is the template's `enable_thinking` (None: its default).
+    Blocking (decoding, processing): a worker thread."""
     if not messages:
         raise InvalidRequest(
             "'messages' must contain at least one message", param="messages", code="invalid_value"
@@ -111,7 +113,9 @@ def render_chat_prompt(
     rendered = [_message(where(i), m, takes) for i, m in enumerate(messages)]
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
-    extra = {"tools": tools} if tools else {}
+    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    if thinking is not None:
+        extra["enable_thinking"] = thinking
     try:
         if takes.images or encode is not None:
             text = tokenizer.apply_chat_template(
@@ -147,7 +151,8 @@ def render_served(
     **where: Any,
 ) -> tuple[list[int], ImageInputs | None]:
     """`render_chat_prompt` with what the served model says: its tokenizer, tool format,
-    vision processor and image limits (`where` and `url_param` name errors)."""
+    vision processor and image limits (`where` and `url_param` name errors; `thinking`
+    turns a thinking template's thinking on or off)."""
     return render_chat_prompt(
         served.tokenizer,
         messages,
@@ -224,6 +229,9 @@ def _message(where: str, message: ChatMessage, images: _ImageTaker) -> dict[str,
     rendered: dict[str, Any] = {"role": role, "content": _content(where, message, images)}
     if message.name:
         rendered["name"] = message.name
+    reasoning = _reasoning(where, message)
+    if reasoning is not None:
+        rendered["reasoning_content"] = reasoning  # the name Qwen3-style templates read
     if message.tool_calls:
         if message.role != "assistant":
             raise InvalidRequest(
@@ -243,6 +251,29 @@ def _message(where: str, message: ChatMessage, images: _ImageTaker) -> dict[str,
             )
         rendered["tool_call_id"] = message.tool_call_id
     return rendered
+
+
+def _reasoning(where: str, message: ChatMessage) -> str | None:
+    """An assistant message's earlier reasoning, as clients send it back: `reasoning_content`
+    (DeepSeek's, vLLM's and llama.cpp's name) or `reasoning` (vLLM's and OpenRouter's)."""
+    given = [
+        (name, value)
+        for name, value in (
+            ("reasoning_content", message.reasoning_content),
+            ("reasoning", message.reasoning),
+        )
+        if value is not None
+    ]
+    if not given:
+        return None
+    name, value = given[0]
+    if message.role != "assistant":
+        raise InvalidRequest(
+            f"only assistant messages carry {name}",
+            param=f"{where}.{name}",
+            code="invalid_value",
+        )
+    return value
 
 
 def _tool_call(where: str, call: Any) -> dict[str, Any]:

@@ -18,16 +18,19 @@ from ._chat_endpoint import CHAT
 from ._converter import structure
 from ._endpoints import (
     Prepared,
+    answer_only,
     common,
     prepared_for,
     with_logprobs,
     with_processors,
+    with_reasoning,
     with_response_format,
     with_script,
     with_tools,
 )
 from ._errors import InvalidRequest, quoted
 from ._prompts import check_prompt_size, prompt_texts, render_served
+from ._reasoning import switchable, thinking_switch
 from ._responses_items import input_items, item_id, to_messages
 from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
 from ._scripts import last_user_text
@@ -37,8 +40,9 @@ from ._tool_choice import offered_tools
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 REASONING_INCLUDE = "reasoning.encrypted_content"
-"""Satisfied as asked: no model served here emits reasoning items, so there is none to
-include (Codex-style clients send it with store: false)."""
+"""Satisfied as asked: a thinking model's reasoning items carry their text in `content`,
+which a client replays as it is; nothing is encrypted (Codex-style clients send it with
+store: false)."""
 _INCLUDABLE = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
 _UNIMPLEMENTED: dict[str, object] = {
     "background": False,
@@ -50,8 +54,10 @@ _UNIMPLEMENTED: dict[str, object] = {
 _HINTS: dict[str, object] = {
     # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
     "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
+    # For a model that does not think; a thinking one acts on `reasoning.effort`.
     "reasoning": ({}, {"effort": None}, {"summary": None}, {"effort": None, "summary": None}),
 }
+_THINKING_HINTS = {k: v for k, v in _HINTS.items() if k != "reasoning"}
 
 
 def parse_request(body: Any) -> ResponsesRequest:
@@ -102,6 +108,8 @@ class PreparedResponse:
     """Messages `truncation: "auto"` left out of the prompt (the x-truncated-messages header)."""
     id: str = attrs.field(factory=lambda: item_id("resp"))
     created_at: int = attrs.field(factory=lambda: int(time.time()))
+    reasoning_effort: str | None = None
+    """The `reasoning.effort` a thinking model acted on (echoed in the response)."""
 
     @property
     def store(self) -> bool:
@@ -113,8 +121,11 @@ def prepare_response(
 ) -> PreparedResponse:
     served.check(request.model)
     ignored = _ignored_hints(request, served)
+    effort = _effort(request, served)
+    thinking = thinking_switch(served.thinking, effort, "reasoning.effort")
     items = input_items(request.input)
-    conversation = [*(previous or []), *to_messages(items)]
+    thinks = served.thinking is not None
+    conversation = [*(previous or []), *to_messages(items, thinking=thinks)]
     limit = served.caps.max_messages
     if len(conversation) > limit:
         raise InvalidRequest(
@@ -140,12 +151,14 @@ def prepare_response(
             served, messages, len(system), tools, request.max_output_tokens
         )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
-    origins = _origins(len(system), len(previous or []), items)
+    origins = _origins(len(system), len(previous or []), items, thinks)
 
     def where(index: int) -> str:  # a message of the (possibly truncated) prompt -> the request
         return origins[index if index < len(system) else index + dropped]
 
-    tokens, images = render_served(served, messages, tools, where=where, url_param="image_url")
+    tokens, images = render_served(
+        served, messages, tools, where=where, url_param="image_url", thinking=thinking
+    )
     prepared = prepared_for(  # chat's, rendered by `ResponseBuilder` instead
         CHAT,
         fields,
@@ -157,6 +170,7 @@ def prepare_response(
         cache_key=request.prompt_cache_key,
         images=images,
     )
+    prepared = with_reasoning(prepared, served)
     prepared = with_response_format(
         prepared,
         served,
@@ -164,7 +178,7 @@ def prepare_response(
         "text.format",
         forced_call=forced is not None,
     )
-    prepared = with_processors(prepared, forced)
+    prepared = with_processors(prepared, answer_only(prepared, served, forced))
     if LOGPROBS_INCLUDE in (request.include or []):
         if tools:
             raise InvalidRequest(
@@ -182,12 +196,38 @@ def prepare_response(
         parallel=request.parallel_tool_calls is not False,
         max_calls=request.max_tool_calls,
     )
-    return PreparedResponse(request, prepared, items, conversation, truncated_messages=dropped)
+    return PreparedResponse(
+        request,
+        prepared,
+        items,
+        conversation,
+        truncated_messages=dropped,
+        reasoning_effort=effort if thinking is not None else None,
+    )
+
+
+def _effort(request: ResponsesRequest, served: ServedModel) -> str | None:
+    """`reasoning.effort`, for a model that can act on it (a string, or a 400)."""
+    effort = (request.reasoning or {}).get("effort")
+    if not switchable(served.thinking) or effort is None:
+        return None
+    if not isinstance(effort, str):
+        raise InvalidRequest(
+            "Invalid type for 'reasoning.effort': expected a string",
+            param="reasoning.effort",
+            code="invalid_type",
+        )
+    return effort
 
 
 def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str, ...]:
-    """Chat's rule (`_params.ignored_hints`) for the Responses fields, nested ones included."""
-    ignored = params.ignored_hints(request, _HINTS, strict=served.strict_params)
+    """Chat's rule (`_params.ignored_hints`) for the Responses fields, nested ones included.
+    A thinking model acts on `reasoning.effort`; the rest of `reasoning` (a summary: none
+    is made) is named by its own path."""
+    thinks = switchable(served.thinking)
+    ignored = params.ignored_hints(
+        request, _THINKING_HINTS if thinks else _HINTS, strict=served.strict_params
+    )
     details = [
         part.detail
         for item in (request.input if isinstance(request.input, list) else [])
@@ -203,16 +243,22 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
         # The model's image processor decides each image's resolution.
         "input_image.detail": next((d for d in details if d not in (None, "auto")), None),
     }
+    if thinks:
+        nested.update(
+            {f"reasoning.{k}": v for k, v in (request.reasoning or {}).items() if k != "effort"}
+        )
     given = {name: value for name, value in nested.items() if value not in (None, False)}
     return (*ignored, *params.ignored_values(given, strict=served.strict_params))
 
 
-def _origins(instructions: int, previous: int, items: list[dict[str, Any]]) -> list[str]:
+def _origins(
+    instructions: int, previous: int, items: list[dict[str, Any]], thinking: bool
+) -> list[str]:
     """What each chat message of the prompt came from, as an error names it: the
     instructions, an earlier turn (`previous_response_id`), or this turn's `input[k]`."""
     origins = ["instructions"] * instructions + ["previous_response_id"] * previous
     for k in range(len(items)):
-        turn = len(to_messages(items[: k + 1]))  # this turn's messages so far
+        turn = len(to_messages(items[: k + 1], thinking=thinking))  # this turn's messages so far
         origins += [f"input[{k}]"] * (instructions + previous + turn - len(origins))
     return origins
 

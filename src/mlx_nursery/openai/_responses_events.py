@@ -7,7 +7,7 @@ from typing import Literal
 
 import attrs
 
-from ._responses_objects import OutputItem, OutputLogprob, OutputText, Response
+from ._responses_objects import OutputItem, OutputLogprob, OutputText, ReasoningText, Response
 
 
 # -- the response as a whole ------------------------------------------------------------------
@@ -74,7 +74,7 @@ class ContentPartAdded:
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText
+    part: OutputText | ReasoningText
     sequence_number: int
 
 
@@ -84,7 +84,7 @@ class ContentPartDone:
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText
+    part: OutputText | ReasoningText
     sequence_number: int
 
 
@@ -107,6 +107,27 @@ class OutputTextDone:
     content_index: int
     text: str
     logprobs: list[OutputLogprob]
+    sequence_number: int
+
+
+# -- a reasoning item's text ------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class ReasoningTextDelta:
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    sequence_number: int
+
+
+@attrs.frozen(kw_only=True)
+class ReasoningTextDone:
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
     sequence_number: int
 
 
@@ -144,6 +165,8 @@ StreamEvent = (
     | ContentPartDone
     | OutputTextDelta
     | OutputTextDone
+    | ReasoningTextDelta
+    | ReasoningTextDone
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
 )

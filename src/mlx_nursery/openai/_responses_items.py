@@ -129,19 +129,31 @@ def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     ]
 
 
-def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Items to chat messages: consecutive function calls join the assistant turn before them."""
+def to_messages(items: list[dict[str, Any]], *, thinking: bool = False) -> list[dict[str, Any]]:
+    """Items to chat messages: consecutive function calls join the assistant turn before them.
+
+    A reasoning item is assistant context: for a thinking model (`thinking`), the
+    `reasoning_content` of the assistant turn it precedes (the message or calls that follow
+    join it), which a thinking template renders where its model expects it; for other
+    models, an assistant message of its text."""
     messages: list[dict[str, Any]] = []
     for item in items:
         kind = item["type"]
+        last = messages[-1] if messages else None
         if kind == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": _chat_content(item["content"])})
+            content = _chat_content(item["content"])
+            if role == "assistant" and last is not None and _only_reasoning(last):
+                last["content"] = content
+            else:
+                messages.append({"role": role, "content": content})
         elif kind == "reasoning":
             text = "".join(
                 p.get("text", "") for p in item.get("summary", []) + item.get("content", [])
             )
-            if text:
+            if text and thinking:
+                messages.append({"role": "assistant", "content": None, "reasoning_content": text})
+            elif text:
                 messages.append({"role": "assistant", "content": text})
         elif kind == "function_call":
             call = {
@@ -149,7 +161,6 @@ def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]},
             }
-            last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -159,3 +170,13 @@ def to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
             )
     return messages
+
+
+def _only_reasoning(message: dict[str, Any]) -> bool:
+    """An assistant turn that holds a reasoning item only, so far."""
+    return (
+        message["role"] == "assistant"
+        and "reasoning_content" in message
+        and message["content"] is None
+        and not message.get("tool_calls")
+    )

@@ -73,7 +73,26 @@ class OutputFunctionCall:
     status: ItemStatus = "in_progress"
 
 
-OutputItem = OutputMessage | OutputFunctionCall
+@attrs.define
+class ReasoningText:
+    """A reasoning item's text part; its `text` grows as the stream goes."""
+
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str = ""
+
+
+@attrs.define(kw_only=True)
+class OutputReasoning:
+    """A thinking model's reasoning: its think block's text (no summary is made)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[dict[str, Any]] = attrs.field(factory=list)
+    content: list[ReasoningText] = attrs.field(factory=list)
+    status: ItemStatus = "in_progress"
+
+
+OutputItem = OutputReasoning | OutputMessage | OutputFunctionCall
 
 
 # -- the response -----------------------------------------------------------------------------
@@ -97,13 +116,13 @@ class ResponseUsage:
     total_tokens: int
 
     @classmethod
-    def of(cls, usage: Usage) -> ResponseUsage:
+    def of(cls, usage: Usage, reasoning_tokens: int = 0) -> ResponseUsage:
         cached = usage.cached_tokens
         return cls(
             usage.prompt_tokens,
             InputTokensDetails(cached, usage.prompt_tokens - cached),
             usage.completion_tokens,
-            OutputTokensDetails(),
+            OutputTokensDetails(reasoning_tokens),
             usage.total_tokens,
         )
 
@@ -115,9 +134,10 @@ class IncompleteDetails:
 
 @attrs.frozen
 class ReasoningConfig:
-    """Echoed as unset: no model served here reasons."""
+    """The effort a thinking model acted on (turning its thinking on or off); unset for
+    other models. No summary is ever made."""
 
-    effort: None = None
+    effort: str | None = None
     summary: None = None
 
 

@@ -26,6 +26,8 @@ from ._responses_events import (
     OutputItemDone,
     OutputTextDelta,
     OutputTextDone,
+    ReasoningTextDelta,
+    ReasoningTextDone,
     ResponseCompleted,
     ResponseCreated,
     ResponseIncomplete,
@@ -41,7 +43,10 @@ from ._responses_objects import (
     OutputItem,
     OutputLogprob,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    ReasoningConfig,
+    ReasoningText,
     Response,
     ResponseStatus,
     ResponseText,
@@ -61,7 +66,9 @@ class ResponseBuilder:
         self._seq = 0
         self.output: list[OutputItem] = []
         self._message: OutputMessage | None = None
+        self._reasoning: OutputReasoning | None = None
         self.usage: Usage | None = None
+        self.reasoning_tokens = 0
         self.status: ResponseStatus = "in_progress"
         self.incomplete_reason: Literal["max_output_tokens"] | None = None
 
@@ -77,8 +84,47 @@ class ResponseBuilder:
             _json(ResponseInProgress(response=snapshot, sequence_number=self._next())),
         ]
 
-    def text(self, delta: str, logprobs: tuple[LogprobEntry, ...] = ()) -> list[dict[str, Any]]:
+    def reasoning(self, delta: str) -> list[dict[str, Any]]:
+        """A piece of a thinking model's reasoning: a `reasoning` item with one
+        `reasoning_text` part, opened on the first piece."""
         events = []
+        item = self._reasoning
+        if item is None:
+            item = self._reasoning = OutputReasoning(id=item_id("rs"))
+            self.output.append(item)
+            index = len(self.output) - 1
+            events.append(
+                _json(OutputItemAdded(output_index=index, item=item, sequence_number=self._next()))
+            )
+            part = ReasoningText()
+            item.content.append(part)
+            events.append(
+                _json(
+                    ContentPartAdded(
+                        item_id=item.id,
+                        output_index=index,
+                        content_index=0,
+                        part=part,
+                        sequence_number=self._next(),
+                    )
+                )
+            )
+        item.content[0].text += delta
+        events.append(
+            _json(
+                ReasoningTextDelta(
+                    item_id=item.id,
+                    output_index=self.output.index(item),
+                    content_index=0,
+                    delta=delta,
+                    sequence_number=self._next(),
+                )
+            )
+        )
+        return events
+
+    def text(self, delta: str, logprobs: tuple[LogprobEntry, ...] = ()) -> list[dict[str, Any]]:
+        events = self._close_reasoning()
         message = self._message
         if message is None:
             message = self._message = OutputMessage(id=item_id("msg"))
@@ -121,7 +167,7 @@ class ResponseBuilder:
         return events
 
     def call(self, call: ToolCallOut) -> list[dict[str, Any]]:
-        events = self._close_message()
+        events = self._close_reasoning() + self._close_message()
         item = OutputFunctionCall(id=item_id("fc"), call_id=call.id, name=call.name)
         self.output.append(item)
         index = len(self.output) - 1
@@ -160,8 +206,10 @@ class ResponseBuilder:
         """Close the open item and settle the status; the final event comes from `final_event`.
         A message cut off by the token budget is `incomplete`, as its response is."""
         cut = finished.reason == "length"
-        events = self._close_message("incomplete" if cut else "completed")
+        status: Literal["completed", "incomplete"] = "incomplete" if cut else "completed"
+        events = self._close_reasoning(status) + self._close_message(status)
         self.usage = finished.usage
+        self.reasoning_tokens = finished.reasoning_tokens
         if cut:
             self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
         else:
@@ -184,6 +232,37 @@ class ResponseBuilder:
                 sequence_number=self._next(),
             )
         )
+
+    def _close_reasoning(
+        self, status: Literal["completed", "incomplete"] = "completed"
+    ) -> list[dict[str, Any]]:
+        item, self._reasoning = self._reasoning, None
+        if item is None:
+            return []
+        index = self.output.index(item)
+        part = item.content[0]
+        item.status = status
+        return [
+            _json(
+                ReasoningTextDone(
+                    item_id=item.id,
+                    output_index=index,
+                    content_index=0,
+                    text=part.text,
+                    sequence_number=self._next(),
+                )
+            ),
+            _json(
+                ContentPartDone(
+                    item_id=item.id,
+                    output_index=index,
+                    content_index=0,
+                    part=part,
+                    sequence_number=self._next(),
+                )
+            ),
+            _json(OutputItemDone(output_index=index, item=item, sequence_number=self._next())),
+        ]
 
     def _close_message(
         self, status: Literal["completed", "incomplete"] = "completed"
@@ -250,7 +329,10 @@ class ResponseBuilder:
             max_tool_calls=r.max_tool_calls,
             metadata=r.metadata or {},
             user=r.user,
-            usage=None if self.usage is None else ResponseUsage.of(self.usage),
+            usage=None
+            if self.usage is None
+            else ResponseUsage.of(self.usage, self.reasoning_tokens),
+            reasoning=ReasoningConfig(effort=p.reasoning_effort),
         )
 
     def conversation(self) -> list[dict[str, Any]]:
@@ -270,6 +352,11 @@ class ResponseBuilder:
         reply: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             reply["tool_calls"] = calls
+        reasoning = "".join(
+            item.content[0].text for item in self.output if isinstance(item, OutputReasoning)
+        )
+        if reasoning:  # a thinking template renders it back where its model wants it
+            reply["reasoning_content"] = reasoning
         return [*self._p.conversation, reply]
 
 

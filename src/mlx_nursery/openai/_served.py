@@ -38,6 +38,8 @@ class ServedModel:
     its decoded text."""
     grammars: Any = None
     """`_structured.Grammars` for this model's tokenizer (None: structured outputs unavailable)."""
+    thinking: Any = None
+    """`_reasoning.ThinkingFormat`: how the model marks its thinking (None: it does not think)."""
     encoder: Any = None
     """A `_tokenizing.SegmentEncoder` for rendered prompts (None: the template tokenizes)."""
     vision: Any = None
