@@ -13,7 +13,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from mlx_nursery.openai import SegmentEncoder
+from mlx_nursery.openai import SegmentEncoder, _tokenizing
 
 
 @pytest.fixture(scope="module", params=["tiny_model", "tiny_vlm"])
@@ -53,6 +53,27 @@ def test_a_long_piece_seen_before_is_not_tokenized_again(tokenizer: Any) -> None
         tokenizer.encode(turn.format(system, "second question"), add_special_tokens=False)
     )
     assert first[: len(first) // 2] == second[: len(first) // 2]
+
+
+def test_the_kept_pieces_stay_within_their_byte_bound(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream of unique long prompts (a soak's) fills the cache to its bound and no further,
+    evicting the least recently used piece first."""
+    monkeypatch.setattr(_tokenizing, "MAX_CACHED_BYTES", 20_000)
+    encoder = SegmentEncoder(tokenizer)
+    turn = "<|im_start|>user\n{}<|im_end|>\n"
+    texts = [f"Question {i}: " + "tell me about the harbor and its lamps. " * 10 for i in range(60)]
+    for text in texts:
+        encoder.encode(turn.format(text))
+        assert 0 < encoder.cached_bytes <= 20_000
+    hits = encoder.hits
+    encoder.encode(turn.format(texts[-1]))
+    assert encoder.hits == hits + 1, "the newest piece is kept"
+    assert encoder.encode(turn.format(texts[0])) == list(
+        tokenizer.encode(turn.format(texts[0]), add_special_tokens=False)
+    )
+    assert encoder.hits == hits + 1, "the oldest piece was evicted"
 
 
 def _wrapped(tokenizer: Tokenizer, added: AddedToken) -> PreTrainedTokenizerFast:

@@ -16,13 +16,17 @@ on sample text and turns itself off (whole-text encoding) unless it gives the sa
 from __future__ import annotations
 
 import re
+from array import array
 from collections import OrderedDict
 from typing import Any
 
 MIN_CACHED_CHARS = 256
 """Pieces shorter than this are tokenized each time (cheap; not worth an entry)."""
-MAX_CACHED_CHARS = 16 << 20
-"""All cached pieces together, in characters."""
+MAX_CACHED_BYTES = 8 << 20
+"""What the cached pieces may hold together: their text (UTF-8) and their ids (4 bytes each).
+A bound in bytes, not entries or characters: a soak of unique prompts fills it, and the
+process's memory must not grow past it (ids are kept as packed arrays, not lists of Python
+ints, which cost 8-36 bytes each)."""
 
 _CHECK_TEXTS = (
     "plain text, then more",
@@ -42,8 +46,9 @@ class SegmentEncoder:
         self._tokenizer = tokenizer
         added = _added_tokens(tokenizer)
         self._ids = {token.content: index for index, token in added.items()}
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
-        self._cached_chars = 0
+        self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self.cached_bytes = 0
+        """What the kept pieces hold now (text and ids), at most `MAX_CACHED_BYTES`."""
         self.hits = 0
         """Pieces served from the cache (for tests and statistics)."""
         plain = all(
@@ -75,7 +80,7 @@ class SegmentEncoder:
                 ids.extend(self._piece(piece))
         return ids
 
-    def _piece(self, piece: str) -> list[int]:
+    def _piece(self, piece: str) -> list[int] | array[int]:
         if len(piece) < MIN_CACHED_CHARS:
             return self._whole(piece)
         cached = self._cache.get(piece)
@@ -83,12 +88,12 @@ class SegmentEncoder:
             self._cache.move_to_end(piece)
             self.hits += 1
             return cached
-        ids = self._whole(piece)
+        ids = array("i", self._whole(piece))
         self._cache[piece] = ids
-        self._cached_chars += len(piece)
-        while self._cached_chars > MAX_CACHED_CHARS:
-            oldest, _ = self._cache.popitem(last=False)
-            self._cached_chars -= len(oldest)
+        self.cached_bytes += _cost(piece, ids)
+        while self.cached_bytes > MAX_CACHED_BYTES:
+            oldest, oldest_ids = self._cache.popitem(last=False)
+            self.cached_bytes -= _cost(oldest, oldest_ids)
         return ids
 
     def _whole(self, text: str) -> list[int]:
@@ -130,6 +135,10 @@ class SegmentEncoder:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return isinstance(text, str) and self._pieces(text) == list(ids)
+
+
+def _cost(piece: str, ids: array[int]) -> int:
+    return len(piece.encode()) + ids.itemsize * len(ids)
 
 
 def _added_tokens(tokenizer: Any) -> dict[int, Any]:
