@@ -38,7 +38,8 @@ async def test_quantized_kv_serves_a_longer_context_in_the_same_memory(small_mod
 
 async def test_quantized_kv_answers_concurrent_requests_batched(small_model: Path) -> None:
     fields = {"max_tokens": 8, "temperature": 1.0, "seed": 3}
-    async with running_server(small_model, kv_bits=8, kv_group_size=32, skip_warmup=True) as server:
+    # With the warm-up, which runs the quantized cache's kernels before the first request.
+    async with running_server(small_model, kv_bits=8, kv_group_size=32) as server:
         client = sdk(server)
         texts: dict[tuple[int, bool], str] = {}
 
