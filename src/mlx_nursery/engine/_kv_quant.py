@@ -31,7 +31,13 @@ import attrs
 import mlx.core as mx
 from attrs import validators as v
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, _BaseCache, dynamic_roll
+from mlx_lm.models.cache import (
+    KVCache,
+    QuantizedKVCache,
+    _BaseCache,
+    dynamic_roll,
+    make_prompt_cache,
+)
 
 KV_BITS = (4, 8)
 """The bit widths offered: what mlx-lm's users run, and what the benchmarks measured."""
@@ -60,8 +66,6 @@ class KVQuantizationError(ValueError):
 
 def make_cache(model: Any, quantization: KVQuantization | None) -> list[Any]:
     """A fresh KV cache for `model`, its growing layers quantized if `quantization` is set."""
-    from mlx_lm.models.cache import make_prompt_cache
-
     cache: list[Any] = make_prompt_cache(model)
     if quantization is None:
         return cache
@@ -112,19 +116,6 @@ class QuantizedKVRow(QuantizedKVCache):  # type: ignore[misc]  # mlx-lm is untyp
     @classmethod
     def merge(cls, caches: list[Any]) -> QuantizedBatchKVCache:
         return QuantizedBatchKVCache.merge(caches)
-
-
-def _quantized_row(cache: Any, bits: int, group_size: int) -> Any:
-    """A plain `KVCache` as a quantized row (a cache made before quantization was known,
-    e.g. by a caller outside the engine); anything else unchanged."""
-    if type(cache) is KVCache:
-        row = QuantizedKVRow(group_size, bits)
-        if cache.keys is not None:
-            row.keys = mx.quantize(cache.keys[..., : cache.offset, :], group_size, bits)
-            row.values = mx.quantize(cache.values[..., : cache.offset, :], group_size, bits)
-            row.offset = cache.offset
-        return row
-    return cache
 
 
 def _pad_seq(parts: _Parts, left: int, right: int) -> _Parts:
@@ -314,12 +305,10 @@ class QuantizedBatchKVCache(_BaseCache):  # type: ignore[misc]  # mlx-lm is unty
 
     @classmethod
     def merge(cls, caches: list[Any]) -> QuantizedBatchKVCache:
-        """Rows (`QuantizedKVRow`s; a plain `KVCache` is quantized first) as one batch,
-        left-padded to the longest."""
-        reference = next((c for c in caches if isinstance(c, QuantizedKVCache)), None)
-        bits = reference.bits if reference is not None else 8
-        group_size = reference.group_size if reference is not None else 64
-        rows = [_quantized_row(c, bits, group_size) for c in caches]
+        """Rows (`QuantizedKVRow`s, all made by one engine's `make_cache`: one width and
+        group size) as one batch, left-padded to the longest."""
+        rows = list(caches)
+        bits, group_size = rows[0].bits, rows[0].group_size
         lengths = [int(c.offset) if c.keys is not None else 0 for c in rows]
         longest = max(lengths, default=0)
         padding = [longest - n for n in lengths]
