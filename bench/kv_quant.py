@@ -7,7 +7,9 @@ For each setting (unquantized, 8 bits, 4 bits), in one process, on one model:
      more in mlx-lm's BatchGenerator): `B` streams of `--prompt-tokens` start together and
      decode `--tokens` each; the rate is the tokens emitted while all `B` decode (after the
      last first token, before the first finish), over that window;
-  3. the KV memory the batch really held then: MLX's largest active memory sampled in
+  3. how many streams' first 16 greedy tokens equal the unquantized run's (with random
+     weights, a check that quantized attention computes right on this backend);
+  4. the KV memory the batch really held then: MLX's largest active memory sampled in
      that window (prefill's transients are over by then), less the engine's idle memory
      (the weights) before the wave. It includes a step's own transients (logits): read it
      beside the bytes per token.
@@ -42,6 +44,9 @@ from mlx_nursery.models import make_model
 
 GREEDY = SamplingParams(temperature=0.0)
 SETTINGS: tuple[int | None, ...] = (None, 8, 4)
+AGREEMENT_TOKENS = 16
+"""Greedy tokens per stream compared with the unquantized run's (a check that quantized
+attention computes what it should on this backend, not a quality measure: random weights)."""
 
 
 def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
@@ -52,6 +57,7 @@ def prompt_ids(n: int, seed: int, vocab: int) -> list[int]:
 async def wave(engine: Engine, batch: int, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     """`batch` streams started together; the decode rate while all of them decode."""
     stamps: list[list[float]] = [[] for _ in range(batch)]
+    tokens_out: list[list[int]] = [[] for _ in range(batch)]
     memory: list[tuple[float, int]] = []
     idle = mx.get_active_memory()
 
@@ -66,6 +72,7 @@ async def wave(engine: Engine, batch: int, args: argparse.Namespace, vocab: int)
             async for event in events:
                 if event.token_id is not None:
                     stamps[i].append(time.perf_counter())
+                    tokens_out[i].append(event.token_id)
 
     async def sample_memory() -> None:
         while True:
@@ -88,6 +95,7 @@ async def wave(engine: Engine, batch: int, args: argparse.Namespace, vocab: int)
         "decode_tok_s": rate,
         "window_s": end - start,
         "kv_bytes_held": max(decoding, default=idle) - idle,
+        "first_tokens": [t[:AGREEMENT_TOKENS] for t in tokens_out],
     }
 
 
@@ -122,6 +130,8 @@ def with_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         result["bytes_ratio"] = result["kv_bytes_per_token"] / base["kv_bytes_per_token"]
         for wave_, reference in zip(result["waves"], base["waves"], strict=True):
             wave_["speed_ratio"] = wave_["decode_tok_s"] / reference["decode_tok_s"]
+            pairs = list(zip(wave_["first_tokens"], reference["first_tokens"], strict=True))
+            wave_["streams_agreeing"] = sum(a == b for a, b in pairs) / len(pairs)
             wave_["held_ratio"] = (
                 wave_["kv_bytes_held"] / reference["kv_bytes_held"]
                 if reference["kv_bytes_held"] > 0
@@ -136,14 +146,14 @@ def print_table(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
     print(
         f"{'bits':>5} {'B/token':>9} {'x':>5}  "
         + "  ".join(
-            f"{'b' + str(w['batch']) + ' tok/s':>11} {'x':>5} {'KV held':>9}"
+            f"{'b' + str(w['batch']) + ' tok/s':>11} {'x':>5} {'KV held':>9} {'same':>5}"
             for w in results[0]["waves"]
         )
     )
     for r in results:
         cells = "  ".join(
             f"{w['decode_tok_s']:>11.1f} {w['speed_ratio']:>5.2f}"
-            f" {w['kv_bytes_held'] / 2**20:>7.1f}Mi"
+            f" {w['kv_bytes_held'] / 2**20:>7.1f}Mi {w['streams_agreeing']:>5.2f}"
             for w in r["waves"]
         )
         bits = "none" if r["kv_bits"] is None else str(r["kv_bits"])
