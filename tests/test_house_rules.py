@@ -90,6 +90,8 @@ PUBLIC = {
         "GenerationRequest",
         "GrammarProcessor",
         "ImageInputs",
+        "KV_BITS",
+        "KV_GROUP_SIZES",
         "ModelInfo",
         "PrefixCache",
         "PrefixCacheStats",

@@ -89,6 +89,11 @@ def test_settings_the_engine_has_too_default_to_the_engines() -> None:
         (["--request-timeout", "2.5"], {}, {"request_timeout": 2.5}),
         ([], {"MLX_NURSERY_REQUEST_TIMEOUT": "off"}, {"request_timeout": None}),
         (["--model", "./m", "--max-queue", "0"], {}, {"model": "./m", "max_queue": 0}),
+        (
+            ["--kv-bits", "4"],
+            {"MLX_NURSERY_KV_GROUP_SIZE": "32"},
+            {"kv_bits": 4, "kv_group_size": 32},
+        ),
     ],
 )
 def test_flags_then_environment_then_defaults(
@@ -104,3 +109,5 @@ def test_an_unusable_value_names_the_setting() -> None:
         serve_settings(args, environ={})
     with pytest.raises(SettingsError, match="MLX_NURSERY_PORT"):
         Settings.from_env({"MLX_NURSERY_PORT": "eighty"})
+    with pytest.raises(SettingsError, match="kv_bits must be one of 4, 8, got 3"):
+        serve_settings(build_parser().parse_args(["serve", "--kv-bits", "3"]), environ={})

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
 from attrs import validators as v
 
-from .engine import EngineConfig
+from .engine import KV_BITS, KV_GROUP_SIZES, EngineConfig
 from .logs import LOG_FORMATS
 from .openai import ImageLimits, RequestCaps
 
@@ -76,6 +76,17 @@ def _caps_default(name: str) -> Any:
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value <= 0:
         raise SettingsError(f"{attribute.name} must be positive, got {value}")
+
+
+def _one_of(*choices: int) -> Callable[[object, attrs.Attribute[Any], int | None], None]:
+    """A validator: None or one of `choices`, refused with a message that lists them."""
+
+    def validate(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+        if value is not None and value not in choices:
+            listed = ", ".join(str(choice) for choice in choices)
+            raise SettingsError(f"{attribute.name} must be one of {listed}, got {value}")
+
+    return validate
 
 
 @attrs.frozen
@@ -175,6 +186,20 @@ class Settings:
             none="from device memory",
             unit="bytes",
         ),
+    )
+    kv_bits: int | None = attrs.field(
+        default=_engine_default("kv_bits"),
+        validator=_one_of(*KV_BITS),
+        metadata=_help(
+            "quantize the KV cache to 4 or 8 bits per value: more tokens in the same memory,"
+            " batched as ever",
+            none="off",
+        ),
+    )
+    kv_group_size: int = attrs.field(
+        default=_engine_default("kv_group_size"),
+        validator=_one_of(*KV_GROUP_SIZES),
+        metadata=_help("values sharing one scale and bias with --kv-bits (32, 64 or 128)"),
     )
     stream_interval: int = attrs.field(
         default=0,

@@ -7,6 +7,7 @@ from ._config import EngineConfig
 from ._engine import THREAD_NAME, Engine, EngineStatistics, open_engine
 from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._grammar import GrammarProcessor, ThinkingGate
+from ._kv_quant import KV_BITS, KV_GROUP_SIZES
 from ._memory import default_memory_budget, memory_in_cache, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
@@ -25,6 +26,8 @@ from ._types import (
 from ._vision import VisionProcessor
 
 __all__ = [
+    "KV_BITS",
+    "KV_GROUP_SIZES",
     "THREAD_NAME",
     "CancelStatistics",
     "Engine",

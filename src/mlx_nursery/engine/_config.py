@@ -8,6 +8,8 @@ from pathlib import Path
 import attrs
 from attrs import validators as v
 
+from ._kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
+
 
 @attrs.frozen
 class EngineConfig:
@@ -26,6 +28,13 @@ class EngineConfig:
     it, less the weights and `prompt_cache_bytes`; engine/_memory.py). The engine holds
     arrivals back, and takes the newest sequence out of the batch to replay it later, rather
     than outgrow it; the served context length is capped by it."""
+    kv_bits: int | None = attrs.field(default=None, validator=v.optional(v.in_(KV_BITS)))
+    """Quantize the KV cache to this many bits per value (4 or 8; None: the model's dtype),
+    from the first token, in the batch, the fast path and the prefix cache alike
+    (engine/_kv_quant.py). The KV budget counts quantized bytes, so it holds more tokens."""
+    kv_group_size: int = attrs.field(default=64, validator=v.in_(KV_GROUP_SIZES))
+    """Values sharing one scale and bias when `kv_bits` is set; must divide the model's KV
+    head dimension."""
     prompt_cache_entries: int = attrs.field(default=64, validator=v.ge(1))
     prompt_cache_ttl: float = attrs.field(default=600.0, validator=v.gt(0))
     """Seconds an unused prefix-cache entry is kept."""
@@ -52,3 +61,10 @@ class EngineConfig:
     )
     """Assert the engine thread's invariants after every iteration (`Worker`): for tests,
     which turn it on through the environment variable; a violation stops the engine."""
+
+    @property
+    def kv_quantization(self) -> KVQuantization | None:
+        """How the KV cache is quantized (None: it is not)."""
+        if self.kv_bits is None:
+            return None
+        return KVQuantization(self.kv_bits, self.kv_group_size)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import attrs
@@ -62,18 +62,27 @@ class KVBudget:
         return max(1, min(model_context, self.tokens - KV_STEP))
 
 
-def kv_bytes_per_token(model: Any) -> int:
+def kv_bytes_per_token(model: Any, make_cache: Callable[[Any], list[Any]] | None = None) -> int:
     """What one token's keys and values cost in `model`, across its layers, in bytes (0 for
-    a model with no growing KV cache). Runs one token through a fresh cache: engine thread."""
-    cache = make_prompt_cache(model)
+    a model with no growing KV cache), in caches as `make_cache` makes them (default:
+    mlx-lm's; a quantized cache's keys are arrays of parts, all counted). Runs one token
+    through a fresh cache: engine thread."""
+    cache = (make_cache or make_prompt_cache)(model)
     model(mx.array([[0]]), cache=cache)
     per_token = 0.0
     for layer in cache:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is None or values is None:
             continue  # a state of constant size (recurrent layers): not per token
-        per_token += (keys.nbytes + values.nbytes) / keys.shape[2]
+        arrays = [*_parts(keys), *_parts(values)]
+        per_token += sum(a.nbytes for a in arrays) / arrays[0].shape[2]
     return math.ceil(per_token)
+
+
+def _parts(stored: mx.array | tuple[mx.array, ...]) -> tuple[mx.array, ...]:
+    """A cache's keys (or values): one array, or a quantized one's packed values, scales
+    and biases."""
+    return stored if isinstance(stored, tuple) else (stored,)
 
 
 def device_memory(info: Mapping[str, Any]) -> int | None:

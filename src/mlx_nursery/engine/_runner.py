@@ -11,6 +11,7 @@ import logging
 
 from ..models import LoadedModel
 from ._config import EngineConfig
+from ._kv_quant import cache_factory
 from ._ledger import Ledger
 from ._memory import KV_STEP, KVBudget
 from ._messages import StepEvent, Submit
@@ -67,11 +68,14 @@ class Runner:
         """A vision model's image placeholder id (None: a text model)."""
         self.shapes = ShapeWatch(model.model)
         """The model as both steppers call it, counting the prefill shapes they run."""
+        self._make_cache = cache_factory(config.kv_quantization)
+        """Fresh KV caches, quantized if the config asks (engine/_kv_quant.py)."""
         self._batch: Stepper = self._new_batch()
         self._solo = SoloStepper(
             self.shapes,
             prefill_step_size=config.prefill_step_size,
             before_launch=outbox.post_at_launch,
+            make_cache=self._make_cache,
         )
         self._stepper: Stepper = self._batch
         self._previous_responses: list[Response] = []
@@ -143,6 +147,7 @@ class Runner:
             max_concurrency=self._config.max_concurrency,
             prefill_batch_size=self._config.prefill_batch_size,
             prefill_step_size=self._config.prefill_step_size,
+            make_cache=self._make_cache if self._config.kv_bits is not None else None,
         )
 
     def admit_all(self, commands: list[Submit], *, arriving: bool = True) -> None:
@@ -325,7 +330,7 @@ class Runner:
         """Encode the images (raises what the model raises) and queue the prompt's prefill,
         a chunk per iteration (`prefill_images`); the sequence starts once it is done."""
         step = self._config.prefill_step_size
-        sequence.prefill = ImagePrefill(self._model, prompt, images, step)
+        sequence.prefill = ImagePrefill(self._model, prompt, images, step, self._make_cache)
         self._ledger.imaging[sequence.seq_id] = sequence
 
     def _cache_key(self, sequence: LiveSequence, tokens: list[int]) -> list[int] | None:

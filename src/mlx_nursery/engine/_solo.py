@@ -26,6 +26,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
+from ._kv_quant import CacheFactory
 from ._sequence import LiveSequence, Response
 from ._stepper import KVState, Start
 
@@ -63,10 +64,11 @@ class SoloSequence:
         stop_tokens: frozenset[int],
         prefill_step_size: int,
         before_launch: Callable[[], None] | None = None,
+        make_cache: CacheFactory = make_prompt_cache,
     ) -> None:
         self.uid = uid
         self._model = model
-        self._cache = start.cache if start.cache is not None else make_prompt_cache(model)
+        self._cache = start.cache if start.cache is not None else make_cache(model)
         self._cache_tokens: list[int] = list(start.cache_tokens)
         """The tokens in the KV cache, as Python ints (a sampled one is added once read)."""
         self._pending: list[int] = list(start.prompt)
@@ -203,9 +205,15 @@ class SoloStepper:
     kind: Literal["solo", "batch"] = "solo"
 
     def __init__(
-        self, model: Any, *, prefill_step_size: int, before_launch: Callable[[], None]
+        self,
+        model: Any,
+        *,
+        prefill_step_size: int,
+        before_launch: Callable[[], None],
+        make_cache: CacheFactory = make_prompt_cache,
     ) -> None:
         self._model = model
+        self._make_cache = make_cache
         self._step_size = prefill_step_size
         self._before_launch = before_launch
         self._solo: SoloSequence | None = None
@@ -222,6 +230,7 @@ class SoloStepper:
             stop_tokens=sequence.stop_ids,
             prefill_step_size=self._step_size,
             before_launch=self._before_launch,
+            make_cache=self._make_cache,
         )
         return self._solo.uid
 

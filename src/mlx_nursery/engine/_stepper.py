@@ -22,6 +22,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.generate import StopSequences
 
+from ._kv_quant import CacheFactory
 from ._sampling import Sampler, sample_batch
 from ._schedule import ServingBatchGenerator
 from ._sequence import LiveSequence, Response
@@ -97,8 +98,17 @@ class BatchStepper:
     kind: Literal["solo", "batch"] = "batch"
 
     def __init__(
-        self, model: Any, *, max_concurrency: int, prefill_batch_size: int, prefill_step_size: int
+        self,
+        model: Any,
+        *,
+        max_concurrency: int,
+        prefill_batch_size: int,
+        prefill_step_size: int,
+        make_cache: CacheFactory | None = None,
     ) -> None:
+        self._model = model
+        self._make_cache = make_cache
+        """Fresh caches for prompts that bring none (None: mlx-lm's, made by the generator)."""
         self._generator = ServingBatchGenerator(
             model,
             completion_batch_size=max_concurrency,
@@ -109,10 +119,13 @@ class BatchStepper:
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
+        cache = start.cache
+        if cache is None and self._make_cache is not None:
+            cache = self._make_cache(self._model)
         (uid,) = self._generator.insert(
             [start.prompt],
             max_tokens=[start.max_tokens],
-            caches=[start.cache] if start.cache is not None else None,
+            caches=[cache] if cache is not None else None,
             all_tokens=[start.cache_tokens],
             samplers=[self._samplers],
             logits_processors=[sequence.processors],

@@ -26,6 +26,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..models import LoadedModel
+from ._kv_quant import CacheFactory
 from ._types import ImageInputs
 
 
@@ -113,7 +114,12 @@ class ImagePrefill:
     model; once `done`, `cache` holds all of `prompt` but its last token."""
 
     def __init__(
-        self, model: LoadedModel, prompt: list[int], images: ImageInputs, step_size: int
+        self,
+        model: LoadedModel,
+        prompt: list[int],
+        images: ImageInputs,
+        step_size: int,
+        make_cache: CacheFactory = make_prompt_cache,
     ) -> None:
         vision = model.vision
         if vision is None:
@@ -131,7 +137,7 @@ class ImagePrefill:
         mx.eval(self._embeddings, *([] if positions is None else [positions]))
         self._language = vision.model.language_model
         self.prompt = prompt
-        self.cache: list[Any] = make_prompt_cache(model.model)
+        self.cache: list[Any] = make_cache(model.model)
         self._step_size = step_size
         self._next = 0
 

@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from ._kv_quant import CacheFactory
 from ._schedule import ServingBatchGenerator
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -30,12 +31,15 @@ MAX_CALLS = 100
 """Of the batch's `next()`: more than the warm-up needs, a bound should mlx-lm change."""
 
 
-def warm_up(model: Any, prefill_step_size: int) -> float:
-    """Run the warm-up on `model`; return the seconds it took. Raises what the model raises
-    (the engine then fails to start, as a model that cannot compute should)."""
+def warm_up(
+    model: Any, prefill_step_size: int, make_cache: CacheFactory = make_prompt_cache
+) -> float:
+    """Run the warm-up on `model`, in caches as `make_cache` makes them (a quantized cache
+    has kernels of its own); return the seconds it took. Raises what the model raises (the
+    engine then fails to start, as a model that cannot compute should)."""
     started = time.perf_counter()
     prompt = [1 + (7 * i) % 255 for i in range(PROMPT_TOKENS)]  # ids every vocabulary has
-    cache = make_prompt_cache(model)
+    cache = make_cache(model)
     logits = model(mx.array([prompt]), cache=cache)
     for _ in range(DECODE_STEPS):
         token = mx.argmax(logits[:, -1, :], axis=-1)
@@ -53,6 +57,7 @@ def warm_up(model: Any, prefill_step_size: int) -> float:
         uids = generator.insert(
             [prompt, prompt[: PROMPT_TOKENS // 3]],
             max_tokens=[DECODE_STEPS, 2 * DECODE_STEPS],
+            caches=[make_cache(model), make_cache(model)],
             samplers=[make_sampler(temp=0.7), make_sampler(temp=0.7, top_p=0.9)],
         )
         running = set(uids)

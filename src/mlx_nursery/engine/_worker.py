@@ -18,6 +18,7 @@ import mlx.core as mx
 from ..models import load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenBytes
+from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import KV_STEP, KVBudget, derive_kv_bytes, device_memory, kv_bytes_per_token
 from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, WorkerStats
@@ -127,10 +128,14 @@ class Worker:
                     max_entries=self._config.prompt_cache_entries,
                     ttl=self._config.prompt_cache_ttl,
                 )
-            budget = KVBudget(None) if scripted else self._kv_budget(model.model)
+            quantization = self._config.kv_quantization
+            if quantization is not None and not scripted:
+                check_quantizable(model.model, quantization)
+            make_cache = cache_factory(quantization)
+            budget = KVBudget(None) if scripted else self._kv_budget(model.model, make_cache)
             if self._config.warmup and not scripted:
                 log.info("warming up the model's kernels")
-                seconds = warm_up(model.model, self._config.prefill_step_size)
+                seconds = warm_up(model.model, self._config.prefill_step_size, make_cache)
                 log.info("warm-up done in %.1f s", seconds)
             self._runner = Runner(
                 self._config, model, self._cache, self._outbox, self._ledger, budget
@@ -163,10 +168,11 @@ class Worker:
             self._release_memory()
             self._on_exit(reason)
 
-    def _kv_budget(self, model: Any) -> KVBudget:
+    def _kv_budget(self, model: Any, make_cache: CacheFactory) -> KVBudget:
         """The KV budget in tokens, from `kv_cache_bytes` or the device's memory (right after
-        loading, when MLX's active memory is the weights)."""
-        per_token = kv_bytes_per_token(model)
+        loading, when MLX's active memory is the weights), at what a token costs in the
+        caches the engine makes (quantized ones cost less: more tokens fit)."""
+        per_token = kv_bytes_per_token(model, make_cache)
         kv_bytes = self._config.kv_cache_bytes
         if kv_bytes is None:
             kv_bytes = derive_kv_bytes(

@@ -218,6 +218,8 @@ class Service:
             prefill_batch_size=self.settings.prefill_batch_size,
             prefill_step_size=self.settings.prefill_step_size,
             cudnn_attention=self.settings.cudnn_attention,
+            kv_bits=self.settings.kv_bits,
+            kv_group_size=self.settings.kv_group_size,
             warmup=not self.settings.skip_warmup,
         )
         engine: Engine = await nursery.start(Engine(config).run)
