@@ -155,7 +155,7 @@ async def _complete(
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
-    return await _collect(prepared, job)
+    return await collect(prepared, job)
 
 
 def request_id() -> str:
@@ -193,7 +193,23 @@ async def request_body() -> bytes:
     return data
 
 
-async def _collect(prepared: Prepared, job: Job) -> Response:
+Body = Callable[[Prepared, str, Finished, list[ToolCallOut], list[LogprobEntry]], dict[str, Any]]
+"""An API's non-streaming body from a job's whole output (chat's, completions', Messages')."""
+
+
+def _wire_body(
+    prepared: Prepared,
+    text: str,
+    finished: Finished,
+    calls: list[ToolCallOut],
+    logprobs: list[LogprobEntry],
+) -> dict[str, Any]:
+    return prepared.body(text, finished, calls, logprobs)
+
+
+async def collect(prepared: Prepared, job: Job, body: Body = _wire_body) -> Response:
+    """A non-streaming response: the job's whole output as `body` renders it. Raises the
+    job's error (to the app's one handler). Cancellation: the job ends with the request."""
     pieces: list[str] = []
     calls: list[ToolCallOut] = []
     logprobs: list[LogprobEntry] = []
@@ -206,7 +222,7 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
         elif isinstance(item, Finished):
             await job.settled()
             return Response(
-                json.dumps(prepared.body("".join(pieces), item, calls, logprobs)),
+                json.dumps(body(prepared, "".join(pieces), item, calls, logprobs)),
                 content_type="application/json",
             )
         else:

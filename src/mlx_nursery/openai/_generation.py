@@ -44,6 +44,8 @@ class TextDelta:
 class Finished:
     reason: OpenAIFinish
     usage: Usage
+    stop_sequence: str | None = None
+    """The stop string that ended the text ("stop" only; the Messages API reports it)."""
 
 
 Output = TextDelta | ToolCallOut | Finished
@@ -109,7 +111,7 @@ async def generate_text(
                         event, matcher, tools, logprobs, request.logits_processors
                     ):
                         if usage is not None and isinstance(output, Finished):
-                            output = Finished(output.reason, usage(output.usage))
+                            output = attrs.evolve(output, usage=usage(output.usage))
                         await send.send(output)
                         if observe is not None:
                             observe(output)
@@ -178,7 +180,7 @@ def _finish(
     reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
     if tools is not None and tools.calls and reason == "stop":
         reason = "tool_calls"
-    outputs.append(Finished(reason, event.usage))
+    outputs.append(Finished(reason, event.usage, matcher.matched if reason == "stop" else None))
     return outputs
 
 
