@@ -127,7 +127,7 @@ def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     stay parts, in order."""
     if all(part["type"] == "text" for part in parts):
         return "".join(part["text"] for part in parts)
-    return parts
+    return list(parts)
 
 
 def _tool_result(block: ToolResultBlock, where: str) -> dict[str, Any]:

@@ -67,9 +67,9 @@ async def create_message() -> Response:
             await hosted.jobs.start(prepared, deadline, arrived, current_record(), fault)
         )  # ends with the request
     if prepared.stream:
-        stream = _MessageStream(MessageEvents(prepared))
+        stream = _MessageStream(MessageEvents(prepared), request_id())
         response = Response(
-            pump(job, stream, service.writes, request_id()),
+            pump(job, stream, service.writes, stream.request_id),
             content_type="text/event-stream",
             headers=HEADERS,
         )
@@ -102,6 +102,8 @@ class _MessageStream:
     """A message's named SSE events, a `StreamFormat`: consecutive text in one delta."""
 
     events: MessageEvents
+    request_id: str
+    """Read in the handler: the body runs outside the request's context."""
 
     def opening(self) -> bytes:
         return named_events(self.events.opening())
@@ -121,4 +123,4 @@ class _MessageStream:
         return named_events(out), False
 
     def error(self, error: OpenAIError) -> bytes:
-        return named_events([anthropic_error(error, request_id())])
+        return named_events([anthropic_error(error, self.request_id)])
