@@ -363,10 +363,16 @@ def _generated(server: Running) -> int:
 
 
 async def test_a_disconnect_mid_stream_stops_compute_and_frees_the_lane(tiny_model: Path) -> None:
-    async with serving(tiny_model, max_concurrency=1) as (server, client):
+    async with serving(tiny_model, max_concurrency=1, max_queue=0) as (server, client):
         body = {"model": "tiny", "messages": ASK, "max_tokens": LONG, "stream": True}
         connection = await raw_http(port_of(server), post_request("/v1/messages", body))
         await read_until(connection, b"event: content_block_delta")
+        # Its lane taken and no room to queue: Anthropic's "overloaded", retry later.
+        with pytest.raises(anthropic.OverloadedError) as overloaded:
+            await client.messages.create(max_tokens=4, **greedy())
+        assert overloaded.value.status_code == 529
+        assert overloaded.value.type == "overloaded_error"
+        assert overloaded.value.response.headers["retry-after"] == "1"
         await connection.aclose()
         # The next request is served at once: the first one's lane came back on disconnect.
         reply = await client.messages.create(max_tokens=4, **greedy())
