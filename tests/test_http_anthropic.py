@@ -261,7 +261,7 @@ async def test_stop_sequences_end_the_text_and_are_reported(tiny_model: Path) ->
         assert natural.stop_reason == "end_turn" and natural.stop_sequence is None
 
 
-async def test_count_tokens_and_prefill(tiny_model: Path) -> None:
+async def test_count_tokens_prefill_and_output_format(tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
@@ -279,6 +279,19 @@ async def test_count_tokens_and_prefill(tiny_model: Path) -> None:
             model="tiny", max_tokens=3, messages=prefill, extra_body={"temperature": 0}
         )
         assert continued.stop_reason == "max_tokens"
+        # output_config.format: the text follows the schema (constrained decoding).
+        schema = {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 9}},
+            "required": ["ok", "n"],
+            "additionalProperties": False,
+        }
+        shaped = await client.messages.create(
+            max_tokens=60, output_config={"format": {"type": "json_schema", "schema": schema}},
+            **greedy(),
+        )  # fmt: skip
+        assert shaped.stop_reason == "end_turn"
+        assert set(json.loads(shaped.content[0].text)) == {"ok", "n"}
 
 
 async def test_errors_take_anthropics_envelope_and_statuses(tiny_model: Path) -> None:
