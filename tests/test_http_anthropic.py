@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -207,31 +208,25 @@ async def test_a_tool_use_round_trip(tiny_model: Path) -> None:
         assert failed.input_tokens > 0
 
 
-@pytest.mark.parametrize(
-    "choice, names",
-    [
+async def test_tool_choice_any_and_tool_are_enforced(tiny_model: Path) -> None:
+    forced = [
         ({"type": "any"}, {"get_weather", "get_time"}),
         ({"type": "tool", "name": "get_time"}, {"get_time"}),
-    ],
-    ids=["any", "tool"],
-)
-async def test_tool_choice_any_and_tool_are_enforced(
-    tiny_model: Path, choice: dict[str, Any], names: set[str]
-) -> None:
+    ]
     async with serving(tiny_model) as (_, client):
-        for seed_text in ("Use a tool.", "Now another."):
+        for (choice, names), text in itertools.product(forced, ["Use a tool.", "Now another."]):
             message = await client.messages.create(
                 model="tiny",
                 max_tokens=120,
-                messages=[{"role": "user", "content": seed_text}],
+                messages=[{"role": "user", "content": text}],
                 tools=[WEATHER, TIME],
                 tool_choice={**choice, "disable_parallel_tool_use": True},
-                extra_body={"temperature": 1.0},
+                extra_body={"temperature": 0},
             )
             assert message.stop_reason == "tool_use"
             (call,) = [b for b in message.content if b.type == "tool_use"]
             assert call.name in names
-            assert set(call.input) == {"city"} if call.name == "get_weather" else {"zone"}
+            assert set(call.input) == ({"city"} if call.name == "get_weather" else {"zone"})
         # "none" shows no tools: the model answers in text.
         plain = await client.messages.create(
             max_tokens=6, tools=[WEATHER], tool_choice={"type": "none"}, **greedy()
@@ -375,11 +370,17 @@ def _generated(server: Running) -> int:
     return stats.generated_tokens if stats else 0
 
 
-async def test_a_disconnect_mid_stream_stops_compute_and_frees_the_lane(tiny_model: Path) -> None:
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_disconnect_stops_compute_and_frees_the_lane(
+    tiny_model: Path, stream: bool
+) -> None:
     async with serving(tiny_model, max_concurrency=1, max_queue=0) as (server, client):
-        body = {"model": "tiny", "messages": ASK, "max_tokens": LONG, "stream": True}
+        body = {"model": "tiny", "messages": ASK, "max_tokens": LONG, "stream": stream}
         connection = await raw_http(port_of(server), post_request("/v1/messages", body))
-        await read_until(connection, b"event: content_block_delta")
+        if stream:
+            await read_until(connection, b"event: content_block_delta")
+        else:
+            await eventually(lambda: _generated(server) > 0, "the request is generating")
         # Its lane taken and no room to queue: Anthropic's "overloaded", retry later.
         with pytest.raises(anthropic.OverloadedError) as overloaded:
             await client.messages.create(max_tokens=4, **greedy())
