@@ -327,6 +327,11 @@ async def test_errors_take_anthropics_envelope_and_statuses(tiny_model: Path) ->
             400,
             "invalid_request_error",
         )
+        prefilled = [*ASK, {"role": "assistant", "content": "{"}]
+        shaped = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+        await refused(
+            {**good, "messages": prefilled, "output_config": shaped}, 400, "invalid_request_error"
+        )
         response = await http.post("/v1/messages/nope", json=good)
         assert response.status_code == 404 and response.json()["type"] == "error"
 

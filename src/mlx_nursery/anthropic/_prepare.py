@@ -53,6 +53,7 @@ MAX_STOP_SEQUENCES = 16
 """Stop strings are matched on every piece of text generated: a bound keeps that cheap."""
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
 _UNIMPLEMENTED: dict[str, object] = {"container": (), "diagnostics": (), "inference_geo": ()}
+_HINTS: dict[str, object] = {"cache_control": (), "service_tier": ("auto", "standard_only")}
 
 
 @attrs.frozen
@@ -97,6 +98,12 @@ def prepare_messages(request: MessagesRequest, served: ServedModel) -> Prepared:
         prepared, id=f"msg_{prepared.id.partition('-')[2]}", generation=generation
     )
     output_format = request.output_config.format if request.output_config else None
+    if rendered.prefill and output_format is not None:
+        raise InvalidRequest(  # the grammar would hold the continuation, not the whole text
+            "a prefilled assistant message cannot be continued under output_config.format",
+            param="output_config.format",
+            code="invalid_value",
+        )
     prepared = with_response_format(
         prepared,
         served,
@@ -234,9 +241,6 @@ def _stop_sequences(stops: list[str] | None) -> tuple[str, ...]:
                 code="invalid_value",
             )
     return tuple(stops)
-
-
-_HINTS: dict[str, object] = {"cache_control": (), "service_tier": ("auto", "standard_only")}
 
 
 def _ignored(request: MessagesRequest, served: ServedModel) -> tuple[str, ...]:

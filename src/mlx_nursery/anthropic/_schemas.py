@@ -173,7 +173,7 @@ class ConversationFields:
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = None
     speed: Literal["standard"] | None = None
-    """"fast" is a faster model tier; there is one speed here."""
+    """Only "standard": there is one speed here ("fast" is a faster tier of Anthropic's)."""
 
 
 @attrs.frozen(kw_only=True)
