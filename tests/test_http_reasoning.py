@@ -421,3 +421,72 @@ async def test_a_model_that_does_not_think_is_unchanged(tiny_model: Path) -> Non
     assert "reasoning_content" not in parsed.choices[0].message.model_dump()
     assert parsed.usage is not None and parsed.usage.completion_tokens_details is not None
     assert parsed.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+async def test_the_messages_api_sends_thinking_blocks(thinking_model: Path) -> None:
+    """Anthropic's route: the reasoning as a thinking block before the text (a body, and a
+    stream's thinking_delta events closed by a signature_delta); `thinking` switches the
+    template; a thinking block sent back is the assistant turn's reasoning."""
+    import anthropic
+
+    by_user = scripted(SCRIPTS, thinking_model)
+    processors = lambda body: by_user({"user": (body.get("metadata") or {}).get("user_id")})  # noqa: E731
+    async with running_server(thinking_model, extra_processors=processors) as server:
+        client = anthropic.AsyncAnthropic(base_url=server.base_url, api_key="x", max_retries=0)
+        fields: dict[str, Any] = {
+            "model": "tiny",
+            "max_tokens": 40,
+            "messages": [{"role": "user", "content": "hi"}],
+            "metadata": {"user_id": "think"},
+            "extra_body": {"temperature": 0},
+        }
+        try:
+            message = await client.messages.create(**fields)
+            async with client.messages.stream(**fields) as stream:
+                events = [event async for event in stream]
+                final = await stream.get_final_message()
+
+            async def counted(**more: Any) -> int:
+                return (
+                    await client.messages.count_tokens(
+                        model="tiny", messages=fields["messages"], **more
+                    )
+                ).input_tokens
+
+            default, on, off = (
+                await counted(),
+                await counted(thinking={"type": "enabled", "budget_tokens": 1024}),
+                await counted(thinking={"type": "disabled"}),
+            )
+            # A thinking block before a call, within the turn the tool's result answers: where
+            # a Qwen3-style template renders the reasoning it is given.
+            call = {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {}}
+            result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "noon"}
+            thought = {"type": "thinking", "thinking": "A long thought. " * 8, "signature": ""}
+            history = [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [thought, call]},
+                {"role": "user", "content": [result]},
+            ]
+            with_thought = await client.messages.count_tokens(model="tiny", messages=history)
+            history[1] = {"role": "assistant", "content": [call]}
+            without = await client.messages.count_tokens(model="tiny", messages=history)
+            budget = await client.messages.with_raw_response.create(
+                **{**fields, "metadata": None},
+                thinking={"type": "enabled", "budget_tokens": 1024},
+            )
+        finally:
+            await client.close()
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking == "I ponder."  # type: ignore[union-attr]
+    assert message.content[1].text == "Hello there"  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn"
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in
+            final.content] == [("thinking", "I ponder."), ("text", "Hello there")]  # fmt: skip
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
+    assert deltas.index("signature_delta") < deltas.index("text_delta")
+    assert set(deltas[: deltas.index("signature_delta")]) == {"thinking_delta"}
+    # The template's switch: off closes an empty think block in the prompt, on is its default.
+    assert on == default and off > on
+    assert with_thought.input_tokens > without.input_tokens
+    assert budget.headers["x-ignored-params"] == "thinking.budget_tokens"

@@ -21,6 +21,7 @@ from .http import (
     envelope_response,
     error_response,
     internal_error,
+    is_messages_route,
     log_failure,
     routes,
 )
@@ -85,7 +86,9 @@ def create_app(
             asked = request.headers.get("Access-Control-Request-Headers")
             headers = access.current.preflight_headers(origin, asked)
             return Response("", status=204, headers=headers)
-        verdict = access.current.verdict(request.path, request.headers.get("Authorization"))
+        verdict = access.current.verdict(
+            request.path, request.headers.get("Authorization"), request.headers.get("x-api-key")
+        )
         if verdict == "allowed":
             return None
         if verdict == "forbidden":
@@ -97,11 +100,16 @@ def create_app(
                 "admin_key_required",
             )
         await _drain_body(401)
+        anthropic = is_messages_route(request.path)
         response = envelope_response(
             401,
-            "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+            "Incorrect or missing API key: send it as 'x-api-key: KEY' or "
+            "'Authorization: Bearer KEY'."
+            if anthropic
+            else "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
             "invalid_request_error",
             "invalid_api_key",
+            anthropic=anthropic,
         )
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
@@ -109,6 +117,8 @@ def create_app(
     @app.after_request
     async def return_request_id(response: Response) -> Response:
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
+        if is_messages_route(request.path):  # where Anthropic's SDKs read it
+            response.headers["request-id"] = getattr(g, "request_id", "")
         response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
         response.headers.update(access.current.cors_headers(request.headers.get("Origin")))
         record = current_record()
@@ -126,7 +136,7 @@ def create_app(
         if error.status >= 500:
             log.warning("request %s failed: %s", getattr(g, "request_id", "-"), error.message)
         await _drain_body(error.status)
-        return error_response(error)
+        return error_response(error, anthropic=is_messages_route(request.path))
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
@@ -138,7 +148,11 @@ def create_app(
         }.get(error.code or 500)
         await _drain_body(error.code or 500)
         return envelope_response(
-            error.code or 500, error.description or error.name, "invalid_request_error", code
+            error.code or 500,
+            error.description or error.name,
+            "invalid_request_error",
+            code,
+            anthropic=is_messages_route(request.path),
         )
 
     @app.errorhandler(Exception)
@@ -146,7 +160,7 @@ def create_app(
         request_id = getattr(g, "request_id", "-")
         log_failure(request_id, "with an internal error", error)
         await _drain_body(500)
-        return error_response(internal_error(request_id))
+        return error_response(internal_error(request_id), anthropic=is_messages_route(request.path))
 
     return app
 

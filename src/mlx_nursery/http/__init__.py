@@ -13,6 +13,7 @@ from ._faults import parse_fault
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
+from ._messages_routes import is_messages_route  # registers /v1/messages on `routes`
 from ._model_sources import model_sources
 from ._routes import routes
 from ._service import RequestProcessors, Service, default_script
@@ -30,6 +31,7 @@ __all__ = [
     "envelope_response",
     "error_response",
     "internal_error",
+    "is_messages_route",
     "log_failure",
     "model_sources",
     "parse_fault",

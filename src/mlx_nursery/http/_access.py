@@ -2,9 +2,10 @@
 
 Keys are compared in constant time against every key the server holds (so the time taken
 says nothing of which key, or how much of one, matched), and only `Authorization: Bearer`
-carries them, as OpenAI's API and SDKs do. `/health` stays open for load balancers. A
-browser's preflight (OPTIONS with `Access-Control-Request-Method`) is answered before any
-key is asked for: browsers send no credentials on it.
+or `x-api-key` carries them, as OpenAI's and Anthropic's APIs and SDKs do. `/health`
+stays open for load balancers. A browser's preflight (OPTIONS with
+`Access-Control-Request-Method`) is answered before any key is asked for: browsers send no
+credentials on it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from ..settings import Settings, SettingsError
 
 PREFLIGHT_MAX_AGE = 600
 ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
-DEFAULT_ALLOWED_HEADERS = "authorization, content-type, x-request-id"
-EXPOSED_HEADERS = "x-request-id, x-ignored-params, x-truncated-messages"
+DEFAULT_ALLOWED_HEADERS = "authorization, x-api-key, anthropic-version, content-type, x-request-id"
+EXPOSED_HEADERS = "x-request-id, request-id, x-ignored-params, x-truncated-messages"
 """The headers of ours a page may read (beside the CORS-safelisted ones)."""
 ADMIN_PATH = re.compile(r"^/v1/models/.+/(load|unload)$")
 """The operators' routes: they need an admin key (`Access.verdict`)."""
@@ -102,21 +103,22 @@ class Access:
             keyed,
         )
 
-    def verdict(self, path: str, authorization: str | None) -> Verdict:
-        """Whether a request to `path` with this Authorization header may proceed: a key
-        missing or wrong is "unauthorized" (401), a right key on an admin route that is not
-        an admin key "forbidden" (403). Admin keys open every route; admin routes are open
-        only on a server with no key at all."""
+    def verdict(self, path: str, authorization: str | None, api_key: str | None = None) -> Verdict:
+        """Whether a request to `path` with this Authorization header (`Bearer KEY`) or
+        x-api-key header (`api_key`) may proceed: a key missing or wrong is "unauthorized"
+        (401), a right key on an admin route that is not an admin key "forbidden" (403).
+        Admin keys open every route; admin routes are open only on a server with no key."""
         admin = ADMIN_PATH.match(path) is not None
         if not admin and (self.api_open or not path.startswith(self.keyed_paths)):
             return "allowed"
         if admin and not self.keys:
             return "allowed"
         scheme, _, given = (authorization or "").partition(" ")
-        candidate = given.strip().encode() if scheme.lower() == "bearer" else b""
-        if admin and _matches(candidate, self.admin_keys):
+        bearer = given.strip().encode() if scheme.lower() == "bearer" else b""
+        candidates = (bearer, (api_key or "").strip().encode())
+        if admin and any([_matches(c, self.admin_keys) for c in candidates]):
             return "allowed"
-        if not _matches(candidate, self.keys):
+        if not any([_matches(c, self.keys) for c in candidates]):  # both, whatever matched
             return "unauthorized"
         return "forbidden" if admin else "allowed"
 

@@ -1,4 +1,5 @@
-"""Every error as OpenAI's envelope, with the headers that steer SDK retries.
+"""Every error in its API's envelope (OpenAI's; Anthropic's on the Messages routes), with
+the headers that steer SDK retries.
 
 - 503 queue full: `Retry-After` (the SDK waits that long, then retries: right, nothing ran).
   Any error with a `retry_after` carries it (the scripted model's 429 and 503 faults too): in
@@ -18,8 +19,9 @@ import logging
 import math
 import traceback
 
-from quart import Response
+from quart import Response, g, has_request_context
 
+from ..anthropic import error_body, error_status
 from ..openai import OpenAIError, RequestTimeout
 
 log = logging.getLogger("mlx_nursery.http")
@@ -37,7 +39,9 @@ def log_failure(request_id: str, what: str, error: BaseException) -> None:
     )
 
 
-def error_response(error: OpenAIError) -> Response:
+def error_response(error: OpenAIError, *, anthropic: bool = False) -> Response:
+    """The error's response: OpenAI's envelope, or Anthropic's (`anthropic`: a Messages API
+    route), with the headers either way."""
     headers: dict[str, str] = {}
     if error.retry_after is not None:
         headers["Retry-After"] = str(math.ceil(error.retry_after))
@@ -45,14 +49,30 @@ def error_response(error: OpenAIError) -> Response:
             headers["retry-after-ms"] = str(round(error.retry_after * 1000))
     if isinstance(error, RequestTimeout):
         headers["x-should-retry"] = "false"
+    if anthropic:
+        status, body = error_status(error), error_body(error, _request_id())
+    else:
+        status, body = error.status, error.envelope()
     return Response(
-        json.dumps(error.envelope()),
-        status=error.status,
-        headers=headers,
-        content_type="application/json",
+        json.dumps(body), status=status, headers=headers, content_type="application/json"
     )
 
 
-def envelope_response(status: int, message: str, type_: str, code: str | None) -> Response:
+def envelope_response(
+    status: int, message: str, type_: str, code: str | None, *, anthropic: bool = False
+) -> Response:
+    """An error the app answers itself (401, 404, ...), in the route's API's envelope."""
+    if anthropic:
+        return error_response(_Plain(message, status=status, code=code), anthropic=True)
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return Response(json.dumps(body), status=status, content_type="application/json")
+
+
+class _Plain(OpenAIError):
+    def __init__(self, message: str, *, status: int, code: str | None) -> None:
+        super().__init__(message, code=code)
+        self.status = status
+
+
+def _request_id() -> str | None:
+    return getattr(g, "request_id", None) if has_request_context() else None

@@ -34,7 +34,7 @@ from ._lifetime import current_record, own
 from ._pump import ended_early, pump
 from ._routes import _service, note_ignored, request_body, request_id, routes
 from ._service import Service
-from ._sse import HEADERS
+from ._sse import HEADERS, named_events
 
 TRUNCATED_HEADER = "x-truncated-messages"
 """How many of the oldest messages `truncation: "auto"` left out of the prompt."""
@@ -120,30 +120,23 @@ class _EventStream:
     builder: ResponseBuilder
 
     def opening(self) -> bytes:
-        return _events(self.builder.opening())
+        return named_events(self.builder.opening())
 
     async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
         events: list[dict[str, Any]] = []
         for item in merged_text(items):
             if isinstance(item, OpenAIError):
                 events.append(self.builder.error_event(item))
-                return _events(events), True
+                return named_events(events), True
             events += _apply(self.builder, item)
             if isinstance(item, Finished):
                 await _save(self.service, self.prepared, self.builder)
                 events.append(self.builder.final_event())
-                return _events(events), True
-        return _events(events), False
+                return named_events(events), True
+        return named_events(events), False
 
     def error(self, error: OpenAIError) -> bytes:
-        return _events([self.builder.error_event(error)])
-
-
-def _events(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(
-        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()  # noqa: E501
-        for e in events
-    )
+        return named_events([self.builder.error_event(error)])
 
 
 async def _save(service: Service, prepared: PreparedResponse, builder: ResponseBuilder) -> None:

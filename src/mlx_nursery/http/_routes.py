@@ -156,7 +156,7 @@ async def _complete(
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream, not Quart's 60 s default
         return response
-    return await _collect(prepared, job)
+    return await collect(prepared, job)
 
 
 def request_id() -> str:
@@ -194,7 +194,28 @@ async def request_body() -> bytes:
     return data
 
 
-async def _collect(prepared: Prepared, job: Job) -> Response:
+Body = Callable[
+    [Prepared, str, Finished, list[ToolCallOut], list[LogprobEntry], str | None], dict[str, Any]
+]
+"""An API's non-streaming body from a job's whole output: its text, its end, its tool calls,
+its logprobs and its reasoning (None: the model did not think). Chat's, completions',
+Messages'."""
+
+
+def _wire_body(
+    prepared: Prepared,
+    text: str,
+    finished: Finished,
+    calls: list[ToolCallOut],
+    logprobs: list[LogprobEntry],
+    reasoning: str | None,
+) -> dict[str, Any]:
+    return prepared.body(text, finished, calls, logprobs, reasoning)
+
+
+async def collect(prepared: Prepared, job: Job, body: Body = _wire_body) -> Response:
+    """A non-streaming response: the job's whole output as `body` renders it. Raises the
+    job's error (to the app's one handler). Cancellation: the job ends with the request."""
     pieces: list[str] = []
     thoughts: list[str] = []
     calls: list[ToolCallOut] = []
@@ -210,8 +231,10 @@ async def _collect(prepared: Prepared, job: Job) -> Response:
         elif isinstance(item, Finished):
             await job.settled()
             reasoning = "".join(thoughts) or None  # only a thinking model's message has one
-            body = prepared.body("".join(pieces), item, calls, logprobs, reasoning)
-            return Response(json.dumps(body), content_type="application/json")
+            return Response(
+                json.dumps(body(prepared, "".join(pieces), item, calls, logprobs, reasoning)),
+                content_type="application/json",
+            )
         else:
             raise item  # to the one handler (app.py), as every error
     raise ended_early()

@@ -22,3 +22,12 @@ def data_event(payload: Any) -> bytes:
 
 def json_event(payload_json: str) -> bytes:
     return b"data: " + payload_json.encode() + b"\n\n"
+
+
+def named_events(events: list[dict[str, Any]]) -> bytes:
+    """Events named by their `type` (`event: <type>` before the data), as the Responses and
+    Messages streams send them: the Anthropic SDK reads only named events."""
+    return b"".join(
+        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()  # noqa: E501
+        for e in events
+    )

@@ -4,10 +4,21 @@ Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
 JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 """
 
+from ._chat_endpoint import CHAT as CHAT_WIRE
 from ._chat_endpoint import prepare_chat
 from ._completions_endpoint import prepare_completion
-from ._converter import to_json
-from ._endpoints import Prepared, with_processors
+from ._converter import Tagged, register_tagged_union, structure, to_json
+from ._endpoints import (
+    Prepared,
+    answer_only,
+    common,
+    prepared_for,
+    with_processors,
+    with_reasoning,
+    with_response_format,
+    with_script,
+    with_tools,
+)
 from ._errors import (
     Conflict,
     ConnectionDropped,
@@ -33,35 +44,47 @@ from ._json import parse_json
 from ._logprobs import LogprobEntry
 from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
 from ._models import ModelCard, ModelList, input_modalities
-from ._params import RequestCaps
-from ._prompts import longest_token_bytes
-from ._reasoning import thinking_format
+from ._params import RequestCaps, ignored_hints, ignored_values, reject_unimplemented
+from ._prompts import (
+    ImageTaker,
+    check_prompt_size,
+    image_taker,
+    longest_token_bytes,
+    render_served_template,
+)
+from ._reasoning import thinking_format, thinking_on
 from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page
-from ._responses_schemas import ResponsesRequest
+from ._responses_schemas import ResponsesRequest, TextJsonSchemaFormat
 from ._script_schema import ScriptSpec
 from ._scripts import parse_script
 from ._served import ServedModel, requested_model, unknown_model
+from ._shared import FunctionTool, NamedToolChoice, SamplingFields
 from ._structured import Grammars
 from ._tokenizing import SegmentEncoder
+from ._tool_choice import offered_tools
 from ._tools import ToolCallOut, tool_format
 
 __all__ = [
+    "CHAT_WIRE",
     "Conflict",
     "ConnectionDropped",
     "FaultStatus",
     "Finished",
     "Forbidden",
+    "FunctionTool",
     "GenerationFailed",
     "Grammars",
     "HeadersTooLarge",
     "ImageLimits",
+    "ImageTaker",
     "InvalidRequest",
     "LogprobEntry",
     "ModelCard",
     "ModelList",
     "ModelNotFound",
+    "NamedToolChoice",
     "OpenAIError",
     "Output",
     "Overloaded",
@@ -74,32 +97,52 @@ __all__ = [
     "ResourceNotFound",
     "ResponseBuilder",
     "ResponsesRequest",
+    "SamplingFields",
     "ScriptSpec",
     "SegmentEncoder",
     "ServedModel",
+    "Tagged",
     "TextDelta",
+    "TextJsonSchemaFormat",
     "ToolCallOut",
     "URITooLong",
     "Unavailable",
     "UnsupportedMediaType",
+    "answer_only",
     "chat_image_urls",
+    "check_prompt_size",
+    "common",
     "fetch_images",
     "generate_text",
+    "ignored_hints",
+    "ignored_values",
+    "image_taker",
     "input_items_page",
     "input_modalities",
     "longest_token_bytes",
+    "offered_tools",
     "parse_json",
     "parse_responses_request",
     "parse_script",
     "prepare_chat",
     "prepare_completion",
     "prepare_response",
+    "prepared_for",
     "quoted",
+    "register_tagged_union",
+    "reject_unimplemented",
+    "render_served_template",
     "requested_model",
     "responses_image_urls",
+    "structure",
     "thinking_format",
+    "thinking_on",
     "to_json",
     "tool_format",
     "unknown_model",
     "with_processors",
+    "with_reasoning",
+    "with_response_format",
+    "with_script",
+    "with_tools",
 ]

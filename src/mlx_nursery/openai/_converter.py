@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -104,7 +104,7 @@ converter.register_structure_hook_factory(_is_dict, _dict_hook)
 
 # -- tagged unions on `type` ------------------------------------------------------------------
 @attrs.frozen
-class _Tagged:
+class Tagged:
     """Objects told apart by their `type`; an unknown one is a 400 with `code`."""
 
     by_tag: Mapping[str, type]
@@ -125,8 +125,8 @@ class _Tagged:
         raise InvalidRequest(self.message.format(tag=quoted(tag)), param=self.param, code=self.code)
 
 
-_TAGGED: dict[frozenset[type], _Tagged] = {
-    frozenset(rs.InputItem.__args__): _Tagged(
+_TAGGED: dict[frozenset[type], Tagged] = {
+    frozenset(rs.InputItem.__args__): Tagged(
         {
             "message": rs.MessageItem,
             "function_call": rs.FunctionCallItem,
@@ -136,7 +136,7 @@ _TAGGED: dict[frozenset[type], _Tagged] = {
         "input items of type {tag} are not supported",
         default=rs.MessageItem,
     ),
-    frozenset(rs.ContentPart.__args__): _Tagged(
+    frozenset(rs.ContentPart.__args__): Tagged(
         {
             **{kind: rs.TextPart for kind in ("input_text", "output_text", "text")},
             "input_image": rs.ImagePart,
@@ -144,17 +144,17 @@ _TAGGED: dict[frozenset[type], _Tagged] = {
         "content parts of type {tag} are not supported (text and images only)",
         code="unsupported_content",
     ),
-    frozenset({shared.FunctionTool}): _Tagged(
+    frozenset({shared.FunctionTool}): Tagged(
         {"function": shared.FunctionTool},
         "tool type {tag} is not supported; only 'function' tools are",
     ),
-    frozenset({shared.NamedToolChoice}): _Tagged(
+    frozenset({shared.NamedToolChoice}): Tagged(
         {"function": shared.NamedToolChoice},
         "invalid tool_choice type {tag}",
         code="invalid_value",
         param=None,
     ),
-    frozenset({shared.NamedToolChoice, shared.ToolChoiceType}): _Tagged(
+    frozenset({shared.NamedToolChoice, shared.ToolChoiceType}): Tagged(
         {
             "function": shared.NamedToolChoice,
             "none": shared.ToolChoiceType,
@@ -164,7 +164,7 @@ _TAGGED: dict[frozenset[type], _Tagged] = {
         code="invalid_value",
         param=None,
     ),
-    frozenset(chat.ResponseFormat.__args__): _Tagged(
+    frozenset(chat.ResponseFormat.__args__): Tagged(
         {
             "text": shared.TextFormat,
             "json_object": shared.JsonObjectFormat,
@@ -172,7 +172,7 @@ _TAGGED: dict[frozenset[type], _Tagged] = {
         },
         "response_format type {tag} is not supported",
     ),
-    frozenset(rs.TextFormatParam.__args__): _Tagged(
+    frozenset(rs.TextFormatParam.__args__): Tagged(
         {
             "text": shared.TextFormat,
             "json_object": shared.JsonObjectFormat,
@@ -184,6 +184,19 @@ _TAGGED: dict[frozenset[type], _Tagged] = {
 _TAG_OF = {
     cls: tagged for members, tagged in _TAGGED.items() if len(members) == 1 for cls in members
 }
+
+
+def register_tagged_union(members: Iterable[type], tagged: Tagged) -> None:
+    """Another API's objects told apart by `type` (the Messages API's content blocks, tools,
+    tool_choice), structured by this one converter as its own are. Call it when the API's
+    schema module is imported, before anything of it is structured: cattrs builds a class's
+    hook on first use."""
+    key = frozenset(members)
+    _TAGGED[key] = tagged
+    if len(key) == 1:
+        _TAG_OF.update(dict.fromkeys(key, tagged))
+
+
 _LENIENT: frozenset[type] = frozenset(
     {
         rs.MessageItem,

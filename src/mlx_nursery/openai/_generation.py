@@ -57,6 +57,8 @@ class Finished:
     usage: Usage
     reasoning_tokens: int = 0
     """Of `usage.completion_tokens`, those generated while thinking (the markers included)."""
+    stop_sequence: str | None = None
+    """The stop string that ended the text ("stop" only; the Messages API reports it)."""
 
 
 Output = ReasoningDelta | TextDelta | ToolCallOut | Finished
@@ -207,7 +209,14 @@ def _finish(
     reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
     if tools is not None and tools.calls and reason == "stop":
         reason = "tool_calls"
-    outputs.append(Finished(reason, event.usage, reasoning_tokens))
+    outputs.append(
+        Finished(
+            reason,
+            event.usage,
+            reasoning_tokens,
+            matcher.matched if reason == "stop" else None,
+        )
+    )
     return outputs
 
 

@@ -109,24 +109,60 @@ def render_chat_prompt(
         raise InvalidRequest(
             "'messages' must contain at least one message", param="messages", code="invalid_value"
         )
-    takes = _ImageTaker(vision, limits or ImageLimits(), url_param)
+    takes = ImageTaker(vision, limits or ImageLimits(), url_param)
     rendered = [_message(where(i), m, takes) for i, m in enumerate(messages)]
+    return render_template(
+        tokenizer,
+        rendered,
+        tools,
+        native_tools=native_tools,
+        images=takes,
+        encode=encode,
+        thinking=thinking,
+    )
+
+
+def render_template(
+    tokenizer: Any,
+    rendered: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    native_tools: bool = True,
+    images: ImageTaker | None = None,
+    encode: Callable[[str], list[int]] | None = None,
+    continue_final: bool = False,
+    thinking: bool | None = None,
+) -> tuple[list[int], ImageInputs | None]:
+    """Messages in the chat template's own shape to token ids (and the images' inputs): the
+    core every API renders its conversation through (chat and Responses by
+    `render_chat_prompt`, the Messages API by its own conversion).
+
+    The shape: `role`; `content` a string, or parts (`{"type": "text", "text"}` and the
+    `{"type": "image"}` placeholders `images` took, in order); an assistant's `tool_calls`
+    (`{"id", "type": "function", "function": {"name", "arguments": a mapping}}`); a tool
+    result's `tool_call_id`. `continue_final`: the last message is an assistant's reply to
+    continue (a prefill) rather than a turn to answer. `thinking`: the template's
+    `enable_thinking` (None: its default). Blocking: a worker thread."""
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
     extra: dict[str, Any] = {"tools": tools} if tools else {}
     if thinking is not None:
         extra["enable_thinking"] = thinking
+    if continue_final:
+        extra["continue_final_message"] = True
+    taken = images is not None and bool(images.images)
     try:
-        if takes.images or encode is not None:
+        if taken or encode is not None:
             text = tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=True, tokenize=False, **extra
+                rendered, add_generation_prompt=not continue_final, tokenize=False, **extra
             )
-            if takes.images:
-                return takes.prepare(text)
+            if taken:
+                assert images is not None
+                return images.prepare(text)
             assert encode is not None
             return encode(text), None
         tokens = tokenizer.apply_chat_template(
-            rendered, add_generation_prompt=True, tokenize=True, **extra
+            rendered, add_generation_prompt=not continue_final, tokenize=True, **extra
         )
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         # The template's own checks (`raise_exception`: role order, ...) and what its Python
@@ -165,8 +201,37 @@ def render_served(
     )
 
 
+def render_served_template(
+    served: ServedModel,
+    rendered: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    images: ImageTaker,
+    *,
+    continue_final: bool = False,
+    thinking: bool | None = None,
+) -> tuple[list[int], ImageInputs | None]:
+    """`render_template` with what the served model says (its tokenizer, tool format and
+    encoder); `images` is the request's `ImageTaker` (`image_taker(served)`); `thinking` the
+    template's `enable_thinking` (None: its default)."""
+    return render_template(
+        served.tokenizer,
+        rendered,
+        tools,
+        native_tools=served.tool_format.native,
+        images=images,
+        encode=served.encoder.encode if served.encoder is not None else None,
+        continue_final=continue_final,
+        thinking=thinking,
+    )
+
+
+def image_taker(served: ServedModel) -> ImageTaker:
+    """A request's `ImageTaker` for the served model (its vision processor and limits)."""
+    return ImageTaker(served.vision, served.image_limits, "url")
+
+
 @attrs.define
-class _ImageTaker:
+class ImageTaker:
     """Decodes a request's image parts in order, within its limits (one per request)."""
 
     vision: VisionProcessor | None
@@ -178,6 +243,14 @@ class _ImageTaker:
     """Each image's part, as errors name it."""
 
     def take(self, part: Any, param: str) -> dict[str, str]:
+        """An image part (`part.image_url`: a URL, or chat's `{"url"}`) of part `param`."""
+        source = part.image_url
+        url = source.get("url") if isinstance(source, dict) else source
+        return self.take_url(url, param, f"{param}.{self.url_param}")
+
+    def take_url(self, url: Any, param: str, url_param: str) -> dict[str, str]:
+        """The image at `url` (errors name the part `param`, its URL `url_param`); its
+        placeholder part for the template."""
         if self.vision is None:
             raise InvalidRequest(
                 "this model does not take images (text only)",
@@ -186,9 +259,7 @@ class _ImageTaker:
             )
         if len(self.images) >= self.limits.max_images:
             raise too_many_images(len(self.images) + 1, self.limits, param)
-        source = part.image_url
-        url = source.get("url") if isinstance(source, dict) else source
-        self.images.append(load_image(url, self.limits, f"{param}.{self.url_param}"))
+        self.images.append(load_image(url, self.limits, url_param))
         self.params.append(param)
         return {"type": "image"}
 
@@ -217,7 +288,7 @@ class _ImageTaker:
         )
 
 
-def _message(where: str, message: ChatMessage, images: _ImageTaker) -> dict[str, Any]:
+def _message(where: str, message: ChatMessage, images: ImageTaker) -> dict[str, Any]:
     for name in ("function_call", "audio"):
         if getattr(message, name):
             raise InvalidRequest(
@@ -298,7 +369,7 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
     }
 
 
-def _content(where: str, message: ChatMessage, images: _ImageTaker) -> str | list[Any]:
+def _content(where: str, message: ChatMessage, images: ImageTaker) -> str | list[Any]:
     """A message's content for the template: its text, or, when it holds images, its parts
     in order (text parts and image placeholders)."""
     content = message.content

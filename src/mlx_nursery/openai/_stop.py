@@ -16,6 +16,8 @@ class StopMatcher:
     stops: tuple[str, ...]
     _pending: str = ""
     stopped: bool = False
+    matched: str | None = None
+    """The stop string that ended the text (the earliest in it; None: none did)."""
 
     def feed(self, text: str) -> str:
         """Add generated text; return what is safe to emit. Sets `stopped` on a match."""
@@ -24,8 +26,9 @@ class StopMatcher:
         if not self.stops:
             return text
         buffer = self._pending + text
-        cut = _earliest_match(buffer, self.stops)
-        if cut is not None:
+        found = _earliest_match(buffer, self.stops)
+        if found is not None:
+            cut, self.matched = found
             self.stopped = True
             self._pending = ""
             return buffer[:cut]
@@ -39,9 +42,10 @@ class StopMatcher:
         return "" if self.stopped else pending
 
 
-def _earliest_match(text: str, stops: tuple[str, ...]) -> int | None:
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(found) if found else None
+def _earliest_match(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """Where the earliest stop string starts in `text`, and which it is."""
+    found = [(i, s) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
+    return min(found, key=lambda match: match[0]) if found else None
 
 
 def _partial_tail(text: str, stops: tuple[str, ...]) -> int:
