@@ -154,7 +154,7 @@ def test_a_streams_events_open_and_close_each_block() -> None:
 def test_stop_reasons() -> None:
     usage = Usage(1, 1, 0)
     assert stop_reason(Finished("stop", usage)) == "end_turn"
-    assert stop_reason(Finished("stop", usage, "END")) == "stop_sequence"
+    assert stop_reason(Finished("stop", usage, stop_sequence="END")) == "stop_sequence"
     assert stop_reason(Finished("length", usage)) == "max_tokens"
     assert stop_reason(Finished("tool_calls", usage)) == "tool_use"
     assert usage_json(Usage(5, 2, 5))["input_tokens"] == 0

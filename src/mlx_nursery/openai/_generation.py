@@ -55,9 +55,9 @@ class ReasoningDelta:
 class Finished:
     reason: OpenAIFinish
     usage: Usage
-    reasoning_tokens: int = 0
+    reasoning_tokens: int = attrs.field(default=0, kw_only=True)
     """Of `usage.completion_tokens`, those generated while thinking (the markers included)."""
-    stop_sequence: str | None = None
+    stop_sequence: str | None = attrs.field(default=None, kw_only=True)
     """The stop string that ended the text ("stop" only; the Messages API reports it)."""
 
 
@@ -213,8 +213,8 @@ def _finish(
         Finished(
             reason,
             event.usage,
-            reasoning_tokens,
-            matcher.matched if reason == "stop" else None,
+            reasoning_tokens=reasoning_tokens,
+            stop_sequence=matcher.matched if reason == "stop" else None,
         )
     )
     return outputs
