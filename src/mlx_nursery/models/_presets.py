@@ -1,6 +1,6 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `small` and `tiny-vlm` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
+`tiny`, `small`, `tiny-vlm` and `tiny-embedding` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
 `qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
 real shapes.
 """
@@ -19,6 +19,9 @@ class Preset:
     trained_vocab: int  # BPE merges learned from the corpus; the rest is filler up to vocab_size
     image_processor: dict[str, Any] | None = None
     """A vision-language preset's image-processor settings (None: a text model)."""
+    embedding: dict[str, Any] | None = None
+    """An embedding preset's sentence-transformers settings: `pooling` ("cls", "mean",
+    "last"), `normalize`, `max_seq_length` (None: a generation model)."""
 
     @property
     def vocab_size(self) -> int:
@@ -180,5 +183,25 @@ PRESETS: dict[str, Preset] = {
         trained_vocab=4096,
         # Qwen2.5-VL's own processor limits: a 448x448 image is 256 image tokens.
         image_processor={"min_pixels": 3136, "max_pixels": 12_845_056},
+    ),
+    "tiny-embedding": Preset(
+        "tiny-embedding",
+        {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12,
+            "vocab_size": 1024,
+            # Trained so that a prefix of the vector is an embedding too (`dimensions`):
+            # these sizes, as sentence-transformers' Matryoshka models declare them.
+            "matryoshka_dimensions": [16, 32, 64],
+        },
+        trained_vocab=1024,
+        embedding={"pooling": "mean", "normalize": True, "max_seq_length": 128},
     ),
 }

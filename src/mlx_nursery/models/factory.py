@@ -43,6 +43,11 @@ def make_model(
 
         write_vlm(out, spec, dtype, seed)
         return out
+    if spec.embedding is not None:
+        from ._embedding_factory import write_embedding_model
+
+        write_embedding_model(out, spec, dtype, seed)
+        return out
     context_length = int(spec.config["max_position_embeddings"])
     token_ids = write_tokenizer(out, spec.trained_vocab, spec.vocab_size, context_length)
     config = _model_config(spec, token_ids, dtype)

@@ -7,6 +7,14 @@ JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 from ._chat_endpoint import prepare_chat
 from ._completions_endpoint import prepare_completion
 from ._converter import to_json
+from ._embeddings_endpoint import (
+    EmbeddingLimits,
+    PreparedEmbeddings,
+    ServedEmbedder,
+    embeddings_body,
+    prepare_embeddings,
+    run_embeddings,
+)
 from ._endpoints import Prepared, with_processors
 from ._errors import (
     Conflict,
@@ -49,6 +57,7 @@ from ._tools import ToolCallOut, tool_format
 __all__ = [
     "Conflict",
     "ConnectionDropped",
+    "EmbeddingLimits",
     "FaultStatus",
     "Finished",
     "Forbidden",
@@ -65,6 +74,7 @@ __all__ = [
     "Output",
     "Overloaded",
     "Prepared",
+    "PreparedEmbeddings",
     "PreparedResponse",
     "RequestCaps",
     "RequestTimeout",
@@ -74,6 +84,7 @@ __all__ = [
     "ResponsesRequest",
     "ScriptSpec",
     "SegmentEncoder",
+    "ServedEmbedder",
     "ServedModel",
     "TextDelta",
     "ToolCallOut",
@@ -81,6 +92,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "chat_image_urls",
+    "embeddings_body",
     "fetch_images",
     "generate_text",
     "input_items_page",
@@ -91,10 +103,12 @@ __all__ = [
     "parse_script",
     "prepare_chat",
     "prepare_completion",
+    "prepare_embeddings",
     "prepare_response",
     "quoted",
     "requested_model",
     "responses_image_urls",
+    "run_embeddings",
     "to_json",
     "tool_format",
     "unknown_model",
