@@ -3,10 +3,12 @@ their bounds, and a cancelled request out of the engine, its lane back, within a
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 import trio
@@ -20,7 +22,18 @@ from mlx_nursery.engine import (
     EngineOverloaded,
     EngineUnavailable,
 )
-from mlx_nursery.engine._embedding_worker import BatchLimits, EmbeddingWorker, Ended
+from mlx_nursery.engine._embedding_worker import (
+    BatchLimits,
+    EmbeddingWorker,
+    Ended,
+    finish_vector,
+    pool,
+)
+from mlx_nursery.models._embedding_loading import (
+    EmbeddingConfigError,
+    embedding_spec,
+    is_embedding_model,
+)
 
 from .http_helpers import eventually
 
@@ -113,3 +126,54 @@ async def test_a_cancelled_request_leaves_within_a_forward_and_its_lane_comes_ba
     with pytest.raises(EngineUnavailable):
         await embedder.embed(EmbeddingRequest([[7]]))
     assert EMBEDDING_THREAD_NAME not in {t.name for t in threading.enumerate()}
+
+
+def test_pooling_reads_only_each_rows_own_tokens() -> None:
+    hidden = mx.array([[[1.0, 0.0], [3.0, 2.0], [9.0, 9.0]], [[5.0, 1.0], [7.0, 3.0], [2.0, 4.0]]])
+    lengths = mx.array([2, 3])  # the first row's third token is padding
+    mask = (mx.arange(3)[None, :] < lengths[:, None]).astype(mx.int32)
+    assert pool(hidden, mask, lengths, "cls").tolist() == [[1.0, 0.0], [5.0, 1.0]]
+    assert pool(hidden, mask, lengths, "last").tolist() == [[3.0, 2.0], [2.0, 4.0]]
+    mean = pool(hidden, mask, lengths, "mean").tolist()
+    np.testing.assert_allclose(mean, [[2.0, 1.0], [14 / 3, 8 / 3]], rtol=1e-6)
+    cut = finish_vector(np.array([3.0, 4.0, 12.0], dtype=np.float32), 2, normalize=True)
+    assert cut.tolist() == pytest.approx([0.6, 0.8])  # cut first, then a unit vector
+    assert finish_vector(np.array([3.0, 4.0]), None, normalize=False).tolist() == [3.0, 4.0]
+
+
+def sentence_transformers_dir(tmp_path: Path, pooling: dict[str, bool], *modules: str) -> Path:
+    (tmp_path / "1_Pooling").mkdir(parents=True)
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    listed = [{"path": "", "type": "sentence_transformers.models.Transformer"}]
+    listed += [{"path": "1_Pooling", "type": f"sentence_transformers.models.{m}"} for m in modules]
+    (tmp_path / "modules.json").write_text(json.dumps(listed))
+    return tmp_path
+
+
+def test_the_checkpoints_sentence_transformers_files_say_how_to_pool(tmp_path: Path) -> None:
+    config = {"model_type": "qwen3", "hidden_size": 8, "vocab_size": 10}
+    assert not is_embedding_model(tmp_path, config)  # a decoder without those files: chat
+    assert embedding_spec(tmp_path, config).pooling == "last"  # vLLM's default for decoders
+    bert = {**config, "model_type": "bert", "max_position_embeddings": 512}
+    assert is_embedding_model(tmp_path, bert)
+    assert embedding_spec(tmp_path, bert).pooling == "cls"
+    last = sentence_transformers_dir(
+        tmp_path / "last",
+        {"pooling_mode_lasttoken": True, "pooling_mode_cls_token": False},
+        "Pooling",
+    )
+    spec = embedding_spec(last, config)
+    assert (spec.pooling, spec.normalize, spec.matryoshka) == ("last", False, None)
+    assert is_embedding_model(last, config)
+    dense = sentence_transformers_dir(
+        tmp_path / "dense", {"pooling_mode_cls_token": True}, "Pooling", "Dense"
+    )
+    with pytest.raises(EmbeddingConfigError, match="Dense"):
+        embedding_spec(dense, config)  # served without its projection, vectors would be wrong
+    max_pool = sentence_transformers_dir(
+        tmp_path / "max", {"pooling_mode_max_tokens": True}, "Pooling"
+    )
+    with pytest.raises(EmbeddingConfigError):
+        embedding_spec(max_pool, config)
+    any_size = embedding_spec(tmp_path, {**config, "is_matryoshka": True})
+    assert any_size.matryoshka == ()

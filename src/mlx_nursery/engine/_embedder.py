@@ -182,6 +182,8 @@ class Embedder:
         cancelled later, it returns once the thread confirms the request has left it
         (shielded, bounded by `cancel_ack_timeout`), and `Cancelled` propagates."""
         self._check_admissible()
+        if not request.inputs:
+            return []
         handle = _Handle(next(self._ids))
         await self._acquire_lane(handle)
         # From here the lane belongs to the request; only the thread's word returns it.
