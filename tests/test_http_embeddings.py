@@ -230,6 +230,13 @@ async def test_a_client_that_leaves_stops_the_compute_within_a_forward(
         after = await sdk(running).embeddings.create(model="tiny", input="next")
         assert len(after.data) == 1
         assert not running.service.models.slots[0].busy
+        registry = running.service.metrics.registry
+        labels = {"model_name": "tiny", "cause": "client"}
+        assert registry.get_sample_value("mlx_nursery:request_cancelled_total", labels) == 1
+        tokens = registry.get_sample_value(
+            "mlx_nursery:prompt_tokens_total", {"model_name": "tiny"}
+        )
+        assert tokens == after.usage.prompt_tokens  # the finished request's, not the cancelled
 
 
 async def test_the_deadline_and_the_shutdown_cancel_the_compute_with_their_errors(

@@ -18,6 +18,7 @@ import trio
 from ..engine import Embedder, EmbeddingRequest
 from ..openai import RequestTimeout, Unavailable, run_embeddings
 from ._jobs import CancelReason
+from ._metrics import Metrics
 from ._request_log import RequestRecord
 
 
@@ -28,9 +29,17 @@ class _Call:
 
 
 class EmbeddingCalls:
-    def __init__(self, embedder: Embedder, timeout: float | None) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        timeout: float | None,
+        metrics: Metrics | None = None,
+        model_name: str = "",
+    ) -> None:
         self._embedder = embedder
         self._timeout = timeout
+        self._metrics = metrics
+        self._model_name = model_name
         self._active: set[_Call] = set()
         self._idle = trio.Event()
         self._idle.set()
@@ -57,9 +66,11 @@ class EmbeddingCalls:
             self._idle = trio.Event()
         try:
             with call.scope:
-                return await run_embeddings(self._embedder, request)
-            if record is not None:
-                record.cancel_cause = call.reason
+                vectors = await run_embeddings(self._embedder, request)
+                if self._metrics is not None:
+                    self._metrics.prompt_tokens.labels(self._model_name).inc(request.tokens)
+                return vectors
+            self._cancelled(record, call.reason)
             if call.reason == "shutdown":
                 raise Unavailable(
                     "the server is shutting down; the request was cancelled",
@@ -70,13 +81,18 @@ class EmbeddingCalls:
                 code="request_timeout",
             )
         except trio.Cancelled:
-            if record is not None:
-                record.cancel_cause = "client"
+            self._cancelled(record, "client")
             raise
         finally:
             self._active.discard(call)
             if not self._active:
                 self._idle.set()
+
+    def _cancelled(self, record: RequestRecord | None, cause: CancelReason) -> None:
+        if record is not None:
+            record.cancel_cause = cause
+        if self._metrics is not None:
+            self._metrics.cancelled.labels(self._model_name, cause).inc()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests from now on, let running ones finish for up to `grace`

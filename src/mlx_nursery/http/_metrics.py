@@ -55,11 +55,13 @@ class Metrics:
             "finished_reason",
         )
         self.cancelled = counter(
-            "request_cancelled", "Generations stopped before their end, by cause",
+            "request_cancelled", "Requests stopped before their end (generating, embedding)",
             "model_name", "cause",
         )  # fmt: skip
         self.prompt_tokens = counter(
-            "prompt_tokens", "Prompt tokens of finished generations", "model_name"
+            "prompt_tokens",
+            "Prompt tokens of finished generations and embedding requests",
+            "model_name",
         )
         self.generation_tokens = counter("generation_tokens", "Tokens generated", "model_name")
         self.ttft = histogram(

@@ -284,7 +284,7 @@ class Service:
             matryoshka=model.spec.matryoshka,
             max_token_bytes=max_token_bytes,
         )
-        calls = EmbeddingCalls(embedder, self.settings.request_timeout)
+        calls = EmbeddingCalls(embedder, self.settings.request_timeout, self.metrics, source.name)
         return HostedEmbedder(embedder, served, calls, reservation)
 
     def _failed(self, what: str) -> None:
