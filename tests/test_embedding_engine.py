@@ -18,6 +18,7 @@ from mlx_nursery.engine import (
     EMBEDDING_THREAD_NAME,
     Embedder,
     EmbedderConfig,
+    EmbeddingFailed,
     EmbeddingRequest,
     EngineOverloaded,
     EngineUnavailable,
@@ -87,6 +88,18 @@ def test_requests_there_together_share_one_forward_within_the_bounds(
     assert [len(e.vectors or []) for e in ended] == [1, 1]  # past the budget: alone
 
 
+def test_a_forward_that_fails_fails_only_the_request_it_fails_on(tiny_embedding: Path) -> None:
+    ids = token_ids(tiny_embedding)
+    alone = run_worker(tiny_embedding, BatchLimits(32, 8192), [ids[:2]], 1)[0].vectors
+    bad: list[list[int]] = [["not a token id"]]  # type: ignore[list-item]
+    # one forward of both fails; each is then run alone: the good one's vectors come back
+    good, failed = run_worker(tiny_embedding, BatchLimits(32, 8192), [ids[:2], bad], 3)
+    assert alone is not None and good.vectors is not None
+    for got, want in zip(good.vectors, alone, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert (failed.vectors, failed.failed) == (None, True)
+
+
 async def test_a_cancelled_request_leaves_within_a_forward_and_its_lane_comes_back(
     tiny_embedding: Path,
 ) -> None:
@@ -122,6 +135,10 @@ async def test_a_cancelled_request_leaves_within_a_forward_and_its_lane_comes_ba
         assert embedder.forwards < 2000
         after = await embedder.embed(EmbeddingRequest([[7], [8]]))  # it serves on
         assert [v.shape for v in after] == [(64,), (64,)]
+        with pytest.raises(EmbeddingFailed):
+            await embedder.embed(EmbeddingRequest([["x"]]))  # type: ignore[list-item]
+        assert embedder.healthy and embedder.statistics().lanes_borrowed == 0
+        assert len(await embedder.embed(EmbeddingRequest([[7]]))) == 1
         embedder.close()
     with pytest.raises(EngineUnavailable):
         await embedder.embed(EmbeddingRequest([[7]]))

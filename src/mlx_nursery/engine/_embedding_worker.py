@@ -9,8 +9,8 @@ last input was in it ends. Then one post to the Trio thread with what ended.
 
 So a cancel is honoured before the next forward: a request cancelled while its inputs are
 in the running forward is confirmed as that forward ends (its vectors are dropped), one
-cancelled while waiting costs no compute. A forward that fails fails the requests it held;
-the others go on.
+cancelled while waiting costs no compute. A forward that fails is run again one request
+at a time: the request it fails on fails, the others go on, and so does the engine.
 """
 
 from __future__ import annotations
@@ -171,27 +171,49 @@ class EmbeddingWorker:
         batch = self._take_batch()
         spec = loaded.embedding
         assert spec is not None
-        try:
-            pooled = embed_batch(loaded.model, [ids for _, ids in batch], spec)
-        except Exception:
-            log.exception("an embedding forward failed; its requests fail, the engine serves on")
-            failed = {pending.submit.request_id for pending, _ in batch}
-            for request_id in failed:
-                del self._pending[request_id]
-            return [Ended(request_id, failed=True) for request_id in failed]
-        finally:
-            self.forwards += 1
-        for (pending, _), row in zip(batch, pooled, strict=True):
+        rows = self._pooled(loaded.model, batch, spec)
+        ended: list[Ended] = []
+        for (pending, _), row in zip(batch, rows, strict=True):
+            request_id = pending.submit.request_id
+            if row is None:
+                if self._pending.pop(request_id, None) is not None:
+                    ended.append(Ended(request_id, failed=True))
+                continue
             index = pending.next - pending.running
             pending.vectors[index] = finish_vector(row, pending.submit.dimensions, spec.normalize)
             pending.running -= 1
-        ended: list[Ended] = []
         for request_id, pending in list(self._pending.items()):
             if pending.next == len(pending.vectors) and pending.running == 0:
                 del self._pending[request_id]
                 vectors = [v for v in pending.vectors if v is not None]
                 ended.append(Ended(request_id, vectors))
         return ended
+
+    def _pooled(
+        self, model: Any, batch: list[tuple[_Pending, list[int]]], spec: EmbeddingSpec
+    ) -> list[np.ndarray | None]:
+        """The batch's pooled rows. A forward that fails is run again one request at a
+        time, so that only the request it fails on fails (None: its rows)."""
+        groups: dict[int, list[int]] = {}
+        for position, (pending, _) in enumerate(batch):
+            groups.setdefault(pending.submit.request_id, []).append(position)
+        rows: list[np.ndarray | None] = [None] * len(batch)
+        attempts = [list(range(len(batch)))]
+        while attempts:
+            positions = attempts.pop()
+            self.forwards += 1
+            try:
+                pooled = embed_batch(model, [batch[p][1] for p in positions], spec)
+            except Exception:
+                if len(positions) < len(batch) or len(groups) == 1:
+                    log.exception("an embedding forward failed; its request fails")
+                    continue
+                log.warning("an embedding forward failed; its requests are run one at a time")
+                attempts.extend(groups.values())
+                continue
+            for position, row in zip(positions, pooled, strict=True):
+                rows[position] = row
+        return rows
 
     def _take_batch(self) -> list[tuple[_Pending, list[int]]]:
         """The pending inputs in arrival order, within the bounds (at least one input)."""
