@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -88,7 +89,7 @@ class EmbeddingWorker:
 
     def __init__(
         self,
-        model: str | Any,
+        model: str | Path,
         limits: BatchLimits,
         post: Callable[[list[Ended], int], None],
         on_ready: Callable[[EmbeddingModelInfo | None, BaseException | None], None],
@@ -146,6 +147,7 @@ class EmbeddingWorker:
             ended: list[Ended] = []
             for command in self._take_commands():
                 if isinstance(command, Stop):
+                    self._post(ended, self.forwards)  # the rest end as the thread does
                     return
                 if isinstance(command, Submit):
                     count = len(command.inputs)
