@@ -1,8 +1,8 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `small`, `tiny-vlm` and `tiny-embedding` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
-`qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
-real shapes.
+`tiny`, `small`, `tiny-vlm` and `tiny-embedding` are for tests; `qwen3-0.6b`,
+`llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base` (an embedding model) carry the real
+architecture configs (random weights) so benchmarks run at real shapes.
 """
 
 from __future__ import annotations
@@ -203,5 +203,23 @@ PRESETS: dict[str, Preset] = {
         },
         trained_vocab=1024,
         embedding={"pooling": "mean", "normalize": True, "max_seq_length": 128},
+    ),
+    "bert-base": Preset(
+        "bert-base",
+        {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12,
+            "vocab_size": 30522,
+        },
+        trained_vocab=4096,
+        # bge-base / all-mpnet-like: CLS pooling, normalized, 512 tokens per input.
+        embedding={"pooling": "cls", "normalize": True, "max_seq_length": 512},
     ),
 }
