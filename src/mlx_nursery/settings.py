@@ -17,7 +17,7 @@ from typing import Any, Literal
 import attrs
 from attrs import validators as v
 
-from .engine import KV_BITS, KV_GROUP_SIZES, EngineConfig
+from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
 from .logs import LOG_FORMATS
 from .openai import ImageLimits, RequestCaps
 
@@ -171,6 +171,18 @@ class Settings:
         default=_engine_default("prefill_step_size"),
         validator=v.ge(1),
         metadata=_help("prompt tokens per prefill chunk; a cancel is honoured between chunks"),
+    )
+    embedding_batch_size: int = attrs.field(
+        default=attrs.fields_dict(EmbedderConfig)["max_batch_inputs"].default,
+        validator=v.ge(1),
+        metadata=_help("inputs in one forward of an embedding model, from every request there"),
+    )
+    embedding_batch_tokens: int = attrs.field(
+        default=attrs.fields_dict(EmbedderConfig)["max_batch_tokens"].default,
+        validator=v.ge(1),
+        metadata=_help(
+            "padded tokens in one forward of an embedding model (inputs times the longest)"
+        ),
     )
     prompt_cache_bytes: int = attrs.field(
         default=_engine_default("prompt_cache_bytes"),

@@ -4,8 +4,16 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
 from ._config import EngineConfig
+from ._embedder import EMBEDDING_THREAD_NAME, Embedder, EmbedderConfig, EmbeddingRequest
+from ._embedding_worker import EmbeddingModelInfo
 from ._engine import THREAD_NAME, Engine, EngineStatistics, open_engine
-from ._errors import EngineError, EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._errors import (
+    EmbeddingFailed,
+    EngineError,
+    EngineOverloaded,
+    EngineUnavailable,
+    PromptTooLong,
+)
 from ._grammar import GrammarProcessor, ThinkingGate
 from ._kv_quant import KV_BITS, KV_GROUP_SIZES
 from ._memory import default_memory_budget, memory_in_cache, memory_in_use
@@ -26,10 +34,16 @@ from ._types import (
 from ._vision import VisionProcessor
 
 __all__ = [
+    "EMBEDDING_THREAD_NAME",
     "KV_BITS",
     "KV_GROUP_SIZES",
     "THREAD_NAME",
     "CancelStatistics",
+    "Embedder",
+    "EmbedderConfig",
+    "EmbeddingFailed",
+    "EmbeddingModelInfo",
+    "EmbeddingRequest",
     "Engine",
     "EngineConfig",
     "EngineError",

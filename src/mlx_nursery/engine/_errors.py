@@ -3,7 +3,8 @@
 EngineError
 ├── EngineOverloaded   the wait queue is full: retry later (nothing was computed)
 ├── EngineUnavailable  the engine is not running: closed, not started, or died
-└── PromptTooLong      prompt + max_tokens exceed the model's context
+├── PromptTooLong      prompt + max_tokens exceed the model's context
+└── EmbeddingFailed    the forward that held an embedding request's inputs failed
 """
 
 
@@ -31,3 +32,8 @@ class PromptTooLong(EngineError):
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.context_length = context_length
+
+
+class EmbeddingFailed(EngineError):
+    """The model failed on a batch that held the request's inputs (logged on the engine
+    thread); the engine serves on."""

@@ -6,7 +6,10 @@ worker thread, run the generation as a job (`_jobs.py`) tied to the request's li
 (`app.py`) and the server (`server.py`) are built from; the modules stay private.
 """
 
-from . import _responses_routes  # noqa: F401 - registers /v1/responses on `routes`
+from . import (
+    _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
+    _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
+)
 from ._drop import ConnectionDrops
 from ._errors import envelope_response, error_response, internal_error, log_failure
 from ._faults import parse_fault

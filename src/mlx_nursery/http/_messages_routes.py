@@ -38,6 +38,7 @@ from ._batching import merged_text
 from ._jobs import JobItem
 from ._lifetime import current_record, own
 from ._pump import pump
+from ._registry import generating
 from ._routes import _service, collect, note_ignored, request_body, request_id, routes
 from ._sse import HEADERS, named_events
 
@@ -63,7 +64,8 @@ async def create_message() -> Response:
         return body, parse_messages_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    async with models.lease(service.slot_for(body), deadline) as hosted:
+    async with models.lease(service.slot_for(body).expect("generation"), deadline) as leased:
+        hosted = generating(leased)
         served = await service.fetched(hosted.served, image_urls(parsed), deadline)
 
         def prepare() -> Prepared:
@@ -99,7 +101,8 @@ async def count_message_tokens() -> Response:
         return body, parse_count_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    async with models.lease(service.slot_for(body), deadline) as hosted:
+    async with models.lease(service.slot_for(body).expect("generation"), deadline) as leased:
+        hosted = generating(leased)
         served = await service.fetched(hosted.served, image_urls(parsed), deadline)
         counted = await service.prepare(lambda: count_tokens(parsed, served), deadline)
     return Response(json.dumps(counted), content_type="application/json")

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..engine import Engine, memory_in_cache, memory_in_use
+from ..engine import Embedder, Engine, memory_in_cache, memory_in_use
 
 PREFIX = "mlx_nursery:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -55,11 +55,13 @@ class Metrics:
             "finished_reason",
         )
         self.cancelled = counter(
-            "request_cancelled", "Generations stopped before their end, by cause",
+            "request_cancelled", "Requests stopped before their end (generating, embedding)",
             "model_name", "cause",
         )  # fmt: skip
         self.prompt_tokens = counter(
-            "prompt_tokens", "Prompt tokens of finished generations", "model_name"
+            "prompt_tokens",
+            "Prompt tokens of finished generations and embedding requests",
+            "model_name",
         )
         self.generation_tokens = counter("generation_tokens", "Tokens generated", "model_name")
         self.ttft = histogram(
@@ -102,7 +104,9 @@ class Metrics:
             registry=self.registry,
         )
 
-    def model_loaded(self, engine: Engine, model_name: str, seconds: float, reserved: int) -> None:
+    def model_loaded(
+        self, engine: Engine | Embedder, model_name: str, seconds: float, reserved: int
+    ) -> None:
         """A model loaded: count it, and read its engine's statistics at every scrape."""
         self.model_loads.labels(model_name).inc()
         self.model_load_seconds.labels(model_name).observe(seconds)
@@ -155,7 +159,7 @@ class _EngineCollector(Collector):
     a sample per model (a family registered twice would be refused by the registry)."""
 
     def __init__(self) -> None:
-        self.engines: dict[str, Engine] = {}
+        self.engines: dict[str, Engine | Embedder] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}

@@ -35,19 +35,22 @@ from typing import Literal
 import attrs
 import trio
 
-from ..engine import Engine
+from ..engine import Embedder, Engine
 from ..models import ModelFacts, model_facts, resolve_model_path
 from ..openai import (
     Conflict,
+    InvalidRequest,
     ModelCard,
     OpenAIError,
     Overloaded,
     RequestTimeout,
+    ServedEmbedder,
     ServedModel,
     Unavailable,
     input_modalities,
     unknown_model,
 )
+from ._embedding_calls import EmbeddingCalls
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource
@@ -81,7 +84,52 @@ class Hosted:
     reservation: Reservation
 
 
-Opener = Callable[[ModelSource, Path, Reservation, trio.Nursery], Awaitable[Hosted]]
+@attrs.frozen
+class HostedEmbedder:
+    """A loaded embedding model: its engine, the model as the API presents it, the requests
+    computing on it."""
+
+    engine: Embedder
+    served: ServedEmbedder
+    jobs: EmbeddingCalls
+    reservation: Reservation
+
+
+AnyHosted = Hosted | HostedEmbedder
+
+
+ServedKind = Literal["generation", "embedding"]
+
+
+def generating(hosted: AnyHosted) -> Hosted:
+    """`hosted`, a generation model. Raises the 400 for an embedding model."""
+    if isinstance(hosted, Hosted):
+        return hosted
+    raise _wrong_kind(hosted.served.name, "generation")
+
+
+def embedding(hosted: AnyHosted) -> HostedEmbedder:
+    """`hosted`, an embedding model. Raises the 400 for a generation model."""
+    if isinstance(hosted, HostedEmbedder):
+        return hosted
+    raise _wrong_kind(hosted.served.name, "embedding")
+
+
+def _wrong_kind(name: str, wanted: ServedKind) -> InvalidRequest:
+    if wanted == "generation":
+        message = (
+            f"The model {name!r} is an embedding model: it serves /v1/embeddings, "
+            "not text generation."
+        )
+    else:
+        message = (
+            f"The model {name!r} is not an embedding model; /v1/embeddings serves embedding "
+            "models (sentence-transformers checkpoints, BERT-style encoders)."
+        )
+    return InvalidRequest(message, param="model", code="model_not_supported")
+
+
+Opener = Callable[[ModelSource, Path, Reservation, trio.Nursery], Awaitable[AnyHosted]]
 """Starts a model's engine in the nursery given and returns it hosted (`Service`)."""
 
 
@@ -99,7 +147,7 @@ class ModelSlot:
 
     source: ModelSource
     state: SlotState = "unloaded"
-    hosted: Hosted | None = None
+    hosted: AnyHosted | None = None
     facts: ModelFacts | None = None
     """Read when it first loads (its kind, its own context length)."""
     leases: int = 0
@@ -114,6 +162,15 @@ class ModelSlot:
     def busy(self) -> bool:
         return self.leases > 0 or (self.hosted is not None and self.hosted.jobs.busy)
 
+    def expect(self, wanted: ServedKind) -> ModelSlot:
+        """This slot, if its model is known to do what a route wants (unknown until its
+        config is read: then the lease's `generating` / `embedding` decides). Raises the
+        400 before anything loads, so a wrong route never unloads another model."""
+        facts = self.facts
+        if facts is not None and (facts.kind == "embedding") != (wanted == "embedding"):
+            raise _wrong_kind(self.source.name, wanted)
+        return self
+
     def card(self) -> ModelCard:
         if self.hosted is not None and self.state == "ready":
             return self.hosted.served.card()
@@ -123,6 +180,7 @@ class ModelSlot:
             created=0,
             context_length=facts.context_length or 0 if facts is not None else 0,
             input_modalities=input_modalities(facts is not None and facts.kind == "vlm"),
+            kind="embedding" if facts is not None and facts.kind == "embedding" else "generation",
             loaded=False,
         )
 
@@ -183,7 +241,7 @@ class ModelRegistry:
             raise unknown_model(name, [s.source.name for s in self.slots])
         return slot
 
-    def loaded(self) -> list[Hosted]:
+    def loaded(self) -> list[AnyHosted]:
         return [slot.hosted for slot in self.slots if slot.hosted is not None]
 
     @property
@@ -192,7 +250,7 @@ class ModelRegistry:
         return all(hosted.engine.healthy for hosted in self.loaded())
 
     @asynccontextmanager
-    async def lease(self, slot: ModelSlot, deadline: float) -> AsyncIterator[Hosted]:
+    async def lease(self, slot: ModelSlot, deadline: float) -> AsyncIterator[AnyHosted]:
         """`slot`'s model, loaded, and kept loaded until the block ends (a job started in
         it keeps the model busy on its own until the job ends).
 
@@ -204,7 +262,7 @@ class ModelRegistry:
         load or to other waiters."""
         slot.leases += 1
         try:
-            hosted: Hosted | None = None
+            hosted: AnyHosted | None = None
             with trio.move_on_at(deadline):
                 hosted = await self._ready(slot)
             if hosted is None:
@@ -220,7 +278,7 @@ class ModelRegistry:
         finally:
             slot.leases -= 1
 
-    async def load(self, slot: ModelSlot, deadline: float) -> Hosted:
+    async def load(self, slot: ModelSlot, deadline: float) -> AnyHosted:
         """Load `slot`'s model if it is not (an operator's route; errors as `lease`)."""
         async with self.lease(slot, deadline) as hosted:
             return hosted
@@ -250,7 +308,7 @@ class ModelRegistry:
                 nursery.start_soon(hosted.jobs.drain, grace)
 
     # -- loading -----------------------------------------------------------------------------
-    async def _ready(self, slot: ModelSlot) -> Hosted:
+    async def _ready(self, slot: ModelSlot) -> AnyHosted:
         while True:
             if self._closed:
                 raise Unavailable("the server is shutting down", code="server_shutting_down")
@@ -312,7 +370,7 @@ class ModelRegistry:
         path: Path,
         reservation: Reservation,
         *,
-        task_status: trio.TaskStatus[Hosted],
+        task_status: trio.TaskStatus[AnyHosted],
     ) -> None:
         """Run the model's engine and jobs in a nursery of their own until it is unloaded
         (or the service ends)."""
@@ -332,6 +390,8 @@ class ModelRegistry:
     def _reservation(self, name: str, facts: ModelFacts) -> Reservation:
         prefix, kv = self._prompt_cache_bytes, self._kv_cache_bytes
         budget = self.memory_budget
+        if facts.kind == "embedding":  # no KV, no prefix cache: its weights and a forward's
+            prefix, kv = 0, 0  # activations, which the batch bounds keep transient and small
         if kv is None and budget is not None:
             share = budget // self._max_loaded
             kv = share - facts.weight_bytes - prefix

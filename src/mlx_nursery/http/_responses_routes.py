@@ -32,6 +32,7 @@ from ._batching import merged_text
 from ._jobs import JobItem
 from ._lifetime import current_record, own
 from ._pump import ended_early, pump
+from ._registry import generating
 from ._routes import _service, note_ignored, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS, named_events
@@ -60,7 +61,8 @@ async def create_response() -> Response:
         if stored is None:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
-    async with models.lease(service.slot_for(body), deadline) as hosted:
+    async with models.lease(service.slot_for(body).expect("generation"), deadline) as leased:
+        hosted = generating(leased)
         urls = responses_image_urls(parsed.input, previous)
         served = await service.fetched(hosted.served, urls, deadline)
 

@@ -21,7 +21,8 @@ from typing import Any, Literal, TypeVar
 
 import trio
 
-from ..engine import Engine, EngineConfig, default_memory_budget
+from ..engine import Embedder, EmbedderConfig, Engine, EngineConfig, default_memory_budget
+from ..models import model_facts
 from ..openai import (
     Grammars,
     ImageLimits,
@@ -31,6 +32,7 @@ from ..openai import (
     RequestTimeout,
     ScriptSpec,
     SegmentEncoder,
+    ServedEmbedder,
     ServedModel,
     Unavailable,
     fetch_images,
@@ -45,11 +47,12 @@ from ..settings import Settings, SettingsError
 from ..store import responses_store_at
 from ._access import AccessPolicy
 from ._batching import WritePolicy
+from ._embedding_calls import EmbeddingCalls
 from ._faults import Fault, FaultInjector, injected_failure, parse_fault
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources
-from ._registry import Hosted, ModelRegistry, ModelSlot, Reservation
+from ._registry import AnyHosted, Hosted, HostedEmbedder, ModelRegistry, ModelSlot, Reservation
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -206,9 +209,12 @@ class Service:
 
     async def _open_model(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
-    ) -> Hosted:
+    ) -> AnyHosted:
         """Start `source`'s engine in `nursery` (its own) and present it to the API (the
         registry's `Opener`). Raises what the load raised."""
+        facts = await trio.to_thread.run_sync(model_facts, path)
+        if facts.kind == "embedding":
+            return await self._open_embedder(source, path, reservation, nursery)
         config = EngineConfig(
             path,
             max_concurrency=self.settings.max_concurrency,
@@ -257,6 +263,34 @@ class Service:
         jobs = Jobs(nursery, engine, self.settings.request_timeout, self.metrics, source.name)
         return Hosted(engine, served, jobs, reservation)
 
+    async def _open_embedder(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> HostedEmbedder:
+        """An embedding model's engine (its own thread, as any model's), started in `nursery`."""
+        config = EmbedderConfig(
+            path,
+            max_concurrency=self.settings.max_concurrency,
+            max_queue=self.settings.max_queue,
+            max_batch_inputs=self.settings.embedding_batch_size,
+            max_batch_tokens=self.settings.embedding_batch_tokens,
+        )
+        embedder: Embedder = await nursery.start(Embedder(config).run)
+        model = embedder.model
+        _, max_token_bytes = await trio.to_thread.run_sync(_vocabulary, model.tokenizer)
+        served = ServedEmbedder(
+            name=source.name,
+            aliases=source.aliases | {model.path},
+            created=int(time.time()),
+            tokenizer=model.tokenizer,
+            context_length=model.spec.context_length,
+            vocab_size=model.spec.vocab_size,
+            dimensions=model.spec.dimensions,
+            matryoshka=model.spec.matryoshka,
+            max_token_bytes=max_token_bytes,
+        )
+        calls = EmbeddingCalls(embedder, self.settings.request_timeout, self.metrics, source.name)
+        return HostedEmbedder(embedder, served, calls, reservation)
+
     def _failed(self, what: str) -> None:
         log.exception("%s", what)
         self.state = "failed"
@@ -287,9 +321,9 @@ class Service:
 
     @property
     def hosted(self) -> Hosted | None:
-        """The first loaded model (tests and a server of one model)."""
+        """The first loaded generation model (tests and a server of one model)."""
         loaded = self.models.loaded() if self.models is not None else []
-        return loaded[0] if loaded else None
+        return next((h for h in loaded if isinstance(h, Hosted)), None)
 
     @property
     def engine(self) -> Engine | None:

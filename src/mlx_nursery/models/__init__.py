@@ -1,5 +1,6 @@
 """Model runtime: loading models from local paths or the local HF cache, and the model factory."""
 
+from ._embedding_loading import EmbeddingSpec, PoolingMode
 from ._loading import (
     LoadedModel,
     ModelFacts,
@@ -13,10 +14,12 @@ from .factory import PRESETS, make_model
 
 __all__ = [
     "PRESETS",
+    "EmbeddingSpec",
     "LoadedModel",
     "ModelFacts",
     "ModelLoadError",
     "ModelNotFoundError",
+    "PoolingMode",
     "load_model",
     "make_model",
     "model_facts",

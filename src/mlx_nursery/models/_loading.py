@@ -2,7 +2,8 @@
 
 A model is a local directory (mlx-lm layout) or a repo id already present in
 the local Hugging Face cache. Loading dispatches on the model's kind so that
-mlx-vlm models can plug in beside mlx-lm ones.
+mlx-vlm models can plug in beside mlx-lm ones, and embedding models (mlx-embeddings)
+beside both.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any, Literal
 
 import attrs
 
+from ._embedding_loading import EmbeddingSpec, embedding_input_length, is_embedding_model
 from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
 
-ModelKind = Literal["lm", "vlm", "scripted"]
+ModelKind = Literal["lm", "vlm", "scripted", "embedding"]
 
 
 class ModelNotFoundError(LookupError):
@@ -43,7 +45,9 @@ class LoadedModel:
     `model` is an mlx-lm text model, which the engine batches; a vision-language
     model's `vision` encodes images and prefills prompts that hold them, on the same
     weights (mlx-lm's text model of the checkpoint shares the arrays of mlx-vlm's). The
-    scripted model (kind "scripted", models/scripted.py) has a tokenizer and no model."""
+    scripted model (kind "scripted", models/scripted.py) has a tokenizer and no model. An
+    embedding model (kind "embedding") is mlx-embeddings' model, with a Hugging Face
+    tokenizer and its `embedding` spec (pooling, sizes)."""
 
     path: Path
     kind: ModelKind
@@ -51,9 +55,12 @@ class LoadedModel:
     tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
     config: dict[str, Any]
     vision: Vision | None = None
+    embedding: EmbeddingSpec | None = None
 
     @property
     def context_length(self) -> int:
+        if self.embedding is not None:
+            return self.embedding.context_length
         for key in ("max_position_embeddings", "max_seq_len", "n_ctx"):
             if isinstance(self.config.get(key), int):
                 return int(self.config[key])
@@ -88,13 +95,15 @@ def resolve_model_path(spec: str | Path) -> Path:
 
 
 def model_kind(path: Path) -> ModelKind:
-    return _kind_of(json.loads((path / "config.json").read_text("utf-8")))
+    return _kind_of(path, json.loads((path / "config.json").read_text("utf-8")))
 
 
-def _kind_of(config: dict[str, Any]) -> ModelKind:
+def _kind_of(path: Path, config: dict[str, Any]) -> ModelKind:
     if config.get("mlx_nursery_kind") == SCRIPTED_KIND:
         return "scripted"
-    return "vlm" if "vision_config" in config else "lm"
+    if "vision_config" in config:
+        return "vlm"
+    return "embedding" if is_embedding_model(path, config) else "lm"
 
 
 @attrs.frozen
@@ -125,7 +134,10 @@ def model_facts(path: Path) -> ModelFacts:
             if context is None and isinstance(source.get(key), int):
                 context = int(source[key])
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    return ModelFacts(_kind_of(config), context, weights)
+    kind = _kind_of(path, config)
+    if kind == "embedding":
+        context = embedding_input_length(path, config)
+    return ModelFacts(kind, context, weights)
 
 
 def _load_lm(path: Path) -> LoadedModel:
@@ -175,10 +187,27 @@ def _load_scripted(path: Path) -> LoadedModel:
     return LoadedModel(path=path, kind="scripted", model=None, tokenizer=tokenizer, config=config)
 
 
+def _load_embedding(path: Path) -> LoadedModel:
+    """mlx-embeddings' model and the checkpoint's tokenizer; pooling from its files."""
+    from ._embedding_loading import EmbeddingConfigError, load_embedding_parts
+
+    config = json.loads((path / "config.json").read_text("utf-8"))
+    try:
+        model, tokenizer, spec = load_embedding_parts(path, config)
+    except EmbeddingConfigError as exc:
+        raise ModelLoadError(f"this embedding model is not served: {exc}") from exc
+    except ValueError as exc:  # mlx-embeddings: "Model type ... not supported."
+        raise ModelLoadError(f"{path}: mlx-embeddings cannot load it ({exc})") from exc
+    return LoadedModel(
+        path=path, kind="embedding", model=model, tokenizer=tokenizer, config=config, embedding=spec
+    )
+
+
 _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
     "lm": _load_lm,
     "vlm": _load_vlm,
     "scripted": _load_scripted,
+    "embedding": _load_embedding,
 }
 
 

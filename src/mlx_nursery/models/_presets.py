@@ -1,9 +1,10 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `tiny-thinking`, `small` and `tiny-vlm` are for tests; `qwen3-0.6b`, `llama-3.1-8b`
-and `qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
-real shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` /
-`</think>` are added tokens and a Qwen3-style template that honours `enable_thinking`.
+`tiny`, `tiny-thinking`, `small`, `tiny-vlm` and `tiny-embedding` are for tests;
+`qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base` (an embedding model) carry the
+real architecture configs (random weights) so benchmarks run at real shapes. `tiny-thinking`
+and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` / `</think>` are added
+tokens and a Qwen3-style template that honours `enable_thinking`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class Preset:
     """Its template thinks (`<think>` / `</think>` tokens, `enable_thinking`): "model", the
     model opens its thinking itself (Qwen3); "prompt", the template opens it in the prompt
     and the output begins mid-thought (Qwen3.5, DeepSeek-R1-0528); None: no thinking."""
+    embedding: dict[str, Any] | None = None
+    """An embedding preset's sentence-transformers settings: `pooling` ("cls", "mean",
+    "last"), `normalize`, `max_seq_length` (None: a generation model)."""
 
     @property
     def vocab_size(self) -> int:
@@ -187,5 +191,43 @@ PRESETS: dict[str, Preset] = {
         trained_vocab=4096,
         # Qwen2.5-VL's own processor limits: a 448x448 image is 256 image tokens.
         image_processor={"min_pixels": 3136, "max_pixels": 12_845_056},
+    ),
+    "tiny-embedding": Preset(
+        "tiny-embedding",
+        {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12,
+            "vocab_size": 1024,
+            # Trained so that a prefix of the vector is an embedding too (`dimensions`):
+            # these sizes, as sentence-transformers' Matryoshka models declare them.
+            "matryoshka_dimensions": [16, 32, 64],
+        },
+        trained_vocab=1024,
+        embedding={"pooling": "mean", "normalize": True, "max_seq_length": 128},
+    ),
+    "bert-base": Preset(
+        "bert-base",
+        {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12,
+            "vocab_size": 30522,
+        },
+        trained_vocab=4096,
+        # bge-base / all-mpnet-like: CLS pooling, normalized, 512 tokens per input.
+        embedding={"pooling": "cls", "normalize": True, "max_seq_length": 512},
     ),
 }

@@ -44,6 +44,11 @@ def make_model(
 
         write_vlm(out, spec, dtype, seed)
         return out
+    if spec.embedding is not None:
+        from ._embedding_factory import write_embedding_model
+
+        write_embedding_model(out, spec, dtype, seed)
+        return out
     context_length = int(spec.config["max_position_embeddings"])
     thinking = spec.thinking is not None
     token_ids = write_tokenizer(

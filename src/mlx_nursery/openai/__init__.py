@@ -8,6 +8,14 @@ from ._chat_endpoint import CHAT as CHAT_WIRE
 from ._chat_endpoint import prepare_chat
 from ._completions_endpoint import prepare_completion
 from ._converter import Tagged, register_tagged_union, structure, to_json
+from ._embeddings_endpoint import (
+    EmbeddingLimits,
+    PreparedEmbeddings,
+    ServedEmbedder,
+    embeddings_body,
+    prepare_embeddings,
+    run_embeddings,
+)
 from ._endpoints import (
     Prepared,
     answer_only,
@@ -70,6 +78,7 @@ __all__ = [
     "CHAT_WIRE",
     "Conflict",
     "ConnectionDropped",
+    "EmbeddingLimits",
     "FaultStatus",
     "Finished",
     "Forbidden",
@@ -89,6 +98,7 @@ __all__ = [
     "Output",
     "Overloaded",
     "Prepared",
+    "PreparedEmbeddings",
     "PreparedResponse",
     "ReasoningDelta",
     "RequestCaps",
@@ -100,6 +110,7 @@ __all__ = [
     "SamplingFields",
     "ScriptSpec",
     "SegmentEncoder",
+    "ServedEmbedder",
     "ServedModel",
     "Tagged",
     "TextDelta",
@@ -112,6 +123,7 @@ __all__ = [
     "chat_image_urls",
     "check_prompt_size",
     "common",
+    "embeddings_body",
     "fetch_images",
     "generate_text",
     "ignored_hints",
@@ -126,6 +138,7 @@ __all__ = [
     "parse_script",
     "prepare_chat",
     "prepare_completion",
+    "prepare_embeddings",
     "prepare_response",
     "prepared_for",
     "quoted",
@@ -134,6 +147,7 @@ __all__ = [
     "render_served_template",
     "requested_model",
     "responses_image_urls",
+    "run_embeddings",
     "structure",
     "thinking_format",
     "thinking_on",

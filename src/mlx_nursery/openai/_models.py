@@ -20,6 +20,9 @@ class ModelCard:
     input_modalities: list[str] = attrs.Factory(lambda: ["text"])
     """What a request may give the model: "text", and "image" for a vision model (not
     OpenAI's: local servers list what each model takes beside `context_length`)."""
+    kind: Literal["generation", "embedding"] = "generation"
+    """What the model does (not OpenAI's): "generation" for chat, completions and Responses;
+    "embedding" for /v1/embeddings. Each refuses the other's routes with a 400."""
     loaded: bool = True
     """Whether the model is in memory now (not OpenAI's): a request for one that is not
     loads it first, which takes a while (see `--max-loaded-models`)."""

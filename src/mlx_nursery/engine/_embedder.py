@@ -1,0 +1,258 @@
+"""The embedding engine's Trio side: admission, lanes, delivery, cancellation.
+
+An embedding model runs on a thread of its own (`EmbeddingWorker`), as a generation model
+does, and batches the inputs of the requests that are there together into one forward
+(bounded in inputs and padded tokens). Lanes are a `trio.CapacityLimiter`: a request
+borrows one before its inputs go to the thread, and the lane comes back only with the
+thread's word that the request left it. Past `max_queue` requests waiting for a lane, a
+request is refused at once.
+
+Cancellation contract of `Embedder.embed`: when the caller's scope is cancelled (timeout,
+disconnect, shutdown), the request's inputs not yet in a forward are dropped before the
+next one, and `embed` waits, shielded and bounded, for the thread's confirmation; so when
+it returns, nothing of the request computes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from functools import partial
+from pathlib import Path
+
+import attrs
+import numpy as np
+import trio
+
+from ._embedding_worker import BatchLimits, EmbeddingModelInfo, EmbeddingWorker, Ended
+from ._engine import EngineStatistics, State, _call_soon, _logging_failures
+from ._errors import EmbeddingFailed, EngineOverloaded, EngineUnavailable
+from ._statistics import CancelRecorder
+
+log = logging.getLogger("mlx_nursery.engine")
+
+EMBEDDING_THREAD_NAME = "mlx-nursery-embedder"
+
+
+@attrs.frozen
+class EmbedderConfig:
+    model: str | Path
+    max_concurrency: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    """Requests on the engine at once (their inputs batched together)."""
+    max_queue: int = attrs.field(default=64, validator=attrs.validators.ge(0))
+    """Requests allowed to wait for a lane; past this, `embed` fails at once."""
+    max_batch_inputs: int = attrs.field(default=32, validator=attrs.validators.ge(1))
+    max_batch_tokens: int = attrs.field(default=8192, validator=attrs.validators.ge(1))
+    """Padded tokens in one forward (inputs times the longest of them)."""
+    cancel_ack_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+
+
+@attrs.frozen
+class EmbeddingRequest:
+    """Token ids of each input, and the size to cut each vector to (None: the model's)."""
+
+    inputs: list[list[int]]
+    dimensions: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.inputs)
+
+
+@attrs.define(eq=False)
+class _Handle:
+    request_id: int
+    done: trio.Event = attrs.Factory(trio.Event)
+    ended: Ended | None = None
+    cancel_requested_at: float | None = None
+    cancel_requested_forward: int = 0
+
+
+class Embedder:
+    """Runs one embedding model on one thread. Start it with `nursery.start(embedder.run)`."""
+
+    def __init__(self, config: EmbedderConfig) -> None:
+        self.config = config
+        self._state: State = "starting"
+        self._ids = itertools.count()
+        self._handles: dict[int, _Handle] = {}
+        self._waiting: set[trio.CancelScope] = set()
+        self._model: EmbeddingModelInfo | None = None
+        self._limiter = trio.CapacityLimiter(config.max_concurrency)
+        self._worker: EmbeddingWorker | None = None
+        self._forwards = 0
+        self._cancellations = CancelRecorder()
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Embedder] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start the thread, load the model, serve until `close()` or cancellation.
+
+        Returns only after the thread has ended and been joined. A model that fails to load
+        raises; a failure later makes the engine unhealthy instead."""
+        token = trio.lowlevel.current_trio_token()
+        ready, exited = trio.Event(), trio.Event()
+        outcome: dict[str, BaseException | None] = {"load": None}
+
+        def on_ready(info: EmbeddingModelInfo | None, exc: BaseException | None) -> None:
+            def apply() -> None:
+                self._model, outcome["load"] = info, exc
+                ready.set()
+
+            _call_soon(token, _logging_failures(apply))
+
+        def on_exit(exc: BaseException | None) -> None:
+            def apply() -> None:
+                self._on_exit(exc)
+                exited.set()
+
+            _call_soon(token, _logging_failures(apply))
+
+        self._worker = EmbeddingWorker(
+            self.config.model,
+            BatchLimits(self.config.max_batch_inputs, self.config.max_batch_tokens),
+            partial(_call_soon, token, _logging_failures(self._deliver)),
+            on_ready,
+            on_exit,
+        )
+        thread = threading.Thread(target=self._worker.run, name=EMBEDDING_THREAD_NAME, daemon=True)
+        thread.start()
+        try:
+            await ready.wait()
+            if outcome["load"] is not None:
+                raise outcome["load"]
+            if self._state == "starting":
+                self._state = "running"
+            task_status.started(self)
+            await exited.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                self._worker.stop()
+                await exited.wait()
+            thread.join()
+
+    def close(self) -> None:
+        """Refuse new work; the thread ends its forward, drops the rest and exits. Not a
+        checkpoint."""
+        if self._state in ("running", "starting"):
+            self._state = "stopping"
+            if self._worker is not None:
+                self._worker.stop()
+            self._wake_waiters()
+
+    @property
+    def healthy(self) -> bool:
+        return self._state == "running"
+
+    @property
+    def model(self) -> EmbeddingModelInfo:
+        if self._model is None:
+            raise EngineUnavailable("the engine has not loaded its model")
+        return self._model
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        return self._limiter
+
+    @property
+    def forwards(self) -> int:
+        """Forwards run since the engine started (one batch of inputs each), as last posted."""
+        return self._forwards
+
+    def statistics(self) -> EngineStatistics:
+        """What a generation engine's statistics say of lanes, queue and cancellations (the
+        metrics and `ServerReport` read both alike); no worker statistics."""
+        return EngineStatistics(
+            state=self._state,
+            lanes_total=int(self._limiter.total_tokens),
+            lanes_borrowed=self._limiter.borrowed_tokens,
+            queued=self._limiter.statistics().tasks_waiting,
+            worker=None,
+            late_events=0,
+            cancellations=self._cancellations.snapshot(),
+        )
+
+    async def embed(self, request: EmbeddingRequest) -> list[np.ndarray]:
+        """The request's vectors (float32), in input order.
+
+        Raises EngineOverloaded at once when the wait queue is full, EngineUnavailable when
+        the engine is not running (or stops first), EmbeddingFailed when a forward holding
+        its inputs failed. Waiting for a lane is FIFO and cancellable at no compute cost;
+        cancelled later, it returns once the thread confirms the request has left it
+        (shielded, bounded by `cancel_ack_timeout`), and `Cancelled` propagates."""
+        self._check_admissible()
+        if not request.inputs:
+            return []
+        handle = _Handle(next(self._ids))
+        await self._acquire_lane(handle)
+        # From here the lane belongs to the request; only the thread's word returns it.
+        self._handles[handle.request_id] = handle
+        assert self._worker is not None
+        self._worker.submit(handle.request_id, request.inputs, request.dimensions)
+        try:
+            await handle.done.wait()
+        finally:
+            if not handle.done.is_set():
+                handle.cancel_requested_at = trio.current_time()
+                handle.cancel_requested_forward = self._forwards
+                self._worker.cancel(handle.request_id)
+                with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
+                    await handle.done.wait()
+                if not handle.done.is_set():
+                    log.error("embedding request %d not confirmed stopped", handle.request_id)
+        ended = handle.ended
+        if ended is None or ended.vectors is None:
+            if ended is not None and ended.failed:
+                raise EmbeddingFailed("the model failed on a batch holding this request")
+            raise EngineUnavailable(f"the engine is {self._state}")
+        return ended.vectors
+
+    def _check_admissible(self) -> None:
+        if self._state != "running":
+            raise EngineUnavailable(f"the engine is {self._state}")
+        waiting = self._limiter.statistics().tasks_waiting
+        if self._limiter.available_tokens == 0 and waiting >= self.config.max_queue:
+            raise EngineOverloaded(waiting, self.config.max_queue)
+
+    async def _acquire_lane(self, handle: _Handle) -> None:
+        with trio.CancelScope() as waiting:
+            self._waiting.add(waiting)
+            try:
+                await self._limiter.acquire_on_behalf_of(handle)
+            finally:
+                self._waiting.discard(waiting)
+        if waiting.cancelled_caught or self._state != "running":
+            if not waiting.cancelled_caught:
+                self._limiter.release_on_behalf_of(handle)
+            raise EngineUnavailable(f"the engine is {self._state}")
+
+    def _wake_waiters(self) -> None:
+        for scope in self._waiting:
+            scope.cancel()
+
+    # -- on the Trio thread, posted by the engine thread ------------------------------------
+    def _deliver(self, ended: list[Ended], forwards: int) -> None:
+        self._forwards = forwards
+        for item in ended:
+            handle = self._handles.pop(item.request_id, None)
+            if handle is None:
+                continue
+            if handle.cancel_requested_at is not None:
+                self._cancellations.record(
+                    trio.current_time() - handle.cancel_requested_at,
+                    forwards - handle.cancel_requested_forward,
+                )
+            self._release(handle, item)
+
+    def _release(self, handle: _Handle, ended: Ended) -> None:
+        handle.ended = ended
+        self._limiter.release_on_behalf_of(handle)
+        handle.done.set()
+
+    def _on_exit(self, exc: BaseException | None) -> None:
+        self._state = "failed" if exc is not None else "closed"
+        self._wake_waiters()
+        for handle in list(self._handles.values()):  # raced the thread's exit
+            self._handles.pop(handle.request_id, None)
+            self._release(handle, Ended(handle.request_id))

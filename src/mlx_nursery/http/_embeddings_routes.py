@@ -1,0 +1,41 @@
+"""/v1/embeddings: check and read the body, prepare it on the worker thread (validation and
+tokenizing), compute on the model's engine in the request's scope, write the JSON body on the
+worker thread too (millions of floats take a while to write)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Response
+
+from ..openai import PreparedEmbeddings, embeddings_body, parse_json, prepare_embeddings
+from ._lifetime import current_record
+from ._registry import embedding
+from ._routes import _service, request_body, routes
+
+
+@routes.post("/v1/embeddings")
+async def create_embeddings() -> Response:
+    service = _service()
+    models = service.check_open()
+    deadline = service.deadline()
+    raw = await request_body()
+    parsed: Any = None
+    if models.only is None:  # a server of several: the body says which model
+        parsed = await service.prepare(lambda: parse_json(raw), deadline)
+    slot = service.slot_for(parsed).expect("embedding")
+    record = current_record()
+    async with models.lease(slot, deadline) as leased:
+        hosted = embedding(leased)
+
+        def prepare() -> PreparedEmbeddings:
+            body = parse_json(raw) if parsed is None else parsed
+            return prepare_embeddings(body, hosted.served)
+
+        prepared = await service.prepare(prepare, deadline)
+        if record is not None:
+            record.model = hosted.served.name
+            record.prompt_tokens = prepared.request.tokens
+        vectors = await hosted.jobs.run(prepared.request, deadline, record)
+    data = await service.prepare(lambda: embeddings_body(prepared, vectors), deadline)
+    return Response(data, content_type="application/json")
