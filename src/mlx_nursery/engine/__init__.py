@@ -10,6 +10,19 @@ from ._grammar import GrammarProcessor
 from ._memory import default_memory_budget, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
+from ._speech import SPEECH_THREAD_NAME, SpeechConfig, SpeechEngine, SpeechEvent
+from ._speech_types import (
+    DEFAULT_TEMPERATURES,
+    SAMPLE_RATE,
+    Segment,
+    SpeechModelInfo,
+    SpeechStatistics,
+    SpeechTask,
+    Transcript,
+    TranscriptionRequest,
+    Window,
+    Word,
+)
 from ._statistics import CancelStatistics
 from ._stream import TokenStream
 from ._types import (
@@ -25,6 +38,9 @@ from ._types import (
 from ._vision import VisionProcessor
 
 __all__ = [
+    "DEFAULT_TEMPERATURES",
+    "SAMPLE_RATE",
+    "SPEECH_THREAD_NAME",
     "THREAD_NAME",
     "CancelStatistics",
     "Engine",
@@ -43,11 +59,22 @@ __all__ = [
     "PromptTooLong",
     "SamplingParams",
     "Script",
+    "Segment",
+    "SpeechConfig",
+    "SpeechEngine",
+    "SpeechEvent",
+    "SpeechModelInfo",
+    "SpeechStatistics",
+    "SpeechTask",
     "TokenEvent",
     "TokenLogprob",
     "TokenStream",
+    "Transcript",
+    "TranscriptionRequest",
     "Usage",
     "VisionProcessor",
+    "Window",
+    "Word",
     "WorkerStats",
     "default_memory_budget",
     "memory_in_use",

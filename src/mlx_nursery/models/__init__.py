@@ -9,6 +9,7 @@ from ._loading import (
     model_facts,
     resolve_model_path,
 )
+from ._speech import SpeechModel, load_speech_model
 from .factory import PRESETS, make_model
 
 __all__ = [
@@ -17,7 +18,9 @@ __all__ = [
     "ModelFacts",
     "ModelLoadError",
     "ModelNotFoundError",
+    "SpeechModel",
     "load_model",
+    "load_speech_model",
     "make_model",
     "model_facts",
     "resolve_model_path",

@@ -16,7 +16,9 @@ import attrs
 
 from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
 
-ModelKind = Literal["lm", "vlm", "scripted"]
+ModelKind = Literal["lm", "vlm", "scripted", "stt"]
+"""A text model (mlx-lm), a vision-language model (mlx-vlm with mlx-lm's text model), the
+scripted model, or a speech-to-text model (Whisper, mlx-audio: `models/_speech.py`)."""
 
 
 class ModelNotFoundError(LookupError):
@@ -94,6 +96,8 @@ def model_kind(path: Path) -> ModelKind:
 def _kind_of(config: dict[str, Any]) -> ModelKind:
     if config.get("mlx_nursery_kind") == SCRIPTED_KIND:
         return "scripted"
+    if config.get("model_type") == "whisper":
+        return "stt"
     return "vlm" if "vision_config" in config else "lm"
 
 
@@ -175,10 +179,15 @@ def _load_scripted(path: Path) -> LoadedModel:
     return LoadedModel(path=path, kind="scripted", model=None, tokenizer=tokenizer, config=config)
 
 
+def _not_generative(path: Path) -> LoadedModel:
+    raise ModelLoadError(f"{path}: a speech-to-text model; the speech runtime serves it")
+
+
 _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
     "lm": _load_lm,
     "vlm": _load_vlm,
     "scripted": _load_scripted,
+    "stt": _not_generative,
 }
 
 

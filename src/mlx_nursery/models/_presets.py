@@ -1,6 +1,6 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `small` and `tiny-vlm` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
+`tiny`, `small`, `tiny-vlm` and `tiny-whisper` are for tests; `qwen3-0.6b`, `llama-3.1-8b` and
 `qwen2.5-vl-3b` carry the real architecture configs (random weights) so benchmarks run at
 real shapes.
 """
@@ -19,6 +19,8 @@ class Preset:
     trained_vocab: int  # BPE merges learned from the corpus; the rest is filler up to vocab_size
     image_processor: dict[str, Any] | None = None
     """A vision-language preset's image-processor settings (None: a text model)."""
+    speech: bool = False
+    """A Whisper (speech-to-text) preset: written by `_whisper_factory.py`."""
 
     @property
     def vocab_size(self) -> int:
@@ -180,5 +182,27 @@ PRESETS: dict[str, Preset] = {
         trained_vocab=4096,
         # Qwen2.5-VL's own processor limits: a 448x448 image is 256 image tokens.
         image_processor={"min_pixels": 3136, "max_pixels": 12_845_056},
+    ),
+    "tiny-whisper": Preset(
+        "tiny-whisper",
+        {
+            # Hugging Face's Whisper config keys, which mlx-audio maps to its own.
+            "architectures": ["WhisperForConditionalGeneration"],
+            "model_type": "whisper",
+            "d_model": 64,
+            "encoder_layers": 1,  # an encoder layer costs over a second a window on a CPU
+            "decoder_layers": 2,
+            "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2,
+            "num_mel_bins": 80,
+            "max_source_positions": 1500,
+            # Whisper's is 448; 64 keeps a random model's windows short in tests (32 tokens).
+            "max_target_positions": 64,
+            # Under 51865 ids: an English-only Whisper (no language or task tokens in its
+            # prompt). The top 1501 ids are the timestamps <|0.00|>..<|30.00|>.
+            "vocab_size": 1944,
+        },
+        trained_vocab=1944 - 1501 - 9,
+        speech=True,
     ),
 }
