@@ -210,7 +210,9 @@ class SpeechEngine:
                 self._state = "failed"
                 post(on_loaded, None, exc)
                 return
-            info = SpeechModelInfo(str(model.path), model.multilingual, model.word_timestamps)
+            info = SpeechModelInfo(
+                str(model.path), model.multilingual, model.word_timestamps, _whisper.LANGUAGES
+            )
             post(on_loaded, info, None)
             while (job := self._commands.get()) is not None:
                 self._serve(job, model.model, _whisper, post)

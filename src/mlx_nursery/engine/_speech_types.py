@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import attrs
@@ -100,6 +101,8 @@ class SpeechModelInfo:
     word_timestamps: bool
     """Whether the model has alignment heads (its generation_config.json), which word
     timestamps need."""
+    languages: Mapping[str, str] = attrs.field(factory=dict, repr=False)
+    """Whisper's languages: ISO-639-1 code, and English name, to code."""
 
 
 @attrs.frozen

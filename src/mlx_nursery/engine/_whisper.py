@@ -44,6 +44,8 @@ from mlx_audio.stt.models.whisper.decoding import (
     Inference,
 )
 from mlx_audio.stt.models.whisper.timing import add_word_timestamps
+from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES as _CODES_TO_NAMES
+from mlx_audio.stt.models.whisper.tokenizer import TO_LANGUAGE_CODE
 
 from ._speech_types import Segment, Transcript, TranscriptionRequest, Window, Word
 
@@ -51,6 +53,10 @@ COMPRESSION_RATIO_THRESHOLD = 2.4
 LOGPROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6
 """mlx-audio's (and OpenAI Whisper's) defaults for the fallback and the silence skip."""
+
+
+LANGUAGES: dict[str, str] = {**{code: code for code in _CODES_TO_NAMES}, **TO_LANGUAGE_CODE}
+"""Whisper's languages, by ISO-639-1 code or English name, to their code."""
 
 
 class Stopped(Exception):

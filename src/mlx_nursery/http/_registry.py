@@ -35,17 +35,20 @@ from typing import Literal
 import attrs
 import trio
 
-from ..engine import Engine
+from ..engine import Engine, SpeechEngine
 from ..models import ModelFacts, model_facts, resolve_model_path
 from ..openai import (
     Conflict,
+    InvalidRequest,
     ModelCard,
     OpenAIError,
     Overloaded,
     RequestTimeout,
     ServedModel,
     Unavailable,
+    card_kind,
     input_modalities,
+    quoted,
     unknown_model,
 )
 from ._jobs import Jobs
@@ -73,12 +76,31 @@ class Reservation:
 
 @attrs.frozen
 class Hosted:
-    """A loaded model: its engine, the model as the API presents it, its jobs."""
+    """A loaded model: its engine, the model as the API presents it, its jobs.
 
-    engine: Engine
-    served: ServedModel
+    A speech model (Whisper) runs on a `SpeechEngine` and has no `served` text model: its
+    requests are transcriptions (`_audio_routes.py`), and the text routes refuse it."""
+
+    engine: Engine | SpeechEngine
+    served: ServedModel | None
     jobs: Jobs
     reservation: Reservation
+    card: ModelCard
+
+    @property
+    def speech(self) -> SpeechEngine | None:
+        return self.engine if isinstance(self.engine, SpeechEngine) else None
+
+    def text_model(self, name: str) -> ServedModel:
+        """The model as the text APIs present it. Raises the 400 for a speech model."""
+        if self.served is None:
+            raise InvalidRequest(
+                f"the model {quoted(name)} is a speech-to-text model: send its requests to "
+                "/v1/audio/transcriptions or /v1/audio/translations",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.served
 
 
 Opener = Callable[[ModelSource, Path, Reservation, trio.Nursery], Awaitable[Hosted]]
@@ -116,13 +138,15 @@ class ModelSlot:
 
     def card(self) -> ModelCard:
         if self.hosted is not None and self.state == "ready":
-            return self.hosted.served.card()
+            return self.hosted.card
         facts = self.facts
+        kind = facts.kind if facts is not None else "lm"
         return ModelCard(
             id=self.source.name,
             created=0,
             context_length=facts.context_length or 0 if facts is not None else 0,
-            input_modalities=input_modalities(facts is not None and facts.kind == "vlm"),
+            input_modalities=input_modalities(kind),
+            kind=card_kind(kind),
             loaded=False,
         )
 
@@ -286,7 +310,10 @@ class ModelRegistry:
                 slot.hosted = await self._nursery.start(self._host, slot, path, reservation)
                 slot.state = "ready"
                 seconds = trio.current_time() - began
-                self._metrics.model_loaded(slot.hosted.engine, name, seconds, reservation.total)
+                engine = slot.hosted.engine
+                self._metrics.model_loaded(
+                    engine if isinstance(engine, Engine) else None, name, seconds, reservation.total
+                )
                 log.info("model %s loaded in %.1f s", name, seconds)
         except OpenAIError as exc:
             attempt.failure = exc

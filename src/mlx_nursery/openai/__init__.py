@@ -4,6 +4,15 @@ Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
 JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 """
 
+from ._audio import (
+    RESPONSE_FORMATS,
+    AudioLimits,
+    AudioUpload,
+    PreparedSpeech,
+    prepare_speech,
+    speech_model_name,
+)
+from ._audio_output import delta_event, done_event, transcript_body
 from ._chat_endpoint import prepare_chat
 from ._completions_endpoint import prepare_completion
 from ._converter import to_json
@@ -32,7 +41,7 @@ from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
 from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
-from ._models import ModelCard, ModelList, input_modalities
+from ._models import ModelCard, ModelList, card_kind, input_modalities
 from ._params import RequestCaps
 from ._prompts import longest_token_bytes
 from ._responses import PreparedResponse, prepare_response
@@ -47,6 +56,9 @@ from ._tokenizing import SegmentEncoder
 from ._tools import ToolCallOut, tool_format
 
 __all__ = [
+    "RESPONSE_FORMATS",
+    "AudioLimits",
+    "AudioUpload",
     "Conflict",
     "ConnectionDropped",
     "FaultStatus",
@@ -66,6 +78,7 @@ __all__ = [
     "Overloaded",
     "Prepared",
     "PreparedResponse",
+    "PreparedSpeech",
     "RequestCaps",
     "RequestTimeout",
     "RequestTooLarge",
@@ -80,7 +93,10 @@ __all__ = [
     "URITooLong",
     "Unavailable",
     "UnsupportedMediaType",
+    "card_kind",
     "chat_image_urls",
+    "delta_event",
+    "done_event",
     "fetch_images",
     "generate_text",
     "input_items_page",
@@ -92,11 +108,14 @@ __all__ = [
     "prepare_chat",
     "prepare_completion",
     "prepare_response",
+    "prepare_speech",
     "quoted",
     "requested_model",
     "responses_image_urls",
+    "speech_model_name",
     "to_json",
     "tool_format",
+    "transcript_body",
     "unknown_model",
     "with_processors",
 ]
