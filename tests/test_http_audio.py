@@ -62,7 +62,10 @@ async def test_every_format_and_the_stream_through_the_sdk(
     tiny_whisper: Path, tiny_model: Path
 ) -> None:
     async with running_server(
-        None, model=(f"{tiny_whisper}=tiny", f"{tiny_model}=chat"), max_loaded_models=2
+        None,
+        model=(f"{tiny_whisper}=tiny", f"{tiny_model}=chat"),
+        max_loaded_models=2,
+        skip_warmup=True,
     ) as server:
         client = sdk(server)
         cards = {m.id: m.model_extra for m in (await client.models.list()).data}
@@ -200,7 +203,7 @@ async def test_a_disconnect_stops_the_transcription_between_tokens(
     async with running_server(tiny_whisper) as server:
         engine = speech_engine(server)
         fields = {"model": "tiny", "temperature": "0.5", **({"stream": "true"} if stream else {})}
-        request = multipart_request("/v1/audio/transcriptions", fields, wav_bytes(clip(95)))
+        request = multipart_request("/v1/audio/transcriptions", fields, wav_bytes(clip(65)))
         connection = await raw_http(port_of(server), request)
         if stream:
             await read_until(connection, b"data: ")  # the first window's text is out
@@ -210,7 +213,7 @@ async def test_a_disconnect_stops_the_transcription_between_tokens(
         await eventually(lambda: engine.statistics().cancelled == 1, "the transcription stopped")
         stats = engine.statistics()
         assert stats.lanes_borrowed == 0 and not stats.running
-        assert stats.windows_decoded < 4, "the disconnected transcription ran on"
+        assert stats.windows_decoded < 3, "the disconnected transcription ran on"  # of 3+
 
         # The next request is served whole.
         reply = await sdk(server).audio.transcriptions.create(
