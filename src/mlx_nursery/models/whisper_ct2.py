@@ -83,7 +83,7 @@ def convert_ct2_whisper(source: Path, out: Path) -> Path:
         str(out / "model.safetensors"),
         metadata={"format": "mlx"},
     )
-    eot = _write_tokenizer(source, out, int(vocab))
+    eot, sot = _write_tokenizer(source, out, int(vocab))
     config = {
         "architectures": ["WhisperForConditionalGeneration"],
         "model_type": "whisper",
@@ -99,6 +99,7 @@ def convert_ct2_whisper(source: Path, out: Path) -> Path:
         "eos_token_id": eot,
         "bos_token_id": eot,
         "pad_token_id": eot,
+        "decoder_start_token_id": sot,
         "torch_dtype": "float16",
     }
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
@@ -207,7 +208,9 @@ def _split(
             raise CT2FormatError(f"{src}: the key projection has a bias; Whisper's has none")
 
 
-def _write_tokenizer(source: Path, out: Path, vocab: int) -> int:
+def _write_tokenizer(source: Path, out: Path, vocab: int) -> tuple[int, int]:
+    """tokenizer.json with the timestamp tokens, tokenizer_config.json; the ids of
+    end-of-text and start-of-transcript."""
     spec = json.loads((source / "tokenizer.json").read_text("utf-8"))
     ids = [t["id"] for t in spec["added_tokens"]] + list(spec["model"]["vocab"].values())
     next_id = max(ids) + 1
@@ -238,8 +241,8 @@ def _write_tokenizer(source: Path, out: Path, vocab: int) -> int:
         "clean_up_tokenization_spaces": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2), "utf-8")
-    eot = next(t["id"] for t in spec["added_tokens"] if t["content"] == EOT)
-    return int(eot)
+    special = {t["content"]: int(t["id"]) for t in spec["added_tokens"]}
+    return special[EOT], special["<|startoftranscript|>"]
 
 
 def _u32(f: BinaryIO) -> int:
