@@ -6,13 +6,14 @@ deadline stops the speech thread and returns its lane."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from mlx_nursery.engine import SpeechEngine
+from mlx_nursery.engine import SPEECH_THREAD_NAME, SpeechEngine
 
 from .http_helpers import (
     chat_body,
@@ -241,3 +242,19 @@ async def test_the_deadline_stops_a_long_transcription(tiny_whisper: Path) -> No
         assert stats.windows_decoded < 7, "the transcription ran past its deadline"
         assert json.loads(reply.text)["error"]["code"] == "request_timeout"
         assert RATE == 16_000
+
+
+async def test_shutdown_stops_a_transcription_with_a_final_event(tiny_whisper: Path) -> None:
+    async with running_server(tiny_whisper, shutdown_grace=0.2) as server:
+        fields = {"model": "tiny", "temperature": "0.5", "stream": "true"}
+        request = multipart_request("/v1/audio/transcriptions", fields, wav_bytes(clip(95)))
+        connection = await raw_http(port_of(server), request)
+        await read_until(connection, b"data: ")  # the first window's text is out
+        engine = speech_engine(server)
+    # The block's end shut the server down: the grace passed, the job was cancelled, the
+    # stream ended with the shutdown error, and the speech thread has been joined.
+    rest = await read_until(connection, b"server_shutting_down")
+    assert b"transcript.text.done" not in rest
+    stats = engine.statistics()
+    assert stats.cancelled == 1 and stats.lanes_borrowed == 0 and stats.state == "closed"
+    assert SPEECH_THREAD_NAME not in [t.name for t in threading.enumerate()]
