@@ -187,7 +187,7 @@ async def test_bad_inputs_get_400s_and_each_route_refuses_the_other_kind(
         assert refused.json()["error"]["code"] == "model_not_supported"
     assert after.status_code == 200
     kinds = {m["id"]: m["kind"] for m in listed["data"]}
-    assert kinds == {"emb": "embedding", "chat": "generation"}
+    assert kinds == {"emb": "embedding", "chat": "text"}
     # the chat model was never loaded for a request that named it on the wrong route
     assert {m["id"]: m["loaded"] for m in listed["data"]}["chat"] is False
 

@@ -23,6 +23,7 @@ from .http import (
     internal_error,
     is_messages_route,
     log_failure,
+    request_class_for,
     routes,
 )
 from .openai import OpenAIError
@@ -49,6 +50,7 @@ def create_app(
     settings = settings or Settings.from_env()
     app = QuartTrio("mlx_nursery")
     app.asgi_http_class = LifetimeHTTPConnection  # a request's jobs end with it (_lifetime.py)
+    app.request_class = request_class_for(settings.max_audio_bytes)  # the audio routes' limit
     # `/v1//chat/completions` is a 404 in the envelope, not werkzeug's HTML redirect (308).
     app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py

@@ -36,6 +36,20 @@ def _convert_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert_ct2_whisper(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .models.whisper_ct2 import CT2FormatError, convert_ct2_whisper
+
+    try:
+        out = convert_ct2_whisper(Path(args.source), Path(args.out))
+    except (CT2FormatError, OSError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote an mlx-audio Whisper to {out}")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
@@ -117,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="dtype of quantization scales (default: float32 on CPU, else float16)",
     )
     convert.set_defaults(handler=_convert_gguf)
+
+    whisper = commands.add_parser(
+        "convert-ct2-whisper",
+        help="convert a CTranslate2 (faster-whisper) Whisper directory to an mlx-audio one",
+    )
+    whisper.add_argument("source", help="directory with model.bin, config.json, tokenizer.json")
+    whisper.add_argument("out", help="output model directory")
+    whisper.set_defaults(handler=_convert_ct2_whisper)
     return parser
 
 

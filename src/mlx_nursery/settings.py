@@ -19,7 +19,7 @@ from attrs import validators as v
 
 from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
 from .logs import LOG_FORMATS
-from .openai import ImageLimits, RequestCaps
+from .openai import AudioLimits, ImageLimits, RequestCaps
 
 ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -57,6 +57,11 @@ def _engine_default(name: str) -> Any:
 def _image_default(name: str) -> Any:
     """ImageLimits' default for `name`: stated once, in the OpenAI layer."""
     return attrs.fields_dict(ImageLimits)[name].default
+
+
+def _audio_default(name: str) -> Any:
+    """AudioLimits' default for `name`: stated once, in the OpenAI layer."""
+    return attrs.fields_dict(AudioLimits)[name].default
 
 
 def _strings(value: str | typing.Iterable[str] | None) -> tuple[str, ...]:
@@ -317,6 +322,16 @@ class Settings:
         default=_image_default("fetch_timeout"),
         validator=v.gt(0),
         metadata=_help("seconds an image fetch may wait to connect or between reads"),
+    )
+    max_audio_bytes: int = attrs.field(
+        default=_audio_default("max_bytes"),
+        validator=v.ge(1),
+        metadata=_help("largest audio file in a transcription request", unit="bytes"),
+    )
+    max_audio_seconds: float = attrs.field(
+        default=_audio_default("max_seconds"),
+        validator=v.gt(0),
+        metadata=_help("longest audio in a transcription request, in seconds once decoded"),
     )
     api_key: tuple[str, ...] = attrs.field(
         default=(),

@@ -19,6 +19,19 @@ from ._kv_quant import KV_BITS, KV_GROUP_SIZES
 from ._memory import default_memory_budget, memory_in_cache, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
+from ._speech import SPEECH_THREAD_NAME, SpeechConfig, SpeechEngine, SpeechEvent
+from ._speech_types import (
+    DEFAULT_TEMPERATURES,
+    SAMPLE_RATE,
+    Segment,
+    SpeechModelInfo,
+    SpeechStatistics,
+    SpeechTask,
+    Transcript,
+    TranscriptionRequest,
+    Window,
+    Word,
+)
 from ._statistics import CancelStatistics
 from ._stream import TokenStream
 from ._types import (
@@ -34,9 +47,12 @@ from ._types import (
 from ._vision import VisionProcessor
 
 __all__ = [
+    "DEFAULT_TEMPERATURES",
     "EMBEDDING_THREAD_NAME",
     "KV_BITS",
     "KV_GROUP_SIZES",
+    "SAMPLE_RATE",
+    "SPEECH_THREAD_NAME",
     "THREAD_NAME",
     "CancelStatistics",
     "Embedder",
@@ -60,12 +76,23 @@ __all__ = [
     "PromptTooLong",
     "SamplingParams",
     "Script",
+    "Segment",
+    "SpeechConfig",
+    "SpeechEngine",
+    "SpeechEvent",
+    "SpeechModelInfo",
+    "SpeechStatistics",
+    "SpeechTask",
     "ThinkingGate",
     "TokenEvent",
     "TokenLogprob",
     "TokenStream",
+    "Transcript",
+    "TranscriptionRequest",
     "Usage",
     "VisionProcessor",
+    "Window",
+    "Word",
     "WorkerStats",
     "default_memory_budget",
     "memory_in_cache",

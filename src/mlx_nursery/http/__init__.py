@@ -10,6 +10,7 @@ from . import (
     _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
 )
+from ._audio_routes import request_class_for
 from ._drop import ConnectionDrops
 from ._errors import envelope_response, error_response, internal_error, log_failure
 from ._faults import parse_fault
@@ -38,5 +39,6 @@ __all__ = [
     "log_failure",
     "model_sources",
     "parse_fault",
+    "request_class_for",
     "routes",
 ]

@@ -21,12 +21,22 @@ from typing import Literal
 import attrs
 import trio
 
-from ..engine import Engine
+from ..engine import (
+    Engine,
+    EngineOverloaded,
+    EngineUnavailable,
+    SpeechEngine,
+    Transcript,
+    TranscriptionRequest,
+    Window,
+)
 from ..openai import (
     ConnectionDropped,
     Finished,
+    GenerationFailed,
     OpenAIError,
     Output,
+    Overloaded,
     Prepared,
     RequestTimeout,
     Unavailable,
@@ -41,7 +51,9 @@ log = logging.getLogger("mlx_nursery.http")
 CancelReason = Literal["timeout", "client", "shutdown"]
 """Why a job was cancelled: its deadline; its request ended first (the client left, or the
 response was cut short: see `_lifetime.py`); the server's drain."""
-JobItem = Output | OpenAIError
+JobItem = Output | Window | Transcript | OpenAIError
+"""A generation's outputs, a transcription's (its windows, then its transcript), or the
+error that ends either."""
 _BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
 
 
@@ -72,7 +84,7 @@ class Jobs:
     def __init__(
         self,
         nursery: trio.Nursery,
-        engine: Engine,
+        engine: Engine | None,
         timeout: float | None,
         metrics: Metrics | None = None,
         model_name: str = "",
@@ -122,6 +134,7 @@ class Jobs:
         stops it."""
         if self._closed:
             raise Unavailable("the server is shutting down", code="server_shutting_down")
+        assert self._engine is not None, "a speech model's jobs are transcriptions"
         if deadline is None:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
         send, receive = trio.open_memory_channel[JobItem](_BUFFER)
@@ -191,6 +204,7 @@ class Jobs:
                 failure: OpenAIError | None = None
                 with job.scope:
                     try:
+                        assert self._engine is not None
                         await generate_text(
                             self._engine,
                             prepared.generation,
@@ -231,6 +245,92 @@ class Jobs:
             self._finished(job)
             if record is not None and started:
                 record.part_ended()  # before it started, `start` ends the record's part
+
+    async def start_transcription(
+        self,
+        engine: SpeechEngine,
+        request: TranscriptionRequest,
+        deadline: float,
+        record: RequestRecord | None = None,
+    ) -> Job:
+        """Admit and start a transcription job on `engine`; returns once it holds the lane.
+
+        Raises as `start` does: the shutdown 503, 503 when the queue is full, 504 when
+        `deadline` passes while queued. Cancellation: as `start`."""
+        if self._closed:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        send, receive = trio.open_memory_channel[JobItem](_BUFFER)
+        job = Job(receive, trio.CancelScope(deadline=deadline))
+        self._active.add(job)
+        if self._idle.is_set():
+            self._idle = trio.Event()
+        if record is not None:
+            record.model = self._model_name
+            record.job_started()
+        try:
+            await self._nursery.start(self._transcribe, job, engine, request, send, record)
+        except BaseException as exc:
+            self._finished(job)
+            if record is not None:
+                if isinstance(exc, OpenAIError):
+                    record.error = exc.code
+                record.part_ended()
+            raise
+        return job
+
+    async def _transcribe(
+        self,
+        job: Job,
+        engine: SpeechEngine,
+        request: TranscriptionRequest,
+        send: trio.MemorySendChannel[JobItem],
+        record: RequestRecord | None,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        """The job's task: the transcription's events into `send`; the error that ends it
+        early (deadline, shutdown, failure) as the last item once it has started."""
+        started = False
+        try:
+            async with send:
+                failure: OpenAIError | None = None
+                with job.scope:
+                    try:
+                        async with engine.transcribe(request) as events:
+                            started = True
+                            task_status.started()
+                            async for event in events:
+                                if isinstance(event, EngineUnavailable):
+                                    failure = GenerationFailed(
+                                        str(event), code="transcription_failed"
+                                    )
+                                    break
+                                await send.send(event)
+                    except EngineOverloaded as exc:
+                        raise Overloaded(
+                            f"the server is at capacity ({exc.queued} requests waiting); "
+                            "retry later",
+                            code="server_overloaded",
+                        ) from None
+                    except EngineUnavailable:
+                        raise Unavailable(
+                            "the server is not serving (shutting down or stopped)",
+                            code="server_unavailable",
+                        ) from None
+                if job.scope.cancelled_caught:
+                    if record is not None:
+                        record.cancel_cause = job.reason
+                    failure = self._cancellation_error(job)
+                    if not started:
+                        raise failure
+                if failure is not None:
+                    if record is not None:
+                        record.error = failure.code
+                    with trio.move_on_after(1):
+                        await send.send(failure)
+        finally:
+            self._finished(job)
+            if record is not None and started:
+                record.part_ended()
 
     def _cancellation_error(self, job: Job) -> OpenAIError:
         if job.reason == "shutdown":

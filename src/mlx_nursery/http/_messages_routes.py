@@ -64,9 +64,12 @@ async def create_message() -> Response:
         return body, parse_messages_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    async with models.lease(service.slot_for(body).expect("generation"), deadline) as leased:
+    slot = service.slot_for(body).expect("generation")
+    async with models.lease(slot, deadline) as leased:
         hosted = generating(leased)
-        served = await service.fetched(hosted.served, image_urls(parsed), deadline)
+        served = await service.fetched(
+            hosted.text_model(slot.source.name), image_urls(parsed), deadline
+        )
 
         def prepare() -> Prepared:
             return service.with_extra_processors(prepare_messages(parsed, served), body)
@@ -101,9 +104,12 @@ async def count_message_tokens() -> Response:
         return body, parse_count_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    async with models.lease(service.slot_for(body).expect("generation"), deadline) as leased:
+    slot = service.slot_for(body).expect("generation")
+    async with models.lease(slot, deadline) as leased:
         hosted = generating(leased)
-        served = await service.fetched(hosted.served, image_urls(parsed), deadline)
+        served = await service.fetched(
+            hosted.text_model(slot.source.name), image_urls(parsed), deadline
+        )
         counted = await service.prepare(lambda: count_tokens(parsed, served), deadline)
     return Response(json.dumps(counted), content_type="application/json")
 
@@ -131,7 +137,7 @@ class _MessageStream:
             elif isinstance(item, Finished):
                 out += self.events.finish(item)
                 return named_events(out), True
-            else:
+            elif isinstance(item, OpenAIError):
                 return named_events(out) + self.error(item), True
         return named_events(out), False
 

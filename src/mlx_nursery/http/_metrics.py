@@ -105,14 +105,16 @@ class Metrics:
         )
 
     def model_loaded(
-        self, engine: Engine | Embedder, model_name: str, seconds: float, reserved: int
+        self, engine: Engine | Embedder | None, model_name: str, seconds: float, reserved: int
     ) -> None:
-        """A model loaded: count it, and read its engine's statistics at every scrape."""
+        """A model loaded: count it, and read its engine's statistics at every scrape (a
+        text or embedding engine's; None: a speech model, whose engine has none of those)."""
         self.model_loads.labels(model_name).inc()
         self.model_load_seconds.labels(model_name).observe(seconds)
         self.model_loaded_now.labels(model_name).set(1)
         self.model_reserved_bytes.labels(model_name).set(reserved)
-        self._engines.engines[model_name] = engine
+        if engine is not None:
+            self._engines.engines[model_name] = engine
 
     def model_unloaded(self, model_name: str) -> None:
         self.model_unloads.labels(model_name).inc()

@@ -35,7 +35,7 @@ from typing import Literal
 import attrs
 import trio
 
-from ..engine import Embedder, Engine
+from ..engine import Embedder, Engine, SpeechEngine
 from ..models import ModelFacts, model_facts, resolve_model_path
 from ..openai import (
     Conflict,
@@ -47,7 +47,9 @@ from ..openai import (
     ServedEmbedder,
     ServedModel,
     Unavailable,
+    card_kind,
     input_modalities,
+    quoted,
     unknown_model,
 )
 from ._embedding_calls import EmbeddingCalls
@@ -76,12 +78,31 @@ class Reservation:
 
 @attrs.frozen
 class Hosted:
-    """A loaded model: its engine, the model as the API presents it, its jobs."""
+    """A loaded model: its engine, the model as the API presents it, its jobs.
 
-    engine: Engine
-    served: ServedModel
+    A speech model (Whisper) runs on a `SpeechEngine` and has no `served` text model: its
+    requests are transcriptions (`_audio_routes.py`), and the text routes refuse it."""
+
+    engine: Engine | SpeechEngine
+    served: ServedModel | None
     jobs: Jobs
     reservation: Reservation
+    card: ModelCard
+
+    @property
+    def speech(self) -> SpeechEngine | None:
+        return self.engine if isinstance(self.engine, SpeechEngine) else None
+
+    def text_model(self, name: str) -> ServedModel:
+        """The model as the text APIs present it. Raises the 400 for a speech model."""
+        if self.served is None:
+            raise InvalidRequest(
+                f"the model {quoted(name)} is a speech-to-text model: send its requests to "
+                "/v1/audio/transcriptions or /v1/audio/translations",
+                param="model",
+                code="model_not_supported",
+            )
+        return self.served
 
 
 @attrs.frozen
@@ -94,29 +115,63 @@ class HostedEmbedder:
     jobs: EmbeddingCalls
     reservation: Reservation
 
+    @property
+    def card(self) -> ModelCard:
+        return self.served.card()
+
 
 AnyHosted = Hosted | HostedEmbedder
 
 
-ServedKind = Literal["generation", "embedding"]
+ServedKind = Literal["generation", "embedding", "speech"]
+"""What a route serves: text generation (chat, completions, Responses, Messages), embeddings
+(/v1/embeddings), speech (/v1/audio/*)."""
+
+
+def serves(kind: str) -> ServedKind:
+    """What a model of the loader's `kind` serves."""
+    return "embedding" if kind == "embedding" else "speech" if kind == "stt" else "generation"
+
+
+def _serving(hosted: AnyHosted) -> ServedKind:
+    if isinstance(hosted, HostedEmbedder):
+        return "embedding"
+    return "speech" if hosted.speech is not None else "generation"
 
 
 def generating(hosted: AnyHosted) -> Hosted:
-    """`hosted`, a generation model. Raises the 400 for an embedding model."""
-    if isinstance(hosted, Hosted):
+    """`hosted`, a text generation model. Raises the 400 for another kind."""
+    if isinstance(hosted, Hosted) and hosted.speech is None:
         return hosted
-    raise _wrong_kind(hosted.served.name, "generation")
+    raise _wrong_kind(hosted.card.id, "generation", _serving(hosted))
+
+
+def speaking(hosted: AnyHosted) -> tuple[Hosted, SpeechEngine]:
+    """`hosted`, a speech-to-text model, and its engine. Raises the 400 for another kind."""
+    if isinstance(hosted, Hosted) and hosted.speech is not None:
+        return hosted, hosted.speech
+    raise _wrong_kind(hosted.card.id, "speech", _serving(hosted))
 
 
 def embedding(hosted: AnyHosted) -> HostedEmbedder:
-    """`hosted`, an embedding model. Raises the 400 for a generation model."""
+    """`hosted`, an embedding model. Raises the 400 for another kind."""
     if isinstance(hosted, HostedEmbedder):
         return hosted
-    raise _wrong_kind(hosted.served.name, "embedding")
+    raise _wrong_kind(hosted.card.id, "embedding", _serving(hosted))
 
 
-def _wrong_kind(name: str, wanted: ServedKind) -> InvalidRequest:
-    if wanted == "generation":
+def _wrong_kind(name: str, wanted: ServedKind, actual: ServedKind | None = None) -> InvalidRequest:
+    if actual == "speech":
+        message = (
+            f"The model {name!r} is a speech-to-text model: send its requests to "
+            "/v1/audio/transcriptions or /v1/audio/translations."
+        )
+    elif wanted == "speech":
+        message = (
+            f"The model {name!r} is not a speech-to-text model; /v1/audio/transcriptions and "
+            "/v1/audio/translations serve speech models (listed in /v1/models with kind speech)."
+        )
+    elif wanted == "generation":
         message = (
             f"The model {name!r} is an embedding model: it serves /v1/embeddings, "
             "not text generation."
@@ -167,20 +222,21 @@ class ModelSlot:
         config is read: then the lease's `generating` / `embedding` decides). Raises the
         400 before anything loads, so a wrong route never unloads another model."""
         facts = self.facts
-        if facts is not None and (facts.kind == "embedding") != (wanted == "embedding"):
-            raise _wrong_kind(self.source.name, wanted)
+        if facts is not None and serves(facts.kind) != wanted:
+            raise _wrong_kind(self.source.name, wanted, serves(facts.kind))
         return self
 
     def card(self) -> ModelCard:
         if self.hosted is not None and self.state == "ready":
-            return self.hosted.served.card()
+            return self.hosted.card
         facts = self.facts
+        kind = facts.kind if facts is not None else "lm"
         return ModelCard(
             id=self.source.name,
             created=0,
             context_length=facts.context_length or 0 if facts is not None else 0,
-            input_modalities=input_modalities(facts is not None and facts.kind == "vlm"),
-            kind="embedding" if facts is not None and facts.kind == "embedding" else "generation",
+            input_modalities=input_modalities(kind),
+            kind=card_kind(kind),
             loaded=False,
         )
 
@@ -344,7 +400,13 @@ class ModelRegistry:
                 slot.hosted = await self._nursery.start(self._host, slot, path, reservation)
                 slot.state = "ready"
                 seconds = trio.current_time() - began
-                self._metrics.model_loaded(slot.hosted.engine, name, seconds, reservation.total)
+                engine = slot.hosted.engine
+                self._metrics.model_loaded(
+                    None if isinstance(engine, SpeechEngine) else engine,
+                    name,
+                    seconds,
+                    reservation.total,
+                )
                 log.info("model %s loaded in %.1f s", name, seconds)
         except OpenAIError as exc:
             attempt.failure = exc

@@ -61,10 +61,11 @@ async def create_response() -> Response:
         if stored is None:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
-    async with models.lease(service.slot_for(body).expect("generation"), deadline) as leased:
+    slot = service.slot_for(body).expect("generation")
+    async with models.lease(slot, deadline) as leased:
         hosted = generating(leased)
         urls = responses_image_urls(parsed.input, previous)
-        served = await service.fetched(hosted.served, urls, deadline)
+        served = await service.fetched(hosted.text_model(slot.source.name), urls, deadline)
 
         def prepare() -> PreparedResponse:
             prepared = prepare_response(parsed, served, previous)

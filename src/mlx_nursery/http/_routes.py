@@ -86,7 +86,7 @@ async def load_model(model: str) -> dict[str, Any]:
     service = _service()
     models = service.check_open()
     hosted = await models.load(models.find(model), service.deadline())
-    return to_json(hosted.served.card())  # type: ignore[no-any-return]
+    return to_json(hosted.card)  # type: ignore[no-any-return]
 
 
 @routes.post("/v1/models/<path:model>/unload")
@@ -137,9 +137,10 @@ async def _complete(
         # Parsed first to know the model (a server of several), or to fetch remote images
         # in the request's scope before preparing; the common request skips the extra hop.
         parsed = await service.prepare(lambda: parse_json(raw), deadline)
-    async with models.lease(service.slot_for(parsed).expect("generation"), deadline) as leased:
+    slot = service.slot_for(parsed).expect("generation")
+    async with models.lease(slot, deadline) as leased:
         hosted = generating(leased)
-        served = hosted.served
+        served = hosted.text_model(slot.source.name)
         if image_urls is not None and parsed is not None:
             served = await service.fetched(served, image_urls(parsed), deadline)
 
@@ -237,7 +238,7 @@ async def collect(prepared: Prepared, job: Job, body: Body = _wire_body) -> Resp
                 json.dumps(body(prepared, "".join(pieces), item, calls, logprobs, reasoning)),
                 content_type="application/json",
             )
-        else:
+        elif isinstance(item, OpenAIError):
             raise item  # to the one handler (app.py), as every error
     raise ended_early()
 
@@ -268,7 +269,7 @@ class _ChunkStream:
                 out.extend(data_event(chunk) for chunk in self.prepared.closing_chunks(item))
                 out.append(DONE)
                 return b"".join(out), True
-            else:
+            elif isinstance(item, OpenAIError):
                 out.append(self.error(item))
                 return b"".join(out), True
         return b"".join(out), False

@@ -21,11 +21,21 @@ from typing import Any, Literal, TypeVar
 
 import trio
 
-from ..engine import Embedder, EmbedderConfig, Engine, EngineConfig, default_memory_budget
+from ..engine import (
+    Embedder,
+    EmbedderConfig,
+    Engine,
+    EngineConfig,
+    SpeechConfig,
+    SpeechEngine,
+    default_memory_budget,
+)
 from ..models import model_facts
 from ..openai import (
+    AudioLimits,
     Grammars,
     ImageLimits,
+    ModelCard,
     OpenAIError,
     Prepared,
     RequestCaps,
@@ -95,6 +105,9 @@ class Service:
         self.models: ModelRegistry | None = None
         """Made at startup (`run`), once the memory budget is known."""
         self.image_limits = image_limits(settings)
+        self.audio_limits = AudioLimits(
+            max_bytes=settings.max_audio_bytes, max_seconds=settings.max_audio_seconds
+        )
         self.writes = WritePolicy(settings.stream_interval)
         """How streams batch their writes; it counts the streams open."""
         self.store = responses_store_at(
@@ -215,6 +228,8 @@ class Service:
         facts = await trio.to_thread.run_sync(model_facts, path)
         if facts.kind == "embedding":
             return await self._open_embedder(source, path, reservation, nursery)
+        if facts.kind == "stt":
+            return await self._open_speech_model(source, path, reservation, nursery)
         config = EngineConfig(
             path,
             max_concurrency=self.settings.max_concurrency,
@@ -261,7 +276,24 @@ class Service:
             default_script=self.default_script if engine.model.scripted else None,
         )
         jobs = Jobs(nursery, engine, self.settings.request_timeout, self.metrics, source.name)
-        return Hosted(engine, served, jobs, reservation)
+        return Hosted(engine, served, jobs, reservation, served.card())
+
+    async def _open_speech_model(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> Hosted:
+        """A Whisper: its speech engine (thread, lane, queue) in `nursery`; transcriptions
+        only. Raises what the load raised."""
+        config = SpeechConfig(path, max_queue=self.settings.max_queue)
+        engine: SpeechEngine = await nursery.start(SpeechEngine(config).run)
+        card = ModelCard(
+            id=source.name,
+            created=int(time.time()),
+            context_length=0,
+            input_modalities=["audio"],
+            kind="speech",
+        )
+        jobs = Jobs(nursery, None, self.settings.request_timeout, self.metrics, source.name)
+        return Hosted(engine, None, jobs, reservation, card)
 
     async def _open_embedder(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
@@ -327,7 +359,9 @@ class Service:
 
     @property
     def engine(self) -> Engine | None:
-        return self.hosted.engine if self.hosted is not None else None
+        """The first loaded model's text engine (None: none loaded, or a speech model)."""
+        engine = self.hosted.engine if self.hosted is not None else None
+        return engine if isinstance(engine, Engine) else None
 
     @property
     def served(self) -> ServedModel | None:

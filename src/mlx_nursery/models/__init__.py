@@ -10,6 +10,7 @@ from ._loading import (
     model_facts,
     resolve_model_path,
 )
+from ._speech import SpeechModel, load_speech_model
 from .factory import PRESETS, make_model
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFoundError",
     "PoolingMode",
+    "SpeechModel",
     "load_model",
+    "load_speech_model",
     "make_model",
     "model_facts",
     "resolve_model_path",

@@ -18,7 +18,10 @@ import attrs
 from ._embedding_loading import EmbeddingSpec, embedding_input_length, is_embedding_model
 from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
 
-ModelKind = Literal["lm", "vlm", "scripted", "embedding"]
+ModelKind = Literal["lm", "vlm", "scripted", "stt", "embedding"]
+"""A text model (mlx-lm), a vision-language model (mlx-vlm with mlx-lm's text model), the
+scripted model, a speech-to-text model (Whisper, mlx-audio: `models/_speech.py`), or an
+embedding model (mlx-embeddings: `models/_embedding_loading.py`)."""
 
 
 class ModelNotFoundError(LookupError):
@@ -101,6 +104,8 @@ def model_kind(path: Path) -> ModelKind:
 def _kind_of(path: Path, config: dict[str, Any]) -> ModelKind:
     if config.get("mlx_nursery_kind") == SCRIPTED_KIND:
         return "scripted"
+    if config.get("model_type") == "whisper":
+        return "stt"
     if "vision_config" in config:
         return "vlm"
     return "embedding" if is_embedding_model(path, config) else "lm"
@@ -203,11 +208,16 @@ def _load_embedding(path: Path) -> LoadedModel:
     )
 
 
+def _not_generative(path: Path) -> LoadedModel:
+    raise ModelLoadError(f"{path}: a speech-to-text model; the speech runtime serves it")
+
+
 _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
     "lm": _load_lm,
     "vlm": _load_vlm,
     "scripted": _load_scripted,
     "embedding": _load_embedding,
+    "stt": _not_generative,
 }
 
 

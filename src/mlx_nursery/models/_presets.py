@@ -1,10 +1,11 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `tiny-thinking`, `small`, `tiny-vlm` and `tiny-embedding` are for tests;
-`qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base` (an embedding model) carry the
-real architecture configs (random weights) so benchmarks run at real shapes. `tiny-thinking`
-and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` / `</think>` are added
-tokens and a Qwen3-style template that honours `enable_thinking`.
+`tiny`, `tiny-thinking`, `small`, `tiny-vlm`, `tiny-embedding` and `tiny-whisper` are
+for tests; `qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base` (an embedding
+model) carry the real architecture configs (random weights) so benchmarks run at real
+shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose
+`<think>` / `</think>` are added tokens and a Qwen3-style template that honours
+`enable_thinking`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Preset:
     embedding: dict[str, Any] | None = None
     """An embedding preset's sentence-transformers settings: `pooling` ("cls", "mean",
     "last"), `normalize`, `max_seq_length` (None: a generation model)."""
+    speech: bool = False
+    """A Whisper (speech-to-text) preset: written by `_whisper_factory.py`."""
 
     @property
     def vocab_size(self) -> int:
@@ -229,5 +232,27 @@ PRESETS: dict[str, Preset] = {
         trained_vocab=4096,
         # bge-base / all-mpnet-like: CLS pooling, normalized, 512 tokens per input.
         embedding={"pooling": "cls", "normalize": True, "max_seq_length": 512},
+    ),
+    "tiny-whisper": Preset(
+        "tiny-whisper",
+        {
+            # Hugging Face's Whisper config keys, which mlx-audio maps to its own.
+            "architectures": ["WhisperForConditionalGeneration"],
+            "model_type": "whisper",
+            "d_model": 64,
+            "encoder_layers": 1,  # an encoder layer costs over a second a window on a CPU
+            "decoder_layers": 2,
+            "encoder_attention_heads": 1,
+            "decoder_attention_heads": 1,
+            "num_mel_bins": 80,
+            "max_source_positions": 1500,
+            # Whisper's is 448; 64 keeps a random model's windows short in tests (32 tokens).
+            "max_target_positions": 64,
+            # Under 51865 ids: an English-only Whisper (no language or task tokens in its
+            # prompt). The top 1501 ids are the timestamps <|0.00|>..<|30.00|>.
+            "vocab_size": 1944,
+        },
+        trained_vocab=1944 - 1501 - 9,
+        speech=True,
     ),
 }

@@ -169,7 +169,7 @@ _WORDS = [
 _PUNCT = [".", ",", "?", "!", ":", ";", "'", '"', "(", ")", "-"]
 
 
-def _corpus(n_lines: int = 6000) -> list[str]:
+def corpus(n_lines: int = 6000) -> list[str]:
     rng = random.Random(20261122)
     lines: list[str] = []
     for i in range(n_lines):
@@ -202,7 +202,7 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus(), trainer=trainer)
     return tokenizer
 
 

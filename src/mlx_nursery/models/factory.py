@@ -39,6 +39,11 @@ def make_model(
     spec = PRESETS[preset]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if spec.speech:
+        from ._whisper_factory import write_whisper
+
+        write_whisper(out, spec, dtype, seed)
+        return out
     if spec.image_processor is not None:
         from ._vlm_factory import write_vlm
 

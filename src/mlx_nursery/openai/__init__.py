@@ -4,6 +4,15 @@ Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back
 JSON-ready objects, or an `OpenAIError` that carries its status and envelope.
 """
 
+from ._audio import (
+    RESPONSE_FORMATS,
+    AudioLimits,
+    AudioUpload,
+    PreparedSpeech,
+    prepare_speech,
+    speech_model_name,
+)
+from ._audio_output import delta_event, done_event, transcript_body
 from ._chat_endpoint import CHAT as CHAT_WIRE
 from ._chat_endpoint import prepare_chat
 from ._completions_endpoint import prepare_completion
@@ -51,7 +60,7 @@ from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
 from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
-from ._models import ModelCard, ModelList, input_modalities
+from ._models import ModelCard, ModelList, card_kind, input_modalities
 from ._params import RequestCaps, ignored_hints, ignored_values, reject_unimplemented
 from ._prompts import (
     ImageTaker,
@@ -76,6 +85,9 @@ from ._tools import ToolCallOut, tool_format
 
 __all__ = [
     "CHAT_WIRE",
+    "RESPONSE_FORMATS",
+    "AudioLimits",
+    "AudioUpload",
     "Conflict",
     "ConnectionDropped",
     "EmbeddingLimits",
@@ -100,6 +112,7 @@ __all__ = [
     "Prepared",
     "PreparedEmbeddings",
     "PreparedResponse",
+    "PreparedSpeech",
     "ReasoningDelta",
     "RequestCaps",
     "RequestTimeout",
@@ -120,9 +133,12 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "answer_only",
+    "card_kind",
     "chat_image_urls",
     "check_prompt_size",
     "common",
+    "delta_event",
+    "done_event",
     "embeddings_body",
     "fetch_images",
     "generate_text",
@@ -140,6 +156,7 @@ __all__ = [
     "prepare_completion",
     "prepare_embeddings",
     "prepare_response",
+    "prepare_speech",
     "prepared_for",
     "quoted",
     "register_tagged_union",
@@ -148,11 +165,13 @@ __all__ = [
     "requested_model",
     "responses_image_urls",
     "run_embeddings",
+    "speech_model_name",
     "structure",
     "thinking_format",
     "thinking_on",
     "to_json",
     "tool_format",
+    "transcript_body",
     "unknown_model",
     "with_processors",
     "with_reasoning",

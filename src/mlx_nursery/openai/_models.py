@@ -6,10 +6,20 @@ from typing import Literal
 
 import attrs
 
+ModelKindName = Literal["text", "vision", "speech", "embedding"]
 
-def input_modalities(vision: bool) -> list[str]:
-    """What a request may give a model: text, and images for a vision model."""
-    return ["text", "image"] if vision else ["text"]
+
+def input_modalities(kind: str) -> list[str]:
+    """What a request may give a model of `kind` (the loader's: "lm", "vlm", "stt",
+    "embedding", "scripted"): text; text and images for a vision model; audio for a speech
+    model."""
+    return {"vlm": ["text", "image"], "stt": ["audio"]}.get(kind, ["text"])
+
+
+def card_kind(kind: str) -> ModelKindName:
+    """The model list's name for a loader's kind."""
+    names = {"vlm": "vision", "stt": "speech", "embedding": "embedding"}
+    return names.get(kind, "text")  # type: ignore[return-value]
 
 
 @attrs.frozen
@@ -20,9 +30,10 @@ class ModelCard:
     input_modalities: list[str] = attrs.Factory(lambda: ["text"])
     """What a request may give the model: "text", and "image" for a vision model (not
     OpenAI's: local servers list what each model takes beside `context_length`)."""
-    kind: Literal["generation", "embedding"] = "generation"
-    """What the model does (not OpenAI's): "generation" for chat, completions and Responses;
-    "embedding" for /v1/embeddings. Each refuses the other's routes with a 400."""
+    kind: ModelKindName = "text"
+    """What the model does (not OpenAI's): "text" and "vision" models answer the text APIs,
+    "speech" models (Whisper) /v1/audio/transcriptions and /v1/audio/translations,
+    "embedding" models /v1/embeddings. Each refuses the others' routes with a 400."""
     loaded: bool = True
     """Whether the model is in memory now (not OpenAI's): a request for one that is not
     loads it first, which takes a while (see `--max-loaded-models`)."""

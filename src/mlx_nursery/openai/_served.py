@@ -63,7 +63,7 @@ class ServedModel:
 
     @property
     def input_modalities(self) -> list[str]:
-        return input_modalities(self.vision is not None)
+        return input_modalities("vlm" if self.vision is not None else "lm")
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
@@ -75,6 +75,7 @@ class ServedModel:
             created=self.created,
             context_length=self.context_length,
             input_modalities=self.input_modalities,
+            kind="vision" if self.vision is not None else "text",
         )
 
 

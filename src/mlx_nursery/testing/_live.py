@@ -235,6 +235,8 @@ class LiveServer:
 
 def _read(service: Service) -> ServerReport:
     """Everything `ServerReport` holds, read on the server's Trio thread."""
+    from ..engine import SpeechEngine
+
     requests: dict[tuple[str, int], int] = {}
     cancellations: dict[str, int] = {}
     for family in service.metrics.registry.collect():
@@ -247,7 +249,13 @@ def _read(service: Service) -> ServerReport:
                 cancellations[cause] = cancellations.get(cause, 0) + int(sample.value)
     lanes = queued = jobs = tokens = confirmed = past = late = 0
     for hosted in service.models.loaded() if service.models is not None else []:
-        stats = hosted.engine.statistics()
+        if isinstance(hosted.engine, SpeechEngine):
+            speech = hosted.engine.statistics()
+            lanes += speech.lanes_borrowed
+            queued += speech.queued
+            jobs += hosted.jobs.busy
+            continue
+        stats = hosted.engine.statistics()  # a text model's engine, or an embedding model's
         lanes += stats.lanes_borrowed
         queued += stats.queued
         jobs += hosted.jobs.busy

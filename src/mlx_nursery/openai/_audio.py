@@ -1,0 +1,342 @@
+"""/v1/audio/transcriptions and /v1/audio/translations: the form checked, the audio decoded.
+
+The request is a multipart form (OpenAI's): its fields arrive as strings, checked here
+against OpenAI's schema (`CreateTranscriptionRequest`, `CreateTranslationRequest`). Fields
+OpenAI has and this server does not implement (`include`, `chunking_strategy`,
+speaker references, `languages`, `keywords`) are 400 `unsupported_parameter`, unknown ones
+400 "Unrecognized request argument", as the JSON APIs answer.
+
+Audio is decoded by mlx-audio's reader (miniaudio: WAV, MP3, FLAC, with no ffmpeg; other
+containers through ffmpeg when it is on PATH), mixed to mono and resampled to 16 kHz,
+within the size and duration limits. Bad or empty audio is a 400, never a 500.
+No MLX here: this runs on the preparation thread.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import shutil
+from collections.abc import Mapping
+from typing import Literal, cast
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from ..engine import (
+    DEFAULT_TEMPERATURES,
+    SAMPLE_RATE,
+    SpeechModelInfo,
+    SpeechTask,
+    TranscriptionRequest,
+)
+from ._errors import InvalidRequest, RequestTooLarge, quoted
+
+ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
+RESPONSE_FORMATS: tuple[ResponseFormat, ...] = ("json", "text", "srt", "verbose_json", "vtt")
+
+_COMMON = ("file", "model", "prompt", "response_format", "temperature", "stream")
+_FIELDS: dict[SpeechTask, frozenset[str]] = {
+    "transcribe": frozenset(
+        (*_COMMON, "language", "timestamp_granularities[]", "timestamp_granularities")
+    ),
+    "translate": frozenset(_COMMON),
+}
+_UNSUPPORTED = frozenset(
+    (
+        "include[]",
+        "include",
+        "chunking_strategy",
+        "known_speaker_names[]",
+        "known_speaker_references[]",
+        "languages[]",
+        "keywords[]",
+    )
+)
+_MAX_PROMPT_CHARS = 10_000
+"""Whisper reads at most half its context (224 tokens) of a prompt; this bounds the work."""
+_NATIVE_FORMATS = ("wav", "mp3", "flac")
+
+
+@attrs.frozen
+class AudioLimits:
+    """What one audio upload may be."""
+
+    max_bytes: int = 25 << 20
+    """The file's size (OpenAI's limit is 25 MB)."""
+    max_seconds: float = 1800.0
+    """Its duration once decoded: half an hour of 16 kHz float32 samples is 115 MB."""
+
+
+@attrs.frozen
+class AudioUpload:
+    """The form's `file` part."""
+
+    filename: str
+    data: bytes
+
+
+@attrs.frozen
+class PreparedSpeech:
+    """A checked transcription request, ready for the speech engine."""
+
+    request: TranscriptionRequest
+    model: str
+    task: SpeechTask
+    response_format: ResponseFormat
+    stream: bool
+    segment_timestamps: bool
+    word_timestamps: bool
+
+
+def speech_model_name(fields: Mapping[str, list[str]]) -> str:
+    """The form's `model` (read before the rest, to find the model). Raises the 400."""
+    values = fields.get("model")
+    if not values or not values[0]:
+        raise InvalidRequest(
+            "you must provide a model parameter", param="model", code="missing_required_parameter"
+        )
+    return values[0]
+
+
+def prepare_speech(
+    task: SpeechTask,
+    fields: Mapping[str, list[str]],
+    upload: AudioUpload | None,
+    model: SpeechModelInfo,
+    limits: AudioLimits,
+) -> PreparedSpeech:
+    """Check the form and decode its audio. Raises InvalidRequest (400) or RequestTooLarge
+    (413) naming the field. Decodes audio: call it on a worker thread."""
+    _check_names(task, fields)
+    text = _FormText(fields)
+    response_format = text.choice("response_format", RESPONSE_FORMATS, "json")
+    stream = text.boolean("stream")
+    if stream and response_format not in ("json", "text"):
+        raise InvalidRequest(
+            "stream=true streams transcript.text.delta events; response_format must be json "
+            f"or text, not {quoted(response_format)}",
+            param="response_format",
+            code="invalid_value",
+        )
+    granularities = text.granularities()
+    if granularities and response_format != "verbose_json":
+        raise InvalidRequest(
+            "timestamp_granularities needs response_format verbose_json",
+            param="timestamp_granularities",
+            code="invalid_value",
+        )
+    words = "word" in granularities
+    if words and not model.word_timestamps:
+        raise InvalidRequest(
+            "this model has no alignment heads (generation_config.json): it cannot give "
+            "word timestamps",
+            param="timestamp_granularities",
+            code="unsupported_value",
+        )
+    language = _language(text.optional("language"), model)
+    prompt = text.optional("prompt")
+    if prompt is not None and len(prompt) > _MAX_PROMPT_CHARS:
+        raise InvalidRequest(
+            f"prompt is longer than {_MAX_PROMPT_CHARS} characters",
+            param="prompt",
+            code="string_above_max_length",
+        )
+    temperature = text.number("temperature", 0.0)
+    if upload is None:
+        raise InvalidRequest(
+            "you must provide a file parameter", param="file", code="missing_required_parameter"
+        )
+    audio = decode_audio(upload, limits)
+    request = TranscriptionRequest(
+        audio,
+        task=task,
+        language=language if task == "transcribe" else None,
+        prompt=prompt or None,
+        temperatures=DEFAULT_TEMPERATURES if temperature == 0 else (temperature,),
+        word_timestamps=words,
+    )
+    return PreparedSpeech(
+        request,
+        model=speech_model_name(fields),
+        task=task,
+        response_format=response_format,
+        stream=stream,
+        segment_timestamps=not granularities or "segment" in granularities,
+        word_timestamps=words,
+    )
+
+
+def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.float32]:
+    """The upload's samples: mono, 16 kHz, float32. Raises RequestTooLarge past the size
+    limit, InvalidRequest for empty, undecodable or too long audio, or a container this
+    machine cannot decode (no ffmpeg)."""
+    data = upload.data
+    if len(data) > limits.max_bytes:
+        raise RequestTooLarge(
+            f"the audio file is larger than {limits.max_bytes} bytes, this server's limit "
+            "(--max-audio-bytes)",
+            param="file",
+            code="audio_too_large",
+        )
+    if not data:
+        raise _invalid_audio("the audio file is empty")
+    kind = sniff_format(data)
+    if kind not in _NATIVE_FORMATS and shutil.which("ffmpeg") is None:
+        named = kind or f"{quoted(upload.filename)} (an unrecognized format)"
+        raise InvalidRequest(
+            f"this server decodes WAV, MP3 and FLAC audio; {named} needs ffmpeg, which is "
+            "not installed here",
+            param="file",
+            code="unsupported_audio_format",
+        )
+    from mlx_audio.audio_io import read
+
+    try:
+        samples, _ = read(
+            io.BytesIO(data),
+            dtype="float32",
+            sample_rate=SAMPLE_RATE,
+            nchannels=1,
+            duration=limits.max_seconds + 1,
+        )
+    except Exception as exc:  # any decoder failure (miniaudio, ffmpeg, format) is the file's
+        raise _invalid_audio(
+            "the audio file could not be decoded (corrupt or unsupported)"
+        ) from exc
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if samples.size == 0:
+        raise _invalid_audio("the audio file holds no samples")
+    if not np.isfinite(samples).all():
+        raise _invalid_audio("the audio file decodes to samples that are not finite")
+    if samples.size / SAMPLE_RATE > limits.max_seconds:
+        raise InvalidRequest(
+            f"the audio is longer than {limits.max_seconds:g} seconds, this server's limit "
+            "(--max-audio-seconds)",
+            param="file",
+            code="audio_too_long",
+        )
+    return samples
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The container its first bytes name: wav, mp3, flac, ogg, m4a, webm (None: unknown)."""
+    head = data[:16]
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return "mp3"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[4:8] == b"ftyp":
+        return "m4a"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm"
+    return None
+
+
+def _invalid_audio(message: str) -> InvalidRequest:
+    return InvalidRequest(message, param="file", code="invalid_audio")
+
+
+def _check_names(task: SpeechTask, fields: Mapping[str, list[str]]) -> None:
+    allowed = _FIELDS[task]
+    for name in fields:
+        if name in allowed:
+            continue
+        if name in _UNSUPPORTED or name.rstrip("[]") + "[]" in _UNSUPPORTED:
+            raise InvalidRequest(
+                f"{name.rstrip('[]')} is not supported by this server",
+                param=name.rstrip("[]"),
+                code="unsupported_parameter",
+            )
+        raise InvalidRequest(f"Unrecognized request argument supplied: {quoted(name)}", param=name)
+
+
+def _language(value: str | None, model: SpeechModelInfo) -> str | None:
+    if value is None:
+        return None
+    code = model.languages.get(value.strip().lower())
+    if code is None:
+        raise InvalidRequest(
+            f"language {quoted(value)} is not an ISO-639-1 code Whisper knows",
+            param="language",
+            code="invalid_value",
+        )
+    if code != "en" and not model.multilingual:
+        raise InvalidRequest(
+            f"this model is English-only; it cannot transcribe language {quoted(value)}",
+            param="language",
+            code="unsupported_value",
+        )
+    return code
+
+
+@attrs.frozen
+class _FormText:
+    """The form's text fields, each given at most once (arrays aside)."""
+
+    fields: Mapping[str, list[str]]
+
+    def optional(self, name: str) -> str | None:
+        values = self.fields.get(name)
+        if not values:
+            return None
+        if len(values) > 1:
+            raise InvalidRequest(f"{name} is given more than once", param=name)
+        return values[0]
+
+    def choice(self, name: str, allowed: tuple[str, ...], default: str) -> ResponseFormat:
+        value = self.optional(name)
+        if value is None:
+            return cast(ResponseFormat, default)
+        if value not in allowed:
+            raise InvalidRequest(
+                f"{quoted(value)} is not one of {', '.join(allowed)} - '{name}'",
+                param=name,
+                code="invalid_value",
+            )
+        return cast(ResponseFormat, value)
+
+    def boolean(self, name: str) -> bool:
+        value = self.optional(name)
+        if value is None or value.lower() in ("false", "0"):
+            return False
+        if value.lower() in ("true", "1"):
+            return True
+        raise InvalidRequest(
+            f"{name} must be true or false, got {quoted(value)}", param=name, code="invalid_type"
+        )
+
+    def number(self, name: str, default: float) -> float:
+        value = self.optional(name)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (0.0 <= number <= 1.0):
+            raise InvalidRequest(
+                f"{name} must be a number between 0 and 1, got {quoted(value)}",
+                param=name,
+                code="invalid_value",
+            )
+        return number
+
+    def granularities(self) -> frozenset[str]:
+        values = [
+            *self.fields.get("timestamp_granularities[]", []),
+            *self.fields.get("timestamp_granularities", []),
+        ]
+        for value in values:
+            if value not in ("segment", "word"):
+                raise InvalidRequest(
+                    f"{quoted(value)} is not one of segment, word - 'timestamp_granularities'",
+                    param="timestamp_granularities",
+                    code="invalid_value",
+                )
+        return frozenset(values)

@@ -1,0 +1,54 @@
+"""The OpenAI layer's audio parts without a model: decoding within limits, subtitles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlx_nursery.engine import Segment
+from mlx_nursery.openai import AudioLimits, AudioUpload, InvalidRequest, RequestTooLarge
+from mlx_nursery.openai._audio import decode_audio, sniff_format
+from mlx_nursery.openai._audio_output import srt, vtt
+
+from .speech_helpers import clip, wav_bytes
+
+
+def test_stereo_at_another_rate_becomes_mono_16khz() -> None:
+    samples = decode_audio(
+        AudioUpload("a.wav", wav_bytes(clip(2), rate=44_100, channels=2)), AudioLimits()
+    )
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    # 32,000 frames at 44.1 kHz last 0.726 s: 11,610 samples at 16 kHz.
+    assert abs(len(samples) - round(32_000 * 16_000 / 44_100)) <= 16
+
+
+def test_limits_are_checked_before_and_after_decoding() -> None:
+    with pytest.raises(RequestTooLarge):
+        decode_audio(AudioUpload("a.wav", wav_bytes(clip(2))), AudioLimits(max_bytes=1000))
+    with pytest.raises(InvalidRequest, match="longer than 1 seconds"):
+        decode_audio(AudioUpload("a.wav", wav_bytes(clip(2))), AudioLimits(max_seconds=1))
+    assert [sniff_format(b) for b in (b"OggS....", b"\x00\x00\x00\x20ftypM4A ", b"fLaC")] == [
+        "ogg",
+        "m4a",
+        "flac",
+    ]
+
+
+def _segment(i: int, start: float, end: float, text: str) -> Segment:
+    return Segment(i, 0, start, end, text, (), 0.0, -0.2, 1.1, 0.01)
+
+
+def test_subtitles_number_and_time_the_spoken_segments() -> None:
+    segments = (
+        _segment(0, 0.0, 1.5, " Hello there."),
+        _segment(1, 1.5, 1.5, ""),
+        _segment(2, 61.25, 3725.004, " General Kenobi."),
+    )
+    assert srt(segments) == (
+        "1\n00:00:00,000 --> 00:00:01,500\nHello there.\n\n"
+        "2\n00:01:01,250 --> 01:02:05,004\nGeneral Kenobi.\n"
+    )
+    assert vtt(segments) == (
+        "WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello there.\n\n"
+        "00:01:01.250 --> 01:02:05.004\nGeneral Kenobi.\n"
+    )
