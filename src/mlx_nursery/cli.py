@@ -14,7 +14,11 @@ if TYPE_CHECKING:
 def _make_model(args: argparse.Namespace) -> int:
     from .models import make_model
 
-    path = make_model(args.out, args.preset, dtype=args.dtype, seed=args.seed)
+    try:
+        path = make_model(args.out, args.preset, dtype=args.dtype, seed=args.seed)
+    except ModuleNotFoundError as exc:  # a preset whose extra is not installed
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.preset} model ({args.dtype}, seed {args.seed}) to {path}")
     return 0
 

@@ -114,7 +114,13 @@ def _write_sentence_transformers(out: Path, embedding: dict[str, Any], dimension
 
 
 def _write_weights(out: Path, config: dict[str, Any], dtype: mx.Dtype, seed: int) -> None:
-    from mlx_embeddings.models import bert
+    try:
+        from mlx_embeddings.models import bert
+    except ImportError:
+        raise ModuleNotFoundError(
+            "the embedding presets need the `embeddings` extra: "
+            "pip install 'mlx-nursery[embeddings]' (mlx-embeddings, GPL-3.0)"
+        ) from None
 
     mx.random.seed(seed)
     model: Any = bert.Model(bert.ModelArgs.from_dict(config))

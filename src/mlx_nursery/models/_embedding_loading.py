@@ -130,8 +130,15 @@ def _read_json(file: Path) -> Any:
 def load_embedding_parts(path: Path, config: dict[str, Any]) -> tuple[Any, Any, EmbeddingSpec]:
     """mlx-embeddings' model (weights evaluated), the Hugging Face tokenizer, the spec.
     Makes MLX calls: the engine thread only. Never reaches a hub: `path` is local."""
-    from mlx_embeddings.utils import load_model
     from transformers import AutoTokenizer
+
+    try:
+        from mlx_embeddings.utils import load_model
+    except ImportError:
+        raise EmbeddingConfigError(
+            "embedding models need the `embeddings` extra: pip install 'mlx-nursery[embeddings]'"
+            " (mlx-embeddings, GPL-3.0)"
+        ) from None
 
     spec = embedding_spec(path, config)
     model = load_model(path, path_to_repo=str(path))
