@@ -24,7 +24,7 @@ failure); the keep-alive connection still serves the next request; `/health` is 
 every case.
 
 `MLX_NURSERY_FUZZ_EXAMPLES` sets the examples per flavour (default `DEFAULT_EXAMPLES`, about
-15 s a flavour on 2 CPU cores); `MLX_NURSERY_FUZZ_MAX_BYTES` the largest generated string or
+10 s a flavour on 2 CPU cores); `MLX_NURSERY_FUZZ_MAX_BYTES` the largest generated string or
 body; `MLX_NURSERY_FUZZ_SHRINK=1` shrinks a failure to a minimal case (minutes per failure).
 The derandomized examples are the same in every run. bench/fuzz_soak.py runs the same
 strategies for 10,000 cases against a server process and counts the outcomes.
@@ -61,7 +61,7 @@ PATHS = {
     "completions": "/v1/completions",
     "responses": "/v1/responses",
 }
-DEFAULT_EXAMPLES = 250
+DEFAULT_EXAMPLES = 150
 EXAMPLES = int(os.environ.get("MLX_NURSERY_FUZZ_EXAMPLES") or DEFAULT_EXAMPLES)
 MAX_BYTES = int(os.environ.get("MLX_NURSERY_FUZZ_MAX_BYTES") or 300_000)
 """Largest huge string or body generated. The server's --max-request-bytes is 8 MiB; the
