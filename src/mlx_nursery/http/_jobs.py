@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal
+from collections.abc import Awaitable
+from functools import partial
+from typing import Literal, Protocol
 
 import attrs
 import trio
@@ -43,7 +45,7 @@ from ..openai import (
     generate_text,
 )
 from ._faults import Fault, InjectedBreak
-from ._metrics import Metrics
+from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
 
 log = logging.getLogger("mlx_nursery.http")
@@ -55,6 +57,18 @@ JobItem = Output | Window | Transcript | OpenAIError
 """A generation's outputs, a transcription's (its windows, then its transcript), or the
 error that ends either."""
 _BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
+
+
+class _JobTask(Protocol):
+    """A job's task, started by `Jobs._launch`: its outputs into `send`."""
+
+    def __call__(
+        self,
+        job: Job,
+        send: trio.MemorySendChannel[JobItem],
+        *,
+        task_status: trio.TaskStatus[None],
+    ) -> Awaitable[None]: ...
 
 
 @attrs.define(eq=False)
@@ -137,17 +151,26 @@ class Jobs:
         assert self._engine is not None, "a speech model's jobs are transcriptions"
         if deadline is None:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
+        arrived = trio.current_time() if arrived is None else arrived
+        run = partial(self._run, prepared=prepared, arrived=arrived, record=record, fault=fault)
+        return await self._launch(run, deadline, record)
+
+    async def _launch(self, run: _JobTask, deadline: float, record: RequestRecord | None) -> Job:
+        """Admit a job and start `run(job, send)` in the jobs' nursery; returns once it has
+        started (holds its lane). A refused start leaves nothing behind: the job is removed
+        and the record's part ended with its error. Cancellation: as `start`."""
+        if self._closed:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
         send, receive = trio.open_memory_channel[JobItem](_BUFFER)
         job = Job(receive, trio.CancelScope(deadline=deadline))
         self._active.add(job)
         if self._idle.is_set():
             self._idle = trio.Event()
-        arrived = trio.current_time() if arrived is None else arrived
         if record is not None:
             record.model = self._model_name
             record.job_started()
         try:
-            await self._nursery.start(self._run, job, prepared, send, arrived, record, fault)
+            await self._nursery.start(run, job, send)
         except BaseException as exc:
             self._finished(job)
             if record is not None:
@@ -157,11 +180,39 @@ class Jobs:
             raise
         return job
 
+    async def _end(
+        self,
+        job: Job,
+        send: trio.MemorySendChannel[JobItem],
+        failure: OpenAIError | None,
+        started: bool,
+        record: RequestRecord | None,
+        observer: RequestObserver | None = None,
+    ) -> None:
+        """How every job ends once its compute is over: a cancel becomes its error (raised
+        before the job started, so that `start` raises it; else sent), and an error is the
+        last item sent. Best effort, bounded: a client that stopped reading will not see it
+        anyway."""
+        if job.scope.cancelled_caught:
+            if observer is not None and started:
+                observer.cancelled(job.reason)
+            if record is not None:
+                record.cancel_cause = job.reason
+            failure = self._cancellation_error(job)
+            if not started:
+                raise failure
+        if failure is not None:
+            if record is not None:
+                record.error = failure.code
+            with trio.move_on_after(1):
+                await send.send(failure)
+
     async def _run(
         self,
         job: Job,
-        prepared: Prepared,
         send: trio.MemorySendChannel[JobItem],
+        *,
+        prepared: Prepared,
         arrived: float,
         record: RequestRecord | None,
         fault: Fault | None,
@@ -227,20 +278,7 @@ class Jobs:
                             failure = ConnectionDropped(
                                 "the script dropped the connection", code="connection_dropped"
                             )
-                if job.scope.cancelled_caught:
-                    if observer is not None and started:
-                        observer.cancelled(job.reason)
-                    if record is not None:
-                        record.cancel_cause = job.reason
-                    failure = self._cancellation_error(job)
-                    if not started:
-                        raise failure
-                if failure is not None:
-                    if record is not None:
-                        record.error = failure.code
-                    # Best effort, bounded: a client that stopped reading will not see it anyway.
-                    with trio.move_on_after(1):
-                        await send.send(failure)
+                await self._end(job, send, failure, started, record, observer)
         finally:
             self._finished(job)
             if record is not None and started:
@@ -257,33 +295,16 @@ class Jobs:
 
         Raises as `start` does: the shutdown 503, 503 when the queue is full, 504 when
         `deadline` passes while queued. Cancellation: as `start`."""
-        if self._closed:
-            raise Unavailable("the server is shutting down", code="server_shutting_down")
-        send, receive = trio.open_memory_channel[JobItem](_BUFFER)
-        job = Job(receive, trio.CancelScope(deadline=deadline))
-        self._active.add(job)
-        if self._idle.is_set():
-            self._idle = trio.Event()
-        if record is not None:
-            record.model = self._model_name
-            record.job_started()
-        try:
-            await self._nursery.start(self._transcribe, job, engine, request, send, record)
-        except BaseException as exc:
-            self._finished(job)
-            if record is not None:
-                if isinstance(exc, OpenAIError):
-                    record.error = exc.code
-                record.part_ended()
-            raise
-        return job
+        run = partial(self._transcribe, engine=engine, request=request, record=record)
+        return await self._launch(run, deadline, record)
 
     async def _transcribe(
         self,
         job: Job,
+        send: trio.MemorySendChannel[JobItem],
+        *,
         engine: SpeechEngine,
         request: TranscriptionRequest,
-        send: trio.MemorySendChannel[JobItem],
         record: RequestRecord | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
@@ -316,17 +337,7 @@ class Jobs:
                             "the server is not serving (shutting down or stopped)",
                             code="server_unavailable",
                         ) from None
-                if job.scope.cancelled_caught:
-                    if record is not None:
-                        record.cancel_cause = job.reason
-                    failure = self._cancellation_error(job)
-                    if not started:
-                        raise failure
-                if failure is not None:
-                    if record is not None:
-                        record.error = failure.code
-                    with trio.move_on_after(1):
-                        await send.send(failure)
+                await self._end(job, send, failure, started, record)
         finally:
             self._finished(job)
             if record is not None and started:
