@@ -242,27 +242,14 @@ class ResponseBuilder:
         index = self.output.index(item)
         part = item.content[0]
         item.status = status
-        return [
-            _json(
-                ReasoningTextDone(
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    text=part.text,
-                    sequence_number=self._next(),
-                )
-            ),
-            _json(
-                ContentPartDone(
-                    item_id=item.id,
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                    sequence_number=self._next(),
-                )
-            ),
-            _json(OutputItemDone(output_index=index, item=item, sequence_number=self._next())),
-        ]
+        done = ReasoningTextDone(
+            item_id=item.id,
+            output_index=index,
+            content_index=0,
+            text=part.text,
+            sequence_number=self._next(),
+        )
+        return [_json(done), *self._part_and_item_done(item, index, part)]
 
     def _close_message(
         self, status: Literal["completed", "incomplete"] = "completed"
@@ -273,28 +260,29 @@ class ResponseBuilder:
         index = self.output.index(message)
         part = message.content[0]
         message.status = status
-        return [
-            _json(
-                OutputTextDone(
-                    item_id=message.id,
-                    output_index=index,
-                    content_index=0,
-                    text=part.text,
-                    logprobs=part.logprobs,
-                    sequence_number=self._next(),
-                )
-            ),
-            _json(
-                ContentPartDone(
-                    item_id=message.id,
-                    output_index=index,
-                    content_index=0,
-                    part=part,
-                    sequence_number=self._next(),
-                )
-            ),
-            _json(OutputItemDone(output_index=index, item=message, sequence_number=self._next())),
-        ]
+        done = OutputTextDone(
+            item_id=message.id,
+            output_index=index,
+            content_index=0,
+            text=part.text,
+            logprobs=part.logprobs,
+            sequence_number=self._next(),
+        )
+        return [_json(done), *self._part_and_item_done(message, index, part)]
+
+    def _part_and_item_done(
+        self, item: OutputReasoning | OutputMessage, index: int, part: OutputText | ReasoningText
+    ) -> list[dict[str, Any]]:
+        """What closes an output item of one content part, after its text's done event."""
+        part_done = ContentPartDone(
+            item_id=item.id,
+            output_index=index,
+            content_index=0,
+            part=part,
+            sequence_number=self._next(),
+        )
+        item_done = OutputItemDone(output_index=index, item=item, sequence_number=self._next())
+        return [_json(part_done), _json(item_done)]
 
     # the response object -----------------------------------------------------------------
     def response(self) -> dict[str, Any]:
