@@ -38,7 +38,6 @@ from ._batching import merged_text
 from ._jobs import JobItem
 from ._lifetime import current_record, own
 from ._pump import pump
-from ._registry import generating
 from ._routes import _service, collect, note_ignored, request_body, request_id, routes
 from ._sse import HEADERS, named_events
 
@@ -53,7 +52,7 @@ def is_messages_route(path: str) -> bool:
 @routes.post(MESSAGES_PATH)
 async def create_message() -> Response:
     service = _service()
-    models = service.check_open()
+    service.check_open()  # the 503 before the body is read
     arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
@@ -64,12 +63,8 @@ async def create_message() -> Response:
         return body, parse_messages_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    slot = service.slot_for(body).expect("generation")
-    async with models.lease(slot, deadline) as leased:
-        hosted = generating(leased)
-        served = await service.fetched(
-            hosted.text_model(slot.source.name), image_urls(parsed), deadline
-        )
+    async with service.text_model(body, deadline) as (hosted, served):
+        served = await service.fetched(served, image_urls(parsed), deadline)
 
         def prepare() -> Prepared:
             return service.with_extra_processors(prepare_messages(parsed, served), body)
@@ -95,7 +90,7 @@ async def create_message() -> Response:
 async def count_message_tokens() -> Response:
     """The prompt's tokens, as a message request would have them; nothing is generated."""
     service = _service()
-    models = service.check_open()
+    service.check_open()  # the 503 before the body is read
     deadline = service.deadline()
     raw = await request_body()
 
@@ -104,12 +99,8 @@ async def count_message_tokens() -> Response:
         return body, parse_count_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    slot = service.slot_for(body).expect("generation")
-    async with models.lease(slot, deadline) as leased:
-        hosted = generating(leased)
-        served = await service.fetched(
-            hosted.text_model(slot.source.name), image_urls(parsed), deadline
-        )
+    async with service.text_model(body, deadline) as (_, served):
+        served = await service.fetched(served, image_urls(parsed), deadline)
         counted = await service.prepare(lambda: count_tokens(parsed, served), deadline)
     return Response(json.dumps(counted), content_type="application/json")
 

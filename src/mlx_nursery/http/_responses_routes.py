@@ -32,7 +32,6 @@ from ._batching import merged_text
 from ._jobs import JobItem
 from ._lifetime import current_record, own
 from ._pump import ended_early, pump
-from ._registry import generating
 from ._routes import _service, note_ignored, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS, named_events
@@ -44,7 +43,7 @@ TRUNCATED_HEADER = "x-truncated-messages"
 @routes.post("/v1/responses")
 async def create_response() -> Response:
     service = _service()
-    models = service.check_open()
+    service.check_open()  # the 503 before the body is read
     arrived = trio.current_time()
     deadline = service.deadline()
     raw = await request_body()
@@ -61,11 +60,9 @@ async def create_response() -> Response:
         if stored is None:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
-    slot = service.slot_for(body).expect("generation")
-    async with models.lease(slot, deadline) as leased:
-        hosted = generating(leased)
+    async with service.text_model(body, deadline) as (hosted, served):
         urls = responses_image_urls(parsed.input, previous)
-        served = await service.fetched(hosted.text_model(slot.source.name), urls, deadline)
+        served = await service.fetched(served, urls, deadline)
 
         def prepare() -> PreparedResponse:
             prepared = prepare_response(parsed, served, previous)

@@ -36,7 +36,6 @@ from ._jobs import Job, JobItem
 from ._lifetime import current_record, own
 from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._pump import ended_early, pump
-from ._registry import generating
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
 
@@ -137,10 +136,7 @@ async def _complete(
         # Parsed first to know the model (a server of several), or to fetch remote images
         # in the request's scope before preparing; the common request skips the extra hop.
         parsed = await service.prepare(lambda: parse_json(raw), deadline)
-    slot = service.slot_for(parsed).expect("generation")
-    async with models.lease(slot, deadline) as leased:
-        hosted = generating(leased)
-        served = hosted.text_model(slot.source.name)
+    async with service.text_model(parsed, deadline) as (hosted, served):
         if image_urls is not None and parsed is not None:
             served = await service.fetched(served, image_urls(parsed), deadline)
 

@@ -15,7 +15,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -62,7 +63,15 @@ from ._faults import Fault, FaultInjector, injected_failure, parse_fault
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources
-from ._registry import AnyHosted, Hosted, HostedEmbedder, ModelRegistry, ModelSlot, Reservation
+from ._registry import (
+    AnyHosted,
+    Hosted,
+    HostedEmbedder,
+    ModelRegistry,
+    ModelSlot,
+    Reservation,
+    generating,
+)
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -341,6 +350,19 @@ class Service:
         if self.state == "failed":
             raise Unavailable("the server failed to start", code="engine_unavailable")
         return self.models
+
+    @asynccontextmanager
+    async def text_model(
+        self, body: Any | None, deadline: float
+    ) -> AsyncIterator[tuple[Hosted, ServedModel]]:
+        """The text-generation model a request names (`slot_for`), leased until the block
+        ends: its hosting and the model as the text APIs present it. Raises the 400 for a
+        model of another kind before anything loads for it, and what `ModelRegistry.lease`
+        raises. Cancellation: as `lease`."""
+        slot = self.slot_for(body).expect("generation")
+        async with self.check_open().lease(slot, deadline) as leased:
+            hosted = generating(leased)
+            yield hosted, hosted.text_model(slot.source.name)
 
     def slot_for(self, body: Any | None) -> ModelSlot:
         """The slot of the model a request names: on a server of one model, that one
