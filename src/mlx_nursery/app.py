@@ -10,6 +10,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
+from .fault_points import request_label
 from .http import (
     ConnectionDrops,
     LifetimeHTTPConnection,
@@ -75,6 +76,7 @@ def create_app(
         # The client's id, if it is one: it is echoed and logged, so a short printable one.
         usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
         g.request_id = given if usable else f"req_{secrets.token_hex(12)}"
+        request_label.set(g.request_id)  # inherited by the request's tasks and threads
         record = current_record()
         if record is not None:
             record.request_id = g.request_id

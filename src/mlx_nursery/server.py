@@ -1,9 +1,13 @@
 """Run the app under Hypercorn's trio worker, with a graceful SIGTERM/SIGINT drain.
 
-On a signal: Hypercorn stops accepting at once; running requests get
-`shutdown_grace` seconds to finish, then their jobs are cancelled and each
-gets a final error (an in-stream event for streams); the engine thread is
-joined when the app's nursery closes; the process exits 0.
+On a signal the server drains: it keeps accepting connections while running
+requests get `shutdown_grace` seconds to finish, and meanwhile answers /health
+and every new request with a 503 (so a load balancer learns of the drain);
+then their jobs are cancelled and each gets a final error (an in-stream event
+for streams), Hypercorn stops accepting, the engine threads are joined when
+the app's nursery closes, and the process exits 0. A shared part that fails
+for good (an engine past its restarts) stops the server the same way, with
+exit status 1.
 """
 
 from __future__ import annotations
@@ -67,23 +71,30 @@ async def serve(
     `task_status` reports a `Running` once the port is bound and the model is loaded
     (or failed to load, which ends the server).
 
-    Returns the exit status: 0 after a shutdown, 1 when the model failed to load.
+    Returns the exit status: 0 after a shutdown, 1 when the model failed to load or a
+    shared part failed for good (`Service.stopped_by_failure`).
     """
     app = create_app(settings, extra_processors=extra_processors)
     service: Service = app.extensions["mlx_nursery"]
     shutdown = trio.Event() if shutdown is None else shutdown
     stop_accepting = trio.Event()
+    failed = trio.Event()
 
     async def drain_on_shutdown() -> None:
         await shutdown.wait()
-        stop_accepting.set()
         log.info("shutting down: draining for up to %g s", settings.shutdown_grace)
-        await service.drain(settings.shutdown_grace)
+        await service.drain(settings.shutdown_grace)  # still accepting: new requests get 503
+        stop_accepting.set()
 
     async def stop_if_load_fails() -> None:
         await service.ready.wait()
         if service.state == "failed":
             shutdown.set()
+
+    async def stop_on_failure() -> None:
+        await service.stopped_by_failure.wait()
+        failed.set()
+        shutdown.set()
 
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
         await hypercorn_serve(
@@ -100,10 +111,11 @@ async def serve(
             nursery.start_soon(_reload_keys_on_sighup, service)
         nursery.start_soon(drain_on_shutdown)
         nursery.start_soon(stop_if_load_fails)
+        nursery.start_soon(stop_on_failure)
         urls = await nursery.start(run_hypercorn)
         await service.ready.wait()
         task_status.started(Running(urls, service))
-    return 1 if service.state == "failed" else 0
+    return 1 if service.state == "failed" or failed.is_set() else 0
 
 
 async def _reload_keys_on_sighup(service: Service) -> None:

@@ -235,6 +235,22 @@ class Settings:
         metadata=_help("seconds in-flight requests get after SIGTERM/SIGINT", unit="seconds"),
     )
     """In-flight requests still running after it are cancelled with a final error event."""
+    on_engine_failure: str = attrs.field(
+        default="restart",
+        validator=v.in_(("restart", "exit")),
+        metadata=_help(
+            "when a model's engine thread dies: restart it (load the model again, at most"
+            " --engine-restarts times) or exit non-zero for a supervisor to restart the server"
+        ),
+    )
+    engine_restarts: int = attrs.field(
+        default=3,
+        validator=v.ge(0),
+        metadata=_help(
+            "restarts of a dead engine per model before the server exits non-zero"
+            " (--on-engine-failure restart)"
+        ),
+    )
     log_level: str = attrs.field(
         default="info",
         validator=v.in_(LOG_LEVELS),

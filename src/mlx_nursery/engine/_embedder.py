@@ -83,6 +83,8 @@ class Embedder:
         self._worker: EmbeddingWorker | None = None
         self._forwards = 0
         self._cancellations = CancelRecorder()
+        self.ended = trio.Event()
+        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
 
     async def run(
         self, *, task_status: trio.TaskStatus[Embedder] = trio.TASK_STATUS_IGNORED
@@ -131,6 +133,7 @@ class Embedder:
                 self._worker.stop()
                 await exited.wait()
             thread.join()
+            self.ended.set()
 
     def close(self) -> None:
         """Refuse new work; the thread ends its forward, drops the rest and exits. Not a

@@ -25,6 +25,8 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from .. import fault_points
+from ..fault_points import request_label
 from ..models import EmbeddingSpec, LoadedModel, PoolingMode, load_model
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -43,6 +45,8 @@ class Submit:
     request_id: int
     inputs: list[list[int]]
     dimensions: int | None
+    label: str | None = None
+    """The request's label (its HTTP request id), for the fault seam (`fault_points`)."""
 
 
 @attrs.frozen
@@ -107,7 +111,7 @@ class EmbeddingWorker:
 
     # -- from the Trio thread -----------------------------------------------------------------
     def submit(self, request_id: int, inputs: list[list[int]], dimensions: int | None) -> None:
-        self._commands.put(Submit(request_id, inputs, dimensions))
+        self._commands.put(Submit(request_id, inputs, dimensions, request_label.get()))
 
     def cancel(self, request_id: int) -> None:
         self._commands.put(Cancel(request_id))
@@ -205,6 +209,9 @@ class EmbeddingWorker:
             positions = attempts.pop()
             self.forwards += 1
             try:
+                if fault_points.ARMED:  # a test's fault in the forward holding this request
+                    for position in positions:
+                        fault_points.reach("embedding_forward", batch[position][0].submit.label)
                 pooled = embed_batch(model, [batch[p][1] for p in positions], spec)
             except Exception:
                 if len(positions) < len(batch) or len(groups) == 1:

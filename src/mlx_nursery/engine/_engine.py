@@ -73,6 +73,8 @@ class Engine:
         self._stop_requested = False
         self._late_events = 0
         self._cancellations = CancelRecorder()
+        self.ended = trio.Event()
+        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
@@ -125,6 +127,7 @@ class Engine:
                 await exited.wait()
             thread.join()
             gc.unfreeze()  # the model may now be collected, cycles included
+            self.ended.set()
 
     def close(self) -> None:
         """Begin shutdown: refuse new work; the thread ends its step, cancels the rest, exits."""

@@ -21,6 +21,8 @@ from ._vision import VisionProcessor
 class Submit:
     seq_id: int
     request: GenerationRequest
+    label: str | None = None
+    """The request's label (its HTTP request id), for the fault seam (`fault_points`)."""
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import fault_points
 from ..models import LoadedModel
 from ._config import EngineConfig
 from ._kv_quant import cache_factory
@@ -270,6 +271,8 @@ class Runner:
         prefix covers every image). Anything that fails here fails this request alone."""
         try:
             sequence = build_sequence(command, self._eos)
+            if fault_points.ARMED:
+                fault_points.reach("admission", command.label)
             prompt = list(command.request.prompt_tokens)
             hit = self._fetch_prefix(sequence, self._cache_key(sequence, prompt))
             fresh = Start(prompt, None, [], command.request.max_tokens)
@@ -348,6 +351,8 @@ class Runner:
     def _fetch_prefix(self, sequence: LiveSequence, prompt: list[int] | None) -> CacheHit | None:
         if self._cache is None or prompt is None:
             return None
+        if fault_points.ARMED:
+            fault_points.reach("prefix_fetch", sequence.label)
         hit = self._cache.fetch(self._namespace(sequence), prompt)
         if hit is not None and not all(
             getattr(c, "offset", hit.cached_tokens) == hit.cached_tokens for c in hit.cache
@@ -360,6 +365,11 @@ class Runner:
         """One decode step (or prefill chunk) for every active sequence."""
         stepper = self._stepper
         try:
+            if fault_points.ARMED:  # a test's fault in the step itself, as a forward would fail
+                for live in self._ledger.active.values():
+                    started = bool(live.tokens)  # a replay keeps its tokens: still decoding
+                    point: fault_points.Point = "decode_step" if started else "prefill"
+                    fault_points.reach(point, live.label)
             responses = stepper.step()
         except Exception as exc:  # noqa: BLE001 - attributed, if at all, by _recover
             self._recover(exc)

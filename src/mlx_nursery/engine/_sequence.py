@@ -12,8 +12,16 @@ from typing import Any, Protocol
 import attrs
 import mlx.core as mx
 
+from .. import fault_points
 from ._messages import StepEvent, Submit
-from ._sampling import make_request_processors, make_request_sampler
+from ._sampling import (
+    GuardedProcessor,
+    GuardedSampler,
+    Sampler,
+    make_request_processors,
+    make_request_sampler,
+    rewind_sampler,
+)
 from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 
 
@@ -57,6 +65,8 @@ class LiveSequence:
     """Inserted since its last token: a suspect if a step fails now (see `_recovery`)."""
     strikes: int = 0
     """Failed steps in which it was the one suspect."""
+    label: str | None = None
+    """The request's label (`Submit.label`), for the fault seam."""
     prefill: Any = None
     """Its image prefill while one runs (`_vision.ImagePrefill`), before any stepper holds it."""
 
@@ -75,7 +85,7 @@ def build_sequence(command: Submit, eos: frozenset[int]) -> LiveSequence:
     # The sampler applies a logit bias batch-wide; a request told its logprobs keeps it as a
     # processor, so that they are the biased ones (`_sampling`'s docstring).
     bias_in_sampler = request.logprobs is None
-    return LiveSequence(
+    sequence = LiveSequence(
         seq_id=command.seq_id,
         request=request,
         sampler=make_request_sampler(request.sampling, failures, with_bias=bias_in_sampler),
@@ -88,7 +98,14 @@ def build_sequence(command: Submit, eos: frozenset[int]) -> LiveSequence:
         ),
         stop_ids=(frozenset() if request.ignore_eos else eos) | request.stop_token_ids,
         failures=failures,
+        label=command.label,
     )
+    if fault_points.ARMED and command.label is not None:  # a test's faults, inside the guards
+        sampler = sequence.sampler
+        inner = sampler.sampler if isinstance(sampler, GuardedSampler) else sampler
+        sequence.sampler = GuardedSampler(FaultingSampler(inner, command.label), failures)
+        sequence.processors.append(GuardedProcessor(FaultingProcessor(command.label), failures))
+    return sequence
 
 
 def unstarted_end(command: Submit, reason: FinishReason, error: str | None = None) -> StepEvent:
@@ -109,3 +126,29 @@ def token_logprob(sequence: LiveSequence, response: Response) -> TokenLogprob:
         top = tuple((int(i), float(val)) for i, val in pairs)
     chosen: float = logprobs[response.token].item()  # type: ignore[assignment]
     return TokenLogprob(int(response.token), float(chosen), top)
+
+
+class FaultingSampler:
+    """`sampler`, with the fault seam's `sampler` point before each draw (tests only)."""
+
+    def __init__(self, sampler: Sampler, label: str) -> None:
+        self._sampler = sampler
+        self._label = label
+
+    def rewind(self, draws: int) -> None:
+        rewind_sampler(self._sampler, draws)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        fault_points.reach("sampler", self._label)
+        return self._sampler(logprobs)
+
+
+class FaultingProcessor:
+    """A logits processor that changes nothing: the seam's `logits_processor` point."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        fault_points.reach("logits_processor", self._label)
+        return logits

@@ -30,6 +30,8 @@ from typing import Any, Literal
 import attrs
 import trio
 
+from .. import fault_points
+from ..fault_points import request_label
 from ._errors import EngineOverloaded, EngineUnavailable
 from ._speech_types import (
     SpeechModelInfo,
@@ -64,6 +66,8 @@ class _Job:
     send: trio.MemorySendChannel[SpeechEvent]
     stop: threading.Event = attrs.Factory(threading.Event)
     confirmed: trio.Event = attrs.Factory(trio.Event)
+    label: str | None = attrs.Factory(request_label.get)
+    """The request's label (its HTTP request id), for the fault seam (`fault_points`)."""
 
 
 class SpeechEngine:
@@ -79,6 +83,8 @@ class SpeechEngine:
         self._windows = 0
         self._tokens = 0
         self._cancelled = 0
+        self.ended = trio.Event()
+        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(
@@ -124,6 +130,7 @@ class SpeechEngine:
             thread.join()
             if self._state != "failed":
                 self._state = "closed"
+            self.ended.set()
 
     def close(self) -> None:
         """Refuse new work; the thread finishes (or stops) its transcription and exits."""
@@ -234,6 +241,8 @@ class SpeechEngine:
         def check() -> None:
             if job.stop.is_set():
                 raise whisper.Stopped
+            if fault_points.ARMED:
+                fault_points.reach("whisper_window", job.label)
 
         def on_token() -> None:
             self._tokens += 1

@@ -12,6 +12,7 @@ import attrs
 import trio
 from mlx_lm.tokenizer_utils import StreamingDetokenizer
 
+from .. import fault_points
 from ._messages import StepEvent
 from ._types import GenerationRequest, TokenEvent
 
@@ -47,6 +48,7 @@ class Handle:
         what was held back, as the end of the budget does; a cancel or error does not."""
         detokenizer = self.detokenizer
         if step.token_id is not None:
+            fault_points.reach("detokenize")
             detokenizer.add_token(step.token_id)
         if step.finish_reason in ("stop", "length"):
             detokenizer.finalize()

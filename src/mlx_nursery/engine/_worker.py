@@ -15,6 +15,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from .. import fault_points
+from ..fault_points import request_label
 from ..models import load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenBytes
@@ -101,7 +103,7 @@ class Worker:
         return self._runner.steps if self._runner is not None else 0
 
     def submit(self, seq_id: int, request: GenerationRequest) -> None:
-        self._commands.put(Submit(seq_id, request))
+        self._commands.put(Submit(seq_id, request, request_label.get()))
 
     def cancel(self, seq_id: int) -> None:
         self._commands.put(Cancel(seq_id))
@@ -246,6 +248,8 @@ class Worker:
         admitted: list[Submit] = []
         for command in commands:
             if isinstance(command, Submit):
+                if fault_points.ARMED:  # the engine's own loop failing: the thread dies
+                    fault_points.reach("engine_loop", command.label)
                 if stop or command.seq_id in cancelled:
                     self._ledger.end_unstarted(command, "cancelled")
                 else:

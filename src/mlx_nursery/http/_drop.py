@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import fault_points
+
 DROP_CONNECTION = b"\x00mlx-nursery: drop the connection\x00"
 """Yielded by a stream's body where its connection is to be cut. SSE events are JSON text:
 no event holds a NUL byte."""
@@ -35,6 +37,8 @@ class ConnectionDrops:
 
         async def send_until_dropped(message: dict[str, Any]) -> None:
             nonlocal dropped
+            if message["type"] == "http.response.body" and message.get("body"):
+                fault_points.reach("sse_write")  # a test's failure while writing the body
             if message["type"] == "http.response.body" and message.get("body") == DROP_CONNECTION:
                 dropped = True
             if not dropped:

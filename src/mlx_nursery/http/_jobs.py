@@ -44,6 +44,7 @@ from ..openai import (
     Unavailable,
     generate_text,
 )
+from ._errors import internal_error, log_failure
 from ._faults import Fault, InjectedBreak
 from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
@@ -170,7 +171,7 @@ class Jobs:
             record.model = self._model_name
             record.job_started()
         try:
-            await self._nursery.start(run, job, send)
+            await self._nursery.start(partial(self._contained, run), job, send, record)
         except BaseException as exc:
             self._finished(job)
             if record is not None:
@@ -179,6 +180,45 @@ class Jobs:
                 record.part_ended()
             raise
         return job
+
+    async def _contained(
+        self,
+        run: _JobTask,
+        job: Job,
+        send: trio.MemorySendChannel[JobItem],
+        record: RequestRecord | None,
+        *,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        """Run a job's task so that nothing it raises reaches the jobs' nursery (the model's,
+        shared by every request on it): an exception before it started is raised by
+        `_launch` to its request alone; one after is logged once and becomes the request's
+        last item, a 500 `internal_error` naming the request id. Cancellation is not an
+        exception here: it ends the task as ever."""
+        started = False
+
+        def mark_started(value: None = None) -> None:
+            nonlocal started
+            started = True
+            task_status.started(value)
+
+        try:
+            async with send:
+                try:
+                    await run(job, send, task_status=_Started(mark_started))
+                except Exception as exc:
+                    if not started:
+                        raise
+                    request_id = record.request_id if record is not None else "-"
+                    log_failure(request_id, "inside its job", exc)
+                    if record is not None:
+                        record.error = "internal_error"
+                    with trio.move_on_after(1):  # a client that stopped reading will not see it
+                        await send.send(internal_error(request_id))
+        finally:
+            self._finished(job)
+            if record is not None and started:
+                record.part_ended()  # before it started, `_launch` ends the record's part
 
     async def _end(
         self,
@@ -250,39 +290,33 @@ class Jobs:
             started = True
             task_status.started(value)
 
-        try:
-            async with send:
-                failure: OpenAIError | None = None
-                with job.scope:
-                    try:
-                        assert self._engine is not None
-                        await generate_text(
-                            self._engine,
-                            prepared.generation,
-                            prepared.stops,
-                            send,
-                            prompt_param=prepared.prompt_param,
-                            tools=prepared.tool_extractor(),
-                            logprobs=prepared.logprob_aligner(),
-                            reasoning=prepared.reasoning_splitter(),
-                            observe=observe if observer or record or fault else None,
-                            usage=prepared.usage,
-                            task_status=_Started(mark_started),
-                        )
-                    except OpenAIError as exc:
-                        if not started:
-                            raise
-                        failure = exc
-                        drops = isinstance(exc, InjectedBreak) and exc.drops and prepared.stream
-                        if prepared.drop_on_failure or drops:  # drop_after: scripted, injected
-                            failure = ConnectionDropped(
-                                "the script dropped the connection", code="connection_dropped"
-                            )
-                await self._end(job, send, failure, started, record, observer)
-        finally:
-            self._finished(job)
-            if record is not None and started:
-                record.part_ended()  # before it started, `start` ends the record's part
+        failure: OpenAIError | None = None
+        with job.scope:
+            try:
+                assert self._engine is not None
+                await generate_text(
+                    self._engine,
+                    prepared.generation,
+                    prepared.stops,
+                    send,
+                    prompt_param=prepared.prompt_param,
+                    tools=prepared.tool_extractor(),
+                    logprobs=prepared.logprob_aligner(),
+                    reasoning=prepared.reasoning_splitter(),
+                    observe=observe if observer or record or fault else None,
+                    usage=prepared.usage,
+                    task_status=_Started(mark_started),
+                )
+            except OpenAIError as exc:
+                if not started:
+                    raise
+                failure = exc
+                drops = isinstance(exc, InjectedBreak) and exc.drops and prepared.stream
+                if prepared.drop_on_failure or drops:  # drop_after: scripted, injected
+                    failure = ConnectionDropped(
+                        "the script dropped the connection", code="connection_dropped"
+                    )
+        await self._end(job, send, failure, started, record, observer)
 
     async def start_transcription(
         self,
@@ -311,37 +345,28 @@ class Jobs:
         """The job's task: the transcription's events into `send`; the error that ends it
         early (deadline, shutdown, failure) as the last item once it has started."""
         started = False
-        try:
-            async with send:
-                failure: OpenAIError | None = None
-                with job.scope:
-                    try:
-                        async with engine.transcribe(request) as events:
-                            started = True
-                            task_status.started()
-                            async for event in events:
-                                if isinstance(event, EngineUnavailable):
-                                    failure = GenerationFailed(
-                                        str(event), code="transcription_failed"
-                                    )
-                                    break
-                                await send.send(event)
-                    except EngineOverloaded as exc:
-                        raise Overloaded(
-                            f"the server is at capacity ({exc.queued} requests waiting); "
-                            "retry later",
-                            code="server_overloaded",
-                        ) from None
-                    except EngineUnavailable:
-                        raise Unavailable(
-                            "the server is not serving (shutting down or stopped)",
-                            code="server_unavailable",
-                        ) from None
-                await self._end(job, send, failure, started, record)
-        finally:
-            self._finished(job)
-            if record is not None and started:
-                record.part_ended()
+        failure: OpenAIError | None = None
+        with job.scope:
+            try:
+                async with engine.transcribe(request) as events:
+                    started = True
+                    task_status.started()
+                    async for event in events:
+                        if isinstance(event, EngineUnavailable):
+                            failure = GenerationFailed(str(event), code="transcription_failed")
+                            break
+                        await send.send(event)
+            except EngineOverloaded as exc:
+                raise Overloaded(
+                    f"the server is at capacity ({exc.queued} requests waiting); retry later",
+                    code="server_overloaded",
+                ) from None
+            except EngineUnavailable:
+                raise Unavailable(
+                    "the server is not serving (shutting down or stopped)",
+                    code="server_unavailable",
+                ) from None
+        await self._end(job, send, failure, started, record)
 
     def _cancellation_error(self, job: Job) -> OpenAIError:
         if job.reason == "shutdown":

@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from .. import fault_points
 from ..openai import ConnectionDropped, OpenAIError
 from ._batching import WriteBatcher, WritePolicy
 from ._drop import DROP_CONNECTION
@@ -64,6 +65,7 @@ async def pump(
                         yield (await format.render(items[:drop]))[0]
                     yield DROP_CONNECTION
                     return
+                fault_points.reach("rendering")
                 write, ended = await format.render(items)
                 if ended:
                     await job.settled()  # the client's whole answer: the job is gone by then

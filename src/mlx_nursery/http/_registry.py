@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -60,6 +61,21 @@ from ._model_sources import ModelSource
 log = logging.getLogger("mlx_nursery.http")
 
 SlotState = Literal["unloaded", "loading", "ready", "unloading"]
+FailurePolicy = Literal["restart", "exit"]
+"""What follows a model's engine thread dying: a new load of the model (at most
+`restart_limit` times per model, then as `exit`), or the server's exit with a non-zero
+status, for a supervisor (systemd, Kubernetes) to start it again."""
+
+
+@attrs.frozen
+class Problem:
+    """Why a model cannot serve now, as /health reports it."""
+
+    model: str
+    component: str
+    since: float
+    """Wall-clock time (seconds since the epoch) it began."""
+    detail: str
 
 
 @attrs.frozen
@@ -212,6 +228,9 @@ class ModelSlot:
     """Set: the hosted model is to be unloaded."""
     ended: trio.Event = attrs.Factory(trio.Event)
     """Set once the hosted model's engine thread has ended (a new one per load)."""
+    problem: Problem | None = None
+    """Set while the model is down after its engine died (until a restart serves again)."""
+    restarts: int = 0
 
     @property
     def busy(self) -> bool:
@@ -254,6 +273,9 @@ class ModelRegistry:
         memory_budget: int | None,
         kv_cache_bytes: int | None,
         prompt_cache_bytes: int,
+        on_failure: FailurePolicy = "restart",
+        restart_limit: int = 3,
+        on_fatal: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.slots = [ModelSlot(source) for source in sources]
         self._by_name = {
@@ -265,6 +287,10 @@ class ModelRegistry:
         self.memory_budget = memory_budget
         self._kv_cache_bytes = kv_cache_bytes
         self._prompt_cache_bytes = prompt_cache_bytes
+        self._on_failure = on_failure
+        self._restart_limit = restart_limit
+        self._on_fatal = on_fatal
+        """Called once a dead engine is not to be restarted: the server must exit."""
         self._one_load = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._closed = False
@@ -300,10 +326,18 @@ class ModelRegistry:
     def loaded(self) -> list[AnyHosted]:
         return [slot.hosted for slot in self.slots if slot.hosted is not None]
 
-    @property
-    def healthy(self) -> bool:
-        """Every loaded model's engine runs (none loaded is healthy: they load on demand)."""
-        return all(hosted.engine.healthy for hosted in self.loaded())
+    def problems(self) -> list[Problem]:
+        """What keeps a model from serving now: an engine that died (until its restart
+        serves), or a loaded model whose engine does not run. None loaded is healthy: they
+        load on demand."""
+        found = [slot.problem for slot in self.slots if slot.problem is not None]
+        for slot in self.slots:
+            hosted = slot.hosted
+            ready = slot.state == "ready" and hosted is not None and slot.problem is None
+            if ready and hosted is not None and not hosted.engine.healthy:
+                detail = "the engine is not running"
+                found.append(Problem(slot.source.name, "engine", time.time(), detail))
+        return found
 
     @asynccontextmanager
     async def lease(self, slot: ModelSlot, deadline: float) -> AsyncIterator[AnyHosted]:
@@ -437,17 +471,58 @@ class ModelRegistry:
         """Run the model's engine and jobs in a nursery of their own until it is unloaded
         (or the service ends)."""
         slot.release, slot.ended = trio.Event(), trio.Event()
+        died: str | None = None
         try:
             async with trio.open_nursery() as nursery:
                 hosted = await self._opener(slot.source, path, reservation, nursery)
                 task_status.started(hosted)
-                await slot.release.wait()
+                await _first_set(slot.release, hosted.engine.ended)
+                if not slot.release.is_set():
+                    died = "the engine thread stopped; the server's log says why"
                 hosted.engine.close()
+        except Exception:  # its jobs contain their own failures: this is the hosting's own
+            if not slot.release.is_set():
+                log.exception("model %s: its hosting failed", slot.source.name)
+                died = "the model's hosting failed; the server's log says why"
         finally:
             slot.hosted = None  # gone before anyone waiting for its end looks again
-            if slot.state == "unloading":
+            if slot.state in ("unloading", "ready"):
                 slot.state = "unloaded"
             slot.ended.set()
+        if died is not None:
+            self._died(slot, died)
+
+    def _died(self, slot: ModelSlot, detail: str) -> None:
+        """`slot`'s engine died: report it (/health), then load the model again or, past the
+        restart limit or with the `exit` policy, have the server exit."""
+        name = slot.source.name
+        slot.problem = Problem(name, "engine", time.time(), detail)
+        self._metrics.model_unloaded(name)
+        if self._closed:
+            return
+        if self._on_failure == "exit" or slot.restarts >= self._restart_limit:
+            log.error("model %s: its engine died; the server exits (--on-engine-failure)", name)
+            self._on_fatal(f"the engine of model {name!r} died")
+            return
+        slot.restarts += 1
+        log.error(
+            "model %s: its engine died; restarting it (%d of %d)",
+            name,
+            slot.restarts,
+            self._restart_limit,
+        )
+        assert self._nursery is not None
+        self._nursery.start_soon(self._restart, slot)
+
+    async def _restart(self, slot: ModelSlot) -> None:
+        """Load `slot`'s model again after its engine died; its problem clears once it
+        serves. A load that fails leaves the problem reported."""
+        try:
+            await self._ready(slot)
+        except OpenAIError as exc:
+            log.error("model %s was not restarted: %s", slot.source.name, exc.message)
+            return
+        slot.problem = None
 
     def _reservation(self, name: str, facts: ModelFacts) -> Reservation:
         prefix, kv = self._prompt_cache_bytes, self._kv_cache_bytes
@@ -500,6 +575,18 @@ class ModelRegistry:
         self._metrics.model_unloaded(name)
         gc.collect()  # the model's arrays held in reference cycles go now, not at some later pass
         log.info("model %s unloaded", name)
+
+
+async def _first_set(*events: trio.Event) -> None:
+    """Wait until any of `events` is set. Cancellation: as any wait."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
 
 
 def _insufficient(message: str) -> Overloaded:

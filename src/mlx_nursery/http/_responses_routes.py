@@ -9,6 +9,7 @@ import attrs
 import trio
 from quart import Response, request
 
+from .. import fault_points
 from ..openai import (
     Finished,
     InvalidRequest,
@@ -92,6 +93,7 @@ async def create_response() -> Response:
     async for item in job.receive:
         if isinstance(item, OpenAIError):
             raise item  # to the one handler (app.py), as every error
+        fault_points.reach("rendering")
         _apply(builder, item)
         if isinstance(item, Finished):
             await _save(service, prepared, builder)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -12,6 +13,7 @@ import trio
 from quart import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from .. import fault_points
 from ..openai import (
     Finished,
     LogprobEntry,
@@ -49,16 +51,38 @@ def _service() -> Service:
 
 @routes.get("/health")
 async def health() -> Response:
+    """200 `ok` only while the server takes work and every loaded model's engine runs;
+    else 503 with the state (loading, draining, failed, unhealthy) and each problem: the
+    model, the component, since when (RFC 3339, UTC) and what is wrong."""
     service = _service()
-    status = 200 if service.healthy else 503
-    body = {
-        "status": "ok"
-        if service.healthy
-        else service.state
-        if service.state != "ready"
-        else "unhealthy"
-    }
-    return Response(json.dumps(body), status=status, content_type="application/json")
+    problems = service.problems()
+    healthy = service.state == "ready" and not problems
+    body: dict[str, Any] = {"status": "ok" if healthy else _health_state(service.state)}
+    if problems:
+        body["problems"] = [
+            {
+                "model": problem.model,
+                "component": problem.component,
+                "since": _rfc3339(problem.since),
+                "detail": problem.detail,
+            }
+            for problem in problems
+        ]
+    headers = {} if healthy or service.state == "failed" else {"Retry-After": "1"}
+    return Response(
+        json.dumps(body),
+        status=200 if healthy else 503,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _health_state(state: str) -> str:
+    return "unhealthy" if state == "ready" else state
+
+
+def _rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @routes.get("/metrics")
@@ -230,6 +254,7 @@ async def collect(prepared: Prepared, job: Job, body: Body = _wire_body) -> Resp
         elif isinstance(item, Finished):
             await job.settled()
             reasoning = "".join(thoughts) or None  # only a thinking model's message has one
+            fault_points.reach("rendering")
             return Response(
                 json.dumps(body(prepared, "".join(pieces), item, calls, logprobs, reasoning)),
                 content_type="application/json",

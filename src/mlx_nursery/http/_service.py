@@ -69,6 +69,7 @@ from ._registry import (
     HostedEmbedder,
     ModelRegistry,
     ModelSlot,
+    Problem,
     Reservation,
     generating,
 )
@@ -104,6 +105,9 @@ class Service:
         self.state: State = "loading"
         self.ready = trio.Event()
         """Set once the state leaves "loading" (to ready, or failed)."""
+        self.stopped_by_failure = trio.Event()
+        """Set when a shared part failed for good: the server is to exit non-zero."""
+        self.failure: Problem | None = None
         self.sources = model_sources(settings)
         self.default_script = default_script(settings)
         """The scripted model's script for requests without one (`--script`)."""
@@ -209,6 +213,9 @@ class Service:
             memory_budget=budget,
             kv_cache_bytes=self.settings.kv_cache_bytes,
             prompt_cache_bytes=self.settings.prompt_cache_bytes,
+            on_failure=self.settings.on_engine_failure,  # type: ignore[arg-type]  # validated
+            restart_limit=self.settings.engine_restarts,
+            on_fatal=self._fatal,
         )
         self.models.start(nursery)
         await self.models.read_facts()
@@ -337,9 +344,24 @@ class Service:
         self.state = "failed"
         self.ready.set()
 
+    def _fatal(self, reason: str) -> None:
+        """A shared part failed for good (an engine past its restarts): report unhealthy and
+        have the server exit non-zero (`server.py` waits for `stopped_by_failure`)."""
+        self.failure = Problem("*", "server", time.time(), reason)
+        if self.state != "draining":
+            self.state = "failed"
+        self.stopped_by_failure.set()
+
+    def problems(self) -> list[Problem]:
+        """What keeps the server from serving now (empty: healthy), for /health."""
+        found = [self.failure] if self.failure is not None else []
+        if self.models is not None:
+            found += self.models.problems()
+        return found
+
     @property
     def healthy(self) -> bool:
-        return self.state == "ready" and self.models is not None and self.models.healthy
+        return self.state == "ready" and not self.problems()
 
     def check_open(self) -> ModelRegistry:
         """The registry, while the server takes requests. Raises the 503 otherwise."""

@@ -118,10 +118,12 @@ class Overloaded(OpenAIError):
 
 
 class Unavailable(OpenAIError):
-    """The server is shutting down or its engine stopped."""
+    """The server is shutting down or its engine stopped: another replica, or this one in a
+    moment, may serve it (Retry-After)."""
 
     status = 503
     type = "server_error"
+    retry_after: float | None = 1
 
 
 class RequestTimeout(OpenAIError):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import fault_points
 from ._errors import InvalidRequest, shortened
 
 MAX_JSON_DEPTH = 128
@@ -47,6 +48,7 @@ def parse_json(raw: bytes | str, *, param: str | None = None) -> Any:
     """Parse a client's JSON document within the limits above; InvalidRequest otherwise.
 
     `param` names the document in errors (None: the request body)."""
+    fault_points.reach("parse")
     what = f"'{param}'" if param else "the request body"
     if isinstance(raw, str):
         data = raw.encode("utf-8", "surrogatepass")

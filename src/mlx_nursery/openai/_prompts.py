@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import jinja2
 
+from .. import fault_points
 from ..engine import ImageInputs, VisionProcessor
 from ._chat import ChatMessage
 from ._completions import CompletionRequest
@@ -143,6 +144,7 @@ def render_template(
     result's `tool_call_id`. `continue_final`: the last message is an assistant's reply to
     continue (a prefill) rather than a turn to answer. `thinking`: the template's
     `enable_thinking` (None: its default). Blocking: a worker thread."""
+    fault_points.reach("template")
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
     extra: dict[str, Any] = {"tools": tools} if tools else {}
@@ -160,7 +162,9 @@ def render_template(
                 assert images is not None
                 return images.prepare(text)
             assert encode is not None
+            fault_points.reach("tokenize")
             return encode(text), None
+        fault_points.reach("tokenize")
         tokens = tokenizer.apply_chat_template(
             rendered, add_generation_prompt=not continue_final, tokenize=True, **extra
         )
@@ -427,6 +431,7 @@ def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[i
         prompt = prompt[0]
     if isinstance(prompt, str):
         check_prompt_size(served, [prompt], "prompt")
+        fault_points.reach("tokenize")
         tokens = list(served.tokenizer.encode(prompt))
     else:
         tokens = list(prompt)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import attrs
 
+from .. import fault_points
 from ._errors import InvalidRequest, quoted
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -146,6 +147,7 @@ class ReasoningSplitter:
         return self._state in ("after", "answer")
 
     def feed(self, text: str) -> list[Piece]:
+        fault_points.reach("reasoning_split")
         if self._state == "answer":
             return [AnswerPiece(text)] if text else []
         self._buffer += text

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from .. import fault_points
 from ._converter import structure
 from ._errors import InvalidRequest
 from ._json import TOO_DEEP, parse_json
@@ -222,6 +223,7 @@ class ToolCallExtractor:
         return self._max_calls is not None and self.calls >= self._max_calls
 
     def feed(self, text: str) -> list[Piece]:
+        fault_points.reach("tool_call_parse")
         self._buffer += text
         pieces: list[Piece] = []
         while not self.done:

@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 import trio
 
+from .. import fault_points
 from ._responses import StoredResponse
 
 if TYPE_CHECKING:
@@ -138,6 +139,7 @@ class PostgresResponsesStore:
     async def put(self, record: StoredResponse) -> None:
         """Store `record` (replacing one with its id), then evict past the age and count
         limits, in one transaction. Cancelled before its thread ran: nothing was written."""
+        fault_points.reach("store_write")
         await self._run(self._call, self._put, record)
 
     async def get(self, response_id: str) -> StoredResponse | None:

@@ -18,6 +18,8 @@ from typing import Any
 import attrs
 import trio
 
+from .. import fault_points
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
@@ -79,6 +81,7 @@ class ResponsesStore:
     async def put(self, record: StoredResponse) -> None:
         """Store `record` (replacing one with its id), then evict past the age and count
         limits, in one transaction. Cancelled before its thread ran: nothing was written."""
+        fault_points.reach("store_write")
         await self._run(self._put, record)
 
     async def get(self, response_id: str) -> StoredResponse | None:

@@ -11,12 +11,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._faults import injected_fault
     from ._live import CancelCause, LiveServer, ServerReport, start_server
 
-__all__ = ["CancelCause", "LiveServer", "ServerReport", "start_server"]
+__all__ = ["CancelCause", "LiveServer", "ServerReport", "injected_fault", "start_server"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "injected_fault":
+        from . import _faults
+
+        return _faults.injected_fault
     if name in __all__:
         from . import _live
 
