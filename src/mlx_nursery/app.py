@@ -26,6 +26,7 @@ from .http import (
     log_failure,
     request_class_for,
     routes,
+    tenant_of,
 )
 from .openai import OpenAIError
 from .settings import Settings
@@ -90,10 +91,10 @@ def create_app(
             asked = request.headers.get("Access-Control-Request-Headers")
             headers = access.current.preflight_headers(origin, asked)
             return Response("", status=204, headers=headers)
-        verdict = access.current.verdict(
-            request.path, request.headers.get("Authorization"), request.headers.get("x-api-key")
-        )
+        keys = request.headers.get("Authorization"), request.headers.get("x-api-key")
+        verdict = access.current.verdict(request.path, *keys)
         if verdict == "allowed":
+            g.tenant = tenant_of(access.current, *keys)  # whose work this is (http/_tenancy.py)
             return None
         if verdict == "forbidden":
             await _drain_body(403)

@@ -21,8 +21,10 @@ from ._messages_routes import is_messages_route  # registers /v1/messages on `ro
 from ._model_sources import model_sources
 from ._routes import routes
 from ._service import RequestProcessors, Service, default_script
+from ._tenancy import ANONYMOUS, Tenant, current_tenant, tenant_of
 
 __all__ = [
+    "ANONYMOUS",
     "HYPERCORN_HEAD_BYTES",
     "ConnectionDrops",
     "LifetimeHTTPConnection",
@@ -30,7 +32,9 @@ __all__ = [
     "RequestProcessors",
     "Service",
     "ShieldFinalBody",
+    "Tenant",
     "current_record",
+    "current_tenant",
     "default_script",
     "envelope_response",
     "error_response",
@@ -41,4 +45,5 @@ __all__ = [
     "parse_fault",
     "request_class_for",
     "routes",
+    "tenant_of",
 ]
