@@ -149,6 +149,23 @@ class Settings:
         validator=v.ge(0),
         metadata=_help("requests waiting for a lane; past it, 503 with Retry-After"),
     )
+    max_queue_per_key: int | None = attrs.field(
+        default=None,
+        validator=v.optional(v.ge(1)),
+        metadata=_help(
+            "of --max-queue, the places one API key may hold (with keys set), so that one"
+            " client filling the queue leaves the others room; past it, 503 for that key",
+            none="half of --max-queue",
+        ),
+    )
+    shared_prefix_cache: bool = attrs.field(
+        default=False,
+        metadata=_help(
+            "with API keys set, share cached prompt prefixes across keys (by default each"
+            " key's are its own: a cached-token count could otherwise tell one key what"
+            " another's prompts held)"
+        ),
+    )
     request_timeout: float | None = attrs.field(
         default=600.0,
         validator=_optional_positive,

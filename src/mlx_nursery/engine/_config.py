@@ -18,6 +18,16 @@ class EngineConfig:
     """Sequences on the device at once: 1 = strict serialization, N = continuous batching."""
     max_queue: int = attrs.field(default=64, validator=v.ge(0))
     """Requests allowed to wait for a lane; past this, submission fails at once."""
+    max_queue_per_tenant: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    """Of those, the most one tenant (`GenerationRequest.tenant`) may hold, so that one
+    client filling the queue leaves the others room. None: half the queue (at least 1)."""
+
+    @property
+    def tenant_queue_share(self) -> int:
+        if self.max_queue_per_tenant is not None:
+            return self.max_queue_per_tenant
+        return max(1, self.max_queue // 2)
+
     prefill_step_size: int = attrs.field(default=512, validator=v.ge(1))
     """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned."""
     prefill_batch_size: int = attrs.field(default=8, validator=v.ge(1))

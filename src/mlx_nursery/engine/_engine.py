@@ -1,7 +1,7 @@
 """The engine's Trio side: admission, lanes, delivery, cancellation.
 
-Lanes are a `trio.CapacityLimiter`: a request borrows a token (FIFO,
-cancellable) before its sequence is submitted, and the token is returned by
+Lanes are `FairLanes` (a capacity limiter fair among tenants): a request borrows
+a token (cancellable) before its sequence is submitted, and the token is returned by
 the engine thread's confirmation that the sequence left the batch, never
 earlier. So `limiter.borrowed_tokens` is exactly the number of sequences that
 may still be computing.
@@ -30,6 +30,7 @@ import trio
 from ._config import EngineConfig
 from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._lanes import FairLanes
 from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
 from ._statistics import CancelRecorder, CancelStatistics
 from ._stream import Handle, TokenStream
@@ -68,7 +69,7 @@ class Engine:
         self._waiting: set[trio.CancelScope] = set()
         self._stats: WorkerStats | None = None
         self._model: ModelInfo | None = None
-        self._limiter: trio.CapacityLimiter | None = None
+        self._limiter: FairLanes | None = None
         self._worker: Worker | None = None
         self._stop_requested = False
         self._late_events = 0
@@ -85,7 +86,7 @@ class Engine:
         the caller's nursery down): the engine reports itself unhealthy instead.
         """
         token = trio.lowlevel.current_trio_token()
-        self._limiter = trio.CapacityLimiter(self.config.max_concurrency)
+        self._limiter = FairLanes(self.config.max_concurrency)
         ready, exited = trio.Event(), trio.Event()
         outcome: dict[str, BaseException | None] = {"load": None, "exit": None}
 
@@ -164,7 +165,7 @@ class Engine:
         return self._model
 
     @property
-    def limiter(self) -> trio.CapacityLimiter:
+    def limiter(self) -> FairLanes:
         assert self._limiter is not None, "the engine is not started"
         return self._limiter
 
@@ -232,6 +233,10 @@ class Engine:
         waiting = limiter.statistics().tasks_waiting
         if limiter.available_tokens == 0 and waiting >= self.config.max_queue:
             raise EngineOverloaded(waiting, self.config.max_queue)
+        tenant, share = request.tenant, self.config.tenant_queue_share
+        queued = limiter.waiting_for(tenant) if tenant is not None else 0
+        if limiter.available_tokens == 0 and queued >= share:  # room left for other tenants
+            raise EngineOverloaded(queued, share)
 
     def _new_handle(self, request: GenerationRequest) -> Handle:
         send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
@@ -242,7 +247,7 @@ class Engine:
         with trio.CancelScope() as waiting:
             self._waiting.add(waiting)
             try:
-                await self.limiter.acquire_on_behalf_of(handle)
+                await self.limiter.acquire_on_behalf_of(handle, handle.request.tenant)
             finally:
                 self._waiting.discard(waiting)
         if waiting.cancelled_caught or self._state != "running":

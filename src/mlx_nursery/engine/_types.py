@@ -131,6 +131,10 @@ class GenerationRequest:
     script: Script | None = None
     """For the scripted model: its output and timing (None: it ends at once). Other models
     ignore it; the OpenAI layer gives it to the scripted model only."""
+    tenant: str | None = None
+    """Whose request (opaque: the server's digest of the API key). Lanes go fairly among
+    tenants, and one tenant may hold at most `EngineConfig.max_queue_per_tenant` places in
+    the queue; None is one tenant among the others, without the queue share."""
 
 
 @attrs.frozen

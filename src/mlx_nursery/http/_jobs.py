@@ -103,8 +103,11 @@ class Jobs:
         timeout: float | None,
         metrics: Metrics | None = None,
         model_name: str = "",
+        *,
+        share_prefixes: bool = False,
     ) -> None:
         self._nursery = nursery
+        self._share_prefixes = share_prefixes
         self._engine = engine
         self._timeout = timeout
         self._metrics = metrics
@@ -128,6 +131,7 @@ class Jobs:
         arrived: float | None = None,
         record: RequestRecord | None = None,
         fault: Fault | None = None,
+        tenant: str | None = None,
     ) -> Job:
         """Admit and start a job; returns once its sequence holds a lane.
 
@@ -135,7 +139,9 @@ class Jobs:
         request timeout. `arrived`: when the request arrived (its latencies count from
         there, in the metrics); default now. `record`: the request's log record, which the
         job fills in (tokens, finish, cancel cause) and holds open until it ends. `fault`:
-        an injected `error_after` / `drop_after` (`_faults.py`).
+        an injected `error_after` / `drop_after` (`_faults.py`). `tenant`: whose request
+        (`_tenancy.py`): the engine shares lanes fairly among tenants, and each tenant's
+        prompts are cached apart unless the jobs share prefixes across tenants.
 
         Raises the OpenAIError of a refused admission: the shutdown 503 once `drain` has
         begun (then without a checkpoint), or when a drain cancels it while queued; 503
@@ -153,8 +159,21 @@ class Jobs:
         if deadline is None:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
         arrived = trio.current_time() if arrived is None else arrived
+        prepared = self._for_tenant(prepared, tenant)
         run = partial(self._run, prepared=prepared, arrived=arrived, record=record, fault=fault)
         return await self._launch(run, deadline, record)
+
+    def _for_tenant(self, prepared: Prepared, tenant: str | None) -> Prepared:
+        """`prepared`, generating for `tenant`: its prefix-cache scope is the tenant's own
+        (a cached-token count must not tell one key what another key's prompts held)."""
+        if tenant is None:
+            return prepared
+        generation = prepared.generation
+        cache_key = generation.cache_key
+        if not self._share_prefixes:
+            cache_key = f"{tenant}/{cache_key}" if cache_key is not None else tenant
+        generation = attrs.evolve(generation, tenant=tenant, cache_key=cache_key)
+        return attrs.evolve(prepared, generation=generation)
 
     async def _launch(self, run: _JobTask, deadline: float, record: RequestRecord | None) -> Job:
         """Admit a job and start `run(job, send)` in the jobs' nursery; returns once it has

@@ -40,6 +40,7 @@ from ._lifetime import current_record, own
 from ._pump import pump
 from ._routes import _service, collect, note_ignored, request_body, request_id, routes
 from ._sse import HEADERS, named_events
+from ._tenancy import current_tenant
 
 MESSAGES_PATH = "/v1/messages"
 
@@ -72,7 +73,9 @@ async def create_message() -> Response:
         prepared = await service.prepare(prepare, deadline)
         note_ignored(prepared)
         job = own(
-            await hosted.jobs.start(prepared, deadline, arrived, current_record(), fault)
+            await hosted.jobs.start(
+                prepared, deadline, arrived, current_record(), fault, current_tenant().id
+            )
         )  # ends with the request
     if prepared.stream:
         stream = _MessageStream(MessageEvents(prepared), request_id())

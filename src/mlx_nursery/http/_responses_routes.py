@@ -36,6 +36,7 @@ from ._pump import ended_early, pump
 from ._routes import _service, note_ignored, request_body, request_id, routes
 from ._service import Service
 from ._sse import HEADERS, named_events
+from ._tenancy import current_tenant
 
 TRUNCATED_HEADER = "x-truncated-messages"
 """How many of the oldest messages `truncation: "auto"` left out of the prompt."""
@@ -79,7 +80,14 @@ async def create_response() -> Response:
         )
         note_ignored(prepared.prepared, **truncated)
         job = own(
-            await hosted.jobs.start(prepared.prepared, deadline, arrived, current_record(), fault)
+            await hosted.jobs.start(
+                prepared.prepared,
+                deadline,
+                arrived,
+                current_record(),
+                fault,
+                current_tenant().id,
+            )
         )  # request's
     builder = ResponseBuilder(prepared)
     if parsed.stream:

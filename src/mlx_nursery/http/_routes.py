@@ -40,6 +40,7 @@ from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._pump import ended_early, pump
 from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
+from ._tenancy import current_tenant
 
 routes = Blueprint("openai", __name__)
 
@@ -172,7 +173,9 @@ async def _complete(
         prepared = await service.prepare(work, deadline)
         note_ignored(prepared)
         job = own(
-            await hosted.jobs.start(prepared, deadline, arrived, current_record(), fault)
+            await hosted.jobs.start(
+                prepared, deadline, arrived, current_record(), fault, current_tenant().id
+            )
         )  # ends with the request
     if prepared.stream:
         body = pump(job, _ChunkStream(prepared), service.writes, request_id())

@@ -250,6 +250,7 @@ class Service:
             path,
             max_concurrency=self.settings.max_concurrency,
             max_queue=self.settings.max_queue,
+            max_queue_per_tenant=self.settings.max_queue_per_key,
             prompt_cache_bytes=reservation.prefix_cache,
             kv_cache_bytes=reservation.kv,
             prefill_batch_size=self.settings.prefill_batch_size,
@@ -291,7 +292,14 @@ class Service:
             scripted=engine.model.scripted,
             default_script=self.default_script if engine.model.scripted else None,
         )
-        jobs = Jobs(nursery, engine, self.settings.request_timeout, self.metrics, source.name)
+        jobs = Jobs(
+            nursery,
+            engine,
+            self.settings.request_timeout,
+            self.metrics,
+            source.name,
+            share_prefixes=self.settings.shared_prefix_cache,
+        )
         return Hosted(engine, served, jobs, reservation, served.card())
 
     async def _open_speech_model(
