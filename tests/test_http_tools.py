@@ -7,14 +7,18 @@ tool-call extraction and SSE path all run.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
+import pytest
 
 from mlx_nursery.openai._chat import ChatMessage
 from mlx_nursery.openai._converter import structure
 from mlx_nursery.openai._prompts import render_chat
+from mlx_nursery.testing import LiveServer, start_server
 
 from .http_helpers import chat_body, running_server, scripted, sdk, sse_events, validate
 
@@ -215,3 +219,153 @@ async def test_a_truncated_message_item_is_incomplete_as_its_response(tiny_model
     validate(cut.model_dump(exclude_unset=True, mode="json", warnings=False), "Response")
     assert (cut.status, cut.output[0].status) == ("incomplete", "incomplete")
     assert whole.status == whole.output[0].status
+
+
+# -- the model's text is never lost: markup that is not a call comes back as text -------------
+# The scripted model (one server for these tests) writes each text exactly; every API reads it
+# back through the real extraction, streamed and not.
+NOT_A_CALL = {
+    "bad json": 'Let me try.<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n'
+    "</tool_call>",
+    "left open": 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city"',
+    "nested": '<tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+    "</tool_call>",
+    "prose": "Use the <tool_call> tag to call a tool, then wait.",
+    "undeclared": '<tool_call>\n{"name": "delete_files", "arguments": {}}\n</tool_call>',
+}
+ONLY_CALLS = (
+    '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>\n'
+)
+APIS = ["chat", "responses", "messages"]
+
+
+@pytest.fixture(scope="module")
+def scripted_server() -> Iterator[LiveServer]:
+    with start_server(model="scripted") as server:
+        yield server
+
+
+@attrs.frozen
+class Turn:
+    """What one API answered, in common terms."""
+
+    text: str | None
+    """The content (None: chat's null content, or no message / text block at all)."""
+    calls: list[tuple[str, Any]]
+    finish: str
+
+
+async def a_turn(server: LiveServer, api: str, stream: bool, text: str) -> Turn:
+    script = {"script": {"output": {"text": text}}}
+    if api == "chat":
+        return await _chat_turn(server, stream, script)
+    if api == "responses":
+        return await _responses_turn(server, stream, script)
+    return await _messages_turn(server, stream, script)
+
+
+async def _chat_turn(server: LiveServer, stream: bool, script: dict[str, Any]) -> Turn:
+    async with server.async_client() as client:
+        fields: dict[str, Any] = {
+            "model": server.model,
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [WEATHER, TIME],
+            "extra_body": script,
+        }
+        if not stream:
+            choice = (await client.chat.completions.create(**fields)).choices[0]
+            calls = choice.message.tool_calls or []
+            found = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+            return Turn(choice.message.content, found, choice.finish_reason)
+        chunks = [c async for c in await client.chat.completions.create(**fields, stream=True)]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    text = "".join(d.content or "" for d in deltas)
+    fragments = [f for d in deltas for f in d.tool_calls or []]
+    names = [f.function.name for f in fragments if f.id]
+    arguments = [
+        "".join(f.function.arguments or "" for f in fragments if f.index == i)
+        for i in range(len(names))
+    ]
+    found = [(name, json.loads(a)) for name, a in zip(names, arguments, strict=True)]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    return Turn(text or None, found, finish)
+
+
+async def _responses_turn(server: LiveServer, stream: bool, script: dict[str, Any]) -> Turn:
+    async with server.async_client() as client:
+        fields: dict[str, Any] = {
+            "model": server.model,
+            "input": "weather?",
+            "tools": [{"type": "function", **t["function"]} for t in (WEATHER, TIME)],
+            "store": False,
+            "extra_body": script,
+        }
+        if stream:
+            events = [e async for e in await client.responses.create(**fields, stream=True)]
+            deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            response = events[-1].response
+            assert deltas == response.output_text  # what streamed is what the response holds
+        else:
+            response = await client.responses.create(**fields)
+    messages = [item for item in response.output if item.type == "message"]
+    assert len(messages) <= 1
+    calls = [item for item in response.output if item.type == "function_call"]
+    found = [(c.name, json.loads(c.arguments)) for c in calls]
+    text = messages[0].content[0].text if messages else None
+    return Turn(text, found, response.status)
+
+
+async def _messages_turn(server: LiveServer, stream: bool, script: dict[str, Any]) -> Turn:
+    import anthropic
+
+    async with anthropic.AsyncAnthropic(base_url=server.base_url, api_key="unused") as client:
+        fields: dict[str, Any] = {
+            "model": server.model,
+            "max_tokens": 200,
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [
+                {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                for t in (WEATHER, TIME)
+            ],
+            "extra_body": script,
+        }
+        if stream:
+            async with client.messages.stream(**fields) as events:
+                deltas = "".join([e.text async for e in events if e.type == "text"])
+                message = await events.get_final_message()
+            assert deltas == "".join(b.text for b in message.content if b.type == "text")
+        else:
+            message = await client.messages.create(**fields)
+    texts = [block.text for block in message.content if block.type == "text"]
+    assert len(texts) <= 1
+    found = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    return Turn(texts[0] if texts else None, found, str(message.stop_reason))
+
+
+DONE_WITHOUT_CALLS = {"chat": "stop", "responses": "completed", "messages": "end_turn"}
+DONE_WITH_CALLS = {"chat": "tool_calls", "responses": "completed", "messages": "tool_use"}
+
+
+@pytest.mark.parametrize("case", list(NOT_A_CALL))
+@pytest.mark.parametrize("api", APIS)
+async def test_markup_that_is_not_a_call_comes_back_as_text(
+    scripted_server: LiveServer, api: str, case: str
+) -> None:
+    """Bad JSON, a call left open at the end, nested markup, prose that mentions the tag, a
+    tool the request did not declare: the model's text, markup included, is the content
+    (a Responses message, a Messages text block), streamed or not, and no call is made."""
+    text = NOT_A_CALL[case]
+    for stream in (False, True):
+        turn = await a_turn(scripted_server, api, stream, text)
+        assert turn == Turn(text, [], DONE_WITHOUT_CALLS[api]), stream
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_whitespace_between_calls_is_not_content(
+    scripted_server: LiveServer, api: str
+) -> None:
+    expected = [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+    for stream in (False, True):
+        turn = await a_turn(scripted_server, api, stream, ONLY_CALLS)
+        assert turn == Turn(None, expected, DONE_WITH_CALLS[api]), stream

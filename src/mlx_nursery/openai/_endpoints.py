@@ -33,7 +33,7 @@ from ._scripts import (
 from ._served import ServedModel
 from ._shared import SamplingFields, TextFormat
 from ._structured import response_format_processor
-from ._tools import ToolCallExtractor, ToolCallOut
+from ._tools import ToolCallExtractor, ToolCallOut, ToolFormat
 from ._usage import new_id, now
 
 
@@ -86,8 +86,8 @@ class Prepared:
     created: int = attrs.field(factory=now)
     tools: list[dict[str, Any]] = attrs.field(factory=list)
     """Offered to the model (empty: no tool parsing)."""
-    tool_markup: tuple[str, str, Any] | None = None
-    """(start, end, parse) of the model's tool-call format, from mlx-lm."""
+    tool_format: ToolFormat | None = None
+    """The model's tool-call format (its markup and parser, from mlx-lm), or the fallback."""
     max_tool_calls: int | None = None
     """Generation stops after this many calls (1: parallel_tool_calls false); None: no cap."""
     token_text: Any = None
@@ -119,10 +119,9 @@ class Prepared:
         return ReasoningSplitter(self.thinking, opened=self.thinking_opened)
 
     def tool_extractor(self) -> ToolCallExtractor | None:
-        if not self.tools or self.tool_markup is None:
+        if not self.tools or self.tool_format is None:
             return None
-        start, end, parse = self.tool_markup
-        return ToolCallExtractor(start, end, parse, self.tools, max_calls=self.max_tool_calls)
+        return ToolCallExtractor(self.tool_format, self.tools, max_calls=self.max_tool_calls)
 
     @property
     def prompt_param(self) -> str:
@@ -308,13 +307,10 @@ def with_tools(
     one call when not `parallel`, after `max_calls` in any case."""
     if not tools:
         return prepared
-    form = served.tool_format
     limit = 1 if not parallel else None
     if max_calls is not None:
         limit = min(limit or max_calls, max_calls)
-    return attrs.evolve(
-        prepared, tools=tools, tool_markup=(form.start, form.end, form.parse), max_tool_calls=limit
-    )
+    return attrs.evolve(prepared, tools=tools, tool_format=served.tool_format, max_tool_calls=limit)
 
 
 def with_script(
