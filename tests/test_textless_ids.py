@@ -79,14 +79,15 @@ async def test_http_serves_ids_without_text_and_refuses_ids_out_of_range(
     textless_ids: TextlessIds,
 ) -> None:
     """One server. Chat with logprobs, streamed or not: biased to a hole, to a padded row, and
-    a forced mix, each ends by its length with the text of the ids that have one. Ids past
-    the model's rows: a 400 naming the id; a completions prompt of ids without text below
-    them is served."""
+    a forced mix, each ends by its length with the text of the ids that have one; the mix
+    through Responses and Messages too. Ids past the model's rows: a 400 naming the id; a
+    completions prompt of ids without text below them is served."""
     tokenizer = load_tokenizer(textless_ids.path)
     tokens, text = script(textless_ids, tokenizer)
 
     def processors(body: Any) -> tuple[Any, ...]:
-        return (ForcedScript(tokens, None),) if body.get("user") == "mixed" else ()
+        user = body.get("user") or (body.get("metadata") or {}).get("user_id")
+        return (ForcedScript(tokens, None),) if user == "mixed" else ()
 
     cases = [
         ({"logit_bias": {str(textless_ids.holes[1]): 100}, "max_tokens": 3}, ""),
@@ -105,6 +106,7 @@ async def test_http_serves_ids_without_text_and_refuses_ids_out_of_range(
                 assert len(entries) == fields["max_tokens"]
                 assert "".join(e["token"] for e in entries) == content
                 assert bytes(b for e in entries for b in e["bytes"]) == content.encode()
+        await _other_apis(http, len(tokens), text)
         await _out_of_range(http, textless_ids)
 
 
@@ -124,6 +126,31 @@ async def _chat(
     content = "".join(c["delta"].get("content") or "" for c in choices)
     entries = [e for c in choices for e in (c.get("logprobs") or {}).get("content") or []]
     return content, choices[-1]["finish_reason"], entries
+
+
+async def _other_apis(http: httpx.AsyncClient, max_tokens: int, text: str) -> None:
+    """The forced mix through Responses and Anthropic's Messages: the same text."""
+    asked = {"model": "tiny", "temperature": 0}
+    responses = await http.post(
+        "/v1/responses",
+        json={**asked, "input": "Hi", "user": "mixed", "max_output_tokens": max_tokens},
+    )
+    assert responses.status_code == 200, responses.text
+    body = responses.json()
+    assert body["status"] == "incomplete"
+    assert body["output"][-1]["content"][0]["text"] == text
+    messages = await http.post(
+        "/v1/messages",
+        json={
+            **asked,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "metadata": {"user_id": "mixed"},
+        },
+    )
+    assert messages.status_code == 200, messages.text
+    message = messages.json()
+    assert (message["content"][0]["text"], message["stop_reason"]) == (text, "max_tokens")
 
 
 async def _out_of_range(http: httpx.AsyncClient, ids: TextlessIds) -> None:
