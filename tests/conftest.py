@@ -10,6 +10,7 @@ from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, open_engine
 from mlx_nursery.models import make_model
 
+from .helpers import TextlessIds, with_textless_ids
 from .postgres import PostgresServer, postgres_server
 from .postgres import why_not as postgres_unavailable
 
@@ -27,6 +28,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def textless_ids(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> TextlessIds:
+    """The tiny model with holes in its vocabulary and rows past its tokenizer."""
+    return with_textless_ids(tiny_model, tmp_path_factory.mktemp("models") / "textless")
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -88,3 +91,39 @@ def raising_processor(after_calls: int, exc: Callable[[], BaseException]) -> Any
         return logits
 
     return processor
+
+
+@attrs.frozen
+class TextlessIds:
+    """A model whose vocabulary has holes and whose embedding rows run past its tokenizer
+    (`with_textless_ids`): ids the model can sample that have no text."""
+
+    path: Path
+    holes: tuple[int, ...]
+    """Ids below the tokenizer's last that no token has."""
+    last: int
+    """The tokenizer's last id (it has text)."""
+    padding: tuple[int, ...]
+    """Ids past the tokenizer's last, below the model's embedding rows."""
+    rows: int
+    """The model's embedding rows: the first id out of range."""
+
+
+def with_textless_ids(tiny: Path, out: Path) -> TextlessIds:
+    """The tiny model, its tokenizer cut back: its last learned tokens (ids 2040 and up) are
+    gone but for one near the end, so 2040-2042 are holes, 2043 has text, and 2044-2047 are
+    rows past the tokenizer, as real checkpoints pad them. The weights are the tiny model's."""
+    shutil.copytree(tiny, out)
+    spec = json.loads((out / "tokenizer.json").read_text("utf-8"))
+    model = spec["model"]
+    by_id = {i: token for token, i in model["vocab"].items()}
+    rows, first_gone, last = 2048, 2040, 2043
+    gone = {by_id[i] for i in range(first_gone, rows)}
+    # Later merges make the later ids: dropping a merge whose result is gone keeps BPE valid.
+    model["merges"] = [m for m in model["merges"] if "".join(m) not in gone]
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if i < first_gone}
+    model["vocab"][f"<filler_{last}>"] = last
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), "utf-8")
+    return TextlessIds(
+        out, tuple(range(first_gone, last)), last, tuple(range(last + 1, rows)), rows
+    )

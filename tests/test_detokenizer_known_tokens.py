@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from mlx_lm.tokenizer_utils import load
 
-from mlx_nursery.engine._detokenizer import _whole_texts, make_detokenizer
+from mlx_nursery.engine._detokenizer import TokenTexts
 
-from .test_detokenizer import partial_byte_tokens, segments
+from .test_detokenizer import mlx_lm_reference, partial_byte_tokens, segments
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def test_known_tokens_give_mlx_lm_segments_before_and_after_they_are_known(
     tokenizer: Any,
 ) -> None:
     tokenmap = tokenizer.detokenizer.tokenmap
-    known = _whole_texts(tokenmap)
-    known.clear()
+    texts = TokenTexts(tokenizer)
+    known = texts._whole
     rng = random.Random(11)
     partial = partial_byte_tokens(tokenizer)
     space = tokenmap.index("Ġ")
@@ -39,8 +39,8 @@ def test_known_tokens_give_mlx_lm_segments_before_and_after_they_are_known(
     ]
     for _ in range(2):  # the second pass finds every token known
         for tokens in runs:
-            assert segments(make_detokenizer(tokenizer), tokens) == segments(
-                tokenizer.detokenizer, tokens
+            assert segments(texts.detokenizer(), tokens) == segments(
+                mlx_lm_reference(tokenizer), tokens
             )
     assert known[text[1]] is not None  # an ordinary word is known by its text
     assert known[space] is None  # a lone space is held for the next token

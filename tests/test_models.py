@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+from transformers import AutoTokenizer
 
 from mlx_nursery.cli import main
 from mlx_nursery.models import ModelNotFoundError, load_model, make_model, resolve_model_path
@@ -47,6 +49,32 @@ def test_vocab_is_padded_to_the_architecture_size(tmp_path: Path) -> None:
         detokenizer.add_token(token)
     detokenizer.finalize()
     assert detokenizer.text == f"<filler_{vocab_size - 2}><filler_{vocab_size - 1}>"
+
+
+def test_every_preset_token_is_where_its_file_says_and_every_id_has_text(
+    tmp_path: Path, tiny_model: Path, tiny_vlm: Path, tiny_embedding: Path, tiny_whisper: Path
+) -> None:
+    """tokenizer.json's added tokens get the ids the file gives them once loaded (the
+    tokenizers library renumbers an added token its model's vocabulary lacks), and the
+    ids run from 0 to the model's last embedding row without a hole. The larger presets
+    write their tokenizers with these same writers."""
+    thinking = make_model(tmp_path / "thinking", "tiny-thinking")
+    opened = make_model(tmp_path / "open", "tiny-thinking-open")
+    for path in (tiny_model, thinking, opened, tiny_vlm, tiny_embedding, tiny_whisper):
+        spec = json.loads((path / "tokenizer.json").read_text())
+        in_file = {token["content"]: token["id"] for token in spec["added_tokens"]}
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        assert {t: tokenizer.convert_tokens_to_ids(t) for t in in_file} == in_file, path.name
+        rows = json.loads((path / "config.json").read_text())["vocab_size"]
+        assert sorted(set(tokenizer.get_vocab().values())) == list(range(rows)), path.name
+    for path in (thinking, opened):
+        wrapper = load_tokenizer(path)  # mlx-lm's, as the server loads it
+        spec = json.loads((path / "tokenizer.json").read_text())
+        in_file = {token["content"]: token["id"] for token in spec["added_tokens"]}
+        rows = json.loads((path / "config.json").read_text())["vocab_size"]
+        assert tuple(wrapper.think_start_tokens) == (in_file["<think>"],) == (rows - 2,)
+        assert tuple(wrapper.think_end_tokens) == (in_file["</think>"],) == (rows - 1,)
+        assert wrapper.decode([rows - 3]) == f"<filler_{rows - 3}>"
 
 
 def test_chat_template_renders_roles_tools_and_calls_without_double_encoding(

@@ -21,6 +21,15 @@ segments, at the same tokens) but decodes each token's bytes once, with an incre
 UTF-8 decoder: it gives what decoding all the held bytes at once gives, and keeps only an
 incomplete trailing sequence (at most 3 bytes) pending. The byte mapping, including
 mlx-lm's quirks, is reproduced, and a test compares both on random token runs.
+
+One quirk is not: an id the tokenizer has no text for stands for nothing here. Such ids
+exist: a hole in the vocabulary (no token has that id), and the ids past the tokenizer's
+last, which a model whose embedding rows are padded past its tokenizer (most real ones)
+can sample. mlx-lm's BPE detokenizer raises on a hole (its map holds None there), writes
+"!" for an id past its map (and its map stops at the tokenizer's length: a vocabulary with
+holes has ids past it that do have text), and its SentencePiece one raises IndexError.
+`TokenTexts` holds the map of every id the tokenizer has, once per model, and hands out
+detokenizers and token bytes that give an id without text no text and no bytes.
 """
 
 from __future__ import annotations
@@ -37,41 +46,144 @@ except ImportError:  # pragma: no cover - depends on the installed mlx-lm
     _byte_decoder = None
 
 _SPACE = 32
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_SPM_SPACE = "\u2581"
 _JOIN_AFTER = 256
 """Segments kept as pieces before they are joined into one string (see the module's doc)."""
 
 
+class TokenTexts:
+    """What one tokenizer's ids stand for, built once per model (at load, on the engine
+    thread: it reads the whole vocabulary) and shared by its requests' detokenizers and
+    logprobs. `tokenizer` is mlx-lm's wrapper."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        detokenizer = tokenizer.detokenizer
+        bpe = isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None
+        self.tokenmap: list[str | None] | None = (
+            _every_id(tokenizer, detokenizer.tokenmap) if bpe else None
+        )
+        """Byte-level BPE: each id's token string (None: a hole), up to the tokenizer's last."""
+        self._byte_of: dict[str, int] = _byte_decoder() if bpe else {}
+        self._whole: dict[int, str | None] = {}
+        """Each token id seen so far -> its text when its bytes are whole UTF-8 on their own
+        (None when they are not: held back, or a lone space): `LinearBPEDetokenizer`'s."""
+        self._bytes: dict[int, bytes] = {}
+
+    def detokenizer(self, *, trim_space: bool = True) -> StreamingDetokenizer:
+        """A fresh streaming detokenizer for one request. `trim_space` drops one space from
+        the start of the text, as mlx-lm's detokenizers do; without it the text is the exact
+        continuation of the prompt."""
+        if self.tokenmap is not None:
+            return LinearBPEDetokenizer(self.tokenmap, trim_space=trim_space, known=self._whole)
+        detokenizer = self.tokenizer.detokenizer
+        if hasattr(detokenizer, "trim_space"):  # mlx-lm's SentencePiece detokenizer
+            detokenizer.trim_space = trim_space
+        return TextlessSkipped(detokenizer)
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token id's exact bytes: what it stands for in the text, a partial UTF-8 sequence
+        included (logprobs' `bytes`, from which clients rebuild characters split across
+        tokens); empty for an id without text. Kept per id on first use (at most one entry
+        per id the model can sample)."""
+        known = self._bytes.get(token)
+        if known is None:
+            known = self._bytes[token] = self._token_bytes(token)
+        return known
+
+    def _token_bytes(self, token: int) -> bytes:
+        """Byte-level BPE: the token's characters through the GPT-2 byte table, as the
+        detokenizer maps them. SentencePiece: `<0xNN>` pieces are that byte, `▁` a space."""
+        if self.tokenmap is not None:
+            chars = self.tokenmap[token] if 0 <= token < len(self.tokenmap) else None
+            data = bytearray()
+            for c in chars or "":
+                value = self._byte_of.get(c)
+                # As the detokenizer's text has it: outside the table (a special token's
+                # text), and the table's byte 0 (mlx-lm's quirk), a character keeps its UTF-8.
+                if value:
+                    data.append(value)
+                else:
+                    data.extend(c.encode("utf-8"))
+            return bytes(data)
+        if token < 0:
+            return b""
+        piece = self.tokenizer.convert_ids_to_tokens(token)
+        if piece is None:  # no token has this id
+            return b""
+        if isinstance(piece, str):
+            byte = _BYTE_PIECE.fullmatch(piece)
+            if byte:
+                return bytes([int(byte.group(1), 16)])
+            if _SPM_SPACE in piece:
+                return piece.replace(_SPM_SPACE, " ").encode("utf-8")
+        return str(self.tokenizer.decode([token])).encode("utf-8", "replace")
+
+
 def make_detokenizer(tokenizer: Any, *, trim_space: bool = True) -> StreamingDetokenizer:
-    """A fresh streaming detokenizer for one request (`tokenizer` is mlx-lm's wrapper).
-
-    `trim_space` drops one space from the start of the text, as mlx-lm's detokenizers do;
-    without it the text is the exact continuation of the prompt."""
-    detokenizer = tokenizer.detokenizer
-    if isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None:
-        return LinearBPEDetokenizer(detokenizer.tokenmap, trim_space=trim_space)
-    if hasattr(detokenizer, "trim_space"):  # mlx-lm's SentencePiece detokenizer
-        detokenizer.trim_space = trim_space
-    return detokenizer
+    """A fresh streaming detokenizer for `tokenizer` (mlx-lm's wrapper) alone: for tests and
+    tools; the engine keeps one `TokenTexts` per model instead (this reads the vocabulary)."""
+    return TokenTexts(tokenizer).detokenizer(trim_space=trim_space)
 
 
-_WHOLE: dict[int, tuple[list[str], dict[int, str | None]]] = {}
-"""Per tokenmap (by identity, kept alive here): each token id seen so far -> its text when
-its bytes are whole UTF-8 on their own (None when they are not: held back, or a lone space)."""
+def _every_id(tokenizer: Any, tokenmap: list[str | None]) -> list[str | None]:
+    """mlx-lm's map of the ids below the tokenizer's length, extended to its last id: with
+    holes in the vocabulary, ids past its length have text (`tokenmap` is not changed)."""
+    last = max(tokenizer.get_vocab().values(), default=-1)
+    if last < len(tokenmap):
+        return tokenmap
+    more = tokenizer.convert_ids_to_tokens(list(range(len(tokenmap), last + 1)))
+    return [*tokenmap, *more]
 
 
-def _whole_texts(tokenmap: list[str]) -> dict[int, str | None]:
-    entry = _WHOLE.get(id(tokenmap))
-    if entry is None or entry[0] is not tokenmap:
-        entry = _WHOLE[id(tokenmap)] = (tokenmap, {})
-    return entry[1]
+class TextlessSkipped(StreamingDetokenizer):  # type: ignore[misc]  # untyped base
+    """mlx-lm's SentencePiece or naive detokenizer, never given an id past its map (the
+    SentencePiece one raises IndexError there; the naive one decodes through the tokenizer,
+    which gives an unknown id no text)."""
+
+    def __init__(self, inner: StreamingDetokenizer) -> None:
+        self._inner = inner
+        tokenmap = getattr(inner, "tokenmap", None)
+        self._limit = len(tokenmap) if tokenmap is not None else None
+        self.tokens: list[int] = []
+
+    def reset(self) -> None:
+        self._inner.reset()
+        self.tokens = []
+
+    def add_token(self, token: int) -> None:
+        self.tokens.append(token)
+        if token >= 0 and (self._limit is None or token < self._limit):
+            self._inner.add_token(token)
+
+    def finalize(self) -> None:
+        self._inner.finalize()
+
+    @property
+    def text(self) -> str:
+        return str(self._inner.text)
+
+    @property
+    def last_segment(self) -> str:
+        return str(self._inner.last_segment)
 
 
 class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped base
-    def __init__(self, tokenmap: list[str], *, trim_space: bool = True) -> None:
-        self._tokenmap = tokenmap  # shared, read-only: the wrapper's copy for this tokenizer
+    def __init__(
+        self,
+        tokenmap: list[str | None],
+        *,
+        trim_space: bool = True,
+        known: dict[int, str | None] | None = None,
+    ) -> None:
+        """`tokenmap`: each id's token string (None: no token has the id); shared, read-only.
+        `known`: the whole texts found so far (`TokenTexts`), shared by the detokenizers of
+        one tokenizer."""
+        self._tokenmap = tokenmap
         self._trim_space = trim_space
         self._byte_of: dict[str, int] = _byte_decoder()
-        self._whole = _whole_texts(tokenmap)
+        self._whole = known if known is not None else {}
         self.reset()
 
     def reset(self) -> None:
@@ -93,7 +205,9 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
                 self._append(whole)  # nothing to reset: nothing was held
                 return
         self.tokens.append(token)
-        v = self._tokenmap[token] if token < len(self._tokenmap) else "!"  # as mlx-lm
+        v = self._tokenmap[token] if 0 <= token < len(self._tokenmap) else None
+        if not v:  # an id without text (a hole, or past the tokenizer): nothing to add
+            return
         if not self._held_chars and token not in self._whole:
             self._whole[token] = self._whole_text(v)
         self._held_chars.append(v)
@@ -164,52 +278,3 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         self._held_chars = []
         self._held_text = []
         self._decoder.reset()
-
-
-_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-_SPM_SPACE = "\u2581"
-
-
-class TokenBytes:
-    """A token id's exact bytes: what it stands for in the text, a partial UTF-8 sequence
-    included (logprobs' `bytes`, from which clients rebuild characters split across tokens).
-
-    Byte-level BPE: the token's characters through the GPT-2 byte table, as the detokenizer
-    maps them. SentencePiece: `<0xNN>` pieces are that byte, `▁` a space. Computed per
-    token on first use and kept (at most one entry per vocabulary id)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        detokenizer = tokenizer.detokenizer
-        bpe = isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None
-        self._tokenmap: list[str] | None = detokenizer.tokenmap if bpe else None
-        self._byte_of: dict[str, int] = _byte_decoder() if bpe else {}
-        self._known: dict[int, bytes] = {}
-
-    def __call__(self, token: int) -> bytes:
-        known = self._known.get(token)
-        if known is None:
-            known = self._known[token] = self._bytes(token)
-        return known
-
-    def _bytes(self, token: int) -> bytes:
-        if self._tokenmap is not None:
-            chars = self._tokenmap[token] if 0 <= token < len(self._tokenmap) else ""
-            data = bytearray()
-            for c in chars:
-                value = self._byte_of.get(c)
-                # As the detokenizer's text has it: outside the table (a special token's
-                # text), and the table's byte 0 (mlx-lm's quirk), a character keeps its UTF-8.
-                if value:
-                    data.append(value)
-                else:
-                    data.extend(c.encode("utf-8"))
-            return bytes(data)
-        piece = self._tokenizer.convert_ids_to_tokens(token)
-        if isinstance(piece, str):
-            byte = _BYTE_PIECE.fullmatch(piece)
-            if byte:
-                return bytes([int(byte.group(1), 16)])
-            if _SPM_SPACE in piece:
-                return piece.replace(_SPM_SPACE, " ").encode("utf-8")
-        return str(self._tokenizer.decode([token])).encode("utf-8", "replace")

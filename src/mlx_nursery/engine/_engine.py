@@ -28,7 +28,6 @@ import attrs
 import trio
 
 from ._config import EngineConfig
-from ._detokenizer import make_detokenizer
 from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
 from ._lanes import FairLanes
 from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
@@ -240,7 +239,7 @@ class Engine:
 
     def _new_handle(self, request: GenerationRequest) -> Handle:
         send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
-        detokenizer = make_detokenizer(self.model.tokenizer, trim_space=request.trim_leading_space)
+        detokenizer = self.model.texts.detokenizer(trim_space=request.trim_leading_space)
         return Handle(next(self._ids), request, send, receive, detokenizer)
 
     async def _acquire_lane(self, handle: Handle) -> None:

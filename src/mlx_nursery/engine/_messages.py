@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple
 
 import attrs
 
+from ._detokenizer import TokenTexts
 from ._prefix_cache import PrefixCacheStats
 from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 from ._vision import VisionProcessor
@@ -106,11 +107,19 @@ class ModelInfo:
     context_length: int
     """The longest sequence served: the model's context, capped by the KV budget."""
     eos_token_ids: frozenset[int]
-    token_bytes: Callable[[int], bytes]
-    """A token id's exact bytes (`_detokenizer.TokenBytes`)."""
+    texts: TokenTexts
+    """What its token ids stand for: detokenizers, token bytes (`_detokenizer.TokenTexts`)."""
+    vocab_size: int
+    """The token ids the model takes: its embedding rows, the width of its logits. Often more
+    than the tokenizer has text for (padded rows); an id at or past it is out of range."""
     vision: VisionProcessor | None = None
     """A vision-language model's processor for prompts with images (None: text only)."""
     kv_budget_tokens: int | None = None
     """Tokens of KV the running sequences may hold (`_memory.KVBudget`); None: no limit."""
     scripted: bool = False
     """The scripted model (no weights: each request's `Script` says its output and timing)."""
+
+    @property
+    def token_bytes(self) -> Callable[[int], bytes]:
+        """A token id's exact bytes (`TokenTexts.token_bytes`)."""
+        return self.texts.token_bytes

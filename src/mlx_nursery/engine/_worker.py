@@ -19,7 +19,7 @@ from .. import fault_points
 from ..fault_points import request_label
 from ..models import load_model
 from ._config import EngineConfig
-from ._detokenizer import TokenBytes
+from ._detokenizer import TokenTexts
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import KV_STEP, KVBudget, derive_kv_bytes, device_memory, kv_bytes_per_token
@@ -149,7 +149,8 @@ class Worker:
                 kv_budget_tokens=budget.tokens,
                 vision=vision_processor(model),
                 eos_token_ids=frozenset(int(t) for t in model.tokenizer.eos_token_ids),
-                token_bytes=TokenBytes(model.tokenizer),
+                texts=TokenTexts(model.tokenizer),
+                vocab_size=model.vocab_size,
                 scripted=scripted,
             )
             del model  # the runner holds it, until `_release_memory`

@@ -261,9 +261,10 @@ class Service:
             warmup=not self.settings.skip_warmup,
         )
         engine: Engine = await nursery.start(Engine(config).run)
-        vocab_size, max_token_bytes = await trio.to_thread.run_sync(
+        token_ids, max_token_bytes = await trio.to_thread.run_sync(
             _vocabulary, engine.model.tokenizer
         )
+        vocab_size = engine.model.vocab_size
         encoder = await trio.to_thread.run_sync(SegmentEncoder, engine.model.tokenizer)
         if not encoder.enabled:
             log.info("this tokenizer is not split at its added tokens: prompts encode whole")
@@ -278,7 +279,7 @@ class Service:
             token_bytes=engine.model.token_bytes,
             strict_params=self.settings.strict_params,
             tool_format=tool_format(engine.model.tokenizer),
-            grammars=Grammars(engine.model.tokenizer, vocab_size),
+            grammars=Grammars(engine.model.tokenizer, max(vocab_size, token_ids)),
             thinking=thinking_format(engine.model.tokenizer),
             default_max_tokens=self.settings.default_max_tokens,
             vision=engine.model.vision,
@@ -432,12 +433,13 @@ class Service:
 
 
 def _vocabulary(tokenizer: Any) -> tuple[int, int]:
-    """The vocabulary's size and its longest token in bytes, computed once: `get_vocab()`
-    builds a dict of the whole vocabulary. Tokenizing once here also makes transformers'
-    one-time reset of the tokenizer's truncation state before any request can overlap it."""
+    """The ids the tokenizer spans (its last id + 1: a vocabulary may have holes) and its
+    longest token in bytes, computed once: `get_vocab()` builds a dict of the whole
+    vocabulary. Tokenizing once here also makes transformers' one-time reset of the
+    tokenizer's truncation state before any request can overlap it."""
     vocabulary = tokenizer.get_vocab()
     tokenizer.encode("warm up")
-    return len(vocabulary), longest_token_bytes(vocabulary)
+    return max(vocabulary.values(), default=-1) + 1, longest_token_bytes(vocabulary)
 
 
 def default_script(settings: Settings) -> ScriptSpec | None:

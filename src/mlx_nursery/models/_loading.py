@@ -69,6 +69,21 @@ class LoadedModel:
                 return int(self.config[key])
         return int(getattr(self.tokenizer, "model_max_length", 4096))
 
+    @property
+    def vocab_size(self) -> int:
+        """The token ids the model takes: its embedding rows, as its arguments (mlx-lm builds
+        the embedding from them, and loading checks the weights' shapes against it) or its
+        config say. Often past the tokenizer's last id: checkpoints pad the rows."""
+        text = self.config.get("text_config")
+        for size in (
+            getattr(getattr(self.model, "args", None), "vocab_size", None),
+            self.config.get("vocab_size"),
+            text.get("vocab_size") if isinstance(text, dict) else None,
+        ):
+            if isinstance(size, int) and size > 0:
+                return size
+        return max(self.tokenizer.get_vocab().values(), default=-1) + 1
+
 
 def resolve_model_path(spec: str | Path) -> Path:
     """Return a local directory for `spec`, a path or a cached `org/name` repo id, or the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -217,16 +218,12 @@ def write_tokenizer(
     chat_template: str = CHAT_TEMPLATE,
 ) -> dict[str, int]:
     """Write tokenizer.json and tokenizer_config.json; return the added token ids (special
-    and `added_tokens`, which are added as text tokens, not special ones)."""
+    and `added_tokens`, which are added as text tokens, not special ones, and take the last
+    ids of the vocabulary)."""
     tokenizer = build_tokenizer(trained_vocab, vocab_size, special_tokens)
+    spec = _padded(tokenizer, vocab_size - len(added_tokens or []))
     if added_tokens:
-        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
-    spec = json.loads(tokenizer.to_str())
-    vocab: dict[str, int] = spec["model"]["vocab"]
-    next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1
-    for i in range(next_id, vocab_size):
-        # Printable ASCII only: it round-trips through the byte-level decoder unchanged.
-        vocab[f"<filler_{i}>"] = i
+        spec = _with_added(spec, added_tokens, vocab_size)
     (out / "tokenizer.json").write_text(
         json.dumps(spec, ensure_ascii=False, sort_keys=True), "utf-8"
     )
@@ -246,3 +243,33 @@ def write_tokenizer(
         json.dumps(config, indent=2, sort_keys=True), "utf-8"
     )
     return ids
+
+
+def _padded(tokenizer: Tokenizer, size: int) -> dict[str, Any]:
+    """The trained tokenizer's JSON with filler entries after its learned ids, up to `size`
+    ids, so that every id a random model samples decodes to something."""
+    spec: dict[str, Any] = json.loads(tokenizer.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    next_id = max(max(vocab.values()), max(t["id"] for t in spec["added_tokens"])) + 1
+    for i in range(next_id, size):
+        # Printable ASCII only: it round-trips through the byte-level decoder unchanged.
+        vocab[f"<filler_{i}>"] = i
+    return spec
+
+
+def _with_added(spec: dict[str, Any], tokens: list[str], vocab_size: int) -> dict[str, Any]:
+    """`spec` (a vocabulary of `vocab_size - len(tokens)` ids) with `tokens` added as text
+    tokens at its last ids.
+
+    The tokenizers library numbers added tokens itself, not as the file says: each load puts
+    a token its model's vocabulary lacks right after that vocabulary. So the library numbers
+    them here, where every later load (transformers, mlx-lm, llguidance) puts them too, and
+    no id is left without text."""
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in tokens])
+    got = [tokenizer.token_to_id(t) for t in tokens]
+    first = vocab_size - len(tokens)
+    if got != list(range(first, vocab_size)):
+        raise ValueError(f"added tokens {tokens} took ids {got}, not {first}..{vocab_size - 1}")
+    added: dict[str, Any] = json.loads(tokenizer.to_str())
+    return added

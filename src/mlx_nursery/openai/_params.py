@@ -142,11 +142,15 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def validate_vocab(bias: Mapping[int, float] | None, vocab_size: int) -> None:
+    """Each biased id must be one the model takes (below its embedding rows, `vocab_size`):
+    past them there is no logit to bias. An id below them that the tokenizer has no text
+    for (a hole, a padded row) is honoured; sampled, it stands for no text."""
     for token in bias or {}:
         require(
             token < vocab_size,
             "logit_bias",
-            f"token id {token} is outside the vocabulary ({vocab_size})",
+            f"logit_bias token id {token} is out of range: this model's token ids are "
+            f"0..{vocab_size - 1}",
         )
 
 

@@ -438,7 +438,8 @@ def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[i
         bad = [t for t in tokens if not 0 <= t < vocab_size]
         if bad:
             raise InvalidRequest(
-                f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                f"token id {bad[0]} is out of range: this model's token ids are "
+                f"0..{vocab_size - 1}",
                 param="prompt",
                 code="invalid_value",
             )

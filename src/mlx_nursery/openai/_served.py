@@ -23,8 +23,9 @@ class ServedModel:
     tokenizer: Any
     context_length: int
     vocab_size: int
-    """Computed once: `get_vocab()` builds a dict of the whole vocabulary (62 ms at 128k
-    tokens), far too slow for the request path."""
+    """The token ids the model takes (its embedding rows, `engine.ModelInfo.vocab_size`): an id
+    at or past it is out of range (a 400); one below it that the tokenizer has no text for
+    (a hole, a padded row) is served and stands for no text."""
     default_max_tokens: int | None = None
     max_token_bytes: int = 0
     """The most bytes of text one token stands for (`_prompts.longest_token_bytes`), computed
