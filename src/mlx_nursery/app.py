@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import secrets
 
 from quart import Response, g, request
@@ -32,7 +33,9 @@ from .settings import Settings
 log = logging.getLogger("mlx_nursery.http")
 
 REQUEST_ID_HEADER = "x-request-id"
-MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+"""A client's request id that is used as given (else one is made): it is echoed and logged,
+so a short token that no log reader can take for more than an id (no spaces, no `=`)."""
 
 
 def asgi_app(app: QuartTrio) -> RequestLimits:
@@ -72,8 +75,7 @@ def create_app(
     @app.before_request
     async def assign_request_id() -> None:
         given = request.headers.get(REQUEST_ID_HEADER, "")
-        # The client's id, if it is one: it is echoed and logged, so a short printable one.
-        usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
+        usable = REQUEST_ID.fullmatch(given) is not None
         g.request_id = given if usable else f"req_{secrets.token_hex(12)}"
         record = current_record()
         if record is not None:

@@ -22,6 +22,7 @@ import traceback
 from quart import Response, g, has_request_context
 
 from ..anthropic import error_body, error_status
+from ..logs import Verbatim
 from ..openai import OpenAIError, RequestTimeout
 
 log = logging.getLogger("mlx_nursery.http")
@@ -35,7 +36,11 @@ def log_failure(request_id: str, what: str, error: BaseException) -> None:
     """Log an unexpected failure: its type and traceback, without its message."""
     where = "".join(traceback.format_tb(error.__traceback__))
     log.error(
-        "request %s failed %s with %s:\n%s", request_id, what, type(error).__name__, where.rstrip()
+        "request %s failed %s with %s:\n%s",
+        request_id,
+        what,
+        type(error).__name__,
+        Verbatim(where.rstrip()),  # the frames of our code: their lines kept
     )
 
 

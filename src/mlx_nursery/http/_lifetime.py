@@ -18,7 +18,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 import attrs
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from ._jobs import Job
@@ -49,6 +49,13 @@ def current_record() -> RequestRecord | None:
     return None if lifetime is None else lifetime.record
 
 
+def logged_path(scope: HTTPScope) -> str:
+    """The request's path as logged: as it came, percent-encoded (the decoded one may hold
+    spaces, newlines or control characters that would forge log lines)."""
+    raw = scope.get("raw_path")
+    return raw.decode("ascii", "backslashreplace") if raw else scope["path"]
+
+
 def own(job: Job) -> Job:
     """Tie `job` to the current request, so that it is cancelled when the request ends."""
     lifetime = _current.get()
@@ -66,7 +73,7 @@ class LifetimeHTTPConnection(TrioASGIHTTPConnection):
     context."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        lifetime = RequestLifetime(RequestRecord(self.scope["method"], self.scope["path"]))
+        lifetime = RequestLifetime(RequestRecord(self.scope["method"], logged_path(self.scope)))
         token = _current.set(lifetime)
         try:
             await super().__call__(receive, send)
