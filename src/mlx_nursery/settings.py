@@ -399,6 +399,34 @@ class Settings:
     )
     """Past it, 413 before the body is read in full. 8 MiB holds many times the text any
     served context can take, and bounds what one body costs to parse."""
+    body_timeout: float = attrs.field(
+        default=10.0,
+        validator=v.gt(0),
+        metadata=_help(
+            "seconds a request body may take, and one more per --body-min-rate bytes that"
+            " arrived; past it, 408 and the connection is closed",
+            unit="seconds",
+        ),
+    )
+    body_min_rate: int = attrs.field(
+        default=16 << 10,
+        validator=v.ge(0),
+        metadata=_help(
+            "bytes per second a long request body must keep up (see --body-timeout)",
+            zero="--body-timeout alone",
+            unit="bytes",
+        ),
+    )
+    """A client that holds a connection by sending its body slowly (or not at all) pays
+    for it in bandwidth: at this rate, holding every connection the server takes costs
+    `max_connections` times it."""
+    max_connections: int = attrs.field(
+        default=1024,
+        validator=v.ge(1),
+        metadata=_help(
+            "connections open at once; past it, a new one gets a 503 and is closed at once"
+        ),
+    )
 
     max_messages: int = attrs.field(
         default=_caps_default("max_messages"),
