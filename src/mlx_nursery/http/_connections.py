@@ -18,6 +18,7 @@ so that the cap, not the limit, is what a flood meets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -91,7 +92,11 @@ class ConnectionCap:
         if self.open >= self.limit:
             self._metrics.refused.labels("max_connections").inc()
             async with stream:
-                with trio.move_on_after(_REFUSAL_SEND_S):
+                # A client that left (or reset) first gets nothing; the server goes on.
+                with (
+                    trio.move_on_after(_REFUSAL_SEND_S),
+                    contextlib.suppress(trio.BrokenResourceError, OSError),
+                ):
                     await stream.send_all(REFUSAL)
             return
         self.open += 1
