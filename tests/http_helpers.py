@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,44 @@ async def running_server(
             for client in _clients.pop(id(running), []):
                 await client.close()
             shutdown.set()
+
+
+@contextmanager
+def server_thread(model_dir: Path | None, /, **settings: Any) -> Iterator[Running]:
+    """`running_server` on a thread of its own (a Trio run of its own), for a module-scoped
+    fixture: one server for many tests, each test in its own Trio run."""
+    started: queue.Queue[Running | BaseException] = queue.Queue()
+    stop: list[tuple[trio.lowlevel.TrioToken, trio.Event]] = []
+
+    async def host() -> None:
+        stopped = trio.Event()
+        async with running_server(model_dir, **settings) as running:
+            stop.append((trio.lowlevel.current_trio_token(), stopped))
+            started.put(running)
+            await stopped.wait()
+
+    def run() -> None:
+        try:
+            trio.run(host)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            started.put(exc)
+
+    thread = threading.Thread(target=run, name="test-server")
+    thread.start()
+    running = started.get(timeout=120)
+    if isinstance(running, BaseException):
+        raise running
+    try:
+        yield running
+    finally:
+        token, stopped = stop[0]
+        trio.from_thread.run_sync(stopped.set, trio_token=token)
+        thread.join(60)
+        assert not thread.is_alive()
+    if not started.empty():  # the server's run failed on the way out
+        failure = started.get()
+        assert isinstance(failure, BaseException)
+        raise failure
 
 
 def engine_of(running: Running) -> Engine:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import openai
 import pytest
 import trio
 
-from mlx_nursery.http._access import Access
+from mlx_nursery.http._access import Access, is_admin_path
 from mlx_nursery.settings import SettingsError
 
 from .http_helpers import chat_body, running_server, sdk, spawned_server, validate_error
@@ -20,13 +21,20 @@ async def test_a_keyed_server_answers_only_requests_with_one_of_its_keys(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     keys = tmp_path / "keys"
-    keys.write_text("\n  second-key  \n\nthird-key\n")
+    keys.write_text("\n  second-key  \n\n# rotated 2024-01\n  #old-key\nthird-key\n")
     async with (
         running_server(tiny_model, api_key="first-key", api_key_file=str(keys)) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         assert (await http.get("/health")).status_code == 200  # open for load balancers
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "first-key"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "first-key"},
+            {"Authorization": "Bearer # rotated 2024-01"},  # a comment is not a key
+            {"Authorization": "Bearer #old-key"},
+            {"Authorization": "Bearer"},  # an empty key is no key
+        ):
             refused = await http.post(
                 "/v1/chat/completions", json=chat_body(max_tokens=2), headers=headers
             )
@@ -83,7 +91,9 @@ async def test_browsers_of_allowed_origins_get_cors_headers(tiny_model: Path) ->
         )
         assert ok.status_code == 200
         assert ok.headers["access-control-allow-origin"] == page
-        assert "x-request-id" in ok.headers["access-control-expose-headers"]
+        exposed = {h.strip() for h in ok.headers["access-control-expose-headers"].split(",")}
+        # A page's SDK reads its retry headers as a server's SDK does.
+        assert {"x-request-id", "retry-after", "retry-after-ms", "x-should-retry"} <= exposed
         refused = await http.get("/v1/models", headers={"Origin": page})
         assert refused.status_code == 401  # and the page can read why
         assert refused.headers["access-control-allow-origin"] == page
@@ -158,12 +168,70 @@ async def test_sighup_reloads_the_key_file_and_a_bad_file_keeps_the_keys(
         assert (await http.get("/health")).status_code == 200
 
 
-async def test_metrics_can_ask_for_a_key_too(tiny_model: Path) -> None:
+async def test_metrics_ask_for_a_key_unless_public(tiny_model: Path) -> None:
     async with (
-        running_server(tiny_model, api_key="k", metrics_need_key=True) as server,
+        running_server(tiny_model, api_key="k", skip_warmup=True) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         assert (await http.get("/metrics")).status_code == 401
         keyed = await http.get("/metrics", headers={"Authorization": "Bearer k"})
         assert keyed.status_code == 200 and "mlx_nursery:" in keyed.text
         assert (await http.get("/health")).status_code == 200
+    public = Access.from_settings(("k",), None, None, public_metrics=True)
+    assert public.verdict("/metrics", None) == "allowed"
+    assert public.verdict("/v1/models", None) == "unauthorized"
+    assert Access.from_settings((), None, None).verdict("/metrics", None) == "allowed"
+
+
+async def test_an_admin_route_needs_an_admin_key_however_its_path_is_spelled(
+    tiny_model: Path,
+) -> None:
+    """The admin check reads the path as the router does: a model name holding a newline (or
+    an encoded slash) cannot make a load look like another route to a user's key. And a
+    model's directory is no name of it: the server does not confirm where its models are."""
+    user, root = {"Authorization": "Bearer user"}, {"Authorization": "Bearer root"}
+    async with (
+        running_server(tiny_model, api_key="user", admin_key="root", skip_warmup=True) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        for path in (
+            "/v1/models/%0atiny/load",
+            "/v1/models/tiny%0a/unload",
+            "/v1/models/x%2Ftiny/load",
+            "/v1/models/tiny/load",
+        ):
+            refused = await http.post(path, headers=user)
+            assert refused.status_code == 403, (path, refused.text)
+            assert refused.json()["error"]["code"] == "admin_key_required"
+        assert (await http.post("/v1/models/%0atiny/load", headers=root)).status_code == 404
+        assert (await http.post("/v1/models/tiny/load", headers=root)).status_code == 200
+        directory = str(await trio.Path(tiny_model).resolve())
+        for name in (directory, str(tiny_model)):
+            card = await http.get(f"/v1/models/{name}", headers=user)
+            assert card.status_code == 404
+            chat = await http.post(
+                "/v1/chat/completions", json=chat_body(model=name, max_tokens=1), headers=user
+            )
+            assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"
+        listed = (await http.get("/v1/models", headers=user)).json()
+        assert [card["id"] for card in listed["data"]] == ["tiny"]
+        assert directory not in json.dumps(listed)
+
+
+@pytest.mark.parametrize(
+    ("path", "admin"),
+    [
+        ("/v1/models/tiny/load", True),
+        ("/v1/models/a/b/unload", True),
+        ("/v1/models/\ntiny/load", True),
+        ("/v1/models/tiny\n/load", True),
+        ("/v1/models/tiny", False),
+        ("/v1/models/load", False),  # the card of a model named "load"
+        ("/v1/models//load", False),  # no model: not routed
+        ("/v1/models/tiny/load/", False),  # the card of "tiny/load/", not the route
+        ("/v1/models/tiny/load\n", False),  # not routed (404)
+        ("/v1/chat/completions", False),
+    ],
+)
+def test_admin_paths_are_told_by_their_segments(path: str, admin: bool) -> None:
+    assert is_admin_path(path) is admin

@@ -161,7 +161,12 @@ async def test_bad_audio_and_bad_fields_are_4xx_in_the_envelope(tiny_whisper: Pa
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         for what, fields, audio, status, code in BAD_REQUESTS:
-            files = {"file": ("a.wav", audio, "audio/wav")} if audio is not None else None
+            # No file: a multipart form all the same (a urlencoded one is a 415, below).
+            files = (
+                {"file": ("a.wav", audio, "audio/wav")}
+                if audio is not None
+                else {"response_format": (None, "json")}
+            )
             reply = await http.post(
                 "/v1/audio/transcriptions", data={"model": "tiny", **fields}, files=files
             )
@@ -179,6 +184,8 @@ async def test_bad_audio_and_bad_fields_are_4xx_in_the_envelope(tiny_whisper: Pa
         as_json = await http.post("/v1/audio/transcriptions", json={"model": "tiny"})
         assert as_json.status_code == 415
         validate_error(as_json.json())
+        urlencoded = await http.post("/v1/audio/transcriptions", data={"model": "tiny"})
+        assert urlencoded.status_code == 415  # no file in it: refused before it is parsed
         unknown = await http.post(
             "/v1/audio/transcriptions",
             data={"model": "nope"},

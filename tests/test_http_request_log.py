@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mlx_nursery.logs import JsonFormatter
+from mlx_nursery.logs import JsonFormatter, TextFormatter, Verbatim
 
 from .http_helpers import (
     chat_body,
@@ -99,3 +99,40 @@ async def test_one_line_per_request_with_its_fields_and_never_its_text(
             assert parsed["request_id"] in lines and parsed["status"] is not None
     assert SECRET not in caplog.text
     assert all(SECRET not in formatter.format(r) for r in caplog.records)
+
+
+async def test_a_request_cannot_forge_log_lines_or_fields(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without a key: a newline or an ANSI escape in the path, a request id with spaces.
+    Every line the text format writes stays one line, with no control character, and the
+    request's line carries the path as it came and an id of the server's own."""
+    caplog.set_level(logging.DEBUG)  # Hypercorn's access log too, which has the decoded path
+    forged = "/v1/models/x%0a2024-01-01 00:00:00 INFO mlx_nursery.requests: admin%1b[2J"
+    async with (
+        running_server(tiny_model, api_key="k", log_level="debug", skip_warmup=True) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        refused = await http.get(forged, headers={"x-request-id": "a status=200 model=gpt-4"})
+        assert refused.status_code == 401
+        request_id = refused.headers["x-request-id"]
+        assert request_id.startswith("req_")  # not the client's: it was no plain token
+        kept = await http.get("/health", headers={"x-request-id": "client-id_1.2:3"})
+        assert kept.headers["x-request-id"] == "client-id_1.2:3"
+        await eventually(lambda: request_id in request_lines(caplog), "the refused one's line")
+
+    line = request_lines(caplog)[request_id]
+    assert line["path"] == forged.replace(" ", "%20")  # as it came, percent-encoded
+    formatter = TextFormatter()
+    texts = [formatter.format(record) for record in caplog.records]
+    assert all("\n" not in text and "\x1b" not in text for text in texts)
+    access = [text for text in texts if "\\x1b" in text]
+    assert access, "Hypercorn's access line, with the decoded path, escaped"
+    assert any("\\n2024-01-01" in text for text in access)
+    [request_text] = [t for t in texts if request_id in t and "mlx_nursery.requests" in t]
+    assert "status=200" not in request_text and "model=gpt-4" not in request_text
+    # A traceback's frames keep their lines (they are the server's own text).
+    record = logging.LogRecord(
+        "x", logging.ERROR, "", 0, "a %s\n%s", ("b\nc", Verbatim("d\ne")), None
+    )
+    assert formatter.format(record).endswith("a b\\nc\nd\ne")

@@ -111,3 +111,30 @@ def test_an_unusable_value_names_the_setting() -> None:
         Settings.from_env({"MLX_NURSERY_PORT": "eighty"})
     with pytest.raises(SettingsError, match="kv_bits must be one of 4, 8, got 3"):
         serve_settings(build_parser().parse_args(["serve", "--kv-bits", "3"]), environ={})
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        (["--api-key", ""], {}),
+        (["--api-key", " "], {}),
+        (["--api-key", "good", "--api-key", ""], {}),
+        (["--admin-key", ""], {}),
+        (["--api-key-file", " "], {}),
+        ([], {"MLX_NURSERY_API_KEY": " , "}),
+        ([], {"MLX_NURSERY_API_KEY": "good,"}),
+        ([], {"MLX_NURSERY_API_KEY": ""}),
+        ([], {"MLX_NURSERY_ADMIN_KEY": ""}),
+        ([], {"MLX_NURSERY_API_KEY_FILE": ""}),
+    ],
+)
+def test_an_empty_key_stops_the_start(argv: list[str], environ: dict[str, str]) -> None:
+    """An empty key would serve the API with no key at all, silently."""
+    args = build_parser().parse_args(["serve", *argv])
+    with pytest.raises(SettingsError, match="empty"):
+        serve_settings(args, environ=environ)
+
+
+def test_keys_are_taken_as_given_around_their_spaces() -> None:
+    settings = Settings.from_env({"MLX_NURSERY_API_KEY": " a , b "}, admin_key=["root"])
+    assert (settings.api_key, settings.admin_key) == (("a", "b"), ("root",))

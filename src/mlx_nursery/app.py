@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import secrets
 
 from quart import Response, g, request
@@ -18,11 +19,13 @@ from .http import (
     RequestProcessors,
     Service,
     ShieldFinalBody,
+    body_left_unread,
     current_record,
     envelope_response,
     error_response,
     internal_error,
     is_messages_route,
+    leave_body_unread,
     log_failure,
     request_class_for,
     routes,
@@ -34,7 +37,9 @@ from .settings import Settings
 log = logging.getLogger("mlx_nursery.http")
 
 REQUEST_ID_HEADER = "x-request-id"
-MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+"""A client's request id that is used as given (else one is made): it is echoed and logged,
+so a short token that no log reader can take for more than an id (no spaces, no `=`)."""
 
 
 def asgi_app(app: QuartTrio) -> RequestLimits:
@@ -56,7 +61,9 @@ def create_app(
     # `/v1//chat/completions` is a 404 in the envelope, not werkzeug's HTML redirect (308).
     app.url_map.merge_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
-    app.config["BODY_TIMEOUT"] = 60  # receiving the request body; generation has its own deadline
+    # Receiving the body is paced by --body-timeout and --body-min-rate (http/_body_pace.py),
+    # which answer a body too slow with a 408 and close its connection.
+    app.config["BODY_TIMEOUT"] = None
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
     service = Service(settings, extra_processors)
     access = service.access
@@ -74,8 +81,7 @@ def create_app(
     @app.before_request
     async def assign_request_id() -> None:
         given = request.headers.get(REQUEST_ID_HEADER, "")
-        # The client's id, if it is one: it is echoed and logged, so a short printable one.
-        usable = 0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
+        usable = REQUEST_ID.fullmatch(given) is not None
         g.request_id = given if usable else f"req_{secrets.token_hex(12)}"
         request_label.set(g.request_id)  # inherited by the request's tasks and threads
         record = current_record()
@@ -85,7 +91,8 @@ def create_app(
     @app.before_request
     async def check_access() -> Response | None:
         """A browser's preflight is answered here; a /v1 request without a key the server
-        holds gets OpenAI's 401, an admin route without an admin key a 403 (http/_access.py)."""
+        holds gets OpenAI's 401 at once, its body unread, an admin route without an admin key
+        a 403 (http/_access.py)."""
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             asked = request.headers.get("Access-Control-Request-Headers")
@@ -104,7 +111,7 @@ def create_app(
                 "invalid_request_error",
                 "admin_key_required",
             )
-        await _drain_body(401)
+        leave_body_unread()  # a client without a key holds nothing while it sends
         anthropic = is_messages_route(request.path)
         response = envelope_response(
             401,
@@ -126,6 +133,8 @@ def create_app(
             response.headers["request-id"] = getattr(g, "request_id", "")
         response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
         response.headers.update(access.current.cors_headers(request.headers.get("Origin")))
+        if body_left_unread() and _body_announced():
+            response.headers["Connection"] = "close"  # what is left of it goes unread
         record = current_record()
         if record is not None:
             record.status = response.status_code
@@ -172,10 +181,17 @@ def create_app(
 
 async def _drain_body(status: int) -> None:
     """Read what is left of the request body before an error answers it (not past
-    --max-request-bytes, and not for a 413): a body left unread makes the server drop the
-    connection, and a keep-alive client's next request on it then gets no response at all.
-    Cancellation: a checkpoint; a body that stops arriving is bounded by BODY_TIMEOUT."""
-    if status == 413:
+    --max-request-bytes, and not for a 413 or a request answered without its body:
+    `leave_body_unread`): a body left unread makes the server drop the connection, and a
+    keep-alive client's next request on it then gets no response at all.
+    Cancellation: a checkpoint; a body that stops arriving is bounded by its pace
+    (--body-timeout, --body-min-rate)."""
+    if status == 413 or body_left_unread():
         return
     with contextlib.suppress(RequestEntityTooLarge, RequestTimeout):
         await request.get_data(cache=False, parse_form_data=False)
+
+
+def _body_announced() -> bool:
+    """Whether the request's head says a body follows."""
+    return bool(request.content_length) or "Transfer-Encoding" in request.headers

@@ -8,10 +8,13 @@ for streams), Hypercorn stops accepting, the engine threads are joined when
 the app's nursery closes, and the process exits 0. A shared part that fails
 for good (an engine past its restarts) stops the server the same way, with
 exit status 1.
+
+Hypercorn's parts run with a cap on connections and HTTP/1.1 only (http/_connections.py).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 from typing import cast
@@ -19,11 +22,18 @@ from typing import cast
 import attrs
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.typing import ASGIFramework
 
 from .app import asgi_app, create_app
-from .http import HYPERCORN_HEAD_BYTES, RequestProcessors, Service
+from .http import (
+    HYPERCORN_HEAD_BYTES,
+    OPEN_FILES_RESERVE,
+    ConnectionCap,
+    RequestProcessors,
+    Service,
+    raise_open_files_limit,
+    serve_http,
+)
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("mlx_nursery.server")
@@ -76,6 +86,8 @@ async def serve(
     """
     app = create_app(settings, extra_processors=extra_processors)
     service: Service = app.extensions["mlx_nursery"]
+    raise_open_files_limit(settings.max_connections + OPEN_FILES_RESERVE)
+    _warn_if_open(settings, service)
     shutdown = trio.Event() if shutdown is None else shutdown
     stop_accepting = trio.Event()
     failed = trio.Event()
@@ -97,9 +109,10 @@ async def serve(
         shutdown.set()
 
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        await hypercorn_serve(
+        await serve_http(
             cast(ASGIFramework, asgi_app(app)),
             hypercorn_config(settings),
+            ConnectionCap(settings.max_connections, service.metrics),
             shutdown_trigger=stop_accepting.wait,
             task_status=task_status,
         )
@@ -116,6 +129,22 @@ async def serve(
         await service.ready.wait()
         task_status.started(Running(urls, service))
     return 1 if service.state == "failed" or failed.is_set() else 0
+
+
+def _warn_if_open(settings: Settings, service: Service) -> None:
+    """Say so where the API is served without a key beyond this machine."""
+    if not service.access.current.api_open:
+        return
+    try:
+        local = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        local = settings.host == "localhost"
+    if not local:
+        log.warning(
+            "serving the API on %s without a key: anyone who can reach it may use it"
+            " (--api-key, --api-key-file)",
+            settings.host,
+        )
 
 
 async def _reload_keys_on_sighup(service: Service) -> None:

@@ -26,6 +26,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _HELP = "mlx_nursery.help"
 _DAY = 24 * 3600
 Unit = Literal["", "bytes", "seconds"]
+_KEY_SETTINGS = ("api_key", "api_key_file", "admin_key")
+"""Set but empty, these are refused: an empty key would serve the API with none."""
 
 
 class SettingsError(ValueError):
@@ -71,6 +73,26 @@ def _strings(value: str | typing.Iterable[str] | None) -> tuple[str, ...]:
         return ()
     items = value.split(",") if isinstance(value, str) else value
     return tuple(item.strip() for item in items if item.strip())
+
+
+def _keys(value: str | typing.Iterable[str] | None) -> tuple[str, ...]:
+    """A key setting's values, as `_strings`, but a blank one kept (as "") so that it is
+    refused (`_no_blank_key`) rather than dropped: `--api-key ""` would serve the API with
+    no key."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    return tuple(item.strip() for item in items)
+
+
+def _no_blank_key(
+    _: object, attribute: attrs.Attribute[Any], value: str | tuple[str, ...] | None
+) -> None:
+    values = (value,) if isinstance(value, str) else value or ()
+    if any(not item.strip() for item in values):
+        raise SettingsError(
+            f"{attribute.name} is empty: give a key (or leave the setting out to serve without one)"
+        )
 
 
 def _caps_default(name: str) -> Any:
@@ -368,7 +390,8 @@ class Settings:
     )
     api_key: tuple[str, ...] = attrs.field(
         default=(),
-        converter=_strings,
+        converter=_keys,
+        validator=_no_blank_key,
         metadata=_help(
             "a key /v1 requests may send as `Authorization: Bearer KEY` (repeatable)",
             none="none: the API is open",
@@ -376,19 +399,24 @@ class Settings:
     )
     api_key_file: str | None = attrs.field(
         default=None,
-        metadata=_help("a file of API keys, one per line (with --api-key: either is taken)"),
+        validator=_no_blank_key,
+        metadata=_help(
+            "a file of API keys, one per line; blank lines and lines starting with # are not"
+            " keys (with --api-key: either is taken)"
+        ),
     )
     admin_key: tuple[str, ...] = attrs.field(
         default=(),
-        converter=_strings,
+        converter=_keys,
+        validator=_no_blank_key,
         metadata=_help(
             "a key for the model load and unload routes (repeatable); it is an API key too",
             none="none: open only while the API is",
         ),
     )
-    metrics_need_key: bool = attrs.field(
+    public_metrics: bool = attrs.field(
         default=False,
-        metadata=_help("with API keys set, /metrics asks for one too (else it is open)"),
+        metadata=_help("with API keys set, /metrics stays open (else it asks for a key)"),
     )
     allowed_origins: str | None = attrs.field(
         default=None,
@@ -404,6 +432,34 @@ class Settings:
     )
     """Past it, 413 before the body is read in full. 8 MiB holds many times the text any
     served context can take, and bounds what one body costs to parse."""
+    body_timeout: float = attrs.field(
+        default=10.0,
+        validator=v.gt(0),
+        metadata=_help(
+            "seconds a request body may take, and one more per --body-min-rate bytes that"
+            " arrived; past it, 408 and the connection is closed",
+            unit="seconds",
+        ),
+    )
+    body_min_rate: int = attrs.field(
+        default=16 << 10,
+        validator=v.ge(0),
+        metadata=_help(
+            "bytes per second a long request body must keep up (see --body-timeout)",
+            zero="--body-timeout alone",
+            unit="bytes",
+        ),
+    )
+    """A client that holds a connection by sending its body slowly (or not at all) pays
+    for it in bandwidth: at this rate, holding every connection the server takes costs
+    `max_connections` times it."""
+    max_connections: int = attrs.field(
+        default=1024,
+        validator=v.ge(1),
+        metadata=_help(
+            "connections open at once; past it, a new one gets a 503 and is closed at once"
+        ),
+    )
 
     max_messages: int = attrs.field(
         default=_caps_default("max_messages"),
@@ -455,6 +511,8 @@ class Settings:
         values: dict[str, Any] = {}
         for field in attrs.fields(cls):
             raw = environ.get(env_name(field.name))
+            if raw == "" and field.name in _KEY_SETTINGS:  # a key meant, none given
+                raise SettingsError(f"{env_name(field.name)} is set but empty")
             if raw is not None and raw != "":
                 values[field.name] = _parse(field, raw)
         values.update({k: val for k, val in overrides.items() if val is not None})

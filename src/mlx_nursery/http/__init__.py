@@ -11,8 +11,21 @@ from . import (
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
 )
 from ._audio_routes import request_class_for
+from ._connections import (
+    OPEN_FILES_RESERVE,
+    ConnectionCap,
+    raise_open_files_limit,
+    serve_http,
+)
 from ._drop import ConnectionDrops
-from ._errors import envelope_response, error_response, internal_error, log_failure
+from ._errors import (
+    body_left_unread,
+    envelope_response,
+    error_response,
+    internal_error,
+    leave_body_unread,
+    log_failure,
+)
 from ._faults import parse_fault
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
@@ -21,29 +34,32 @@ from ._messages_routes import is_messages_route  # registers /v1/messages on `ro
 from ._model_sources import model_sources
 from ._routes import routes
 from ._service import RequestProcessors, Service, default_script
-from ._tenancy import ANONYMOUS, Tenant, current_tenant, tenant_of
+from ._tenancy import tenant_of
 
 __all__ = [
-    "ANONYMOUS",
     "HYPERCORN_HEAD_BYTES",
+    "OPEN_FILES_RESERVE",
+    "ConnectionCap",
     "ConnectionDrops",
     "LifetimeHTTPConnection",
     "RequestLimits",
     "RequestProcessors",
     "Service",
     "ShieldFinalBody",
-    "Tenant",
+    "body_left_unread",
     "current_record",
-    "current_tenant",
     "default_script",
     "envelope_response",
     "error_response",
     "internal_error",
     "is_messages_route",
+    "leave_body_unread",
     "log_failure",
     "model_sources",
     "parse_fault",
+    "raise_open_files_limit",
     "request_class_for",
     "routes",
+    "serve_http",
     "tenant_of",
 ]

@@ -3,7 +3,9 @@
 Keys are compared in constant time against every key the server holds (so the time taken
 says nothing of which key, or how much of one, matched), and only `Authorization: Bearer`
 or `x-api-key` carries them, as OpenAI's and Anthropic's APIs and SDKs do. `/health`
-stays open for load balancers. A browser's preflight (OPTIONS with
+stays open for load balancers; `/metrics` asks for a key too unless `--public-metrics` (any
+key: its series carry no request's content, and a scraper should not need an admin key,
+which loads and unloads models). A browser's preflight (OPTIONS with
 `Access-Control-Request-Method`) is answered before any key is asked for: browsers send no
 credentials on it.
 """
@@ -11,7 +13,6 @@ credentials on it.
 from __future__ import annotations
 
 import hmac
-import re
 from pathlib import Path
 from typing import Literal
 
@@ -22,10 +23,14 @@ from ..settings import Settings, SettingsError
 PREFLIGHT_MAX_AGE = 600
 ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
 DEFAULT_ALLOWED_HEADERS = "authorization, x-api-key, anthropic-version, content-type, x-request-id"
-EXPOSED_HEADERS = "x-request-id, request-id, x-ignored-params, x-truncated-messages"
-"""The headers of ours a page may read (beside the CORS-safelisted ones)."""
-ADMIN_PATH = re.compile(r"^/v1/models/.+/(load|unload)$")
-"""The operators' routes: they need an admin key (`Access.verdict`)."""
+EXPOSED_HEADERS = (
+    "x-request-id, request-id, x-ignored-params, x-truncated-messages, retry-after,"
+    " retry-after-ms, x-should-retry"
+)
+"""The headers of ours a page may read (beside the CORS-safelisted ones): the SDKs' retry
+headers too, which a page's SDK reads as a server's SDK does."""
+MODELS_PREFIX = "/v1/models/"
+ADMIN_ACTIONS = ("load", "unload")
 Verdict = Literal["allowed", "unauthorized", "forbidden"]
 
 
@@ -53,7 +58,7 @@ class AccessPolicy:
             s.api_key_file,
             s.allowed_origins,
             admin_keys=s.admin_key,
-            metrics_need_key=s.metrics_need_key,
+            public_metrics=s.public_metrics,
         )
 
 
@@ -70,7 +75,7 @@ class Access:
     origins: frozenset[str] = frozenset()
     """Origins whose pages may call the API; "*" is any."""
     keyed_paths: tuple[str, ...] = ("/v1",)
-    """Path prefixes that need a key (with keys set); `/metrics` too with --metrics-need-key."""
+    """Path prefixes that need a key (with keys set); not `/metrics` with --public-metrics."""
 
     @classmethod
     def from_settings(
@@ -80,21 +85,14 @@ class Access:
         origins: str | None,
         *,
         admin_keys: tuple[str, ...] = (),
-        metrics_need_key: bool = False,
+        public_metrics: bool = False,
     ) -> Access:
         """Raises KeyFileError for a key file that cannot be read or holds no key."""
         keys = list(api_keys)
-        if key_file:
-            try:
-                lines = Path(key_file).read_text("utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise KeyFileError(f"cannot read the API key file {key_file}: {exc}") from None
-            from_file = [line.strip() for line in lines if line.strip()]
-            if not from_file:
-                raise KeyFileError(f"the API key file {key_file} holds no key")
-            keys += from_file
+        if key_file is not None:
+            keys += read_key_file(key_file)
         allowed = frozenset(o.strip() for o in (origins or "").split(",") if o.strip())
-        keyed = ("/v1", "/metrics") if metrics_need_key else ("/v1",)
+        keyed = ("/v1",) if public_metrics else ("/v1", "/metrics")
         return cls(
             tuple(k.encode() for k in [*keys, *admin_keys]),
             tuple(k.encode() for k in admin_keys),
@@ -108,7 +106,7 @@ class Access:
         x-api-key header (`api_key`) may proceed: a key missing or wrong is "unauthorized"
         (401), a right key on an admin route that is not an admin key "forbidden" (403).
         Admin keys open every route; admin routes are open only on a server with no key."""
-        admin = ADMIN_PATH.match(path) is not None
+        admin = is_admin_path(path)
         if not admin and (self.api_open or not path.startswith(self.keyed_paths)):
             return "allowed"
         if admin and not self.keys:
@@ -147,6 +145,31 @@ class Access:
             "Access-Control-Allow-Headers": headers,
             "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE),
         }
+
+
+def read_key_file(key_file: str) -> list[str]:
+    """The keys of a key file: one per line, stripped; blank lines and lines that start with
+    `#` are not keys. Raises KeyFileError for a file that cannot be read or holds no key."""
+    try:
+        lines = Path(key_file).read_text("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"cannot read the API key file {key_file}: {exc}") from None
+    keys = [line.strip() for line in lines]
+    keys = [key for key in keys if key and not key.startswith("#")]
+    if not keys:
+        raise KeyFileError(f"the API key file {key_file} holds no key")
+    return keys
+
+
+def is_admin_path(path: str) -> bool:
+    """Whether `path` (decoded, as routed) names an operator's route: a model's load or
+    unload. Decided on its segments, as the router splits it, whatever characters the
+    model's name holds (a newline included); past the prefix, any path whose last segment
+    is an action counts, so that no spelling the router takes for one slips by."""
+    if not path.startswith(MODELS_PREFIX):
+        return False
+    model, sep, action = path[len(MODELS_PREFIX) :].rpartition("/")
+    return bool(sep) and action in ADMIN_ACTIONS and bool(model)
 
 
 def _matches(candidate: bytes, keys: tuple[bytes, ...]) -> bool:

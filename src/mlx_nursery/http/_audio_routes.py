@@ -37,6 +37,7 @@ from ..openai import (
     speech_model_name,
     transcript_body,
 )
+from ._errors import leave_body_unread
 from ._jobs import Job, JobItem
 from ._lifetime import current_record, own
 from ._pump import ended_early, pump
@@ -46,7 +47,6 @@ from ._service import Service
 from ._sse import HEADERS, data_event
 
 AUDIO_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
-_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 _FORM_ROOM = 1 << 20
 """Body bytes beyond the audio limit: the form's other fields and its part headers."""
 
@@ -106,10 +106,11 @@ async def _speech(task: SpeechTask) -> Response:
 
 async def _read_form(max_audio_bytes: int) -> tuple[dict[str, list[str]], AudioUpload | None]:
     """The form's text fields (name -> values) and its `file` part. 415 for a body that is
-    not a form (multipart/form-data, which a file needs; a urlencoded form has no file);
+    not multipart/form-data, which a file needs, before any of it is read: a urlencoded form
+    has no file, and would be parsed whole on the Trio thread with no bound on its fields;
     413 past the audio limit (with the form's room)."""
-    if request.mimetype not in _FORM_TYPES:
-        await request.get_data(cache=False, parse_form_data=False)  # read: keep-alive safe
+    if request.mimetype != "multipart/form-data":
+        leave_body_unread()
         raise UnsupportedMediaType(
             "the request body must be multipart/form-data (the audio in a `file` part), got "
             f"{quoted(request.headers.get('Content-Type', 'none'))}",

@@ -10,6 +10,11 @@ the headers that steer SDK retries.
 - 500: a generic message; details go to the log with the request id, never to the client.
   The log names the exception's type and where it was raised, not its message, which may
   quote the prompt (prompts and completions are never logged).
+
+An error is answered after the rest of the request's body is read (app.py), so that a
+keep-alive client can send its next request on the connection; except where the body is
+not worth waiting for (`leave_body_unread`: a request without a key, a body of the wrong
+type), which is answered at once, the connection closed after it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import traceback
 from quart import Response, g, has_request_context
 
 from ..anthropic import error_body, error_status
+from ..logs import Verbatim
 from ..openai import OpenAIError, RequestTimeout
 
 log = logging.getLogger("mlx_nursery.http")
@@ -35,7 +41,11 @@ def log_failure(request_id: str, what: str, error: BaseException) -> None:
     """Log an unexpected failure: its type and traceback, without its message."""
     where = "".join(traceback.format_tb(error.__traceback__))
     log.error(
-        "request %s failed %s with %s:\n%s", request_id, what, type(error).__name__, where.rstrip()
+        "request %s failed %s with %s:\n%s",
+        request_id,
+        what,
+        type(error).__name__,
+        Verbatim(where.rstrip()),  # the frames of our code: their lines kept
     )
 
 
@@ -72,6 +82,19 @@ class _Plain(OpenAIError):
     def __init__(self, message: str, *, status: int, code: str | None) -> None:
         super().__init__(message, code=code)
         self.status = status
+
+
+def leave_body_unread() -> None:
+    """Answer the current request without reading the rest of its body: a client without a
+    key, or whose body cannot serve, must not hold the connection for as long as it takes
+    to send one (or to not send it). The connection is closed after the answer where a
+    body was announced (app.py), so that no client sends a request after an unread body."""
+    g.body_left_unread = True
+
+
+def body_left_unread() -> bool:
+    """Whether the current request is answered without reading its body."""
+    return bool(getattr(g, "body_left_unread", False))
 
 
 def _request_id() -> str | None:

@@ -10,7 +10,8 @@ streamed body is sent.
 
 So the app handles each HTTP request with `LifetimeHTTPConnection`, which owns a
 `RequestLifetime` for the request's whole ASGI call (handler, head, body), and a route ties
-each job it starts to it with `own`.
+each job it starts to it with `own`. It also holds the request's body to its pace
+(`_body_pace.py`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 import attrs
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from quart_trio.asgi import TrioASGIHTTPConnection
 
+from ._body_pace import PacedBody
 from ._jobs import Job
 from ._request_log import RequestRecord
 
@@ -49,6 +51,13 @@ def current_record() -> RequestRecord | None:
     return None if lifetime is None else lifetime.record
 
 
+def logged_path(scope: HTTPScope) -> str:
+    """The request's path as logged: as it came, percent-encoded (the decoded one may hold
+    spaces, newlines or control characters that would forge log lines)."""
+    raw = scope.get("raw_path")
+    return raw.decode("ascii", "backslashreplace") if raw else scope["path"]
+
+
 def own(job: Job) -> Job:
     """Tie `job` to the current request, so that it is cancelled when the request ends."""
     lifetime = _current.get()
@@ -63,13 +72,22 @@ class LifetimeHTTPConnection(TrioASGIHTTPConnection):
 
     The lifetime reaches the handler through a context variable: Quart-Trio runs the handler
     in a task spawned inside this call, and a Trio task starts with a copy of its spawner's
-    context."""
+    context. The body's pace comes from the service's settings."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        lifetime = RequestLifetime(RequestRecord(self.scope["method"], self.scope["path"]))
+        lifetime = RequestLifetime(RequestRecord(self.scope["method"], logged_path(self.scope)))
+        service = self.app.extensions["mlx_nursery"]
+        paced = PacedBody(
+            receive,
+            send,
+            lifetime.record,
+            timeout=service.settings.body_timeout,
+            min_rate=service.settings.body_min_rate,
+            on_refused=service.metrics.refused.labels("body_timeout").inc,
+        )
         token = _current.set(lifetime)
         try:
-            await super().__call__(receive, send)
+            await super().__call__(paced.receive, paced.send)
         finally:
             _current.reset(token)
             lifetime.end()

@@ -103,6 +103,17 @@ class Metrics:
             ["model_name"],
             registry=self.registry,
         )
+        self.connections_open = Gauge(
+            PREFIX + "http_connections_open",
+            "HTTP connections open (at most --max-connections)",
+            registry=self.registry,
+        )
+        self.refused = counter(
+            "http_refused",
+            "Connections and requests refused before the app answered them: past"
+            " --max-connections, or a body slower than its pace",
+            "reason",
+        )
 
     def model_loaded(
         self, engine: Engine | Embedder | None, model_name: str, seconds: float, reserved: int

@@ -2,7 +2,9 @@
 `PATH[=NAME]`), `--models-dir`, or the built-in default when neither is given.
 
 Nothing is loaded or even resolved here (a repo id is looked up in the Hugging Face cache
-only when its model loads): the names are what clients send as `model`.
+only when its model loads): the names are what clients send as `model`. A model given by a
+path is named by its served name alone, never by a path: a path taken as a name would tell a
+client which directories the server has (and echo them back).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class ModelSource:
     spec: str | None
     """A directory or a cached repo id, as given; None: the built-in default model."""
     aliases: frozenset[str] = frozenset()
-    """Other names a request may use: the path or repo id as given."""
+    """Other names a request may use ("default", for the built-in model)."""
 
 
 def model_sources(settings: Settings) -> list[ModelSource]:
@@ -51,13 +53,13 @@ def model_sources(settings: Settings) -> list[ModelSource]:
 
 
 def _from_flag(entry: str) -> ModelSource:
-    """`PATH=NAME` (served as NAME alone: one directory may be served under two names) or
-    `PATH` (served as its directory's name, and as PATH as given); a NAME holds no '/', so
-    a path with '=' in it still reads as a path."""
+    """`PATH=NAME` (served as NAME: one directory may be served under two names) or `PATH`
+    (served as its directory's name; a repo id as itself); a NAME holds no '/', so a path
+    with '=' in it still reads as a path."""
     spec, sep, name = entry.rpartition("=")
     if sep and spec and name and "/" not in name:
         return ModelSource(name, spec)
-    return ModelSource(_public_name(entry), entry, frozenset({entry}) - {_public_name(entry)})
+    return ModelSource(_public_name(entry), entry)
 
 
 def _public_name(spec: str) -> str:

@@ -6,7 +6,10 @@ model by the route, its tokens and finish by its job (`Jobs`). The line is writt
 request's ASGI call and every job it started have ended, whichever ends last: a job cancelled
 by a client that left ends after the call, and its cancel cause belongs on the line. The
 logger is `mlx_nursery.requests`; the line's fields ride on the log record as `request`, so
-that `--log-format json` writes them as fields (`mlx_nursery.logs`).
+that `--log-format json` writes them as fields (`mlx_nursery.logs`). In text, no field can
+write a line or a field of its own: the path is logged as it came (percent-encoded), a
+client's request id only if it is a plain token (app.py), and the text formatter escapes
+control characters in every value.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class RequestRecord:
 
     method: str
     path: str
+    """As it came, percent-encoded (`_lifetime.logged_path`)."""
     started: float = attrs.field(factory=trio.current_time)
     request_id: str = "-"
     status: int | None = None

@@ -270,7 +270,7 @@ class Service:
             log.info("this tokenizer is not split at its added tokens: prompts encode whole")
         served = ServedModel(
             name=source.name,
-            aliases=source.aliases | {str(engine.model.path)},
+            aliases=source.aliases,  # never its directory: a path is no model's name
             created=int(time.time()),
             tokenizer=engine.model.tokenizer,
             context_length=engine.model.context_length,
@@ -336,7 +336,7 @@ class Service:
         _, max_token_bytes = await trio.to_thread.run_sync(_vocabulary, model.tokenizer)
         served = ServedEmbedder(
             name=source.name,
-            aliases=source.aliases | {model.path},
+            aliases=source.aliases,
             created=int(time.time()),
             tokenizer=model.tokenizer,
             context_length=model.spec.context_length,

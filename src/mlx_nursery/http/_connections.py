@@ -1,0 +1,254 @@
+"""Hypercorn's trio worker as `mlx-nursery serve` runs it: at most `--max-connections`
+connections open, and HTTP/1.1 alone on its cleartext sockets.
+
+Why not `hypercorn.trio.serve` as it is: it takes every connection that comes, and each holds
+a file descriptor; past the process's limit every accept fails (EMFILE), a client with a key
+included, and Hypercorn logs each failure. Its config has no bound on connections. And its
+HTTP/1.1 protocol switches to HTTP/2 on a cleartext `Upgrade: h2c` or an HTTP/2 preface,
+which its config cannot turn off either (docs/deployment.md, "Security model", says why we
+do). So this module runs Hypercorn's own parts (its lifespan, its per-connection
+`TCPServer`, its HTTP/1.1 protocol) with those two changes, and nothing else of its own:
+timeouts, limits and shutdown are Hypercorn's, from its `Config`.
+
+A connection past the cap is answered at once (a 503 in the envelope, `Retry-After: 1`) and
+closed, so that a flood of connections costs the server no more than `--max-connections`
+descriptors, and the soft limit on open files is raised at startup (`raise_open_files_limit`)
+so that the cap, not the limit, is what a flood meets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import h11
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.task_group import TaskGroup
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ASGIFramework, ConnectionState, LifespanState
+from hypercorn.utils import ShutdownError, parse_socket_addr, raise_shutdown, repr_socket_addr
+
+from ._metrics import Metrics
+
+log = logging.getLogger("mlx_nursery.server")
+
+OPEN_FILES_RESERVE = 256
+"""Descriptors beside the connections: listening sockets, model and cache files, the
+responses store, worker threads' pipes, logs."""
+_REFUSAL_SEND_S = 1.0
+"""Seconds the 503 to a connection past the cap may take to go out."""
+
+
+def _refusal(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
+    """A whole HTTP/1.1 answer, in the envelope, that closes its connection."""
+    error = {"message": message, "type": type_, "param": None, "code": code}
+    body = json.dumps({"error": error}).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+REFUSAL = _refusal(
+    "503 Service Unavailable",
+    "the server has as many connections open as it takes (--max-connections); retry shortly",
+    "server_error",
+    "too_many_connections",
+    "retry-after: 1\r\n",
+)
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n"
+"""How an HTTP/2 client with prior knowledge opens a connection (RFC 9113, 3.4)."""
+HTTP2_REFUSAL = _refusal(
+    "505 HTTP Version Not Supported",
+    "HTTP/2 is served over TLS only; send HTTP/1.1",
+    "invalid_request_error",
+    "http_version_not_supported",
+)
+
+
+class ConnectionCap:
+    """The connections open, at most `limit`; counted in `metrics`."""
+
+    def __init__(self, limit: int, metrics: Metrics) -> None:
+        self.limit = limit
+        self.open = 0
+        self._metrics = metrics
+
+    async def handle(
+        self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
+    ) -> None:
+        """Serve `stream` with `serve`, or past the cap answer it 503 and close it.
+        Cancellation: the connection is closed, as Hypercorn closes it."""
+        if self.open >= self.limit:
+            self._metrics.refused.labels("max_connections").inc()
+            async with stream:
+                # A client that left (or reset) first gets nothing; the server goes on.
+                with (
+                    trio.move_on_after(_REFUSAL_SEND_S),
+                    contextlib.suppress(trio.BrokenResourceError, OSError),
+                ):
+                    await stream.send_all(REFUSAL)
+            return
+        self.open += 1
+        self._metrics.connections_open.set(self.open)
+        try:
+            await serve(stream)
+        finally:
+            self.open -= 1
+            self._metrics.connections_open.set(self.open)
+
+
+class _HTTP11(H11Protocol):
+    """Hypercorn's HTTP/1.1 that never switches to HTTP/2: an `Upgrade: h2c` is ignored (the
+    request is answered in HTTP/1.1, as RFC 9110 lets a server do), and a connection that
+    opens with HTTP/2's preface is answered 505 and closed before HTTP/1.1 parses it."""
+
+    opened = False
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, RawData) and not self.opened:
+            self.opened = True
+            if event.data.startswith(HTTP2_PREFACE):
+                await self.send(RawData(HTTP2_REFUSAL))
+                await self.send(Closed())
+                return
+        await super().handle(event)
+
+    async def _check_protocol(self, event: h11.Request) -> None:
+        return None  # a preface later than the first bytes is a request the app refuses
+
+
+class _Connection(TCPServer):
+    """Hypercorn's `TCPServer` on a cleartext socket (`serve` binds no TLS), with `_HTTP11`
+    in place of its protocol switch, and one more change: once the client has closed the
+    connection (or its reads failed), its keep-alive timer is stopped, so that the connection
+    ends as soon as its requests have; Hypercorn's own waits the timer out, holding the
+    socket (and, here, a place under the cap) for `keep_alive_timeout` after every client
+    that closed an idle connection. The rest (sends, close) is Hypercorn's."""
+
+    async def run(self) -> None:
+        socket = self.stream.socket
+        try:
+            client = parse_socket_addr(socket.family, socket.getpeername())
+            server = parse_socket_addr(socket.family, socket.getsockname())
+            async with TaskGroup() as task_group:
+                self._task_group = task_group
+                self.protocol = _HTTP11(  # type: ignore[assignment]  # handle, initiate alike
+                    self.app,
+                    self.config,
+                    self.context,
+                    task_group,
+                    ConnectionState(self.state),
+                    False,
+                    client,
+                    server,
+                    self.protocol_send,
+                )
+                await self.protocol.initiate()
+                await self.idle_task.restart(self._task_group, self._idle_timeout)
+                await self._read_data()
+                await self.idle_task.stop()  # nothing more to read: nothing to time out
+        except OSError:
+            pass
+        finally:
+            await self._close()
+
+
+async def serve_http(
+    app: ASGIFramework,
+    config: Config,
+    cap: ConnectionCap,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `config.bind` until `shutdown_trigger` returns, as
+    `hypercorn.trio.serve` does (lifespan startup first, the graceful timeout on the way
+    out), with `cap` on connections and HTTP/1.1 only. Reports the bound URLs."""
+    wrapped = ASGIWrapper(app)
+    lifespan_state: LifespanState = {}
+    lifespan = Lifespan(wrapped, config, lifespan_state)
+    context = WorkerContext(None)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            sockets = config.create_sockets()
+            listeners, binds = [], []
+            for sock in sockets.insecure_sockets:
+                sock.listen(config.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                bind = repr_socket_addr(sock.family, sock.getsockname())
+                binds.append(f"http://{bind}")
+                await config.log.info(f"Running on http://{bind} (CTRL + C to quit)")
+            connection = partial(
+                _Connection, wrapped, config, context, ConnectionState(lifespan_state.copy())
+            )
+
+            async def handle(stream: trio.SocketStream) -> None:
+                await cap.handle(stream, connection)
+
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery(strict_exception_groups=True) as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(raise_shutdown, context.terminate.wait)
+                    # The connections outlive the accept loop, up to the graceful timeout.
+                    serving = partial(
+                        trio.serve_listeners, handle, listeners, handler_nursery=server_nursery
+                    )
+                    nursery.start_soon(serving)
+                    await trio.sleep_forever()
+            except BaseExceptionGroup as error:
+                _, others = error.split((ShutdownError, KeyboardInterrupt))
+                if others is not None:
+                    raise others from None
+            finally:
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
+
+
+def raise_open_files_limit(wanted: int) -> None:
+    """Raise this process's soft limit on open files toward its hard limit (a process may,
+    unprivileged), so that `wanted` descriptors (the connection cap, and the server's own)
+    fit; log a warning where they still do not. Not a checkpoint; startup only."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    # An infinite hard limit (macOS) may still be refused past the kernel's own; `wanted`
+    # is tried after it.
+    tries = [hard] if hard != resource.RLIM_INFINITY else [max(wanted, 1 << 16)]
+    tries += [wanted] if wanted < tries[0] else []
+    for target in tries:
+        if target <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            continue
+        soft = target
+        break
+    if soft < wanted:
+        log.warning(
+            "the limit on open files (%d) is below what --max-connections needs (%d):"
+            " connections past it fail to be accepted; raise it (ulimit -n) or lower"
+            " --max-connections",
+            soft,
+            wanted,
+        )
