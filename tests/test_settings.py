@@ -88,6 +88,8 @@ def test_settings_the_engine_has_too_default_to_the_engines() -> None:
         ([], {"MLX_NURSERY_STRICT_PARAMS": "yes"}, {"strict_params": True}),
         (["--request-timeout", "2.5"], {}, {"request_timeout": 2.5}),
         ([], {"MLX_NURSERY_REQUEST_TIMEOUT": "off"}, {"request_timeout": None}),
+        (["--prefill-chunk-ms", "0"], {}, {"prefill_chunk_ms": 0.0}),
+        ([], {"MLX_NURSERY_PREFILL_CHUNK_MS": "120"}, {"prefill_chunk_ms": 120.0}),
         (["--model", "./m", "--max-queue", "0"], {}, {"model": "./m", "max_queue": 0}),
         (
             ["--kv-bits", "4"],

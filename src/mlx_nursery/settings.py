@@ -216,6 +216,16 @@ class Settings:
         validator=v.ge(1),
         metadata=_help("prompt tokens per prefill chunk; a cancel is honoured between chunks"),
     )
+    prefill_chunk_ms: float | None = attrs.field(
+        default=_engine_default("prefill_chunk_ms"),
+        validator=v.optional(v.ge(0)),
+        metadata=_help(
+            "milliseconds a prefill chunk may hold the streams decoding beside it: chunks shrink"
+            " to fit by the measured cost of a token (by backend: 250 on the CPU, 1000 on a"
+            " GPU); 0: always --prefill-step-size",
+            none="by backend",
+        ),
+    )
     embedding_batch_size: int = attrs.field(
         default=attrs.fields_dict(EmbedderConfig)["max_batch_inputs"].default,
         validator=v.ge(1),

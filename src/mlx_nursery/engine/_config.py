@@ -29,7 +29,13 @@ class EngineConfig:
         return max(1, self.max_queue // 2)
 
     prefill_step_size: int = attrs.field(default=512, validator=v.ge(1))
-    """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned."""
+    """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned,
+    and the largest chunk while other sequences decode (`prefill_chunk_ms`)."""
+    prefill_chunk_ms: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
+    """While other sequences decode, the time a prefill chunk may hold them: chunks shrink
+    to fit it by the measured cost of a token, to powers of two down to 16 tokens
+    (engine/_chunking.py). None: the backend's default (`_chunking.CPU_BUDGET_MS`,
+    `GPU_BUDGET_MS`); 0: no budget, chunks of `prefill_step_size` always."""
     prefill_batch_size: int = attrs.field(default=8, validator=v.ge(1))
     prompt_cache_bytes: int = attrs.field(default=2 << 30, validator=v.ge(0))
     """Byte budget of the prefix KV cache; 0 disables it."""

@@ -7,7 +7,7 @@ step and the sequences confirmed gone. Nothing here holds an MLX object.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
 import attrs
@@ -67,6 +67,13 @@ class WorkerStats:
     prefill_shapes: int = 0
     """Distinct (batch, query length, key length) among them: each was new to the backend
     once (see `_shapes`; on CUDA with cuDNN attention, each built a graph)."""
+    prefill_chunks_beside_decode: Mapping[int, int] = attrs.field(factory=dict)
+    """Prefill chunks run while other sequences were decoding, by the tokens per prompt
+    each was given: `prefill_step_size`, or less where the time budget shrank it
+    (`_chunking.ChunkSizer`; a prompt's last chunk may hold fewer)."""
+    prefill_seconds_per_token: float | None = None
+    """The moving average of a prefilled token's measured cost that sizes those chunks
+    (None: no chunk measured yet)."""
 
 
 class StepEvent(NamedTuple):

@@ -8,9 +8,11 @@ the rules stated in the worker's docstring. Engine thread only.
 from __future__ import annotations
 
 import logging
+import time
 
 from .. import fault_points
 from ..models import LoadedModel
+from ._chunking import ChunkSizer, budget_ms
 from ._config import EngineConfig
 from ._kv_quant import cache_factory
 from ._ledger import Ledger
@@ -71,12 +73,15 @@ class Runner:
         """The model as both steppers call it, counting the prefill shapes they run."""
         self._make_cache = cache_factory(config.kv_quantization)
         """Fresh KV caches, quantized if the config asks (engine/_kv_quant.py)."""
+        self.chunks = ChunkSizer(config.prefill_step_size, budget_ms(config.prefill_chunk_ms))
+        """Sizes the prefill chunks run beside decoding sequences (engine/_chunking.py)."""
         self._batch: Stepper = self._new_batch()
         self._solo = SoloStepper(
             self.shapes,
             prefill_step_size=config.prefill_step_size,
             before_launch=outbox.post_at_launch,
             make_cache=self._make_cache,
+            chunk_timed=self.chunks.observe,
         )
         self._stepper: Stepper = self._batch
         self._previous_responses: list[Response] = []
@@ -148,6 +153,7 @@ class Runner:
             max_concurrency=self._config.max_concurrency,
             prefill_batch_size=self._config.prefill_batch_size,
             prefill_step_size=self._config.prefill_step_size,
+            chunk_sizer=self.chunks,
             make_cache=self._make_cache if self._config.kv_bits is not None else None,
         )
 
@@ -222,23 +228,27 @@ class Runner:
         return [len(s.request.prompt_tokens) + len(s.tokens) for s in running]
 
     def prefill_images(self) -> None:
-        """Chunks of the image prompts' prefills, oldest first, up to `prefill_step_size`
-        tokens in all (at least one chunk), as a text prefill chunk bounds an iteration."""
-        budget = self._config.prefill_step_size
+        """Chunks of the image prompts' prefills, oldest first, up to a text chunk's size in
+        all (at least one chunk), as a text prefill chunk bounds an iteration: the sizer's
+        (`prefill_step_size` unless sequences decode beside them and it shrinks it)."""
+        size = self.chunks.size(1, decoding=bool(self._ledger.active))
+        budget = size
         for seq_id in list(self._ledger.imaging):
             if budget <= 0:
                 return
-            budget -= self._prefill_image_chunk(seq_id)
+            budget -= self._prefill_image_chunk(seq_id, size)
 
-    def _prefill_image_chunk(self, seq_id: int) -> int:
-        """One chunk of this image prompt's prefill; once it is done, the sequence starts
-        as a prefix-cache hit would (the fast path if alone, else the batch). A failure
-        fails that request alone. Returns the tokens prefilled."""
+    def _prefill_image_chunk(self, seq_id: int, size: int) -> int:
+        """One chunk (up to `size` tokens) of this image prompt's prefill; once it is done,
+        the sequence starts as a prefix-cache hit would (the fast path if alone, else the
+        batch). A failure fails that request alone. Returns the tokens prefilled."""
         sequence = self._ledger.imaging[seq_id]
         prefill: ImagePrefill = sequence.prefill
         tokens = 0
         try:
-            tokens = prefill.step()
+            started = time.perf_counter()
+            tokens = prefill.step(size)
+            self.chunks.observe(tokens, time.perf_counter() - started)
             if not prefill.done:
                 return tokens
             del self._ledger.imaging[seq_id]
@@ -332,8 +342,7 @@ class Runner:
     ) -> None:
         """Encode the images (raises what the model raises) and queue the prompt's prefill,
         a chunk per iteration (`prefill_images`); the sequence starts once it is done."""
-        step = self._config.prefill_step_size
-        sequence.prefill = ImagePrefill(self._model, prompt, images, step, self._make_cache)
+        sequence.prefill = ImagePrefill(self._model, prompt, images, self._make_cache)
         self._ledger.imaging[sequence.seq_id] = sequence
 
     def _cache_key(self, sequence: LiveSequence, tokens: list[int]) -> list[int] | None:

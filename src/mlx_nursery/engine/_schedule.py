@@ -18,6 +18,9 @@ decode; admit; move prompts with nothing to prefill out; prefill a chunk; move t
 prompts whose prefill just ended into the running batch at once (their first token is
 computed with the next decode step). A prompt batch can turn over every call, and a
 prompt's first token comes one call after its last chunk.
+
+A chunk's length is `prefill_step_size`, or what a `ChunkSizer` (`_chunking.py`) gives it
+while the running batch decodes; each chunk's measured time goes back to the sizer.
 """
 
 from __future__ import annotations
@@ -28,12 +31,19 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch
 
+from ._chunking import ChunkSizer
+
 
 class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is untyped
     """`BatchGenerator` with the prefill schedule described in this module's docstring."""
 
     _currently_processing: list[list[Any]]
     """mlx-lm's record per prompt in the prompt batch: [segments left, done, total]."""
+
+    def __init__(self, model: Any, *, chunk_sizer: ChunkSizer | None = None, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.chunk_sizer = chunk_sizer
+        """Sizes each chunk and is told its time (None: chunks of `prefill_step_size`)."""
 
     @property
     def prefilled_tokens(self) -> int:
@@ -66,10 +76,14 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         # all but the last) go straight to the running batch.
         self._start_generating(prompt_responses)
 
+        size = self.prefill_step_size
+        if self.chunk_sizer is not None and self._currently_processing:
+            decoding = len(self._generation_batch) > 0
+            size = self.chunk_sizer.size(len(self._currently_processing), decoding=decoding)
         chunks: list[list[int]] = []
         for i, processing in enumerate(self._currently_processing):
             segments = processing[0]
-            chunk = segments[0][: self.prefill_step_size]
+            chunk = segments[0][:size]
             segments[0] = segments[0][len(chunk) :]
             ended = not segments[0]
             if ended:
@@ -83,8 +97,11 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             )
         counters.prompt_tokens += sum(len(chunk) for chunk in chunks)
         tic = time.perf_counter()
-        self._prompt_batch.prompt(chunks)
-        counters.prompt_time += time.perf_counter() - tic
+        self._prompt_batch.prompt(chunks)  # evaluated before it returns: the time is real
+        elapsed = time.perf_counter() - tic
+        counters.prompt_time += elapsed
+        if self.chunk_sizer is not None and chunks:
+            self.chunk_sizer.observe(len(chunks) * max(len(c) for c in chunks), elapsed)
 
         self._start_generating(prompt_responses)
         return prompt_responses, generation_responses

@@ -10,7 +10,9 @@ a second sequence arrives, the lone one moves into the batch with its KV cache
 Behaviour is identical on both paths: the same sampler object draws each token exactly
 once (so seeded requests reproduce), logits processors see the same context (the prompt
 and every token fed so far), and a step returns at most one token per call, with prefill
-in chunks of at most `prefill_step_size` so that a cancel is honoured between chunks.
+in chunks of at most `prefill_step_size` so that a cancel is honoured between chunks (a
+lone prompt's chunks are never shrunk: nothing decodes beside them; their times still
+teach the chunk sizer, `_chunking.py`, what a token costs).
 
 We do not call `generate_step` itself: a generator can't hand its KV cache and its
 in-flight token over to the batch, and the handover is what keeps behaviour identical.
@@ -18,6 +20,7 @@ in-flight token over to the batch, and the handover is what keeps behaviour iden
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -65,6 +68,7 @@ class SoloSequence:
         prefill_step_size: int,
         before_launch: Callable[[], None] | None = None,
         make_cache: CacheFactory = make_prompt_cache,
+        chunk_timed: Callable[[int, float], None] | None = None,
     ) -> None:
         self.uid = uid
         self._model = model
@@ -79,6 +83,9 @@ class SoloSequence:
         self._stop = stop_tokens
         self._step_size = prefill_step_size
         self._before_launch = before_launch
+        self._chunk_timed = chunk_timed
+        """Told the tokens and seconds of each prefill chunk and of the prompt's last forward,
+        which gives the first token (the chunk sizer learns from them)."""
         self._in_flight: tuple[mx.array, mx.array] | None = None
         self._returned = 0
         self.prefilled = 0
@@ -96,12 +103,16 @@ class SoloSequence:
                 self._prefill_chunk()
                 return None
             fed = self._pending
+            started = time.perf_counter()
             self._in_flight = self._forward(mx.array(fed, dtype=mx.uint32))
             self._cache_tokens.extend(fed)
             self._pending = []
             if self._returned == 0:
                 self.prefilled += len(fed) - 1  # counted as the batch counts: the last is decode's
-                return self._take_in_flight(launch_next=False)
+                response = self._take_in_flight(launch_next=False)  # read: the time is real
+                if self._chunk_timed is not None:
+                    self._chunk_timed(len(fed), time.perf_counter() - started)
+                return response
         return self._take_in_flight(launch_next=True)
 
     def _take_in_flight(self, *, launch_next: bool) -> SoloResponse:
@@ -135,9 +146,12 @@ class SoloSequence:
 
     def _prefill_chunk(self) -> None:
         chunk = self._pending[: self._step_size]
+        started = time.perf_counter()
         with mx.stream(generation_stream):
             self._model(mx.array(chunk, dtype=mx.uint32)[None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
+        if self._chunk_timed is not None:
+            self._chunk_timed(len(chunk), time.perf_counter() - started)
         self.prefilled += len(chunk)
         self._cache_tokens.extend(chunk)
         if self._context is not None:
@@ -211,9 +225,11 @@ class SoloStepper:
         prefill_step_size: int,
         before_launch: Callable[[], None],
         make_cache: CacheFactory = make_prompt_cache,
+        chunk_timed: Callable[[int, float], None] | None = None,
     ) -> None:
         self._model = model
         self._make_cache = make_cache
+        self._chunk_timed = chunk_timed
         self._step_size = prefill_step_size
         self._before_launch = before_launch
         self._solo: SoloSequence | None = None
@@ -231,6 +247,7 @@ class SoloStepper:
             prefill_step_size=self._step_size,
             before_launch=self._before_launch,
             make_cache=self._make_cache,
+            chunk_timed=self._chunk_timed,
         )
         return self._solo.uid
 

@@ -22,6 +22,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.generate import StopSequences
 
+from ._chunking import ChunkSizer
 from ._kv_quant import CacheFactory
 from ._sampling import Sampler, sample_batch
 from ._schedule import ServingBatchGenerator
@@ -104,6 +105,7 @@ class BatchStepper:
         max_concurrency: int,
         prefill_batch_size: int,
         prefill_step_size: int,
+        chunk_sizer: ChunkSizer | None = None,
         make_cache: CacheFactory | None = None,
     ) -> None:
         self._model = model
@@ -114,6 +116,7 @@ class BatchStepper:
             completion_batch_size=max_concurrency,
             prefill_batch_size=min(prefill_batch_size, max_concurrency),
             prefill_step_size=prefill_step_size,
+            chunk_sizer=chunk_sizer,
         )
         self._samplers = _RowSamplers()
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""

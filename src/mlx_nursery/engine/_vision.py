@@ -110,15 +110,14 @@ class ImagePrefill:
     running streams keep stepping. Engine thread only.
 
     Made with the images encoded (the vision tower runs once, here); each `step` prefills
-    the next `step_size` prompt tokens' embeddings into a fresh mlx-lm cache of the text
-    model; once `done`, `cache` holds all of `prompt` but its last token."""
+    the next prompt tokens' embeddings, as many as the worker gives it, into a fresh mlx-lm
+    cache of the text model; once `done`, `cache` holds all of `prompt` but its last token."""
 
     def __init__(
         self,
         model: LoadedModel,
         prompt: list[int],
         images: ImageInputs,
-        step_size: int,
         make_cache: CacheFactory = make_prompt_cache,
     ) -> None:
         vision = model.vision
@@ -138,17 +137,16 @@ class ImagePrefill:
         self._language = vision.model.language_model
         self.prompt = prompt
         self.cache: list[Any] = make_cache(model.model)
-        self._step_size = step_size
         self._next = 0
 
     @property
     def done(self) -> bool:
         return self._next >= len(self.prompt) - 1
 
-    def step(self) -> int:
-        """Prefill the next chunk; return its tokens. Raises what the model raises (the
-        caller fails this request alone)."""
-        start, end = self._next, min(self._next + self._step_size, len(self.prompt) - 1)
+    def step(self, size: int) -> int:
+        """Prefill the next chunk, of at most `size` tokens; return its tokens. Raises what
+        the model raises (the caller fails this request alone)."""
+        start, end = self._next, min(self._next + size, len(self.prompt) - 1)
         kwargs = (
             {} if self._positions is None else {"position_ids": self._positions[..., start:end]}
         )

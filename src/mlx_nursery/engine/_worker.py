@@ -56,7 +56,7 @@ class Worker:
       4. replay the next sequence on probation; or else replay the preempted sequences
          that fit the KV budget again, then admit the held submissions that fit; then run
          chunks of the image prompts' prefills, oldest first, up to `prefill_step_size`
-         tokens (starting each once done);
+         tokens, or fewer beside decoding sequences (`_chunking`; starting each once done);
       5. take the newest sequences out of the batch (preempted) while the step's KV would
          outgrow the budget; run one step of the stepper and emit each sequence's token;
          end the sequences whose sampler or logits processors failed in it;
@@ -294,6 +294,8 @@ class Worker:
             replays=runner.replays,
             prefill_forwards=runner.shapes.prefill_forwards,
             prefill_shapes=runner.shapes.shapes,
+            prefill_chunks_beside_decode=dict(runner.chunks.beside_decode),
+            prefill_seconds_per_token=runner.chunks.seconds_per_token,
             preemptions=runner.preemptions,
             held_for_memory=runner.held_for_memory,
         )

@@ -255,6 +255,7 @@ class Service:
             kv_cache_bytes=reservation.kv,
             prefill_batch_size=self.settings.prefill_batch_size,
             prefill_step_size=self.settings.prefill_step_size,
+            prefill_chunk_ms=self.settings.prefill_chunk_ms,
             cudnn_attention=self.settings.cudnn_attention,
             kv_bits=self.settings.kv_bits,
             kv_group_size=self.settings.kv_group_size,
