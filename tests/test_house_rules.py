@@ -278,6 +278,7 @@ PUBLIC = {
         "PostgresResponsesStore",
         "ResponsesStorage",
         "ResponsesStore",
+        "StoreLimits",
         "StoreUnavailable",
         "StoredResponse",
         "responses_store_at",
