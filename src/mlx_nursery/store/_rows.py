@@ -208,45 +208,44 @@ def _evict(
 
 
 def _usage(db: Connection, dialect: Dialect, owner: str | None) -> tuple[int, int]:
-    """Rows and bytes (module docstring) of `owner`, or of the whole store."""
+    """Rows and bytes (module docstring) of `owner`, or of the whole store; one statement."""
     if owner is None:
-        rows, documents = db.execute(
-            dialect.sql("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM {r}"), ()
-        ).fetchall()[0]
-        strings = db.execute(dialect.sql("SELECT COALESCE(SUM(size), 0) FROM {b}"), ())
-    else:
-        rows, documents = db.execute(
-            dialect.sql("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM {r} WHERE owner = ?"),
-            (owner,),
-        ).fetchall()[0]
-        strings = db.execute(
-            dialect.sql(
-                "SELECT COALESCE(SUM(size), 0) FROM {b} WHERE digest IN"
-                " (SELECT digest FROM {refs} WHERE owner = ?)"
-            ),
-            (owner,),
+        query = (
+            "SELECT (SELECT COUNT(*) FROM {r}), (SELECT COALESCE(SUM(bytes), 0) FROM {r}),"
+            " (SELECT COALESCE(SUM(size), 0) FROM {b})"
         )
-    return int(rows), int(documents) + int(strings.fetchall()[0][0])
+        parameters: tuple[str, ...] = ()
+    else:
+        query = (
+            "SELECT (SELECT COUNT(*) FROM {r} WHERE owner = ?),"
+            " (SELECT COALESCE(SUM(bytes), 0) FROM {r} WHERE owner = ?),"
+            " (SELECT COALESCE(SUM(size), 0) FROM {b} WHERE digest IN"
+            " (SELECT digest FROM {refs} WHERE owner = ?))"
+        )
+        parameters = (owner, owner, owner)
+    rows, documents, strings = db.execute(dialect.sql(query), parameters).fetchall()[0]
+    return int(rows), int(documents) + int(strings)
 
 
 def _drop(db: Connection, dialect: Dialect, response_id: str, owner: str | None) -> int | None:
     """Delete a row, its references, and the strings no row references any more; the bytes
     this freed for `owner` (None: for the whole store), or None if there was no such row."""
-    found = db.execute(dialect.sql("SELECT bytes FROM {r} WHERE id = ?"), (response_id,))
-    row = found.fetchall()
-    if not row:
-        return None
-    strings = db.execute(
+    found = db.execute(
         dialect.sql(
-            "SELECT b.digest, b.size FROM {refs} AS refs JOIN {b} AS b"
-            " ON b.digest = refs.digest WHERE refs.response_id = ?"
+            "SELECT r.bytes, b.digest, b.size FROM {r} AS r"
+            " LEFT JOIN {refs} AS refs ON refs.response_id = r.id"
+            " LEFT JOIN {b} AS b ON b.digest = refs.digest WHERE r.id = ?"
         ),
         (response_id,),
     ).fetchall()
+    if not found:
+        return None
     db.execute(dialect.sql("DELETE FROM {refs} WHERE response_id = ?"), (response_id,))
     db.execute(dialect.sql("DELETE FROM {r} WHERE id = ?"), (response_id,))
-    freed = int(row[0][0])
-    for digest, size in strings:
+    freed = int(found[0][0])
+    for _, digest, size in found:
+        if digest is None:
+            continue
         if not _referenced(db, dialect, digest, None):
             db.execute(dialect.sql("DELETE FROM {b} WHERE digest = ?"), (digest,))
             freed += int(size)
