@@ -285,6 +285,7 @@ PUBLIC = {
         "PostgresResponsesStore",
         "ResponsesStorage",
         "ResponsesStore",
+        "StoreLimits",
         "StoreUnavailable",
         "StoredResponse",
         "responses_store_at",

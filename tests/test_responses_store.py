@@ -16,6 +16,7 @@ import trio
 from mlx_nursery.store import (
     ResponsesStorage,
     StoredResponse,
+    StoreLimits,
     StoreUnavailable,
     responses_store_at,
 )
@@ -33,11 +34,8 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _store(location: str, **limits: Any) -> ResponsesStorage:
-    return responses_store_at(
-        location,
-        max_responses=limits.get("max_responses", 100),
-        max_age_seconds=limits.get("max_age_seconds", 3600.0),
-    )
+    limits = {"max_responses": 100, "max_age_seconds": 3600.0, **limits}
+    return responses_store_at(location, StoreLimits(**limits))
 
 
 class _Opened:

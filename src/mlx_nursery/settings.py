@@ -20,6 +20,7 @@ from attrs import validators as v
 from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
 from .logs import LOG_FORMATS
 from .openai import AudioLimits, ImageLimits, RequestCaps
+from .store import StoreLimits
 
 ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -93,6 +94,11 @@ def _no_blank_key(
         raise SettingsError(
             f"{attribute.name} is empty: give a key (or leave the setting out to serve without one)"
         )
+
+
+def _store_default(name: str) -> Any:
+    """StoreLimits' default for `name`: stated once, in the store."""
+    return attrs.fields_dict(StoreLimits)[name].default
 
 
 def _caps_default(name: str) -> Any:
@@ -319,12 +325,34 @@ class Settings:
         ),
     )
     responses_max: int = attrs.field(
-        default=10_000,
+        default=_store_default("max_responses"),
         validator=v.ge(1),
         metadata=_help("stored responses kept; past it, the oldest are evicted"),
     )
+    responses_max_bytes: int = attrs.field(
+        default=_store_default("max_bytes"),
+        validator=v.ge(1),
+        metadata=_help(
+            "bytes of stored responses kept; past it, the oldest are evicted", unit="bytes"
+        ),
+    )
+    responses_max_per_key: int = attrs.field(
+        default=_store_default("max_per_owner"),
+        validator=v.ge(1),
+        metadata=_help(
+            "stored responses each API key keeps; past it, that key's oldest are evicted"
+        ),
+    )
+    responses_max_bytes_per_key: int = attrs.field(
+        default=_store_default("max_bytes_per_owner"),
+        validator=v.ge(1),
+        metadata=_help(
+            "bytes of stored responses each API key keeps; past it, that key's oldest are evicted",
+            unit="bytes",
+        ),
+    )
     responses_max_age: float = attrs.field(
-        default=30 * _DAY,
+        default=_store_default("max_age_seconds"),
         validator=v.gt(0),
         metadata=_help("seconds a stored response is kept", unit="seconds"),
     )
@@ -506,6 +534,15 @@ class Settings:
         default=None,
         metadata=_help("seed of the draw of faulted requests", none="random"),
     )
+
+    def responses_limits(self) -> StoreLimits:
+        return StoreLimits(
+            max_responses=self.responses_max,
+            max_bytes=self.responses_max_bytes,
+            max_per_owner=self.responses_max_per_key,
+            max_bytes_per_owner=self.responses_max_bytes_per_key,
+            max_age_seconds=self.responses_max_age,
+        )
 
     def responses_db_path(self) -> str:
         if self.responses_db:

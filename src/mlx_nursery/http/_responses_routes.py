@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import attrs
@@ -56,12 +57,10 @@ async def create_response() -> Response:
         return body, parse_responses_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
+    owner = current_tenant().id  # read here: a stream's body runs outside the request
     previous = None
     if parsed.previous_response_id:
-        stored = await service.store.get(parsed.previous_response_id)
-        if stored is None:
-            raise _not_found(parsed.previous_response_id, "previous_response_id")
-        previous = stored.conversation
+        previous = (await _stored(parsed.previous_response_id, "previous_response_id")).conversation
     async with service.text_model(body, deadline) as (hosted, served):
         urls = responses_image_urls(parsed.input, previous)
         served = await service.fetched(served, urls, deadline)
@@ -91,8 +90,9 @@ async def create_response() -> Response:
         )  # request's
     builder = ResponseBuilder(prepared)
     if parsed.stream:
+        events = _EventStream(service, prepared, builder, owner)
         response = Response(
-            pump(job, _EventStream(service, prepared, builder), service.writes, request_id()),
+            pump(job, events, service.writes, request_id()),
             content_type="text/event-stream",
             headers=HEADERS,
         )
@@ -104,7 +104,7 @@ async def create_response() -> Response:
         fault_points.reach("rendering")
         _apply(builder, item)
         if isinstance(item, Finished):
-            await _save(service, prepared, builder)
+            await _save(service, prepared, builder, owner)
             await job.settled()
             return Response(json.dumps(builder.response()), content_type="application/json")
     raise ended_early()
@@ -128,6 +128,8 @@ class _EventStream:
     service: Service
     prepared: PreparedResponse
     builder: ResponseBuilder
+    owner: str | None
+    """The tenant that will own the stored response."""
 
     def opening(self) -> bytes:
         return named_events(self.builder.opening())
@@ -140,7 +142,7 @@ class _EventStream:
                 return named_events(events), True
             events += _apply(self.builder, item)
             if isinstance(item, Finished):
-                await _save(self.service, self.prepared, self.builder)
+                await _save(self.service, self.prepared, self.builder, self.owner)
                 events.append(self.builder.final_event())
                 return named_events(events), True
         return named_events(events), False
@@ -149,15 +151,18 @@ class _EventStream:
         return named_events([self.builder.error_event(error)])
 
 
-async def _save(service: Service, prepared: PreparedResponse, builder: ResponseBuilder) -> None:
+async def _save(
+    service: Service, prepared: PreparedResponse, builder: ResponseBuilder, owner: str | None
+) -> None:
     if prepared.store:
         await service.store.put(
             StoredResponse(
                 prepared.id,
-                float(prepared.created_at),
+                time.time(),  # the store's order: the response's created_at has whole seconds
                 builder.response(),
                 prepared.input_items,
                 builder.conversation(),
+                owner,
             )
         )
 
@@ -176,6 +181,7 @@ async def retrieve_response(response_id: str) -> Response:
 
 @routes.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
+    await _stored(response_id)  # the owner's (or an admin's) to delete
     if not await _service().store.delete(response_id):
         raise _not_found(response_id, "response_id")
     body = {"id": response_id, "object": "response", "deleted": True}
@@ -204,10 +210,12 @@ async def list_input_items(response_id: str) -> Response:
     return Response(json.dumps(page), content_type="application/json")
 
 
-async def _stored(response_id: str) -> StoredResponse:
+async def _stored(response_id: str, param: str = "response_id") -> StoredResponse:
+    """The stored response if the request's tenant owns it (or is an admin). Another key's
+    is not found, exactly as one that never existed: its existence is not told."""
     stored = await _service().store.get(response_id)
-    if stored is None:
-        raise _not_found(response_id, "response_id")
+    if stored is None or not current_tenant().owns(stored.owner):
+        raise _not_found(response_id, param)
     return stored
 
 

@@ -123,11 +123,7 @@ class Service:
         )
         self.writes = WritePolicy(settings.stream_interval)
         """How streams batch their writes; it counts the streams open."""
-        self.store = responses_store_at(
-            settings.responses_db_path(),
-            max_responses=settings.responses_max,
-            max_age_seconds=settings.responses_max_age,
-        )
+        self.store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
         self.metrics = Metrics()
         self.faults = FaultInjector(

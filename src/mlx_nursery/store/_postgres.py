@@ -1,17 +1,18 @@
 """The Responses store in PostgreSQL, shared by every server process that names the database.
 
-The rows, limits and cancellation behaviour are SQLite's (`_responses.py`): the JSON columns
-are text holding `json.dumps`'s output, so a body comes back byte for byte as SQLite gives
-it (jsonb would reorder its keys and refuse `\\u0000`). psycopg's async API runs only on
-asyncio, so the sync API runs on a worker thread, one call at a time, on one connection
-per process; each write is its own committed transaction.
+The rows, limits and cancellation behaviour are SQLite's (`_responses.py`, `_rows.py`): the
+JSON columns are text holding `json.dumps`'s output, so a body comes back byte for byte as
+SQLite gives it (jsonb would reorder its keys and refuse `\\u0000`). psycopg's async API
+runs only on asyncio, so the sync API runs on a worker thread, one call at a time, on one
+connection per process; each write is its own committed transaction.
 
 Several processes at once:
 - Schema creation takes a transaction-scoped advisory lock: `CREATE TABLE IF NOT EXISTS`
   run by two sessions at once can fail on a unique index of the catalog.
-- Each put takes another advisory lock for its transaction, so puts from every process are
-  serialized as SQLite's `BEGIN IMMEDIATE` serializes them: two concurrent prunes would
-  each miss the other's row, leaving the table past `max_responses`.
+- Each put and delete takes another advisory lock for its transaction, so writes from every
+  process are serialized as SQLite's `BEGIN IMMEDIATE` serializes them: two concurrent
+  prunes would each miss the other's row, leaving the table past its limits, and a delete
+  collecting a large string could race a put that references it again.
 
 A lost connection (a server restart, an idle connection cut) is found when a call uses it:
 the call is retried once on a new connection; a call that fails on a new connection raises
@@ -23,8 +24,6 @@ again, so the store never stays failed. The URL's password is never in a message
 from __future__ import annotations
 
 import hashlib
-import json
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -32,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from .. import fault_points
-from ._responses import StoredResponse
+from ._rows import Dialect, StoredResponse, StoreLimits, delete, read, write
 
 if TYPE_CHECKING:
     import psycopg
@@ -44,15 +43,22 @@ SCHEMES = ("postgresql://", "postgres://")
 _TABLE = "mlx_nursery_responses"
 """Prefixed: the database may be shared with other applications."""
 
+_DIALECT = Dialect(_TABLE, f"{_TABLE}_blobs", f"{_TABLE}_blob_refs", "%s")
+
 _SCHEMA = (
     f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
         id TEXT PRIMARY KEY,
         created_at DOUBLE PRECISION NOT NULL,
+        owner TEXT NOT NULL DEFAULT '',
+        bytes BIGINT NOT NULL DEFAULT 0,
         body TEXT NOT NULL,
         input_items TEXT NOT NULL,
         conversation TEXT NOT NULL
     )""",
-    f"CREATE INDEX IF NOT EXISTS {_TABLE}_created_at ON {_TABLE} (created_at)",
+    # A table made before these columns (`_rows.py` says what old rows get):
+    f"ALTER TABLE {_TABLE} ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT ''",
+    f"ALTER TABLE {_TABLE} ADD COLUMN IF NOT EXISTS bytes BIGINT NOT NULL DEFAULT 0",
+    *_DIALECT.schema(),
 )
 
 
@@ -115,14 +121,11 @@ class PostgresResponsesStore:
     def __init__(
         self,
         url: str,
-        *,
-        max_responses: int = 10_000,
-        max_age_seconds: float = 30 * 24 * 3600,
+        limits: StoreLimits | None = None,
     ) -> None:
         self._url = url
         self.path = shown_url(url)
-        self.max_responses = max_responses
-        self.max_age_seconds = max_age_seconds
+        self.limits = limits or StoreLimits()
         self._open = False
         self._db: psycopg.Connection[Any] | None = None
         self._limiter = trio.CapacityLimiter(1)
@@ -137,8 +140,8 @@ class PostgresResponsesStore:
         await self._run(self._close_db)
 
     async def put(self, record: StoredResponse) -> None:
-        """Store `record` (replacing one with its id), then evict past the age and count
-        limits, in one transaction. Cancelled before its thread ran: nothing was written."""
+        """Store `record` (replacing one with its id), then evict past the limits (`_rows.py`),
+        in one transaction. Cancelled before its thread ran: nothing was written."""
         fault_points.reach("store_write")
         await self._run(self._call, self._put, record)
 
@@ -227,42 +230,15 @@ class PostgresResponsesStore:
     def _put(self, db: psycopg.Connection[Any], record: StoredResponse) -> None:
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
-            db.execute(
-                f"INSERT INTO {_TABLE} (id, created_at, body, input_items, conversation)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
-                " created_at = EXCLUDED.created_at, body = EXCLUDED.body,"
-                " input_items = EXCLUDED.input_items, conversation = EXCLUDED.conversation",
-                (
-                    record.id,
-                    record.created_at,
-                    json.dumps(record.body),
-                    json.dumps(record.input_items),
-                    json.dumps(record.conversation),
-                ),
-            )
-            db.execute(
-                f"DELETE FROM {_TABLE} WHERE created_at < %s",
-                (time.time() - self.max_age_seconds,),
-            )
-            db.execute(
-                f"DELETE FROM {_TABLE} WHERE id IN (SELECT id FROM {_TABLE}"
-                " ORDER BY created_at DESC OFFSET %s)",
-                (self.max_responses,),
-            )
+            write(db, _DIALECT, record, self.limits)
 
     def _get(self, db: psycopg.Connection[Any], response_id: str) -> StoredResponse | None:
-        row = db.execute(
-            f"SELECT id, created_at, body, input_items, conversation FROM {_TABLE} WHERE id = %s",
-            (response_id,),
-        ).fetchone()
-        if row is None or row[1] < time.time() - self.max_age_seconds:
-            return None
-        return StoredResponse(
-            row[0], row[1], json.loads(row[2]), json.loads(row[3]), json.loads(row[4])
-        )
+        return read(db, _DIALECT, response_id, self.limits.max_age_seconds)
 
     def _delete(self, db: psycopg.Connection[Any], response_id: str) -> bool:
-        return db.execute(f"DELETE FROM {_TABLE} WHERE id = %s", (response_id,)).rowcount > 0
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+            return delete(db, _DIALECT, response_id)
 
     def _scrubbed(self, error: BaseException) -> str:
         """`error`'s message with the password taken out (libpq's never quotes it; a

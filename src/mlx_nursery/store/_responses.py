@@ -4,44 +4,38 @@ Each stored response keeps its full conversation (the chat messages a follow-up 
 so `previous_response_id` is one lookup: no chain to walk, no cycle possible (ids are ours
 and a response can only point at one stored before it). WAL mode and a commit per write:
 a committed response survives the process being killed. Every call runs in a worker
-thread, one at a time (a limiter of 1), on one connection.
+thread, one at a time (a limiter of 1), on one connection. The rows, their owners, limits
+and large strings kept once are `_rows.py`'s, shared with PostgreSQL.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
-import attrs
 import trio
 
 from .. import fault_points
+from ._rows import Dialect, StoredResponse, StoreLimits, delete, read, write
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
+_DIALECT = Dialect("responses", "response_blobs", "response_blob_refs", "?")
+
+_TABLE = """CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
+    owner TEXT NOT NULL DEFAULT '',
+    bytes INTEGER NOT NULL DEFAULT 0,
     body TEXT NOT NULL,
     input_items TEXT NOT NULL,
     conversation TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_created_at ON responses (created_at);
-"""
+)"""
 
-
-@attrs.frozen
-class StoredResponse:
-    id: str
-    created_at: float
-    body: dict[str, Any]
-    """The response object as returned to the client."""
-    input_items: list[dict[str, Any]]
-    """This turn's input items, with ids (for /input_items)."""
-    conversation: list[dict[str, Any]]
-    """Chat messages up to and including this response's output (instructions excluded)."""
+_ADDED_COLUMNS = {
+    "owner": "owner TEXT NOT NULL DEFAULT ''",
+    "bytes": "bytes INTEGER NOT NULL DEFAULT 0",
+}
+"""Columns a database made before them lacks (`_rows.py` says what old rows get)."""
 
 
 class ResponsesStore:
@@ -55,16 +49,9 @@ class ResponsesStore:
     next checkpoint. So a `put` under way when its client leaves still stores the response.
     """
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        max_responses: int = 10_000,
-        max_age_seconds: float = 30 * 24 * 3600,
-    ) -> None:
+    def __init__(self, path: str | Path, limits: StoreLimits | None = None) -> None:
         self.path = str(path)
-        self.max_responses = max_responses
-        self.max_age_seconds = max_age_seconds
+        self.limits = limits or StoreLimits()
         self._db: sqlite3.Connection | None = None
         self._limiter = trio.CapacityLimiter(1)
 
@@ -79,8 +66,8 @@ class ResponsesStore:
             self._db = None
 
     async def put(self, record: StoredResponse) -> None:
-        """Store `record` (replacing one with its id), then evict past the age and count
-        limits, in one transaction. Cancelled before its thread ran: nothing was written."""
+        """Store `record` (replacing one with its id), then evict past the limits (`_rows.py`),
+        in one transaction. Cancelled before its thread ran: nothing was written."""
         fault_points.reach("store_write")
         await self._run(self._put, record)
 
@@ -106,50 +93,26 @@ class ResponsesStore:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
-        db.executescript(_SCHEMA)
+        with _transaction(db):  # one schema change, whichever process opens first
+            db.execute(_TABLE)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
+            for name, definition in _ADDED_COLUMNS.items():
+                if name not in columns:
+                    db.execute(f"ALTER TABLE responses ADD COLUMN {definition}")
+            for statement in _DIALECT.schema():
+                db.execute(statement)
         self._db = db
 
     def _put(self, record: StoredResponse) -> None:
-        db = self._require()
-        with _transaction(db):
-            db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                (
-                    record.id,
-                    record.created_at,
-                    json.dumps(record.body),
-                    json.dumps(record.input_items),
-                    json.dumps(record.conversation),
-                ),
-            )
-            db.execute(
-                "DELETE FROM responses WHERE created_at < ?", (time.time() - self.max_age_seconds,)
-            )
-            db.execute(
-                "DELETE FROM responses WHERE id IN (SELECT id FROM responses "
-                "ORDER BY created_at DESC LIMIT -1 OFFSET ?)",
-                (self.max_responses,),
-            )
+        with _transaction(self._require()) as db:
+            write(db, _DIALECT, record, self.limits)
 
     def _get(self, response_id: str) -> StoredResponse | None:
-        row = (
-            self._require()
-            .execute(
-                "SELECT id, created_at, body, input_items, conversation"
-                " FROM responses WHERE id = ?",
-                (response_id,),
-            )
-            .fetchone()
-        )
-        if row is None or row[1] < time.time() - self.max_age_seconds:
-            return None
-        return StoredResponse(
-            row[0], row[1], json.loads(row[2]), json.loads(row[3]), json.loads(row[4])
-        )
+        return read(self._require(), _DIALECT, response_id, self.limits.max_age_seconds)
 
     def _delete(self, response_id: str) -> bool:
         with _transaction(self._require()) as db:
-            return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
+            return delete(db, _DIALECT, response_id)
 
     def _require(self) -> sqlite3.Connection:
         if self._db is None:

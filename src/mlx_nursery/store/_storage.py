@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from ._postgres import PostgresResponsesStore, is_postgres_url
-from ._responses import ResponsesStore, StoredResponse
+from ._responses import ResponsesStore
+from ._rows import StoredResponse, StoreLimits
 
 
 class ResponsesStorage(Protocol):
@@ -32,12 +33,14 @@ class ResponsesStorage(Protocol):
         ...
 
     async def put(self, record: StoredResponse) -> None:
-        """Store `record` (replacing one with its id), evicting past the count and age
-        limits; committed when it returns."""
+        """Store `record` (replacing one with its id), evicting past the limits: the age,
+        then its owner's count and bytes, then the whole store's (`_rows.py`); committed
+        when it returns."""
         ...
 
     async def get(self, response_id: str) -> StoredResponse | None:
-        """The stored response, or None (never stored, deleted, evicted, or too old)."""
+        """The stored response, whoever owns it (the caller checks `owner`), or None (never
+        stored, deleted, evicted, or too old)."""
         ...
 
     async def delete(self, response_id: str) -> bool:
@@ -45,13 +48,9 @@ class ResponsesStorage(Protocol):
         ...
 
 
-def responses_store_at(
-    location: str, *, max_responses: int, max_age_seconds: float
-) -> ResponsesStorage:
+def responses_store_at(location: str, limits: StoreLimits) -> ResponsesStorage:
     """The store `--responses-db` names, not yet open: a `postgresql://` or `postgres://` URL
     is a PostgreSQL database; anything else is a SQLite file (or `:memory:`)."""
     if is_postgres_url(location):
-        return PostgresResponsesStore(
-            location, max_responses=max_responses, max_age_seconds=max_age_seconds
-        )
-    return ResponsesStore(location, max_responses=max_responses, max_age_seconds=max_age_seconds)
+        return PostgresResponsesStore(location, limits)
+    return ResponsesStore(location, limits)
