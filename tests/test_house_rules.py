@@ -179,6 +179,7 @@ PUBLIC = {
         "resolve_model_path",
     ],
     "openai": [
+        "Admitted",
         "CHAT_WIRE",
         "Conflict",
         "ConnectionDropped",
