@@ -135,7 +135,8 @@ async def test_every_format_and_the_stream_through_the_sdk(
 
 BAD_REQUESTS: list[tuple[str, dict[str, str], bytes | None, int, str | None]] = [
     ("empty audio", {}, b"", 400, "invalid_audio"),
-    ("not audio", {}, b"hello, this is text" * 10, 400, "unsupported_audio_format"),
+    ("text as a.wav", {}, b"hello, this is text" * 10, 400, "invalid_audio"),
+    ("png as a.wav", {}, b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64), 400, "invalid_audio"),
     ("ogg without ffmpeg", {}, b"OggS" + bytes(200), 400, "unsupported_audio_format"),
     ("corrupt wav", {}, b"RIFF\x64\x00\x00\x00WAVEfmt " + b"\xff" * 40, 400, "invalid_audio"),
     ("corrupt flac", {}, b"fLaC" + bytes(100), 400, "invalid_audio"),
