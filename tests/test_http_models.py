@@ -247,17 +247,39 @@ async def test_admin_routes_need_an_admin_key_and_unloading_returns_the_memory(
         assert again.status_code == 200  # unloading what is not loaded: nothing to do
 
 
+async def test_a_name_with_a_slash_is_served_and_routed(tiny_model: Path) -> None:
+    """`--model PATH=org/tiny-chat`: the name is the whole of it, in requests, in the
+    model list and in the operators' routes (`/v1/models/org/tiny-chat/unload`)."""
+    async with (
+        running_server(None, model=(f"{tiny_model}=org/tiny-chat",), skip_warmup=True) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        assert list(await models_by_id(http)) == ["org/tiny-chat"]
+        assert (await chat(http, "org/tiny-chat")).json()["model"] == "org/tiny-chat"
+        card = await http.get("/v1/models/org/tiny-chat")
+        assert card.status_code == 200 and card.json()["id"] == "org/tiny-chat"
+        unloaded = await http.post("/v1/models/org/tiny-chat/unload")
+        assert unloaded.status_code == 200 and unloaded.json()["loaded"] is False
+        loaded = await http.post("/v1/models/org/tiny-chat/load")
+        assert loaded.status_code == 200 and loaded.json()["id"] == "org/tiny-chat"
+        assert loaded.json()["loaded"] is True
+        other = await http.post("/v1/models/org/other/load")
+        assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+
+
 def test_model_sources_from_flags_and_a_models_dir(tmp_path: Path) -> None:
     for name in ("one", "two"):
         (tmp_path / "zoo" / name).mkdir(parents=True)
         (tmp_path / "zoo" / name / "config.json").write_text("{}")
     (tmp_path / "zoo" / "notes").mkdir()  # no config.json: not a model
-    sources = model_sources(
-        Settings(model=(f"{tmp_path}/x=first", "org/repo"), models_dir=str(tmp_path / "zoo"))
-    )
+    (tmp_path / "a=b").mkdir()  # a directory whose name holds '=': a path, not PATH=NAME
+    flags = (f"{tmp_path}/x=first", "org/repo", f"{tmp_path}/y=org/y-chat", f"{tmp_path}/a=b")
+    sources = model_sources(Settings(model=flags, models_dir=str(tmp_path / "zoo")))
     assert [(s.name, s.spec) for s in sources] == [
         ("first", f"{tmp_path}/x"),
         ("org/repo", "org/repo"),
+        ("org/y-chat", f"{tmp_path}/y"),
+        ("a=b", f"{tmp_path}/a=b"),
         ("one", str(tmp_path / "zoo" / "one")),
         ("two", str(tmp_path / "zoo" / "two")),
     ]
