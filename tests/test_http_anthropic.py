@@ -21,6 +21,7 @@ import anthropic
 import httpx
 import numpy as np
 import pytest
+import trio
 from PIL import Image
 
 from mlx_nursery.server import Running
@@ -89,6 +90,36 @@ async def serving(model: Path, **settings: Any) -> AsyncIterator[tuple[Running, 
             yield server, client
         finally:
             await client.close()
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_anthropic_example() -> str:
+    """README's Anthropic example, as written there."""
+    blocks = README.read_text("utf-8").split("```python\n")[1:]
+    (example,) = [b.split("```", 1)[0] for b in blocks if "from anthropic import" in b]
+    return example
+
+
+async def test_the_readmes_anthropic_example_runs_as_written(tiny_model: Path) -> None:
+    """README's code, run by the installed SDK against a real server of the tiny model
+    (served under the README's model name); only the port differs."""
+    example = readme_anthropic_example()
+    assert "temperature=" not in example  # the SDK takes it in extra_body only
+    async with running_server(
+        tiny_model, served_model_name="SmolLM2-135M-Instruct", skip_warmup=True
+    ) as server:
+        code = example.replace("http://127.0.0.1:8000", server.base_url)
+        printed: list[str] = []
+
+        def print_(*args: Any, end: str = "\n", flush: bool = False) -> None:
+            printed.append(" ".join(map(str, args)) + end)
+
+        await trio.to_thread.run_sync(lambda: exec(code, {"print": print_}))
+    created, *streamed = printed
+    assert created.endswith("\n") and created.strip()  # the message's text
+    assert "".join(streamed).strip()  # the stream's pieces, as they came
 
 
 def greedy(**fields: Any) -> dict[str, Any]:
