@@ -119,6 +119,49 @@ async def _append(replies: list[httpx.Response], reply: Any) -> None:
     replies.append(await reply)
 
 
+async def test_the_listed_context_is_what_the_memory_budget_serves_before_and_after_a_load(
+    tiny_model: Path,
+) -> None:
+    """A --memory-budget that leaves each model KV for 600 tokens (512 bytes each): the
+    engine serves a context of 600 - 256 = 344 (the model's own is 4,096), and the model
+    list says 344 before the model loads as after, so a client that trusts it is served."""
+    budget = weight_bytes(tiny_model) + 600 * 512
+    async with (
+        two_models(tiny_model, memory_budget=budget, prompt_cache_bytes=0) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        before = await models_by_id(http)
+        assert {k: (c["loaded"], c["context_length"]) for k, c in before.items()} == {
+            "a": (False, 344),
+            "b": (False, 344),
+        }
+        assert (await http.get("/v1/models/b")).json()["context_length"] == 344
+        assert (await chat(http, "b")).status_code == 200  # loads `b`
+        after = await models_by_id(http)
+        assert (after["b"]["loaded"], after["b"]["context_length"]) == (True, 344)
+        assert engine_of_slot(server, "b").model.context_length == 344
+        text = "waves " * 113  # a prompt a few tokens short of the context
+        prompt = len(engine_of_slot(server, "b").model.tokenizer.encode(text))
+        assert 0 < 344 - prompt <= 8
+        fits = await http.post(
+            "/v1/completions", json={"model": "b", "prompt": text, "max_tokens": 344 - prompt}
+        )
+        assert fits.status_code == 200, fits.text
+        over = await http.post(
+            "/v1/completions", json={"model": "b", "prompt": text, "max_tokens": 345 - prompt}
+        )
+        assert over.status_code == 400
+        assert over.json()["error"]["code"] == "context_length_exceeded"
+        await http.post("/v1/models/b/unload")
+        assert (await models_by_id(http))["b"]["context_length"] == 344
+
+
+def engine_of_slot(server: Any, name: str) -> Any:
+    hosted = server.service.models.find(name).hosted
+    assert hosted is not None
+    return hosted.engine
+
+
 async def test_a_busy_model_stays_and_a_load_that_cannot_fit_is_a_503(tiny_model: Path) -> None:
     weights = weight_bytes(tiny_model)
     kv = 8 << 20  # room for the whole context: the stream below runs long

@@ -7,12 +7,12 @@ job records its time to first token, time per output token, end-to-end latency, 
 how it ended (`RequestObserver`). What the engine knows (lanes in use, the queue, the prefix
 cache, preemptions) is read from `Engine.statistics()` at scrape time, not mirrored. Each
 server has its own registry (tests run several in one process). No label carries request
-content: model, route, status, finish reason and cancel cause only.
+content: model, route, status, finish reason, cancel cause and a reservation's part only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -99,27 +99,35 @@ class Metrics:
         )
         self.model_reserved_bytes = Gauge(
             PREFIX + "model_reserved_bytes",
-            "Memory a loaded model may hold: weights, KV budget, prefix cache budget",
-            ["model_name"],
+            "Memory a loaded model holds or may hold, by part: its weights, its prefix cache's"
+            " budget, the KV its engine may use (no more than its sequences can)",
+            ["model_name", "part"],
             registry=self.registry,
         )
 
     def model_loaded(
-        self, engine: Engine | Embedder | None, model_name: str, seconds: float, reserved: int
+        self,
+        engine: Engine | Embedder | None,
+        model_name: str,
+        seconds: float,
+        reserved: Mapping[str, int],
     ) -> None:
         """A model loaded: count it, and read its engine's statistics at every scrape (a
-        text or embedding engine's; None: a speech model, whose engine has none of those)."""
+        text or embedding engine's; None: a speech model, whose engine has none of those).
+        `reserved`: its reservation by part (`Reservation.parts`)."""
         self.model_loads.labels(model_name).inc()
         self.model_load_seconds.labels(model_name).observe(seconds)
         self.model_loaded_now.labels(model_name).set(1)
-        self.model_reserved_bytes.labels(model_name).set(reserved)
+        for part, size in reserved.items():
+            self.model_reserved_bytes.labels(model_name, part).set(size)
         if engine is not None:
             self._engines.engines[model_name] = engine
 
     def model_unloaded(self, model_name: str) -> None:
         self.model_unloads.labels(model_name).inc()
         self.model_loaded_now.labels(model_name).set(0)
-        self.model_reserved_bytes.labels(model_name).set(0)
+        for part in ("weights", "prefix_cache", "kv"):
+            self.model_reserved_bytes.labels(model_name, part).set(0)
         self._engines.engines.pop(model_name, None)
 
     def render(self) -> bytes:

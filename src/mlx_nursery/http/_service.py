@@ -69,9 +69,9 @@ from ._registry import (
     HostedEmbedder,
     ModelRegistry,
     ModelSlot,
-    Reservation,
     generating,
 )
+from ._reservations import MemoryPlan, Reservation, held
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -201,15 +201,16 @@ class Service:
         budget = self.settings.memory_budget
         if budget is None:
             budget = await trio.to_thread.run_sync(default_memory_budget)
-        self.models = ModelRegistry(
-            self.sources,
-            self._open_model,
-            self.metrics,
+        plan = MemoryPlan(
             max_loaded=self.settings.max_loaded_models,
-            memory_budget=budget,
+            budget=budget,
             kv_cache_bytes=self.settings.kv_cache_bytes,
             prompt_cache_bytes=self.settings.prompt_cache_bytes,
+            max_concurrency=self.settings.max_concurrency,
+            kv_bits=self.settings.kv_bits,
+            kv_group_size=self.settings.kv_group_size,
         )
+        self.models = ModelRegistry(self.sources, self._open_model, self.metrics, plan)
         self.models.start(nursery)
         await self.models.read_facts()
         for name in self.preload:
@@ -285,7 +286,8 @@ class Service:
             default_script=self.default_script if engine.model.scripted else None,
         )
         jobs = Jobs(nursery, engine, self.settings.request_timeout, self.metrics, source.name)
-        return Hosted(engine, served, jobs, reservation, served.card())
+        kept = held(reservation, engine.model, prefix_cache=not engine.model.scripted)
+        return Hosted(engine, served, jobs, kept, served.card())
 
     async def _open_speech_model(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
