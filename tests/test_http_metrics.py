@@ -82,7 +82,10 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
         value(m, "mlx_nursery:request_success_total", model_name="tiny", finished_reason="length")
         == 3
     )
-    assert value(m, "mlx_nursery:generation_tokens_total", model_name="tiny") >= 5 + 3 + 4
+    # Every token generated: the finished requests' and the one the client left (each
+    # piece it read is a token at least).
+    assert value(m, "mlx_nursery:generation_tokens_total", model_name="tiny") >= 5 + 3 + 4 + 3
+    assert [name for name, _ in m if name.endswith("_created")] == []
     assert value(m, "mlx_nursery:time_to_first_token_seconds_count", model_name="tiny") >= 3
     assert value(m, "mlx_nursery:e2e_request_latency_seconds_count", model_name="tiny") == 3
     assert value(m, "mlx_nursery:time_per_output_token_seconds_count", model_name="tiny") == 3

@@ -104,6 +104,8 @@ async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_le
         assert value(metrics, "mlx_nursery:model_unloads_total", model_name="a") == 1
         assert value(metrics, "mlx_nursery:model_loaded", model_name="b") == 1
         assert value(metrics, "mlx_nursery:model_loaded", model_name="a") == 0
+        # An unloaded model's counters keep its totals (its first request: 3 greedy tokens).
+        assert value(metrics, "mlx_nursery:generation_tokens_total", model_name="a") >= 3
 
         unknown = await chat(http, "c")
         assert unknown.status_code == 404
