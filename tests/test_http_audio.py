@@ -27,6 +27,7 @@ from .http_helpers import (
     validate_error,
 )
 from .speech_helpers import RATE, clip, wav_bytes
+from .test_http_metrics import samples, value, weight_bytes
 
 CLIP = wav_bytes(clip(2))
 
@@ -196,6 +197,13 @@ async def test_bad_audio_and_bad_fields_are_4xx_in_the_envelope(tiny_whisper: Pa
         )
         assert good.status_code == 200 and good.headers["content-type"].startswith("text/plain")
         assert speech_engine(server).statistics().lanes_borrowed == 0
+        # A speech model reserves its weights: no KV budget, no prefix cache.
+        metrics = samples((await http.get("/metrics")).text)
+        reserved = {
+            part: value(metrics, "mlx_nursery:model_reserved_bytes", model_name="tiny", part=part)
+            for part in ("weights", "prefix_cache", "kv")
+        }
+        assert reserved == {"weights": weight_bytes(tiny_whisper), "prefix_cache": 0, "kv": 0}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -61,8 +61,10 @@ class MemoryPlan:
         cannot fit its share of the budget, or the budget at all."""
         prefix, kv = self.prompt_cache_bytes, self.kv_cache_bytes
         budget = self.budget
-        if facts.kind == "embedding":  # no KV, no prefix cache: its weights and a forward's
-            prefix, kv = 0, 0  # activations, which the batch bounds keep transient and small
+        if facts.kind in ("embedding", "stt"):  # no KV budget, no prefix cache: its weights,
+            # and a forward's activations (a Whisper's decoder KV lasts one 30-second window)
+            # which the batch bounds keep transient and small
+            prefix, kv = 0, 0
         if kv is None and budget is not None:
             share = budget // self.max_loaded
             kv = share - facts.weight_bytes - prefix
