@@ -18,11 +18,14 @@ import trio
 
 from mlx_nursery.engine import Engine, EngineConfig, SamplingParams, open_engine
 from mlx_nursery.engine._kv_quant import (
+    KVQuantization,
     KVQuantizationError,
     QuantizedBatchKVCache,
     QuantizedKVRow,
+    cache_factory,
 )
-from mlx_nursery.models import make_model
+from mlx_nursery.engine._memory import kv_bytes_per_token
+from mlx_nursery.models import load_model, make_model, model_facts
 
 from .helpers import Run, collect, collect_all, request
 
@@ -189,6 +192,20 @@ def test_the_prefix_cache_holds_quantized_bytes(served: dict[int | None, Served]
     # The prefix cache holds the same token counts whatever the setting: bytes shrink as KV does.
     assert stored[8] / stored[None] == pytest.approx(per_token[8] / per_token[None], rel=0.02)
     assert stored[4] / stored[None] == pytest.approx(per_token[4] / per_token[None], rel=0.02)
+
+
+def test_a_quantized_tokens_kv_cost_read_before_the_load_is_the_one_measured_after(
+    small_model: Path,
+) -> None:
+    """The model list's context before a load (`ModelFacts.kv_layout`) counts a quantized
+    cache's packed values, scales and biases as the engine's caches hold them."""
+    layout = model_facts(small_model).kv_layout
+    assert layout is not None
+    model = load_model(small_model).model
+    for bits in (None, 4, 8):
+        quantization = None if bits is None else KVQuantization(bits, GROUP)
+        measured = kv_bytes_per_token(model, cache_factory(quantization))
+        assert layout.bytes_per_token(bits, GROUP) == measured, bits
 
 
 async def test_the_kv_budget_holds_more_quantized_tokens(small_model: Path) -> None:

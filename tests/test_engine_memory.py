@@ -14,13 +14,14 @@ import pytest
 import trio
 from mlx_lm.utils import load
 
-from mlx_nursery.engine import EngineConfig, SamplingParams, open_engine
+from mlx_nursery.engine import EngineConfig, SamplingParams, kv_budget, open_engine
 from mlx_nursery.engine._memory import (
     KVBudget,
     derive_kv_bytes,
     device_memory,
     kv_bytes_per_token,
 )
+from mlx_nursery.models import load_model, make_model, model_facts
 
 from .helpers import CallSignal, Run, collect, request
 
@@ -60,6 +61,30 @@ def test_the_default_budget_is_a_share_of_device_memory_less_weights_and_prefix_
 def test_a_tokens_kv_cost_is_measured_on_the_model(tiny_model: Path) -> None:
     model = load(str(tiny_model))[0]
     assert kv_bytes_per_token(model) == TINY_BYTES_PER_TOKEN
+
+
+@pytest.mark.parametrize(("preset", "dtype"), [("tiny", "bfloat16"), ("tiny-vlm", "float32")])
+def test_a_tokens_kv_cost_read_before_the_load_is_the_one_measured_after(
+    tmp_path: Path, tiny_model: Path, preset: str, dtype: str
+) -> None:
+    """The model list tells the served context before a load from the model's files
+    (`ModelFacts.kv_layout`): it must cost a token what the loaded model measures."""
+    other = make_model(tmp_path / preset, preset, dtype=dtype, seed=0)
+    for path in (tiny_model, other):
+        layout = model_facts(path).kv_layout
+        assert layout is not None
+        assert layout.bytes_per_token() == kv_bytes_per_token(load_model(path).model)
+
+
+def test_the_budget_stops_at_what_the_sequences_can_hold() -> None:
+    """The KV budget counts no more than `max_sequences` sequences as long as the context
+    can use, each a step ahead (memory past it is never used), and no less than its floor."""
+    most = kv_budget(1 << 40, TINY_BYTES_PER_TOKEN, 4096, max_sequences=8)
+    assert most.tokens == 8 * KVBudget.footprint([4096 + 256]) == 8 * 4608
+    assert most.served_context(4096) == 4096
+    assert most.fits([4096] * 8, growth=256)  # the engine's admission never waits on the cap
+    assert kv_budget(600 * 512, 512, 4096, 8).served_context(4096) == 600 - 256
+    assert kv_budget(10, 512, 4096, 8).tokens == 512  # the floor: one step of context
 
 
 async def test_the_served_context_is_capped_by_the_kv_budget(tiny_model: Path) -> None:

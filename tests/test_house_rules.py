@@ -125,6 +125,7 @@ PUBLIC = {
         "VisionProcessor",
         "WorkerStats",
         "default_memory_budget",
+        "kv_budget",
         "memory_in_cache",
         "memory_in_use",
         "DEFAULT_TEMPERATURES",
@@ -186,6 +187,7 @@ PUBLIC = {
         "resolve_model_path",
     ],
     "openai": [
+        "Admitted",
         "CHAT_WIRE",
         "Conflict",
         "ConnectionDropped",

@@ -21,6 +21,7 @@ import anthropic
 import httpx
 import numpy as np
 import pytest
+import trio
 from PIL import Image
 
 from mlx_nursery.server import Running
@@ -91,6 +92,36 @@ async def serving(model: Path, **settings: Any) -> AsyncIterator[tuple[Running, 
             await client.close()
 
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_anthropic_example() -> str:
+    """README's Anthropic example, as written there."""
+    blocks = README.read_text("utf-8").split("```python\n")[1:]
+    (example,) = [b.split("```", 1)[0] for b in blocks if "from anthropic import" in b]
+    return example
+
+
+async def test_the_readmes_anthropic_example_runs_as_written(tiny_model: Path) -> None:
+    """README's code, run by the installed SDK against a real server of the tiny model
+    (served under the README's model name); only the port differs."""
+    example = readme_anthropic_example()
+    assert "temperature=" not in example  # the SDK takes it in extra_body only
+    async with running_server(
+        tiny_model, served_model_name="SmolLM2-135M-Instruct", skip_warmup=True
+    ) as server:
+        code = example.replace("http://127.0.0.1:8000", server.base_url)
+        printed: list[str] = []
+
+        def print_(*args: Any, end: str = "\n", flush: bool = False) -> None:
+            printed.append(" ".join(map(str, args)) + end)
+
+        await trio.to_thread.run_sync(lambda: exec(code, {"print": print_}))
+    created, *streamed = printed
+    assert created.endswith("\n") and created.strip()  # the message's text
+    assert "".join(streamed).strip()  # the stream's pieces, as they came
+
+
 def greedy(**fields: Any) -> dict[str, Any]:
     return {"model": "tiny", "messages": ASK, "extra_body": {"temperature": 0}, **fields}
 
@@ -127,27 +158,33 @@ async def test_create_and_stream_give_the_same_message(tiny_model: Path) -> None
         total = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
         assert total == created.usage.input_tokens + (created.usage.cache_read_input_tokens or 0)
 
-        # The raw stream: Anthropic's order of named events.
-        async with (
-            httpx.AsyncClient(base_url=server.base_url) as http,
-            http.stream(
-                "POST",
-                "/v1/messages",
-                json={"model": "tiny", "messages": ASK, "max_tokens": 4, "stream": True},
-            ) as response,
-        ):
-            assert response.headers["content-type"].startswith("text/event-stream")
-            assert response.headers["request-id"] == response.headers["x-request-id"]
-            events = await named_events(response)
-        names = [name for name, _ in events]
-        assert names[:3] == ["message_start", "ping", "content_block_start"]
-        assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
-        assert set(names[3:-3]) == {"content_block_delta"}
-        start = events[0][1]["message"]
-        assert start["content"] == [] and start["stop_reason"] is None
-        delta = events[-2][1]
-        assert delta["delta"]["stop_reason"] == "max_tokens"
-        assert delta["usage"]["output_tokens"] == 4
+        # The raw stream: Anthropic's order of named events. Twice: the second reads its
+        # prompt from the prefix cache, and says so alike at its start and at its end.
+        prompt_side = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            for _ in range(2):
+                async with http.stream(
+                    "POST",
+                    "/v1/messages",
+                    json={"model": "tiny", "messages": ASK, "max_tokens": 4, "stream": True},
+                ) as response:
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    assert response.headers["request-id"] == response.headers["x-request-id"]
+                    events = await named_events(response)
+                names = [name for name, _ in events]
+                assert names[:3] == ["message_start", "ping", "content_block_start"]
+                assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+                assert set(names[3:-3]) == {"content_block_delta"}
+                start = events[0][1]["message"]
+                assert start["content"] == [] and start["stop_reason"] is None
+                assert start["usage"]["output_tokens"] == 0
+                delta = events[-2][1]
+                assert delta["delta"]["stop_reason"] == "max_tokens"
+                assert delta["usage"]["output_tokens"] == 4
+                assert {k: start["usage"][k] for k in prompt_side} == {
+                    k: delta["usage"][k] for k in prompt_side
+                }
+        assert delta["usage"]["cache_read_input_tokens"] > 0
 
         # Sampling fields: top_k 1 is greedy whatever the temperature.
         sampled = await client.messages.create(

@@ -27,6 +27,7 @@ from .http_helpers import (
     validate_error,
 )
 from .speech_helpers import RATE, clip, wav_bytes
+from .test_http_metrics import samples, value, weight_bytes
 
 CLIP = wav_bytes(clip(2))
 
@@ -135,7 +136,8 @@ async def test_every_format_and_the_stream_through_the_sdk(
 
 BAD_REQUESTS: list[tuple[str, dict[str, str], bytes | None, int, str | None]] = [
     ("empty audio", {}, b"", 400, "invalid_audio"),
-    ("not audio", {}, b"hello, this is text" * 10, 400, "unsupported_audio_format"),
+    ("text as a.wav", {}, b"hello, this is text" * 10, 400, "invalid_audio"),
+    ("png as a.wav", {}, b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64), 400, "invalid_audio"),
     ("ogg without ffmpeg", {}, b"OggS" + bytes(200), 400, "unsupported_audio_format"),
     ("corrupt wav", {}, b"RIFF\x64\x00\x00\x00WAVEfmt " + b"\xff" * 40, 400, "invalid_audio"),
     ("corrupt flac", {}, b"fLaC" + bytes(100), 400, "invalid_audio"),
@@ -202,6 +204,13 @@ async def test_bad_audio_and_bad_fields_are_4xx_in_the_envelope(tiny_whisper: Pa
         )
         assert good.status_code == 200 and good.headers["content-type"].startswith("text/plain")
         assert speech_engine(server).statistics().lanes_borrowed == 0
+        # A speech model reserves its weights: no KV budget, no prefix cache.
+        metrics = samples((await http.get("/metrics")).text)
+        reserved = {
+            part: value(metrics, "mlx_nursery:model_reserved_bytes", model_name="tiny", part=part)
+            for part in ("weights", "prefix_cache", "kv")
+        }
+        assert reserved == {"weights": weight_bytes(tiny_whisper), "prefix_cache": 0, "kv": 0}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -104,6 +104,8 @@ async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_le
         assert value(metrics, "mlx_nursery:model_unloads_total", model_name="a") == 1
         assert value(metrics, "mlx_nursery:model_loaded", model_name="b") == 1
         assert value(metrics, "mlx_nursery:model_loaded", model_name="a") == 0
+        # An unloaded model's counters keep its totals (its first request: 3 greedy tokens).
+        assert value(metrics, "mlx_nursery:generation_tokens_total", model_name="a") >= 3
 
         unknown = await chat(http, "c")
         assert unknown.status_code == 404
@@ -117,6 +119,49 @@ async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_le
 
 async def _append(replies: list[httpx.Response], reply: Any) -> None:
     replies.append(await reply)
+
+
+async def test_the_listed_context_is_what_the_memory_budget_serves_before_and_after_a_load(
+    tiny_model: Path,
+) -> None:
+    """A --memory-budget that leaves each model KV for 600 tokens (512 bytes each): the
+    engine serves a context of 600 - 256 = 344 (the model's own is 4,096), and the model
+    list says 344 before the model loads as after, so a client that trusts it is served."""
+    budget = weight_bytes(tiny_model) + 600 * 512
+    async with (
+        two_models(tiny_model, memory_budget=budget, prompt_cache_bytes=0) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        before = await models_by_id(http)
+        assert {k: (c["loaded"], c["context_length"]) for k, c in before.items()} == {
+            "a": (False, 344),
+            "b": (False, 344),
+        }
+        assert (await http.get("/v1/models/b")).json()["context_length"] == 344
+        assert (await chat(http, "b")).status_code == 200  # loads `b`
+        after = await models_by_id(http)
+        assert (after["b"]["loaded"], after["b"]["context_length"]) == (True, 344)
+        assert engine_of_slot(server, "b").model.context_length == 344
+        text = "waves " * 113  # a prompt a few tokens short of the context
+        prompt = len(engine_of_slot(server, "b").model.tokenizer.encode(text))
+        assert 0 < 344 - prompt <= 8
+        fits = await http.post(
+            "/v1/completions", json={"model": "b", "prompt": text, "max_tokens": 344 - prompt}
+        )
+        assert fits.status_code == 200, fits.text
+        over = await http.post(
+            "/v1/completions", json={"model": "b", "prompt": text, "max_tokens": 345 - prompt}
+        )
+        assert over.status_code == 400
+        assert over.json()["error"]["code"] == "context_length_exceeded"
+        await http.post("/v1/models/b/unload")
+        assert (await models_by_id(http))["b"]["context_length"] == 344
+
+
+def engine_of_slot(server: Any, name: str) -> Any:
+    hosted = server.service.models.find(name).hosted
+    assert hosted is not None
+    return hosted.engine
 
 
 async def test_a_busy_model_stays_and_a_load_that_cannot_fit_is_a_503(tiny_model: Path) -> None:
@@ -247,17 +292,39 @@ async def test_admin_routes_need_an_admin_key_and_unloading_returns_the_memory(
         assert again.status_code == 200  # unloading what is not loaded: nothing to do
 
 
+async def test_a_name_with_a_slash_is_served_and_routed(tiny_model: Path) -> None:
+    """`--model PATH=org/tiny-chat`: the name is the whole of it, in requests, in the
+    model list and in the operators' routes (`/v1/models/org/tiny-chat/unload`)."""
+    async with (
+        running_server(None, model=(f"{tiny_model}=org/tiny-chat",), skip_warmup=True) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        assert list(await models_by_id(http)) == ["org/tiny-chat"]
+        assert (await chat(http, "org/tiny-chat")).json()["model"] == "org/tiny-chat"
+        card = await http.get("/v1/models/org/tiny-chat")
+        assert card.status_code == 200 and card.json()["id"] == "org/tiny-chat"
+        unloaded = await http.post("/v1/models/org/tiny-chat/unload")
+        assert unloaded.status_code == 200 and unloaded.json()["loaded"] is False
+        loaded = await http.post("/v1/models/org/tiny-chat/load")
+        assert loaded.status_code == 200 and loaded.json()["id"] == "org/tiny-chat"
+        assert loaded.json()["loaded"] is True
+        other = await http.post("/v1/models/org/other/load")
+        assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+
+
 def test_model_sources_from_flags_and_a_models_dir(tmp_path: Path) -> None:
     for name in ("one", "two"):
         (tmp_path / "zoo" / name).mkdir(parents=True)
         (tmp_path / "zoo" / name / "config.json").write_text("{}")
     (tmp_path / "zoo" / "notes").mkdir()  # no config.json: not a model
-    sources = model_sources(
-        Settings(model=(f"{tmp_path}/x=first", "org/repo"), models_dir=str(tmp_path / "zoo"))
-    )
+    (tmp_path / "a=b").mkdir()  # a directory whose name holds '=': a path, not PATH=NAME
+    flags = (f"{tmp_path}/x=first", "org/repo", f"{tmp_path}/y=org/y-chat", f"{tmp_path}/a=b")
+    sources = model_sources(Settings(model=flags, models_dir=str(tmp_path / "zoo")))
     assert [(s.name, s.spec) for s in sources] == [
         ("first", f"{tmp_path}/x"),
         ("org/repo", "org/repo"),
+        ("org/y-chat", f"{tmp_path}/y"),
+        ("a=b", f"{tmp_path}/a=b"),
         ("one", str(tmp_path / "zoo" / "one")),
         ("two", str(tmp_path / "zoo" / "two")),
     ]

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +143,66 @@ async def test_a_request_cannot_forge_log_lines_or_fields(
         "x", logging.ERROR, "", 0, "a %s\n%s", ("b\nc", Verbatim("d\ne")), None
     )
     assert formatter.format(record).endswith("a b\\nc\nd\ne")
+
+
+def test_hypercorns_own_cli_logs_the_model_load_and_each_request(tiny_model: Path) -> None:
+    """`hypercorn -k trio mlx_nursery.asgi:app` logs what `mlx-nursery serve` logs: the
+    model's load and a line per request (Hypercorn's CLI configures only its own loggers),
+    and Hypercorn's own lines once each."""
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "MLX_NURSERY_MODEL": str(tiny_model),
+        "MLX_NURSERY_SERVED_MODEL_NAME": "tiny",
+        "MLX_NURSERY_RESPONSES_DB": ":memory:",
+        "MLX_NURSERY_SKIP_WARMUP": "1",
+        "MLX_NURSERY_LOG_FORMAT": "json",
+    }
+    command = [sys.executable, "-m", "hypercorn", "-k", "trio", "-b", "127.0.0.1:0"]
+    process = subprocess.Popen(
+        [*command, "mlx_nursery.asgi:app"], stderr=subprocess.PIPE, text=True, env=env
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr or ()])
+    reader.start()
+    seen: list[str] = []
+
+    def wait_for(pattern: str) -> re.Match[str]:
+        """The first line (read so far or next) that matches `pattern`; fails after 60 s."""
+        deadline = time.monotonic() + 60
+        while True:
+            for line in seen:
+                if match := re.search(pattern, line):
+                    return match
+            seen.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+
+    try:
+        port = int(wait_for(r"Running on http://127\.0\.0\.1:(\d+)").group(1))
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            while http.get("/health").status_code != 200:  # the model loads in the background
+                time.sleep(0.05)
+            reply = http.post(
+                "/v1/chat/completions",
+                json=chat_body(SECRET, max_tokens=2, temperature=0),
+                headers={"x-request-id": "via-hypercorn"},
+            )
+            assert reply.status_code == 200
+        wait_for("via-hypercorn")  # the request's line is written once its job has ended
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        reader.join()
+    while not lines.empty():
+        seen.append(lines.get())
+    ours = [json.loads(line) for line in seen if line.startswith("{")]
+    messages = [line["message"] for line in ours]
+    assert "loading model tiny" in messages
+    assert any(m.startswith("model tiny loaded in") for m in messages)
+    request = next(line for line in ours if line.get("request_id") == "via-hypercorn")
+    assert (request["logger"], request["status"], request["completion_tokens"]) == (
+        "mlx_nursery.requests",
+        200,
+        2,
+    )
+    assert sum("Running on http://" in line for line in seen) == 1  # not written twice
+    assert SECRET not in "".join(seen)

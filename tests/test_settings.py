@@ -140,3 +140,84 @@ def test_an_empty_key_stops_the_start(argv: list[str], environ: dict[str, str]) 
 def test_keys_are_taken_as_given_around_their_spaces() -> None:
     settings = Settings.from_env({"MLX_NURSERY_API_KEY": " a , b "}, admin_key=["root"])
     assert (settings.api_key, settings.admin_key) == (("a", "b"), ("root",))
+
+
+SIZES_AND_TIMES = [f for f in FIELDS if setting_help(f).unit]
+
+
+def test_every_size_and_duration_setting_takes_units() -> None:
+    """A setting named as a size or a time must read units: a new one that forgot to say
+    so would take `2GiB` as a bad number."""
+    named = {
+        f.name
+        for f in FIELDS
+        if f.name.endswith(
+            ("_bytes", "_budget", "_seconds", "_timeout", "_grace", "_age", "_bytes_per_key")
+        )
+        or f.name == "body_min_rate"  # bytes per second: read as a size
+    }
+    assert named == {f.name for f in SIZES_AND_TIMES}
+
+
+@pytest.mark.parametrize(
+    "field", [f for f in SIZES_AND_TIMES if f.default is not None], ids=lambda f: f.name
+)
+def test_the_default_as_help_prints_it_reads_back_by_flag_and_environment(
+    field: attrs.Attribute[Any],
+) -> None:
+    shown = shown_default(field)
+    by_flag = build_parser().parse_args(["serve", flag_name(field), shown])
+    assert getattr(serve_settings(by_flag, environ={}), field.name) == field.default
+    by_env = Settings.from_env({f"MLX_NURSERY_{field.name.upper()}": shown})
+    assert getattr(by_env, field.name) == field.default
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "expected"),
+    [
+        ("--memory-budget", "2GiB", 2 << 30),
+        ("--memory-budget", "1GB", 10**9),
+        ("--prompt-cache-bytes", "512MiB", 512 << 20),
+        ("--kv-cache-bytes", "1.5 GiB", 3 << 29),
+        ("--max-request-bytes", "64KiB", 64 << 10),
+        ("--max-image-bytes", "3MB", 3 * 10**6),
+        ("--max-audio-bytes", "100", 100),
+        ("--request-timeout", "90s", 90.0),
+        ("--request-timeout", "1m", 60.0),
+        ("--shutdown-grace", "1.5m", 90.0),
+        ("--responses-max-age", "2h", 7200.0),
+        ("--responses-max-age", "7d", 7 * 86400.0),
+        ("--image-fetch-timeout", "500ms", 0.5),
+        ("--max-audio-seconds", "10min", 600.0),
+    ],
+)
+def test_sizes_and_durations_read_units_in_flags_and_environment(
+    flag: str, text: str, expected: float
+) -> None:
+    name = flag[2:].replace("-", "_")
+    by_flag = serve_settings(build_parser().parse_args(["serve", flag, text]), environ={})
+    assert getattr(by_flag, name) == expected
+    by_env = serve_settings(
+        build_parser().parse_args(["serve"]), environ={f"MLX_NURSERY_{name.upper()}": text}
+    )
+    assert getattr(by_env, name) == expected
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "message"),
+    [
+        ("--memory-budget", "2XB", "is not a size: unknown size unit 'XB'"),
+        ("--prompt-cache-bytes", "2G", "is not a size: unknown size unit 'G'"),
+        ("--request-timeout", "5y", "is not a duration: unknown time unit 'y'"),
+        ("--shutdown-grace", "soon", "is not a duration"),
+        ("--max-request-bytes", "-1MiB", "is not a size"),
+    ],
+)
+def test_a_bad_unit_is_a_settings_error_naming_the_flag_or_variable(
+    flag: str, text: str, message: str
+) -> None:
+    with pytest.raises(SettingsError, match=f"^{flag}='{re.escape(text)}' {message}"):
+        serve_settings(build_parser().parse_args(["serve", f"{flag}={text}"]), environ={})
+    variable = "MLX_NURSERY_" + flag[2:].replace("-", "_").upper()
+    with pytest.raises(SettingsError, match=f"^{variable}='{re.escape(text)}' {message}"):
+        Settings.from_env({variable: text})

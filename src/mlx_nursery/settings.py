@@ -1,10 +1,11 @@
 """Server settings: one attrs class, the one place their defaults are stated.
 
 Every field is settable by a flag (`--max-queue`) or `MLX_NURSERY_<FIELD>`; precedence:
-command-line flag, then environment variable, then the default here. Each field's metadata
-holds its help line and how its default reads, so `mlx-nursery serve --help` is built from
-it and tests/test_settings.py checks README's options table against it. Defaults the engine
-has too are read from EngineConfig, not restated.
+command-line flag, then environment variable, then the default here. Sizes and durations
+take units in both (`2GiB`, `90s`: _units.py); `none` or `off` unsets an optional one.
+Each field's metadata holds its help line and how its default reads, so `mlx-nursery
+serve --help` is built from it and tests/test_settings.py checks README's options table
+against it. Defaults the engine has too are read from EngineConfig, not restated.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal
 import attrs
 from attrs import validators as v
 
+from ._units import parse_bytes, parse_seconds
 from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
 from .logs import LOG_FORMATS
 from .openai import AudioLimits, ImageLimits, RequestCaps
@@ -414,7 +416,9 @@ class Settings:
     image_fetch_timeout: float = attrs.field(
         default=_image_default("fetch_timeout"),
         validator=v.gt(0),
-        metadata=_help("seconds an image fetch may wait to connect or between reads"),
+        metadata=_help(
+            "seconds an image fetch may wait to connect or between reads", unit="seconds"
+        ),
     )
     max_audio_bytes: int = attrs.field(
         default=_audio_default("max_bytes"),
@@ -424,7 +428,9 @@ class Settings:
     max_audio_seconds: float = attrs.field(
         default=_audio_default("max_seconds"),
         validator=v.gt(0),
-        metadata=_help("longest audio in a transcription request, in seconds once decoded"),
+        metadata=_help(
+            "longest audio in a transcription request, in seconds once decoded", unit="seconds"
+        ),
     )
     api_key: tuple[str, ...] = attrs.field(
         default=(),
@@ -561,8 +567,12 @@ class Settings:
             if raw == "" and field.name in _KEY_SETTINGS:  # a key meant, none given
                 raise SettingsError(f"{env_name(field.name)} is set but empty")
             if raw is not None and raw != "":
-                values[field.name] = _parse(field, raw)
-        values.update({k: val for k, val in overrides.items() if val is not None})
+                values[field.name] = _parse(field, raw, env_name(field.name))
+            given = overrides.get(field.name)
+            if isinstance(given, str) and takes_units(field):  # a flag's text: `--x 2GiB`
+                values[field.name] = _parse(field, given, flag_name(field))
+            elif given is not None:
+                values[field.name] = given
         try:
             return cls(**values)
         except (TypeError, ValueError) as exc:
@@ -624,17 +634,39 @@ def _bytes(value: int) -> str:
 _FIELD_TYPES: dict[str, Any] = typing.get_type_hints(Settings)
 
 
-def _parse(field: attrs.Attribute[Any], raw: str) -> Any:
+def takes_units(field: attrs.Attribute[Any]) -> bool:
+    """Whether a setting is a size or a duration, written with units (`2GiB`, `90s`)."""
+    return setting_help(field).unit != ""
+
+
+def _parse(field: attrs.Attribute[Any], raw: str, where: str) -> Any:
+    """A setting's value from its text in a flag or an environment variable (`where` names
+    it in the error). Raises SettingsError."""
     kind = value_type(field)
     if kind is bool:
         if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise SettingsError(f"{env_name(field.name)}={raw!r} is not a boolean (true or false)")
+            raise SettingsError(f"{where}={raw!r} is not a boolean (true or false)")
         return raw.lower() in ("1", "true", "yes", "on")
+    if kind in (int, float) and raw.strip().lower() in ("none", "off") and _optional(field):
+        return None
+    unit = setting_help(field).unit
     try:
+        if unit == "bytes":
+            return parse_bytes(raw)
+        if unit == "seconds":
+            return parse_seconds(raw)
         if kind is int:
             return int(raw)
         if kind is float:
-            return None if raw.lower() in ("none", "off") else float(raw)
-    except ValueError:
-        raise SettingsError(f"{env_name(field.name)}={raw!r} is not a number") from None
+            return float(raw)
+    except ValueError as exc:
+        detail = f": {exc}" if unit else ""
+        raise SettingsError(f"{where}={raw!r} is not a {_NOUNS[unit]}{detail}") from None
     return raw
+
+
+def _optional(field: attrs.Attribute[Any]) -> bool:
+    return type(None) in typing.get_args(_FIELD_TYPES[field.name])
+
+
+_NOUNS: dict[Unit, str] = {"": "number", "bytes": "size", "seconds": "duration"}

@@ -2,11 +2,12 @@
 errors in Anthropic's envelope with Anthropic's statuses.
 
 The stream (Anthropic's order): `message_start` (the message, empty, with the prompt's
-tokens), a `ping`, then each content block as `content_block_start`, its deltas
-(`text_delta`; one `input_json_delta` holding a call's whole input, which this server
-parses before it sends a call), `content_block_stop`; then `message_delta` (stop_reason,
-stop_sequence, the final usage) and `message_stop`. A failure after the stream began ends
-it with an `error` event.
+tokens: sent once the engine has admitted the request, so that its split between tokens
+prefilled and read from the prefix cache is the one `message_delta` repeats), a `ping`,
+then each content block as `content_block_start`, its deltas (`text_delta`; one
+`input_json_delta` holding a call's whole input, which this server parses before it sends
+a call), `content_block_stop`; then `message_delta` (stop_reason, stop_sequence, the final
+usage) and `message_stop`. A failure after the stream began ends it with an `error` event.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import attrs
 
 from ..engine import Usage
 from ..openai import (
+    Admitted,
     Finished,
     OpenAIError,
     Overloaded,
@@ -127,14 +129,15 @@ class MessageEvents:
     open: str | None = None
     """The type of the content block open ("thinking", "text"; None: none is)."""
 
-    def opening(self) -> list[dict[str, Any]]:
-        prompt = len(self.prepared.generation.prompt_tokens)
+    def opening(self, admitted: Admitted) -> list[dict[str, Any]]:
+        """`message_start` and a `ping`, once the request is admitted: the prompt's usage
+        then is its final one (the same input and cache read tokens), nothing generated."""
         message = {
             **_message_head(self.prepared),
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": usage_json(Usage(prompt, 0, 0)),
+            "usage": usage_json(attrs.evolve(admitted.usage, completion_tokens=0)),
         }
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 

@@ -95,7 +95,9 @@ def prepare_messages(request: MessagesRequest, served: ServedModel) -> Prepared:
         images=rendered.images,
     )  # fmt: skip
     prepared = with_reasoning(prepared, served)  # thinking blocks apart from the text
-    generation = prepared.generation
+    # A stream's message_start states the prompt's usage as its end does: the engine tells
+    # it on admission, once the prefix cache's read is known.
+    generation = attrs.evolve(prepared.generation, report_admission=bool(request.stream))
     if rendered.prefill:  # the reply continues the assistant's text exactly
         generation = attrs.evolve(generation, trim_leading_space=False)
     prepared = attrs.evolve(

@@ -16,7 +16,7 @@ from ._errors import (
 )
 from ._grammar import GrammarProcessor, ThinkingGate
 from ._kv_quant import KV_BITS, KV_GROUP_SIZES
-from ._memory import default_memory_budget, memory_in_cache, memory_in_use
+from ._memory import default_memory_budget, kv_budget, memory_in_cache, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
 from ._speech import SPEECH_THREAD_NAME, SpeechConfig, SpeechEngine, SpeechEvent
@@ -95,6 +95,7 @@ __all__ = [
     "Word",
     "WorkerStats",
     "default_memory_budget",
+    "kv_budget",
     "memory_in_cache",
     "memory_in_use",
     "open_engine",

@@ -28,6 +28,9 @@ from mlx_lm.models.cache import make_prompt_cache
 KV_STEP = 256
 """mlx-lm's KV caches grow in steps of this many tokens."""
 
+MIN_KV_TOKENS = 2 * KV_STEP
+"""The smallest KV budget served (a context of one step): below it nothing useful fits."""
+
 DEVICE_MEMORY_FRACTION = 0.8
 """Of the device's memory (Metal: its recommended working set) that weights, the prefix
 cache and KV may use together by default; the rest is for transient buffers and the OS."""
@@ -60,6 +63,18 @@ class KVBudget:
         if self.tokens is None:
             return model_context
         return max(1, min(model_context, self.tokens - KV_STEP))
+
+
+def kv_budget(kv_bytes: int, per_token: int, model_context: int, max_sequences: int) -> KVBudget:
+    """The KV budget that `kv_bytes` buy at `per_token` bytes a token: never below
+    `MIN_KV_TOKENS`, and never above what `max_sequences` sequences as long as the context
+    hold at once, each with a step of room to grow (the most the engine's admission ever
+    asks for: memory past it would never be used, so it is neither counted nor reported as
+    reserved). The engine and the model list before a load both derive the served context
+    from it (`served_context`)."""
+    tokens = max(kv_bytes // per_token, MIN_KV_TOKENS)
+    most = max_sequences * KVBudget.footprint([model_context + KV_STEP])
+    return KVBudget(min(tokens, most))
 
 
 def kv_bytes_per_token(model: Any, make_cache: Callable[[Any], list[Any]] | None = None) -> int:

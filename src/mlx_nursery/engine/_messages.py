@@ -123,6 +123,8 @@ class ModelInfo:
     """A vision-language model's processor for prompts with images (None: text only)."""
     kv_budget_tokens: int | None = None
     """Tokens of KV the running sequences may hold (`_memory.KVBudget`); None: no limit."""
+    kv_bytes_per_token: int = 0
+    """What a token's KV costs in this model's caches, measured (0: no growing KV cache)."""
     scripted: bool = False
     """The scripted model (no weights: each request's `Script` says its output and timing)."""
 

@@ -298,6 +298,7 @@ class Runner:
                     self._cache.record_failure()
             if uid is None and command.request.images is not None:
                 self._begin_image_prefill(sequence, prompt, command.request.images)
+                self._report_admission(sequence)
                 return
             if uid is None:
                 uid = stepper.insert(sequence, fresh)
@@ -307,6 +308,13 @@ class Runner:
             return
         self._stepper = stepper
         self._ledger.track(sequence, uid)
+        self._report_admission(sequence)
+
+    def _report_admission(self, sequence: LiveSequence) -> None:
+        """The admission event of a request that asks for it (`report_admission`): its
+        prompt's usage, its prefix cache read known, before any token."""
+        if sequence.request.report_admission:
+            self._outbox.token(sequence.seq_id, StepEvent(None, usage=sequence.usage()))
 
     def _hand_over(self) -> None:
         """Swap the fast path for the batch; its lone sequence moves along, KV cache and

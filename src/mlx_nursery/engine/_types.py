@@ -135,6 +135,11 @@ class GenerationRequest:
     """Whose request (opaque: the server's digest of the API key). Lanes go fairly among
     tenants, and one tenant may hold at most `EngineConfig.max_queue_per_tenant` places in
     the queue; None is one tenant among the others, without the queue share."""
+    report_admission: bool = False
+    """Send a first event when the sequence is admitted, before its prefill: no token, no
+    finish reason, and its `usage` (the prompt's tokens, those read from the prefix cache;
+    none generated). For a stream that states the prompt's usage before any output
+    (Anthropic's `message_start`), in the same numbers as its end."""
 
 
 @attrs.frozen
@@ -162,7 +167,8 @@ class TokenEvent:
     Token events carry `token_id` and the text it completed (`text` may be ""
     while a multi-byte character is still partial). The last event of a stream
     has `finish_reason` and `usage` set; it has no token when the sequence ended
-    on a stop token (whose text is never emitted), was cancelled or failed.
+    on a stop token (whose text is never emitted), was cancelled or failed. A request
+    with `report_admission` gets one more, first: no token, no finish reason, `usage`.
     """
 
     token_id: int | None

@@ -22,7 +22,14 @@ from ._config import EngineConfig
 from ._detokenizer import TokenTexts
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
-from ._memory import KV_STEP, KVBudget, derive_kv_bytes, device_memory, kv_bytes_per_token
+from ._memory import (
+    MIN_KV_TOKENS,
+    KVBudget,
+    derive_kv_bytes,
+    device_memory,
+    kv_budget,
+    kv_bytes_per_token,
+)
 from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, WorkerStats
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
@@ -36,9 +43,6 @@ __all__ = ["FatalEngineError", "Worker"]
 log = logging.getLogger("mlx_nursery.engine")
 
 _IDLE_POLL_SECONDS = 1.0
-
-MIN_KV_TOKENS = 2 * KV_STEP
-"""The smallest KV budget served (a context of one step): below it nothing useful fits."""
 
 
 class Worker:
@@ -134,7 +138,11 @@ class Worker:
             if quantization is not None and not scripted:
                 check_quantizable(model.model, quantization)
             make_cache = cache_factory(quantization)
-            budget = KVBudget(None) if scripted else self._kv_budget(model.model, make_cache)
+            budget, per_token = (
+                (KVBudget(None), 0)
+                if scripted
+                else self._kv_budget(model.model, make_cache, model.context_length)
+            )
             if self._config.warmup and not scripted:
                 log.info("warming up the model's kernels")
                 seconds = warm_up(model.model, self._config.prefill_step_size, make_cache)
@@ -147,6 +155,7 @@ class Worker:
                 tokenizer=model.tokenizer,
                 context_length=budget.served_context(model.context_length),
                 kv_budget_tokens=budget.tokens,
+                kv_bytes_per_token=per_token,
                 vision=vision_processor(model),
                 eos_token_ids=frozenset(int(t) for t in model.tokenizer.eos_token_ids),
                 texts=TokenTexts(model.tokenizer),
@@ -171,10 +180,12 @@ class Worker:
             self._release_memory()
             self._on_exit(reason)
 
-    def _kv_budget(self, model: Any, make_cache: CacheFactory) -> KVBudget:
+    def _kv_budget(
+        self, model: Any, make_cache: CacheFactory, context: int
+    ) -> tuple[KVBudget, int]:
         """The KV budget in tokens, from `kv_cache_bytes` or the device's memory (right after
         loading, when MLX's active memory is the weights), at what a token costs in the
-        caches the engine makes (quantized ones cost less: more tokens fit)."""
+        caches the engine makes (quantized ones cost less: more tokens fit); and that cost."""
         per_token = kv_bytes_per_token(model, make_cache)
         kv_bytes = self._config.kv_cache_bytes
         if kv_bytes is None:
@@ -184,17 +195,16 @@ class Worker:
                 self._config.prompt_cache_bytes,
             )
         if kv_bytes is None or per_token == 0:
-            return KVBudget(None)
-        tokens = kv_bytes // per_token
-        if tokens < MIN_KV_TOKENS:
+            return KVBudget(None), per_token
+        if kv_bytes // per_token < MIN_KV_TOKENS:
             log.warning(
                 "KV memory for %d tokens only; serving %d anyway (set --kv-cache-bytes)",
-                tokens,
+                kv_bytes // per_token,
                 MIN_KV_TOKENS,
             )
-        budget = KVBudget(max(tokens, MIN_KV_TOKENS))
+        budget = kv_budget(kv_bytes, per_token, context, self._config.max_concurrency)
         log.info("KV budget: %d tokens (%d bytes per token)", budget.tokens, per_token)
-        return budget
+        return budget, per_token
 
     def _loop(self, runner: Runner) -> None:
         next_expiry_check = time.monotonic()

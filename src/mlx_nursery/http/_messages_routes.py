@@ -26,6 +26,7 @@ from ..anthropic import (
 )
 from ..anthropic import error_body as anthropic_error
 from ..openai import (
+    Admitted,
     Finished,
     OpenAIError,
     Prepared,
@@ -117,12 +118,14 @@ class _MessageStream:
     """Read in the handler: the body runs outside the request's context."""
 
     def opening(self) -> bytes:
-        return named_events(self.events.opening())
+        return b""  # message_start waits for the admission, which says the prompt's usage
 
     async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
         out: list[dict[str, Any]] = []
         for item in merged_text(items):
-            if isinstance(item, TextDelta):
+            if isinstance(item, Admitted):
+                out += self.events.opening(item)
+            elif isinstance(item, TextDelta):
                 out += self.events.text(item)
             elif isinstance(item, ReasoningDelta):
                 out += self.events.thinking(item)

@@ -3,19 +3,23 @@ the meaning is the same (`vllm:time_to_first_token_seconds` is ours
 `mlx_nursery:time_to_first_token_seconds`), so that dashboards translate by prefix.
 
 Requests are observed where they live: the routes count answers by route and status; a
-job records its time to first token, time per output token, end-to-end latency, tokens and
-how it ended (`RequestObserver`). What the engine knows (lanes in use, the queue, the prefix
-cache, preemptions) is read from `Engine.statistics()` at scrape time, not mirrored. Each
-server has its own registry (tests run several in one process). No label carries request
-content: model, route, status, finish reason and cancel cause only.
+job records its time to first token, time per output token, end-to-end latency, prompt
+tokens and how it ended (`RequestObserver`). What the engine knows (lanes in use, the
+queue, the prefix cache, preemptions, the tokens it generated: a cancelled request's
+included) is read from `Engine.statistics()` at scrape time, not mirrored; an unloaded
+model's totals are kept, so its counters go on from them when it loads again. Each server
+has its own registry (tests run several in one process), and writes no `*_created` series
+(a counter's creation time, which Prometheus does not need and vLLM does not send). No label
+carries request content: model, route, status, finish reason, cancel cause and a
+reservation's part only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..engine import Embedder, Engine, memory_in_cache, memory_in_use
@@ -63,7 +67,6 @@ class Metrics:
             "Prompt tokens of finished generations and embedding requests",
             "model_name",
         )
-        self.generation_tokens = counter("generation_tokens", "Tokens generated", "model_name")
         self.ttft = histogram(
             "time_to_first_token_seconds",
             "From the request's arrival to its first token",
@@ -99,8 +102,9 @@ class Metrics:
         )
         self.model_reserved_bytes = Gauge(
             PREFIX + "model_reserved_bytes",
-            "Memory a loaded model may hold: weights, KV budget, prefix cache budget",
-            ["model_name"],
+            "Memory a loaded model holds or may hold, by part: its weights, its prefix cache's"
+            " budget, the KV its engine may use (no more than its sequences can)",
+            ["model_name", "part"],
             registry=self.registry,
         )
         self.connections_open = Gauge(
@@ -116,25 +120,32 @@ class Metrics:
         )
 
     def model_loaded(
-        self, engine: Engine | Embedder | None, model_name: str, seconds: float, reserved: int
+        self,
+        engine: Engine | Embedder | None,
+        model_name: str,
+        seconds: float,
+        reserved: Mapping[str, int],
     ) -> None:
         """A model loaded: count it, and read its engine's statistics at every scrape (a
-        text or embedding engine's; None: a speech model, whose engine has none of those)."""
+        text or embedding engine's; None: a speech model, whose engine has none of those).
+        `reserved`: its reservation by part (`Reservation.parts`)."""
         self.model_loads.labels(model_name).inc()
         self.model_load_seconds.labels(model_name).observe(seconds)
         self.model_loaded_now.labels(model_name).set(1)
-        self.model_reserved_bytes.labels(model_name).set(reserved)
+        for part, size in reserved.items():
+            self.model_reserved_bytes.labels(model_name, part).set(size)
         if engine is not None:
             self._engines.engines[model_name] = engine
 
     def model_unloaded(self, model_name: str) -> None:
         self.model_unloads.labels(model_name).inc()
         self.model_loaded_now.labels(model_name).set(0)
-        self.model_reserved_bytes.labels(model_name).set(0)
-        self._engines.engines.pop(model_name, None)
+        for part in ("weights", "prefix_cache", "kv"):
+            self.model_reserved_bytes.labels(model_name, part).set(0)
+        self._engines.unloaded(model_name)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
 
     def observer(self, model_name: str, arrived: float) -> RequestObserver:
         return RequestObserver(self, model_name, arrived)
@@ -155,10 +166,11 @@ class RequestObserver:
             self._metrics.ttft.labels(self._model).observe(now - self._arrived)
 
     def finished(self, now: float, reason: str, prompt_tokens: int, tokens: int) -> None:
+        """A generation's end; the tokens it generated are the engine's count (a cancelled
+        one's too: `_EngineCollector`)."""
         m, model = self._metrics, self._model
         m.success.labels(model, reason).inc()
         m.prompt_tokens.labels(model).inc(prompt_tokens)
-        m.generation_tokens.labels(model).inc(tokens)
         m.e2e.labels(model).observe(now - self._arrived)
         if self._first is not None and tokens > 1:
             m.tpot.labels(model).observe((now - self._first) / (tokens - 1))
@@ -173,6 +185,19 @@ class _EngineCollector(Collector):
 
     def __init__(self) -> None:
         self.engines: dict[str, Engine | Embedder] = {}
+        self._generated_before: dict[str, int] = {}
+        """Tokens generated by a model's earlier loads (its engines' last counts)."""
+
+    def unloaded(self, model: str) -> None:
+        """`model`'s engine has ended: its totals carry over to its next load."""
+        engine = self.engines.pop(model, None)
+        if isinstance(engine, Engine):
+            self._generated_before[model] = self._generated(model, engine)
+
+    def _generated(self, model: str, engine: Engine | Embedder | None) -> int:
+        worker = engine.statistics().worker if isinstance(engine, Engine) else None
+        now = worker.generated_tokens if worker is not None else 0
+        return self._generated_before.get(model, 0) + now
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
@@ -184,6 +209,11 @@ class _EngineCollector(Collector):
                 family = families[name] = make(PREFIX + name, text, labels=["model_name"])
             family.add_metric([model], value)
 
+        generating = {m for m, e in self.engines.items() if isinstance(e, Engine)}
+        for model in sorted(generating | set(self._generated_before)):
+            sample("counter", "generation_tokens", "Tokens generated, by every request that"
+                   " ran (cancelled ones included)", model,
+                   self._generated(model, self.engines.get(model)))  # fmt: skip
         for model, engine in self.engines.items():
             stats = engine.statistics()
             sample("gauge", "num_requests_running", "Sequences holding a lane", model,
@@ -209,6 +239,19 @@ class _EngineCollector(Collector):
                 sample("gauge", "prefix_cache_bytes", "Bytes the prefix cache holds", model,
                        cache.nbytes)  # fmt: skip
         yield from families.values()
+
+
+class _WithoutCreated(Collector):
+    """A registry's metrics without their `*_created` samples (prometheus-client writes one
+    per counter and histogram child; its switch to stop that is process-wide)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class _MemoryCollector(Collector):

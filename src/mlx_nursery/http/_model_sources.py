@@ -53,11 +53,11 @@ def model_sources(settings: Settings) -> list[ModelSource]:
 
 
 def _from_flag(entry: str) -> ModelSource:
-    """`PATH=NAME` (served as NAME: one directory may be served under two names) or `PATH`
-    (served as its directory's name; a repo id as itself); a NAME holds no '/', so a path
-    with '=' in it still reads as a path."""
+    """`PATH=NAME` (served as NAME alone: one directory may be served under two names; NAME
+    may hold '/', as `org/tiny-chat` does) or `PATH` (served as its directory's name; a repo
+    id as itself). An entry that names an existing path is a PATH, '=' in it or not."""
     spec, sep, name = entry.rpartition("=")
-    if sep and spec and name and "/" not in name:
+    if sep and spec and name and not Path(entry).expanduser().exists():
         return ModelSource(name, spec)
     return ModelSource(_public_name(entry), entry)
 

@@ -10,12 +10,8 @@ is unloaded first; a busy one never (busy: a request holds a lease on it, or a j
 runs). If there is no room even so, the request gets 503 `insufficient_memory` with
 Retry-After: nothing was computed, and room may come when a busy model goes idle.
 
-A reservation is a bound, not a guess: the engine holds its sequences' KV within its KV
-budget (engine/_memory.py) and its prefix cache within its byte budget, and the weights are
-what the model's files hold. Without `--kv-cache-bytes`, a model's KV budget is its share
-of the memory budget (the budget over `--max-loaded-models`) less its weights and prefix
-cache: so with the defaults (one model loaded, 80% of device memory) a model gets what a
-server of one model always gave it.
+What a model reserves, and the context it serves, are decided from its files before it
+loads (`_reservations.py`): the model list says the same before a load and after.
 
 Each loaded model runs in its own nursery: its engine (thread, lanes, queue, prefix cache)
 and its jobs. Unloading closes the engine and waits until its thread has ended (the thread
@@ -29,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
@@ -43,7 +39,6 @@ from ..openai import (
     InvalidRequest,
     ModelCard,
     OpenAIError,
-    Overloaded,
     RequestTimeout,
     ServedEmbedder,
     ServedModel,
@@ -57,6 +52,7 @@ from ._embedding_calls import EmbeddingCalls
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource
+from ._reservations import MemoryPlan, Reservation, insufficient
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -76,20 +72,6 @@ class Problem:
     since: float
     """Wall-clock time (seconds since the epoch) it began."""
     detail: str
-
-
-@attrs.frozen
-class Reservation:
-    """What a loaded model may hold, in bytes: its weights, its prefix cache's budget and
-    its KV budget (None: the engine derives one; only without any memory budget)."""
-
-    weights: int
-    prefix_cache: int
-    kv: int | None
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.prefix_cache + (self.kv or 0)
 
 
 @attrs.frozen
@@ -221,6 +203,9 @@ class ModelSlot:
     hosted: AnyHosted | None = None
     facts: ModelFacts | None = None
     """Read when it first loads (its kind, its own context length)."""
+    context: int | None = None
+    """The context it serves, known before it loads (`MemoryPlan.served_context`) or since
+    it loaded; None: its own, as far as is known."""
     leases: int = 0
     last_used: float = -math.inf
     attempt: _Attempt | None = None
@@ -253,7 +238,7 @@ class ModelSlot:
         return ModelCard(
             id=self.source.name,
             created=0,
-            context_length=facts.context_length or 0 if facts is not None else 0,
+            context_length=self.context or (facts.context_length or 0 if facts else 0),
             input_modalities=input_modalities(kind),
             kind=card_kind(kind),
             loaded=False,
@@ -268,11 +253,8 @@ class ModelRegistry:
         sources: list[ModelSource],
         opener: Opener,
         metrics: Metrics,
+        plan: MemoryPlan,
         *,
-        max_loaded: int,
-        memory_budget: int | None,
-        kv_cache_bytes: int | None,
-        prompt_cache_bytes: int,
         on_failure: FailurePolicy = "restart",
         restart_limit: int = 3,
         on_fatal: Callable[[str], None] = lambda reason: None,
@@ -283,10 +265,7 @@ class ModelRegistry:
         }
         self._opener = opener
         self._metrics = metrics
-        self._max_loaded = max_loaded
-        self.memory_budget = memory_budget
-        self._kv_cache_bytes = kv_cache_bytes
-        self._prompt_cache_bytes = prompt_cache_bytes
+        self.plan = plan
         self._on_failure = on_failure
         self._restart_limit = restart_limit
         self._on_fatal = on_fatal
@@ -300,15 +279,20 @@ class ModelRegistry:
         self._nursery = nursery
 
     async def read_facts(self) -> None:
-        """Read each model's config (kind, context length) for the model list, before any
-        load. A model that cannot be read now is listed without them; its load says why.
-        Cancellation: between models (each read runs on a worker thread)."""
+        """Read each model's config (kind, context length, KV cost) for the model list,
+        before any load: the context it will serve within its memory. A model that cannot be
+        read now is listed without them; its load says why. Cancellation: between models
+        (each read runs on a worker thread)."""
         for slot in self.slots:
             try:
                 path = await trio.to_thread.run_sync(_resolve, slot.source)
                 slot.facts = await trio.to_thread.run_sync(model_facts, path)
             except Exception:  # noqa: BLE001 - the load reports it, to the request that needs it
                 log.warning("model %s: its config could not be read", slot.source.name)
+                continue
+            with suppress(OpenAIError):  # one that cannot fit: its load says so
+                reservation = self.plan.reservation(slot.source.name, slot.facts)
+                slot.context = self.plan.served_context(slot.facts, reservation)
 
     @property
     def only(self) -> ModelSlot | None:
@@ -427,21 +411,15 @@ class ModelRegistry:
                 began = trio.current_time()
                 path = await trio.to_thread.run_sync(_resolve, slot.source)
                 slot.facts = await trio.to_thread.run_sync(model_facts, path)
-                reservation = self._reservation(name, slot.facts)
+                reservation = self.plan.reservation(name, slot.facts)
+                slot.context = self.plan.served_context(slot.facts, reservation)
                 await self._make_room(slot, reservation)
                 log.info("loading model %s", name)
                 assert self._nursery is not None
                 slot.hosted = await self._nursery.start(self._host, slot, path, reservation)
                 slot.state = "ready"
                 seconds = trio.current_time() - began
-                engine = slot.hosted.engine
-                self._metrics.model_loaded(
-                    None if isinstance(engine, SpeechEngine) else engine,
-                    name,
-                    seconds,
-                    reservation.total,
-                )
-                log.info("model %s loaded in %.1f s", name, seconds)
+                self._loaded(slot, seconds)
         except OpenAIError as exc:
             attempt.failure = exc
         except Exception:
@@ -459,6 +437,29 @@ class ModelRegistry:
                         "the server is shutting down", code="server_shutting_down"
                     )
             attempt.done.set()
+
+    def _loaded(self, slot: ModelSlot, seconds: float) -> None:
+        """Count a load, and keep the context the model serves for its card once unloaded
+        (the same as foretold, unless its KV cost was not what its files said)."""
+        hosted, name = slot.hosted, slot.source.name
+        assert hosted is not None
+        served = hosted.card.context_length
+        if slot.context is not None and slot.context != served:
+            log.warning(
+                "model %s serves a context of %d tokens, not the %d its files foretold",
+                name,
+                served,
+                slot.context,
+            )
+        slot.context = served or slot.context
+        engine = hosted.engine
+        self._metrics.model_loaded(
+            None if isinstance(engine, SpeechEngine) else engine,
+            name,
+            seconds,
+            hosted.reservation.parts(),
+        )
+        log.info("model %s loaded in %.1f s", name, seconds)
 
     async def _host(
         self,
@@ -524,42 +525,20 @@ class ModelRegistry:
             return
         slot.problem = None
 
-    def _reservation(self, name: str, facts: ModelFacts) -> Reservation:
-        prefix, kv = self._prompt_cache_bytes, self._kv_cache_bytes
-        budget = self.memory_budget
-        if facts.kind == "embedding":  # no KV, no prefix cache: its weights and a forward's
-            prefix, kv = 0, 0  # activations, which the batch bounds keep transient and small
-        if kv is None and budget is not None:
-            share = budget // self._max_loaded
-            kv = share - facts.weight_bytes - prefix
-            if kv <= 0:
-                raise _insufficient(
-                    f"the model {name!r} does not fit its share of the memory budget "
-                    f"({share} bytes: --memory-budget over --max-loaded-models) with its "
-                    f"weights ({facts.weight_bytes} bytes) and prefix cache ({prefix} bytes)"
-                )
-        reservation = Reservation(facts.weight_bytes, prefix, kv)
-        if budget is not None and reservation.total > budget:
-            raise _insufficient(
-                f"the model {name!r} needs {reservation.total} bytes (weights, KV and prefix "
-                f"cache), more than the memory budget of {budget} bytes"
-            )
-        return reservation
-
     async def _make_room(self, slot: ModelSlot, reservation: Reservation) -> None:
         """Unload idle models, least recently used first, until `reservation` fits beside
         the rest. Raises 503 `insufficient_memory` if busy models leave too little."""
         while True:
             others = [s for s in self.slots if s.hosted is not None and s is not slot]
             held = sum(s.hosted.reservation.total for s in others if s.hosted is not None)
-            fits_count = len(others) < self._max_loaded
-            budget = self.memory_budget
+            fits_count = len(others) < self.plan.max_loaded
+            budget = self.plan.budget
             fits_bytes = budget is None or held + reservation.total <= budget
             if fits_count and fits_bytes:
                 return
             idle = [s for s in others if s.state == "ready" and not s.busy]
             if not idle:
-                raise _insufficient(
+                raise insufficient(
                     f"the model {slot.source.name!r} cannot be loaded now: the models in use "
                     "leave no room for it (--max-loaded-models, --memory-budget)"
                 )
@@ -587,10 +566,6 @@ async def _first_set(*events: trio.Event) -> None:
 
         for event in events:
             nursery.start_soon(wait, event)
-
-
-def _insufficient(message: str) -> Overloaded:
-    return Overloaded(message, param="model", code="insufficient_memory")
 
 
 def _resolve(source: ModelSource) -> Path:

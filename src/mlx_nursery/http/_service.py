@@ -70,9 +70,9 @@ from ._registry import (
     ModelRegistry,
     ModelSlot,
     Problem,
-    Reservation,
     generating,
 )
+from ._reservations import MemoryPlan, Reservation, held
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -201,14 +201,20 @@ class Service:
         budget = self.settings.memory_budget
         if budget is None:
             budget = await trio.to_thread.run_sync(default_memory_budget)
+        plan = MemoryPlan(
+            max_loaded=self.settings.max_loaded_models,
+            budget=budget,
+            kv_cache_bytes=self.settings.kv_cache_bytes,
+            prompt_cache_bytes=self.settings.prompt_cache_bytes,
+            max_concurrency=self.settings.max_concurrency,
+            kv_bits=self.settings.kv_bits,
+            kv_group_size=self.settings.kv_group_size,
+        )
         self.models = ModelRegistry(
             self.sources,
             self._open_model,
             self.metrics,
-            max_loaded=self.settings.max_loaded_models,
-            memory_budget=budget,
-            kv_cache_bytes=self.settings.kv_cache_bytes,
-            prompt_cache_bytes=self.settings.prompt_cache_bytes,
+            plan,
             on_failure=self.settings.on_engine_failure,  # type: ignore[arg-type]  # validated
             restart_limit=self.settings.engine_restarts,
             on_fatal=self._fatal,
@@ -298,7 +304,8 @@ class Service:
             source.name,
             share_prefixes=self.settings.shared_prefix_cache,
         )
-        return Hosted(engine, served, jobs, reservation, served.card())
+        kept = held(reservation, engine.model, prefix_cache=not engine.model.scripted)
+        return Hosted(engine, served, jobs, kept, served.card())
 
     async def _open_speech_model(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from ._embedding_loading import EmbeddingSpec, embedding_input_length, is_embedding_model
+from ._kv_layout import KVLayout, kv_layout
 from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
 
 ModelKind = Literal["lm", "vlm", "scripted", "stt", "embedding"]
@@ -136,6 +137,8 @@ class ModelFacts:
     """The model's own context (its config's); the served one may be less (KV budget)."""
     weight_bytes: int
     """The size of its weight files: what loading it adds to MLX's active memory."""
+    kv_layout: KVLayout | None = None
+    """What a token's KV costs it (None: not known before it loads)."""
 
 
 def model_facts(path: Path) -> ModelFacts:
@@ -157,7 +160,8 @@ def model_facts(path: Path) -> ModelFacts:
     kind = _kind_of(path, config)
     if kind == "embedding":
         context = embedding_input_length(path, config)
-    return ModelFacts(kind, context, weights)
+    layout = kv_layout(path, config) if kind in ("lm", "vlm") else None
+    return ModelFacts(kind, context, weights, layout)
 
 
 def _load_lm(path: Path) -> LoadedModel:

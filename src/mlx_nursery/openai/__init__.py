@@ -55,7 +55,7 @@ from ._errors import (
     URITooLong,
     quoted,
 )
-from ._generation import Finished, Output, ReasoningDelta, TextDelta, generate_text
+from ._generation import Admitted, Finished, Output, ReasoningDelta, TextDelta, generate_text
 from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
@@ -86,6 +86,7 @@ from ._tools import ToolCallOut, tool_format
 __all__ = [
     "CHAT_WIRE",
     "RESPONSE_FORMATS",
+    "Admitted",
     "AudioLimits",
     "AudioUpload",
     "Conflict",

@@ -184,10 +184,14 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
         raise _invalid_audio("the audio file is empty")
     kind = sniff_format(data)
     if kind not in _NATIVE_FORMATS and shutil.which("ffmpeg") is None:
-        named = kind or f"{quoted(upload.filename)} (an unrecognized format)"
+        if kind is None:  # a picture or a text named .wav: no decoder would take it
+            raise _invalid_audio(
+                f"the file {quoted(upload.filename)} is not audio this server can read: its "
+                "content is none of WAV, MP3, FLAC (nor Ogg, M4A, WebM, with ffmpeg)"
+            )
         raise InvalidRequest(
-            f"this server decodes WAV, MP3 and FLAC audio; {named} needs ffmpeg, which is "
-            "not installed here",
+            f"this server decodes WAV, MP3 and FLAC audio; {kind} audio needs ffmpeg, which "
+            "is not installed here",
             param="file",
             code="unsupported_audio_format",
         )
@@ -221,8 +225,18 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
 
 
 def sniff_format(data: bytes) -> str | None:
-    """The container its first bytes name: wav, mp3, flac, ogg, m4a, webm (None: unknown)."""
+    """The container its first bytes (its magic number, whatever its file name says) name:
+    wav, mp3, flac (decoded here), or ogg, m4a, webm, aiff, wma, amr, caf (ffmpeg's); None:
+    no audio container known."""
     head = data[:16]
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return "aiff"
+    if head[:4] == b"\x30\x26\xb2\x75":  # the ASF header object's GUID
+        return "wma"
+    if head[:5] == b"#!AMR":
+        return "amr"
+    if head[:4] == b"caff":
+        return "caf"
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
         return "wav"
     if head[:4] == b"fLaC":

@@ -61,7 +61,16 @@ class Finished:
     """The stop string that ended the text ("stop" only; the Messages API reports it)."""
 
 
-Output = ReasoningDelta | TextDelta | ToolCallOut | Finished
+@attrs.frozen
+class Admitted:
+    """The sequence is admitted: its prompt's usage (the prefix cache's read known), before
+    any output. Sent first, only for a request with `report_admission` (a Messages stream's
+    `message_start`); it is no output of the model's, so `observe` never sees it."""
+
+    usage: Usage
+
+
+Output = Admitted | ReasoningDelta | TextDelta | ToolCallOut | Finished
 
 
 async def generate_text(
@@ -112,6 +121,10 @@ async def generate_text(
         async with engine.generate(request) as stream:
             task_status.started()
             async for event in stream:
+                if event.token_id is None and not event.is_final and event.usage is not None:
+                    admitted = event.usage if usage is None else usage(event.usage)
+                    await send.send(Admitted(admitted))  # `report_admission`'s first event
+                    continue
                 if reasoning is None:
                     answer = event.text
                     if (
