@@ -51,7 +51,7 @@ async def create_response() -> Response:
 
     def parse() -> tuple[Any, ResponsesRequest]:
         body = parse_json(raw)
-        return body, parse_responses_request(body)
+        return body, parse_responses_request(body, max_items=service.settings.max_messages)
 
     body, parsed = await service.prepare(parse, deadline)
     previous = None

@@ -31,7 +31,7 @@ from ._endpoints import (
 from ._errors import InvalidRequest, quoted
 from ._prompts import check_prompt_size, prompt_texts, render_served
 from ._reasoning import switchable, thinking_switch
-from ._responses_items import input_items, item_id, to_messages
+from ._responses_items import input_items, item_id, messages_and_origins
 from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
 from ._scripts import last_user_text
 from ._served import ServedModel
@@ -60,7 +60,11 @@ _HINTS: dict[str, object] = {
 _THINKING_HINTS = {k: v for k, v in _HINTS.items() if k != "reasoning"}
 
 
-def parse_request(body: Any) -> ResponsesRequest:
+def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
+    """The request, checked. `input` may hold at most `max_items` items (`--max-messages`),
+    counted before anything is built from them."""
+    given = body.get("input") if isinstance(body, dict) else None
+    params.check_count(len(given) if isinstance(given, list) else 0, max_items, "input")
     request = structure(body, ResponsesRequest)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
     for i, included in enumerate(request.include or []):
@@ -124,8 +128,8 @@ def prepare_response(
     effort = _effort(request, served)
     thinking = thinking_switch(served.thinking, effort, "reasoning.effort")
     items = input_items(request.input)
-    thinks = served.thinking is not None
-    conversation = [*(previous or []), *to_messages(items, thinking=thinks)]
+    turn, sources = messages_and_origins(items, thinking=served.thinking is not None)
+    conversation = [*(previous or []), *turn]
     limit = served.caps.max_messages
     if len(conversation) > limit:
         raise InvalidRequest(
@@ -151,7 +155,11 @@ def prepare_response(
             served, messages, len(system), tools, request.max_output_tokens
         )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
-    origins = _origins(len(system), len(previous or []), items, thinks)
+    origins = [
+        *(["instructions"] * len(system)),
+        *(["previous_response_id"] * len(previous or [])),
+        *(f"input[{k}]" for k in sources),
+    ]
 
     def where(index: int) -> str:  # a message of the (possibly truncated) prompt -> the request
         return origins[index if index < len(system) else index + dropped]
@@ -249,18 +257,6 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
         )
     given = {name: value for name, value in nested.items() if value not in (None, False)}
     return (*ignored, *params.ignored_values(given, strict=served.strict_params))
-
-
-def _origins(
-    instructions: int, previous: int, items: list[dict[str, Any]], thinking: bool
-) -> list[str]:
-    """What each chat message of the prompt came from, as an error names it: the
-    instructions, an earlier turn (`previous_response_id`), or this turn's `input[k]`."""
-    origins = ["instructions"] * instructions + ["previous_response_id"] * previous
-    for k in range(len(items)):
-        turn = len(to_messages(items[: k + 1], thinking=thinking))  # this turn's messages so far
-        origins += [f"input[{k}]"] * (instructions + previous + turn - len(origins))
-    return origins
 
 
 def _truncated(
