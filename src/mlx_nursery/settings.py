@@ -306,6 +306,13 @@ class Settings:
         validator=v.ge(1),
         metadata=_help("largest image in pixels, checked before decoding (vision models)"),
     )
+    max_image_pixels_per_request: int = attrs.field(
+        default=_image_default("max_request_pixels"),
+        validator=v.ge(1),
+        metadata=_help(
+            "pixels of a request's images together, each checked before decoding (vision models)"
+        ),
+    )
     allowed_local_media_path: str | None = attrs.field(
         default=None,
         metadata=_help(

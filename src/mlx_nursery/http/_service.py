@@ -5,8 +5,8 @@ model: that one) load in the background: until they are ready /health answers 50
 requests get a 503, so a slow load never trips the ASGI server's startup timeout. Other
 models load when a request names them (`_registry.py`).
 
-Requests are prepared (JSON parsed, validated, chat template rendered, tokenized) on a
-worker thread, one at a time: see `Service.prepare`.
+Requests are prepared (JSON parsed, validated, chat template rendered, tokenized, media
+decoded) on worker threads, a few at a time: see `Service.prepare`.
 """
 
 from __future__ import annotations
@@ -78,16 +78,15 @@ log = logging.getLogger("mlx_nursery.http")
 State = Literal["loading", "ready", "draining", "failed"]
 T = TypeVar("T")
 
-PREPARE_THREADS = 1
-"""Requests prepared at once. One: a Hugging Face fast tokenizer is one Rust object, whose
-encode holds a shared borrow of it with the GIL released, and transformers resets its
-truncation/padding state (a mutable borrow) whenever a call's settings differ from the
-current ones; the two at once raise "RuntimeError: Already borrowed"
-(huggingface/tokenizers#537). Nothing on our request path changes those settings today, and
-one thread at a time rules out two encodes at once (the Trio thread only decodes single
-tokens, a shared borrow); and beside the GIL (Jinja rendering is Python) and the engine's
-thread, a second preparation would gain little on a small machine. The prompt size
-check keeps any one preparation short."""
+PREPARE_THREADS = 4
+"""Requests prepared at once, each on a thread of its own, so one slow preparation (a
+request's images or audio decoded within its limits) holds one thread, not every request's
+way in. What they share is thread-safe: the tokenizer (a Hugging Face fast tokenizer is one
+Rust object; concurrent encodes are shared borrows, and nothing on our path changes its
+truncation or padding, whose reset would be the mutable borrow that fails with "Already
+borrowed", huggingface/tokenizers#537: `_vocabulary`'s warm-up absorbs the one-time reset),
+the segment cache (a lock), the VLM processor (a lock). Why four, and what one cost:
+docs/architecture.md ("Preparation")."""
 
 
 RequestProcessors = Callable[[Any], tuple[Any, ...]]
@@ -139,13 +138,14 @@ class Service:
         return trio.current_time() + timeout if timeout else math.inf
 
     async def prepare(self, work: Callable[[], T], deadline: float) -> T:
-        """Run `work` (a request's parsing, validation, template and tokenizing) on a worker
-        thread, so that no request's input stalls the Trio thread: other streams and /health.
+        """Run `work` (a request's parsing, validation, template, tokenizing, media decoding)
+        on a worker thread, so that no request's input stalls the Trio thread: other streams
+        and /health.
 
-        Waits for the one preparation slot (`PREPARE_THREADS`). Raises RequestTimeout past
+        Waits (FIFO) for one of the `PREPARE_THREADS` slots. Raises RequestTimeout past
         `deadline`. Cancellation (a disconnect, the deadline) returns at once and abandons the
-        thread: it runs on to its next `trio.from_thread.check_cancelled()` or its end, and
-        holds the slot until then, so the tokenizer is never used by two threads at once.
+        thread: it runs on to its next check (`openai._checkpoint`: before each costly step)
+        or its end, and holds its slot until then.
         """
         with trio.move_on_at(deadline) as scope:
             return await trio.to_thread.run_sync(
@@ -173,6 +173,11 @@ class Service:
             f"the request did not complete within {self.settings.request_timeout:g} s",
             code="request_timeout",
         )
+
+    @property
+    def preparing(self) -> int:
+        """Preparation threads busy now, abandoned ones included (tests, statistics)."""
+        return int(self._preparing.borrowed_tokens)
 
     def draw_fault(self) -> Fault | None:
         """This generation request's injected fault (`--fault-rate`), if any; a status fault
@@ -433,6 +438,7 @@ def image_limits(settings: Settings) -> ImageLimits:
         max_bytes=settings.max_image_bytes,
         max_images=settings.max_images_per_request,
         max_pixels=settings.max_image_pixels,
+        max_request_pixels=settings.max_image_pixels_per_request,
         local_path=(
             Path(settings.allowed_local_media_path) if settings.allowed_local_media_path else None
         ),

@@ -37,8 +37,12 @@ class ImageLimits:
     """Of one image's encoded file."""
     max_images: int = 16
     """Per request, all messages together."""
-    max_pixels: int = 40_000_000
-    """Of one decoded image (width x height)."""
+    max_pixels: int = 1 << 24
+    """Of one decoded image (width x height): 4096 x 4096, a little above the most that
+    common VLM processors keep (Qwen2-VL's 12.8 MP; larger images are scaled down to it)."""
+    max_request_pixels: int = 1 << 25
+    """Of a request's images together: two images at `max_pixels`, or sixteen of 2 MP. A
+    decoded image is 3 bytes a pixel, and the processor's float copy of it 12 more."""
     local_path: Path | None = None
     """The directory `file://` URLs may name files under; None refuses them."""
     domains: frozenset[str] = frozenset()
@@ -57,10 +61,11 @@ def too_many_images(count: int, limits: ImageLimits, param: str) -> InvalidReque
     )
 
 
-def load_image(url: Any, limits: ImageLimits, param: str) -> Image.Image:
-    """Decode the image at `url` (a data: or an allowed file: URL) as RGB. Raises
-    InvalidRequest (400) naming `param` for anything it does not take. Blocking: call it on
-    a worker thread."""
+def load_image(url: Any, limits: ImageLimits, param: str, pixels_left: int) -> Image.Image:
+    """Decode the image at `url` (a data: or an allowed file: URL, or one fetched) as RGB,
+    if it has at most `pixels_left` pixels (what the request's other images left of
+    `max_request_pixels`). Raises InvalidRequest (400) naming `param` for anything it does
+    not take. Blocking: call it on a worker thread."""
     if not isinstance(url, str) or not url:
         raise InvalidRequest("an image part needs its URL", param=param, code="invalid_image")
     if url.startswith("data:"):
@@ -82,7 +87,7 @@ def load_image(url: Any, limits: ImageLimits, param: str) -> Image.Image:
             param=param,
             code="invalid_image",
         )
-    return _decode(data, limits, param)
+    return _decode(data, limits, param, pixels_left)
 
 
 def _data_url_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
@@ -134,7 +139,7 @@ def _local_file_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
     return path.read_bytes()
 
 
-def _decode(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
+def _decode(data: bytes, limits: ImageLimits, param: str, pixels_left: int) -> Image.Image:
     if len(data) > limits.max_bytes:
         raise too_large(len(data), limits, param)
     try:
@@ -145,7 +150,16 @@ def _decode(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
             if width * height > limits.max_pixels:
                 raise InvalidRequest(
                     f"the image has {width}x{height} pixels; this server takes at most "
-                    f"{limits.max_pixels} per image",
+                    f"{limits.max_pixels} per image (--max-image-pixels)",
+                    param=param,
+                    code="image_too_large",
+                )
+            if width * height > pixels_left:
+                raise InvalidRequest(
+                    f"the image has {width}x{height} pixels, more than the "
+                    f"{max(pixels_left, 0)} the request's other images left of this server's "
+                    f"{limits.max_request_pixels} per request "
+                    "(--max-image-pixels-per-request)",
                     param=param,
                     code="image_too_large",
                 )

@@ -15,6 +15,7 @@ import attrs
 from . import _params as params
 from ._chat import ChatMessage
 from ._chat_endpoint import CHAT
+from ._checkpoint import checkpoint
 from ._converter import structure
 from ._endpoints import (
     Prepared,
@@ -278,6 +279,7 @@ def _truncated(
     ]
 
     def fits(drop: int) -> bool:
+        checkpoint()  # each try renders the conversation again
         kept = messages[:keep] + messages[starts[drop] :]
         texts = sum(len(t.encode("utf-8")) for t in prompt_texts(kept, tools))
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:
