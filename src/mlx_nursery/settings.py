@@ -19,7 +19,7 @@ from attrs import validators as v
 
 from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
 from .logs import LOG_FORMATS
-from .openai import AudioLimits, ImageLimits, RequestCaps
+from .openai import AudioLimits, ImageLimits, RequestCaps, parse_media_hosts
 
 ENV_PREFIX = "MLX_NURSERY_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -81,6 +81,13 @@ def _caps_default(name: str) -> Any:
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value <= 0:
         raise SettingsError(f"{attribute.name} must be positive, got {value}")
+
+
+def _media_hosts(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    try:
+        parse_media_hosts(value)
+    except ValueError as exc:
+        raise SettingsError(f"{attribute.name}: {exc}") from None
 
 
 def _one_of(*choices: int) -> Callable[[object, attrs.Attribute[Any], int | None], None]:
@@ -321,14 +328,38 @@ class Settings:
     )
     allowed_media_domains: str | None = attrs.field(
         default=None,
+        validator=_media_hosts,
         metadata=_help(
-            "comma-separated hosts whose http(s) image URLs are fetched", none="none: refused"
+            "comma-separated host or host:port entries whose http(s) image URLs are fetched "
+            "(a bare host: ports 80 and 443 only)",
+            none="none: refused",
+        ),
+    )
+    allow_private_media_addresses: bool = attrs.field(
+        default=False,
+        metadata=_help(
+            "fetch images from allowed hosts whose names resolve to private, loopback or "
+            "link-local addresses (an IP address or localhost entry allows its own anyway)"
         ),
     )
     image_fetch_timeout: float = attrs.field(
         default=_image_default("fetch_timeout"),
         validator=v.gt(0),
         metadata=_help("seconds an image fetch may wait to connect or between reads"),
+    )
+    max_image_fetches: int = attrs.field(
+        default=16,
+        validator=v.ge(1),
+        metadata=_help("image fetches at once, server-wide (a request's: at most 4)"),
+    )
+    max_fetched_image_bytes: int = attrs.field(
+        default=512 << 20,
+        validator=v.ge(1),
+        metadata=_help(
+            "fetched image bytes held at once, server-wide, until their requests are "
+            "prepared; past it, 503",
+            unit="bytes",
+        ),
     )
     max_audio_bytes: int = attrs.field(
         default=_audio_default("max_bytes"),

@@ -25,7 +25,7 @@ from ..openai import (
     parse_responses_request,
     prepare_response,
     quoted,
-    responses_image_urls,
+    responses_images,
 )
 from ..store import StoredResponse
 from ._batching import merged_text
@@ -61,16 +61,16 @@ async def create_response() -> Response:
             raise _not_found(parsed.previous_response_id, "previous_response_id")
         previous = stored.conversation
     async with service.text_model(body, deadline) as (hosted, served):
-        urls = responses_image_urls(parsed.input, previous)
-        served = await service.fetched(served, urls, deadline)
+        images = responses_images(parsed.input, previous)
+        async with service.fetched(served, images, deadline) as served:
 
-        def prepare() -> PreparedResponse:
-            prepared = prepare_response(parsed, served, previous)
-            return attrs.evolve(
-                prepared, prepared=service.with_extra_processors(prepared.prepared, body)
-            )
+            def prepare() -> PreparedResponse:
+                prepared = prepare_response(parsed, served, previous)
+                return attrs.evolve(
+                    prepared, prepared=service.with_extra_processors(prepared.prepared, body)
+                )
 
-        prepared = await service.prepare(prepare, deadline)
+            prepared = await service.prepare(prepare, deadline)
         truncated = (
             {TRUNCATED_HEADER: str(prepared.truncated_messages)}
             if prepared.truncated_messages

@@ -36,6 +36,8 @@ from ..openai import (
     AudioLimits,
     Grammars,
     ImageLimits,
+    ImageRef,
+    MediaFetches,
     ModelCard,
     OpenAIError,
     Prepared,
@@ -46,8 +48,10 @@ from ..openai import (
     ServedEmbedder,
     ServedModel,
     Unavailable,
+    check_before_fetching,
     fetch_images,
     longest_token_bytes,
+    parse_media_hosts,
     parse_script,
     requested_model,
     thinking_format,
@@ -124,6 +128,8 @@ class Service:
             max_age_seconds=settings.responses_max_age,
         )
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
+        self.fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
+        """The server's image fetches: how many at once, the bytes they hold."""
         self.metrics = Metrics()
         self.faults = FaultInjector(
             settings.fault_rate, parse_fault(settings.fault), settings.fault_seed
@@ -157,22 +163,34 @@ class Service:
             code="request_timeout",
         )
 
+    @asynccontextmanager
     async def fetched(
-        self, served: ServedModel, urls: Iterable[tuple[str, str]], deadline: float
-    ) -> ServedModel:
-        """`served` with the request's allowed remote images fetched (none: `served`).
-        Raises RequestTimeout past `deadline`, InvalidRequest for a fetch that fails.
-        Cancelled with the request."""
-        wanted = list(urls)
-        if not wanted or not served.image_limits.domains:
-            return served
-        with trio.move_on_at(deadline) as scope:
-            return served.with_fetched(await fetch_images(wanted, served.image_limits))
-        assert scope.cancelled_caught
-        raise RequestTimeout(
-            f"the request did not complete within {self.settings.request_timeout:g} s",
-            code="request_timeout",
-        )
+        self, served: ServedModel, images: Iterable[ImageRef], deadline: float
+    ) -> AsyncIterator[ServedModel]:
+        """`served` with the request's remote images fetched, for the block (prepare the
+        request in it: the fetched bytes count against the server's limit until it ends).
+        With remote images to fetch, the request's images are first checked as its
+        preparation would check them (`check_before_fetching`). Raises RequestTimeout past
+        `deadline`, InvalidRequest for images refused or a fetch that fails, Overloaded past
+        the server's fetched bytes. Cancelled with the request."""
+        limits = served.image_limits
+        wanted = list(images)
+        if not limits.hosts or not any(image.remote for image in wanted):
+            yield served
+            return
+        check_before_fetching(wanted, limits, served.vision is not None)
+        hold = self.fetches.hold()
+        try:
+            with trio.move_on_at(deadline) as scope:
+                fetched = await fetch_images(wanted, limits, hold)
+            if scope.cancelled_caught:
+                raise RequestTimeout(
+                    f"the request did not complete within {self.settings.request_timeout:g} s",
+                    code="request_timeout",
+                )
+            yield served.with_fetched(fetched)
+        finally:
+            hold.release()
 
     @property
     def preparing(self) -> int:
@@ -442,10 +460,7 @@ def image_limits(settings: Settings) -> ImageLimits:
         local_path=(
             Path(settings.allowed_local_media_path) if settings.allowed_local_media_path else None
         ),
-        domains=frozenset(
-            d.strip().lower()
-            for d in (settings.allowed_media_domains or "").split(",")
-            if d.strip()
-        ),
+        hosts=parse_media_hosts(settings.allowed_media_domains),
+        allow_private=settings.allow_private_media_addresses,
         fetch_timeout=settings.image_fetch_timeout,
     )

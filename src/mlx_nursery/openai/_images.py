@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 import urllib.parse
 import warnings
 from collections.abc import Mapping
@@ -27,6 +28,9 @@ import attrs
 from PIL import Image
 
 from ._errors import InvalidRequest, shortened
+from ._media_hosts import MediaHost, fetch_failed, not_allowed, shown
+
+log = logging.getLogger("mlx_nursery.openai")
 
 FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
 
@@ -45,8 +49,11 @@ class ImageLimits:
     decoded image is 3 bytes a pixel, and the processor's float copy of it 12 more."""
     local_path: Path | None = None
     """The directory `file://` URLs may name files under; None refuses them."""
-    domains: frozenset[str] = frozenset()
-    """Hosts whose http(s) image URLs are fetched (`_media_fetch`); none by default."""
+    hosts: tuple[MediaHost, ...] = ()
+    """Hosts (and ports) whose http(s) image URLs are fetched (`_media_fetch`); none by
+    default."""
+    allow_private: bool = False
+    """Fetch from non-global addresses too (`_media_hosts`)."""
     fetch_timeout: float = 5.0
     """Seconds a fetch may take to connect, and between reads."""
     fetched: Mapping[str, bytes] = attrs.field(factory=dict)
@@ -73,14 +80,13 @@ def load_image(url: Any, limits: ImageLimits, param: str, pixels_left: int) -> I
     elif url.startswith("file:"):
         data = _local_file_bytes(url, limits, param)
     elif url in limits.fetched:
-        data = limits.fetched[url]
+        try:
+            return _decode(limits.fetched[url], limits, param, pixels_left)
+        except InvalidRequest as exc:  # as any failed fetch: the reason goes to the log
+            log.info("fetched image refused: %s: %s", shown(url), exc.message)
+            raise fetch_failed(param) from None
     elif url.startswith(("http://", "https://")):
-        raise InvalidRequest(
-            "image URLs over http(s) are fetched only from the hosts listed in "
-            "--allowed-media-domains; send the image as a data: URL (base64)",
-            param=param,
-            code="invalid_image",
-        )
+        raise not_allowed(param)
     else:
         raise InvalidRequest(
             f"unsupported image URL {shortened(url, 40)!r}: use a data: URL",
