@@ -10,7 +10,7 @@ Audio is decoded by miniaudio (WAV, MP3, FLAC, with no ffmpeg; other containers 
 mlx-audio's reader and ffmpeg when it is on PATH), mixed to mono and resampled to 16 kHz,
 within the size, rate, channel and duration limits, checked from the header before
 decoding (`_audio_decode`). Bad or empty audio is a 400, never a 500.
-No MLX here: this runs on the preparation thread.
+No MLX here: this runs on a preparation thread.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ checked, and every remote URL must be allowed; so a refused request costs no fet
 Then its remote images are fetched on the Trio thread, inside the request's scope (a
 disconnect or the deadline cancels them), at most `PER_REQUEST` at once and, server-wide,
 at most `--max-image-fetches`, their bytes counted against `--max-fetched-image-bytes`
-until the request is prepared (past it: a 503, `MediaFetches`). Each fetch has a timeout, a byte cap, at
-most `MAX_REDIRECTS` redirects, each one's target checked as the URL was, and connects only
-to addresses the allowlist allows.
+until the request is prepared (past it: a 503, `MediaFetches`). Each fetch has a timeout,
+a byte cap, at most `MAX_REDIRECTS` redirects, each one's target checked as the URL was,
+and connects only to addresses the allowlist allows.
 
 A fetch that fails, for whatever reason (no connection, an error status, a redirect
 refused, too large, not an image), is one error: the same code and message, naming the
