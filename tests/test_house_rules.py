@@ -228,6 +228,7 @@ PUBLIC = {
         "answer_only",
         "chat_images",
         "check_before_fetching",
+        "check_count",
         "check_prompt_size",
         "common",
         "embeddings_body",

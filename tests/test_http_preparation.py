@@ -124,7 +124,8 @@ def responses_attack(reasoning_items: int, last: dict[str, Any]) -> dict[str, An
 async def test_responses_input_items_are_counted_before_they_are_read(tiny_model: Path) -> None:
     """Empty reasoning items add no message, so the message limit alone never tripped, and
     naming each message's item re-read the input once per item (quadratic). Items now count
-    against --max-messages in the raw body, and within it the input is read in one pass."""
+    against --max-messages in the raw body, and within it the input is read in one pass.
+    The Messages API's messages count against it too."""
     user = {"role": "user", "content": "Hi"}
     async with (
         running_server(tiny_model, max_messages=15_000) as server,
@@ -135,6 +136,11 @@ async def test_responses_input_items_are_counted_before_they_are_read(tiny_model
         validate_error(refused.json())
         error = refused.json()["error"]
         assert (error["code"], error["param"]) == ("too_many_items", "input")
+        messages = [{"role": "user", "content": "Hi"}] * 15_001
+        anthropic = {"model": "tiny", "max_tokens": 1, "messages": messages}
+        refused = await http.post("/v1/messages", json=anthropic)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"].startswith("messages holds 15001 items")
         await victim_served(http)
 
         # Within the limit: prepared, and an error still names the item its message came from.

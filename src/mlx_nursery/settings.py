@@ -414,8 +414,8 @@ class Settings:
         default=_caps_default("max_messages"),
         validator=v.ge(1),
         metadata=_help(
-            "messages in a chat request, items in a Responses input, or messages in a "
-            "Responses conversation with its previous turns"
+            "messages in a chat or Messages request, items in a Responses input, or messages "
+            "in a Responses conversation with its previous turns"
         ),
     )
     max_tools: int = attrs.field(

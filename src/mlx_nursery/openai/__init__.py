@@ -69,7 +69,13 @@ from ._media_fetch import (
 )
 from ._media_hosts import parse_media_hosts
 from ._models import ModelCard, ModelList, card_kind, input_modalities
-from ._params import RequestCaps, ignored_hints, ignored_values, reject_unimplemented
+from ._params import (
+    RequestCaps,
+    check_count,
+    ignored_hints,
+    ignored_values,
+    reject_unimplemented,
+)
 from ._prompts import (
     ImageTaker,
     check_prompt_size,
@@ -146,6 +152,7 @@ __all__ = [
     "card_kind",
     "chat_images",
     "check_before_fetching",
+    "check_count",
     "check_prompt_size",
     "common",
     "delta_event",
