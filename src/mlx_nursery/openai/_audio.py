@@ -38,6 +38,7 @@ from ._audio_decode import (
     invalid_audio,
     read_header,
     too_long,
+    undecodable,
 )
 from ._errors import InvalidRequest, RequestTooLarge, quoted
 
@@ -193,11 +194,15 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
     if not data:
         raise invalid_audio("the audio file is empty")
     kind = sniff_format(data)
-    if kind in _NATIVE_FORMATS:
-        header = read_header(kind, data)
+    header = read_header(kind, data) if kind is not None and kind in _NATIVE_FORMATS else None
+    if header is not None:
         check_header(header, limits.max_seconds)
         samples = decode_native(data, header, limits.max_seconds)
-    elif shutil.which("ffmpeg") is None:
+    elif shutil.which("ffmpeg") is not None:  # other containers, and headers miniaudio missed
+        samples = decode_other(data, limits.max_seconds)
+    elif kind in _NATIVE_FORMATS:
+        raise undecodable()
+    else:
         named = kind or f"{quoted(upload.filename)} (an unrecognized format)"
         raise InvalidRequest(
             f"this server decodes WAV, MP3 and FLAC audio; {named} needs ffmpeg, which is "
@@ -205,8 +210,6 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
             param="file",
             code="unsupported_audio_format",
         )
-    else:
-        samples = decode_other(data, limits.max_seconds)
     samples = samples.reshape(-1)
     if samples.size == 0:
         raise invalid_audio("the audio file holds no samples")

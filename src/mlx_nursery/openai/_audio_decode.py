@@ -15,8 +15,9 @@ filter grows with those terms: an odd rate (22,051 Hz, 383,999 Hz) would build a
 millions of taps and take minutes. Those rates are resampled by miniaudio's own converter
 instead, at a cost linear in the samples.
 
-Other containers (Ogg, M4A, WebM) go to mlx-audio's reader, which runs ffmpeg when it is on
-PATH: a subprocess that ffmpeg's own resampler and the duration limit bound.
+Other containers (Ogg, M4A, WebM), and a file whose header miniaudio cannot read (an ID3
+tag before AAC), go to mlx-audio's reader, which runs ffmpeg when it is on PATH: a
+subprocess that ffmpeg's own resampler and the duration limit bound.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class AudioHeader:
     """As the header says (0: unknown, which decodes to nothing)."""
 
 
-def read_header(kind: str, data: bytes) -> AudioHeader:
-    """The header of a WAV, MP3 or FLAC file. Raises InvalidRequest (400 invalid_audio)."""
+def read_header(kind: str, data: bytes) -> AudioHeader | None:
+    """The header of a WAV, MP3 or FLAC file; None when miniaudio cannot read it (ffmpeg
+    may: an ID3 tag before AAC or FLAC looks like MP3)."""
     import miniaudio
 
     get_info = {
@@ -64,7 +66,7 @@ def read_header(kind: str, data: bytes) -> AudioHeader:
     try:
         info = get_info(data)
     except miniaudio.DecodeError:
-        raise undecodable() from None
+        return None
     return AudioHeader(rate=info.sample_rate, channels=info.nchannels, frames=info.num_frames)
 
 
