@@ -10,7 +10,7 @@ from mlx_nursery.openai import AudioLimits, AudioUpload, InvalidRequest, Request
 from mlx_nursery.openai._audio import decode_audio, sniff_format
 from mlx_nursery.openai._audio_output import srt, vtt
 
-from .speech_helpers import clip, wav_bytes
+from .speech_helpers import clip, flac_bytes, wav_bytes
 
 
 def test_stereo_at_another_rate_becomes_mono_16khz() -> None:
@@ -20,6 +20,31 @@ def test_stereo_at_another_rate_becomes_mono_16khz() -> None:
     assert samples.dtype == np.float32 and samples.ndim == 1
     # 32,000 frames at 44.1 kHz last 0.726 s: 11,610 samples at 16 kHz.
     assert abs(len(samples) - round(32_000 * 16_000 / 44_100)) <= 16
+
+
+def test_an_odd_rate_is_resampled_at_a_linear_cost() -> None:
+    """383,999 Hz reduces to 16,000/383,999: the polyphase FIR would have 49 million taps
+    (31 s for a second of audio); miniaudio's converter takes it instead."""
+    rate = 383_999
+    tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate).astype(np.float32)
+    samples = decode_audio(AudioUpload("a.wav", wav_bytes(tone, rate=rate)), AudioLimits())
+    assert samples.dtype == np.float32 and abs(len(samples) - 16_000) <= 16
+    spectrum = np.abs(np.fft.rfft(samples[:16_000]))  # 1 Hz bins
+    assert abs(int(np.argmax(spectrum)) - 440) <= 1  # the tone, at its pitch
+
+
+def test_rate_channels_and_length_are_read_from_the_header() -> None:
+    limits = AudioLimits(max_seconds=60)
+    for audio, words in (
+        (wav_bytes(clip(0.01), rate=999), "999 Hz"),
+        (flac_bytes(384_001, 1, 100), "384001 Hz"),
+        (wav_bytes(clip(0.01), channels=9), "9 channels"),
+        (flac_bytes(16_000, 1, 16_000 * 61), "longer than 60 seconds"),
+        (flac_bytes(96_000, 2, 96_000 * 31), "more samples"),  # 5.95M of 5.76M
+    ):
+        with pytest.raises(InvalidRequest, match=words):
+            decode_audio(AudioUpload("a", audio), limits)
+    assert len(decode_audio(AudioUpload("a", flac_bytes(96_000, 2, 96_000 * 29)), limits)) > 0
 
 
 def test_limits_are_checked_before_and_after_decoding() -> None:

@@ -50,8 +50,18 @@ async def test_requests_past_the_caps_are_400s_before_any_work(tiny_model: Path)
             validate_error(reply.json())
             assert reply.json()["error"]["param"] == param
         assert refusals["tools"].json()["error"]["code"] == "too_many_items"
-        assert refusals["input"].json()["error"]["code"] == "conversation_too_long"
+        assert refusals["input"].json()["error"]["code"] == "too_many_items"  # items counted
         assert prompt_tokens_seen(server) == before, "a refused request reached the engine"
+
+        # Input within the cap, but with the turns it continues past it.
+        first = await http.post(
+            "/v1/responses", json={"model": "tiny", "input": [message] * 2, "max_output_tokens": 1}
+        )
+        follow_up = {"model": "tiny", "input": "hi", "previous_response_id": first.json()["id"]}
+        longer = await http.post("/v1/responses", json=follow_up)
+        assert longer.status_code == 400
+        assert longer.json()["error"]["code"] == "conversation_too_long"
+        assert longer.json()["error"]["param"] == "previous_response_id"
 
         # At the caps, served; a request that sets no max_tokens gets at most the ceiling
         # (the tiny model never stops by itself at temperature 0).

@@ -21,7 +21,7 @@ from attrs import validators as v
 from ._units import parse_bytes, parse_seconds
 from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
 from .logs import LOG_FORMATS
-from .openai import AudioLimits, ImageLimits, RequestCaps
+from .openai import AudioLimits, ImageLimits, RequestCaps, parse_media_hosts
 from .store import StoreLimits
 
 ENV_PREFIX = "MLX_NURSERY_"
@@ -111,6 +111,13 @@ def _caps_default(name: str) -> Any:
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and value <= 0:
         raise SettingsError(f"{attribute.name} must be positive, got {value}")
+
+
+def _media_hosts(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    try:
+        parse_media_hosts(value)
+    except ValueError as exc:
+        raise SettingsError(f"{attribute.name}: {exc}") from None
 
 
 def _one_of(*choices: int) -> Callable[[object, attrs.Attribute[Any], int | None], None]:
@@ -401,6 +408,13 @@ class Settings:
         validator=v.ge(1),
         metadata=_help("largest image in pixels, checked before decoding (vision models)"),
     )
+    max_image_pixels_per_request: int = attrs.field(
+        default=_image_default("max_request_pixels"),
+        validator=v.ge(1),
+        metadata=_help(
+            "pixels of a request's images together, each checked before decoding (vision models)"
+        ),
+    )
     allowed_local_media_path: str | None = attrs.field(
         default=None,
         metadata=_help(
@@ -409,8 +423,18 @@ class Settings:
     )
     allowed_media_domains: str | None = attrs.field(
         default=None,
+        validator=_media_hosts,
         metadata=_help(
-            "comma-separated hosts whose http(s) image URLs are fetched", none="none: refused"
+            "comma-separated host or host:port entries whose http(s) image URLs are fetched "
+            "(a bare host: ports 80 and 443 only)",
+            none="none: refused",
+        ),
+    )
+    allow_private_media_addresses: bool = attrs.field(
+        default=False,
+        metadata=_help(
+            "fetch images from allowed hosts whose names resolve to private, loopback or "
+            "link-local addresses (an IP address or localhost entry allows its own anyway)"
         ),
     )
     image_fetch_timeout: float = attrs.field(
@@ -418,6 +442,20 @@ class Settings:
         validator=v.gt(0),
         metadata=_help(
             "seconds an image fetch may wait to connect or between reads", unit="seconds"
+        ),
+    )
+    max_image_fetches: int = attrs.field(
+        default=16,
+        validator=v.ge(1),
+        metadata=_help("image fetches at once, server-wide (a request's: at most 4)"),
+    )
+    max_fetched_image_bytes: int = attrs.field(
+        default=512 << 20,
+        validator=v.ge(1),
+        metadata=_help(
+            "fetched image bytes held at once, server-wide, until their requests are "
+            "prepared; past it, 503",
+            unit="bytes",
         ),
     )
     max_audio_bytes: int = attrs.field(
@@ -509,7 +547,8 @@ class Settings:
         default=_caps_default("max_messages"),
         validator=v.ge(1),
         metadata=_help(
-            "messages in a chat request, or in a Responses conversation with its previous turns"
+            "messages in a chat or Messages request, items in a Responses input, or messages "
+            "in a Responses conversation with its previous turns"
         ),
     )
     max_tools: int = attrs.field(

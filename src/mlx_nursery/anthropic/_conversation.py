@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ..openai import ImageTaker, InvalidRequest
+from ..openai import ImageRef, ImageTaker, InvalidRequest
 from ._schemas import (
     Base64Source,
     ConversationFields,
@@ -194,14 +194,16 @@ def _check_citations(block: TextBlock, where: str) -> None:
         )
 
 
-def image_urls(request: ConversationFields) -> Iterator[tuple[str, str]]:
-    """(url, param) of the request's http(s) image blocks, which the server fetches (from
-    the hosts it allows) before the request is prepared."""
+def image_urls(request: ConversationFields) -> Iterator[ImageRef]:
+    """The request's image blocks, by URL (a base64 block as a bare "data:"): the server
+    counts them, and fetches the http(s) ones from the hosts it allows, before the request
+    is prepared."""
     for i, message in enumerate(request.messages):
         for j, block in enumerate(message.content if isinstance(message.content, list) else ()):
-            source = block.source if isinstance(block, ImageBlock) else None
-            remote = isinstance(source, UrlSource) and source.url.startswith(
-                ("http://", "https://")
-            )
-            if isinstance(source, UrlSource) and remote:
-                yield source.url, f"messages[{i}].content[{j}].source.url"
+            if not isinstance(block, ImageBlock):
+                continue
+            part = f"messages[{i}].content[{j}]"
+            if isinstance(block.source, UrlSource):
+                yield ImageRef(block.source.url, part, f"{part}.source.url")
+            else:
+                yield ImageRef("data:", part, f"{part}.source.data")

@@ -25,6 +25,7 @@ from ..openai import (
     ServedModel,
     TextJsonSchemaFormat,
     answer_only,
+    check_count,
     check_prompt_size,
     common,
     ignored_hints,
@@ -171,6 +172,7 @@ def thinking_switch(
 
 
 def _render(request: ConversationFields, served: ServedModel) -> Rendered:
+    check_count(len(request.messages), served.caps.max_messages, "messages")
     thinking, thinking_ignored = thinking_switch(request, served)
     for i, tool in enumerate(request.tools or ()):
         _check_tool(tool, f"tools[{i}]")

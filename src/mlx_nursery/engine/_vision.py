@@ -19,6 +19,7 @@ kept: its placeholder ids are the same whatever the image).
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -33,15 +34,19 @@ from ._types import ImageInputs
 class VisionProcessor:
     """A VLM's processor for the request side: prompt text and decoded images in, token ids
     (one placeholder per image token) and `ImageInputs` out. NumPy and the tokenizer only:
-    call it on a worker thread, one call at a time (`prepare` is not reentrant)."""
+    call it on a worker thread. Thread-safe: its calls take turns (a lock), which also keeps
+    the processor's working copies of images (resized, as floats) to one request's at once."""
 
     def __init__(self, processor: Any, image_token_id: int) -> None:
         self._processor = processor
         self._image_token_id = image_token_id
+        self._lock = threading.Lock()
 
     def prepare(self, text: str, images: list[Any]) -> tuple[list[int], ImageInputs]:
-        """Raises ValueError (and what the processor raises) for inputs it cannot take."""
-        out = self._processor(text=[text], images=images, return_tensors="np")
+        """Raises ValueError (and what the processor raises) for inputs it cannot take.
+        Waits for another request's call to end."""
+        with self._lock:
+            out = self._processor(text=[text], images=images, return_tensors="np")
         ids = [int(t) for t in np.asarray(out["input_ids"])[0]]
         arrays = {
             key: np.asarray(value)
@@ -55,7 +60,8 @@ class VisionProcessor:
     def check_image(self, image: Any) -> None:
         """Run one image through the image processor alone: raises what `prepare` would
         raise for it (to name the image a failed `prepare` could not take)."""
-        self._processor.image_processor(images=[image], return_tensors="np")
+        with self._lock:
+            self._processor.image_processor(images=[image], return_tensors="np")
 
 
 def _digest(image: Any) -> bytes:

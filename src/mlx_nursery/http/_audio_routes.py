@@ -2,7 +2,7 @@
 (JSON, text, subtitles), or OpenAI's `transcript.text.*` SSE events.
 
 The route reads the form, leases the model it names (a speech model: a text model is a
-400), checks the form and decodes the audio on the preparation thread, and runs the
+400), checks the form and decodes the audio on a preparation thread, and runs the
 transcription as a job (`Jobs.start_transcription`) tied to the request's lifetime: a
 disconnect, the request's deadline or a shutdown stops the speech thread within a decoder
 token, as a text job's compute stops within a step.

@@ -66,12 +66,12 @@ async def create_message() -> Response:
 
     body, parsed = await service.prepare(parse, deadline)
     async with service.text_model(body, deadline) as (hosted, served):
-        served = await service.fetched(served, image_urls(parsed), deadline)
+        async with service.fetched(served, image_urls(parsed), deadline) as served:
 
-        def prepare() -> Prepared:
-            return service.with_extra_processors(prepare_messages(parsed, served), body)
+            def prepare() -> Prepared:
+                return service.with_extra_processors(prepare_messages(parsed, served), body)
 
-        prepared = await service.prepare(prepare, deadline)
+            prepared = await service.prepare(prepare, deadline)
         note_ignored(prepared)
         job = own(
             await hosted.jobs.start(
@@ -103,8 +103,10 @@ async def count_message_tokens() -> Response:
         return body, parse_count_request(body)
 
     body, parsed = await service.prepare(parse, deadline)
-    async with service.text_model(body, deadline) as (_, served):
-        served = await service.fetched(served, image_urls(parsed), deadline)
+    async with (
+        service.text_model(body, deadline) as (_, leased),
+        service.fetched(leased, image_urls(parsed), deadline) as served,
+    ):
         counted = await service.prepare(lambda: count_tokens(parsed, served), deadline)
     return Response(json.dumps(counted), content_type="application/json")
 

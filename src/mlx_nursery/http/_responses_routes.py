@@ -27,7 +27,7 @@ from ..openai import (
     parse_responses_request,
     prepare_response,
     quoted,
-    responses_image_urls,
+    responses_images,
 )
 from ..store import StoredResponse
 from ._batching import merged_text
@@ -54,7 +54,7 @@ async def create_response() -> Response:
 
     def parse() -> tuple[Any, ResponsesRequest]:
         body = parse_json(raw)
-        return body, parse_responses_request(body)
+        return body, parse_responses_request(body, max_items=service.settings.max_messages)
 
     body, parsed = await service.prepare(parse, deadline)
     owner = current_tenant().id  # read here: a stream's body runs outside the request
@@ -62,16 +62,16 @@ async def create_response() -> Response:
     if parsed.previous_response_id:
         previous = (await _stored(parsed.previous_response_id, "previous_response_id")).conversation
     async with service.text_model(body, deadline) as (hosted, served):
-        urls = responses_image_urls(parsed.input, previous)
-        served = await service.fetched(served, urls, deadline)
+        images = responses_images(parsed.input, previous)
+        async with service.fetched(served, images, deadline) as served:
 
-        def prepare() -> PreparedResponse:
-            prepared = prepare_response(parsed, served, previous)
-            return attrs.evolve(
-                prepared, prepared=service.with_extra_processors(prepared.prepared, body)
-            )
+            def prepare() -> PreparedResponse:
+                prepared = prepare_response(parsed, served, previous)
+                return attrs.evolve(
+                    prepared, prepared=service.with_extra_processors(prepared.prepared, body)
+                )
 
-        prepared = await service.prepare(prepare, deadline)
+            prepared = await service.prepare(prepare, deadline)
         truncated = (
             {TRUNCATED_HEADER: str(prepared.truncated_messages)}
             if prepared.truncated_messages

@@ -16,6 +16,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from .. import fault_points
 from ..openai import (
     Finished,
+    ImageRef,
     LogprobEntry,
     ModelList,
     OpenAIError,
@@ -26,7 +27,7 @@ from ..openai import (
     TextDelta,
     ToolCallOut,
     UnsupportedMediaType,
-    chat_image_urls,
+    chat_images,
     parse_json,
     prepare_chat,
     prepare_completion,
@@ -124,7 +125,7 @@ async def unload_model(model: str) -> dict[str, Any]:
 
 @routes.post("/v1/chat/completions")
 async def chat_completions() -> Response:
-    return await _complete(prepare_chat, chat_image_urls)
+    return await _complete(prepare_chat, chat_images)
 
 
 @routes.post("/v1/completions")
@@ -146,7 +147,7 @@ def note_ignored(prepared: Prepared, **more: str) -> None:
 
 async def _complete(
     prepare: Callable[[Any, ServedModel], Prepared],
-    image_urls: Callable[[Any], Iterable[tuple[str, str]]] | None = None,
+    images: Callable[[Any], Iterable[ImageRef]] | None = None,
 ) -> Response:
     service = _service()
     models = service.check_open()
@@ -156,21 +157,21 @@ async def _complete(
     fault = service.draw_fault()
     parsed: Any = None
     if models.only is None or (
-        image_urls is not None and service.image_limits.domains and b"http" in raw
+        images is not None and service.image_limits.hosts and b"http" in raw
     ):
         # Parsed first to know the model (a server of several), or to fetch remote images
         # in the request's scope before preparing; the common request skips the extra hop.
         parsed = await service.prepare(lambda: parse_json(raw), deadline)
     async with service.text_model(parsed, deadline) as (hosted, served):
-        if image_urls is not None and parsed is not None:
-            served = await service.fetched(served, image_urls(parsed), deadline)
+        wanted = images(parsed) if images is not None and parsed is not None else ()
+        async with service.fetched(served, wanted, deadline) as served:
 
-        def work() -> Prepared:
-            body = parse_json(raw) if parsed is None else parsed
-            trio.from_thread.check_cancelled()
-            return service.with_extra_processors(prepare(body, served), body)
+            def work() -> Prepared:
+                body = parse_json(raw) if parsed is None else parsed
+                trio.from_thread.check_cancelled()
+                return service.with_extra_processors(prepare(body, served), body)
 
-        prepared = await service.prepare(work, deadline)
+            prepared = await service.prepare(work, deadline)
         note_ignored(prepared)
         job = own(
             await hosted.jobs.start(

@@ -5,8 +5,8 @@ model: that one) load in the background: until they are ready /health answers 50
 requests get a 503, so a slow load never trips the ASGI server's startup timeout. Other
 models load when a request names them (`_registry.py`).
 
-Requests are prepared (JSON parsed, validated, chat template rendered, tokenized) on a
-worker thread, one at a time: see `Service.prepare`.
+Requests are prepared (JSON parsed, validated, chat template rendered, tokenized, media
+decoded) on worker threads, a few at a time: see `Service.prepare`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from ..openai import (
     AudioLimits,
     Grammars,
     ImageLimits,
+    ImageRef,
+    MediaFetches,
     ModelCard,
     OpenAIError,
     Prepared,
@@ -46,8 +48,10 @@ from ..openai import (
     ServedEmbedder,
     ServedModel,
     Unavailable,
+    check_before_fetching,
     fetch_images,
     longest_token_bytes,
+    parse_media_hosts,
     parse_script,
     requested_model,
     thinking_format,
@@ -79,16 +83,15 @@ log = logging.getLogger("mlx_nursery.http")
 State = Literal["loading", "ready", "draining", "failed"]
 T = TypeVar("T")
 
-PREPARE_THREADS = 1
-"""Requests prepared at once. One: a Hugging Face fast tokenizer is one Rust object, whose
-encode holds a shared borrow of it with the GIL released, and transformers resets its
-truncation/padding state (a mutable borrow) whenever a call's settings differ from the
-current ones; the two at once raise "RuntimeError: Already borrowed"
-(huggingface/tokenizers#537). Nothing on our request path changes those settings today, and
-one thread at a time rules out two encodes at once (the Trio thread only decodes single
-tokens, a shared borrow); and beside the GIL (Jinja rendering is Python) and the engine's
-thread, a second preparation would gain little on a small machine. The prompt size
-check keeps any one preparation short."""
+PREPARE_THREADS = 4
+"""Requests prepared at once, each on a thread of its own, so one slow preparation (a
+request's images or audio decoded within its limits) holds one thread, not every request's
+way in. What they share is thread-safe: the tokenizer (a Hugging Face fast tokenizer is one
+Rust object; concurrent encodes are shared borrows, and nothing on our path changes its
+truncation or padding, whose reset would be the mutable borrow that fails with "Already
+borrowed", huggingface/tokenizers#537: `_vocabulary`'s warm-up absorbs the one-time reset),
+the segment cache (a lock), the VLM processor (a lock). Why four, and what one cost:
+docs/architecture.md ("Preparation")."""
 
 
 RequestProcessors = Callable[[Any], tuple[Any, ...]]
@@ -125,6 +128,8 @@ class Service:
         """How streams batch their writes; it counts the streams open."""
         self.store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
         self._preparing = trio.CapacityLimiter(PREPARE_THREADS)
+        self.fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
+        """The server's image fetches: how many at once, the bytes they hold."""
         self.metrics = Metrics()
         self.faults = FaultInjector(
             settings.fault_rate, parse_fault(settings.fault), settings.fault_seed
@@ -139,13 +144,14 @@ class Service:
         return trio.current_time() + timeout if timeout else math.inf
 
     async def prepare(self, work: Callable[[], T], deadline: float) -> T:
-        """Run `work` (a request's parsing, validation, template and tokenizing) on a worker
-        thread, so that no request's input stalls the Trio thread: other streams and /health.
+        """Run `work` (a request's parsing, validation, template, tokenizing, media decoding)
+        on a worker thread, so that no request's input stalls the Trio thread: other streams
+        and /health.
 
-        Waits for the one preparation slot (`PREPARE_THREADS`). Raises RequestTimeout past
+        Waits (FIFO) for one of the `PREPARE_THREADS` slots. Raises RequestTimeout past
         `deadline`. Cancellation (a disconnect, the deadline) returns at once and abandons the
-        thread: it runs on to its next `trio.from_thread.check_cancelled()` or its end, and
-        holds the slot until then, so the tokenizer is never used by two threads at once.
+        thread: it runs on to its next check (`openai._checkpoint`: before each costly step)
+        or its end, and holds its slot until then.
         """
         with trio.move_on_at(deadline) as scope:
             return await trio.to_thread.run_sync(
@@ -157,22 +163,39 @@ class Service:
             code="request_timeout",
         )
 
+    @asynccontextmanager
     async def fetched(
-        self, served: ServedModel, urls: Iterable[tuple[str, str]], deadline: float
-    ) -> ServedModel:
-        """`served` with the request's allowed remote images fetched (none: `served`).
-        Raises RequestTimeout past `deadline`, InvalidRequest for a fetch that fails.
-        Cancelled with the request."""
-        wanted = list(urls)
-        if not wanted or not served.image_limits.domains:
-            return served
-        with trio.move_on_at(deadline) as scope:
-            return served.with_fetched(await fetch_images(wanted, served.image_limits))
-        assert scope.cancelled_caught
-        raise RequestTimeout(
-            f"the request did not complete within {self.settings.request_timeout:g} s",
-            code="request_timeout",
-        )
+        self, served: ServedModel, images: Iterable[ImageRef], deadline: float
+    ) -> AsyncIterator[ServedModel]:
+        """`served` with the request's remote images fetched, for the block (prepare the
+        request in it: the fetched bytes count against the server's limit until it ends).
+        With remote images to fetch, the request's images are first checked as its
+        preparation would check them (`check_before_fetching`). Raises RequestTimeout past
+        `deadline`, InvalidRequest for images refused or a fetch that fails, Overloaded past
+        the server's fetched bytes. Cancelled with the request."""
+        limits = served.image_limits
+        wanted = list(images)
+        if not limits.hosts or not any(image.remote for image in wanted):
+            yield served
+            return
+        check_before_fetching(wanted, limits, served.vision is not None)
+        hold = self.fetches.hold()
+        try:
+            with trio.move_on_at(deadline) as scope:
+                fetched = await fetch_images(wanted, limits, hold)
+            if scope.cancelled_caught:
+                raise RequestTimeout(
+                    f"the request did not complete within {self.settings.request_timeout:g} s",
+                    code="request_timeout",
+                )
+            yield served.with_fetched(fetched)
+        finally:
+            hold.release()
+
+    @property
+    def preparing(self) -> int:
+        """Preparation threads busy now, abandoned ones included (tests, statistics)."""
+        return int(self._preparing.borrowed_tokens)
 
     def draw_fault(self) -> Fault | None:
         """This generation request's injected fault (`--fault-rate`), if any; a status fault
@@ -469,13 +492,11 @@ def image_limits(settings: Settings) -> ImageLimits:
         max_bytes=settings.max_image_bytes,
         max_images=settings.max_images_per_request,
         max_pixels=settings.max_image_pixels,
+        max_request_pixels=settings.max_image_pixels_per_request,
         local_path=(
             Path(settings.allowed_local_media_path) if settings.allowed_local_media_path else None
         ),
-        domains=frozenset(
-            d.strip().lower()
-            for d in (settings.allowed_media_domains or "").split(",")
-            if d.strip()
-        ),
+        hosts=parse_media_hosts(settings.allowed_media_domains),
+        allow_private=settings.allow_private_media_addresses,
         fetch_timeout=settings.image_fetch_timeout,
     )

@@ -59,9 +59,23 @@ from ._generation import Admitted, Finished, Output, ReasoningDelta, TextDelta, 
 from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
-from ._media_fetch import chat_image_urls, fetch_images, responses_image_urls
+from ._media_fetch import (
+    ImageRef,
+    MediaFetches,
+    chat_images,
+    check_before_fetching,
+    fetch_images,
+    responses_images,
+)
+from ._media_hosts import parse_media_hosts
 from ._models import ModelCard, ModelList, card_kind, input_modalities
-from ._params import RequestCaps, ignored_hints, ignored_values, reject_unimplemented
+from ._params import (
+    RequestCaps,
+    check_count,
+    ignored_hints,
+    ignored_values,
+    reject_unimplemented,
+)
 from ._prompts import (
     ImageTaker,
     check_prompt_size,
@@ -100,9 +114,11 @@ __all__ = [
     "Grammars",
     "HeadersTooLarge",
     "ImageLimits",
+    "ImageRef",
     "ImageTaker",
     "InvalidRequest",
     "LogprobEntry",
+    "MediaFetches",
     "ModelCard",
     "ModelList",
     "ModelNotFound",
@@ -135,7 +151,9 @@ __all__ = [
     "UnsupportedMediaType",
     "answer_only",
     "card_kind",
-    "chat_image_urls",
+    "chat_images",
+    "check_before_fetching",
+    "check_count",
     "check_prompt_size",
     "common",
     "delta_event",
@@ -151,6 +169,7 @@ __all__ = [
     "longest_token_bytes",
     "offered_tools",
     "parse_json",
+    "parse_media_hosts",
     "parse_responses_request",
     "parse_script",
     "prepare_chat",
@@ -164,7 +183,7 @@ __all__ = [
     "reject_unimplemented",
     "render_served_template",
     "requested_model",
-    "responses_image_urls",
+    "responses_images",
     "run_embeddings",
     "speech_model_name",
     "structure",

@@ -6,15 +6,15 @@ OpenAI has and this server does not implement (`include`, `chunking_strategy`,
 speaker references, `languages`, `keywords`) are 400 `unsupported_parameter`, unknown ones
 400 "Unrecognized request argument", as the JSON APIs answer.
 
-Audio is decoded by mlx-audio's reader (miniaudio: WAV, MP3, FLAC, with no ffmpeg; other
-containers through ffmpeg when it is on PATH), mixed to mono and resampled to 16 kHz,
-within the size and duration limits. Bad or empty audio is a 400, never a 500.
-No MLX here: this runs on the preparation thread.
+Audio is decoded by miniaudio (WAV, MP3, FLAC, with no ffmpeg; other containers through
+mlx-audio's reader and ffmpeg when it is on PATH), mixed to mono and resampled to 16 kHz,
+within the size, rate, channel and duration limits, checked from the header before
+decoding (`_audio_decode`). Bad or empty audio is a 400, never a 500.
+No MLX here: this runs on a preparation thread.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import shutil
 from collections.abc import Mapping
@@ -30,6 +30,15 @@ from ..engine import (
     SpeechModelInfo,
     SpeechTask,
     TranscriptionRequest,
+)
+from ._audio_decode import (
+    check_header,
+    decode_native,
+    decode_other,
+    invalid_audio,
+    read_header,
+    too_long,
+    undecodable,
 )
 from ._errors import InvalidRequest, RequestTooLarge, quoted
 
@@ -170,8 +179,10 @@ def prepare_speech(
 
 def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.float32]:
     """The upload's samples: mono, 16 kHz, float32. Raises RequestTooLarge past the size
-    limit, InvalidRequest for empty, undecodable or too long audio, or a container this
-    machine cannot decode (no ffmpeg)."""
+    limit, InvalidRequest for empty, undecodable or too long audio, audio past the rate,
+    channel or sample limits (read from its header, before decoding: `_audio_decode`), or a
+    container this machine cannot decode (no ffmpeg). Cancellable between seconds of audio
+    (`_checkpoint`)."""
     data = upload.data
     if len(data) > limits.max_bytes:
         raise RequestTooLarge(
@@ -181,46 +192,35 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
             code="audio_too_large",
         )
     if not data:
-        raise _invalid_audio("the audio file is empty")
+        raise invalid_audio("the audio file is empty")
     kind = sniff_format(data)
-    if kind not in _NATIVE_FORMATS and shutil.which("ffmpeg") is None:
-        if kind is None:  # a picture or a text named .wav: no decoder would take it
-            raise _invalid_audio(
-                f"the file {quoted(upload.filename)} is not audio this server can read: its "
-                "content is none of WAV, MP3, FLAC (nor Ogg, M4A, WebM, with ffmpeg)"
-            )
+    if kind is None:  # a picture or a text named .wav: no decoder would take it
+        raise invalid_audio(
+            f"the file {quoted(upload.filename)} is not audio this server can read: its "
+            "content is none of WAV, MP3, FLAC (nor Ogg, M4A, WebM, with ffmpeg)"
+        )
+    header = read_header(kind, data) if kind in _NATIVE_FORMATS else None
+    if header is not None:
+        check_header(header, limits.max_seconds)
+        samples = decode_native(data, header, limits.max_seconds)
+    elif shutil.which("ffmpeg") is not None:  # other containers, and headers miniaudio missed
+        samples = decode_other(data, limits.max_seconds)
+    elif kind in _NATIVE_FORMATS:
+        raise undecodable()
+    else:
         raise InvalidRequest(
             f"this server decodes WAV, MP3 and FLAC audio; {kind} audio needs ffmpeg, which "
             "is not installed here",
             param="file",
             code="unsupported_audio_format",
         )
-    from mlx_audio.audio_io import read
-
-    try:
-        samples, _ = read(
-            io.BytesIO(data),
-            dtype="float32",
-            sample_rate=SAMPLE_RATE,
-            nchannels=1,
-            duration=limits.max_seconds + 1,
-        )
-    except Exception as exc:  # any decoder failure (miniaudio, ffmpeg, format) is the file's
-        raise _invalid_audio(
-            "the audio file could not be decoded (corrupt or unsupported)"
-        ) from exc
-    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    samples = samples.reshape(-1)
     if samples.size == 0:
-        raise _invalid_audio("the audio file holds no samples")
+        raise invalid_audio("the audio file holds no samples")
     if not np.isfinite(samples).all():
-        raise _invalid_audio("the audio file decodes to samples that are not finite")
+        raise invalid_audio("the audio file decodes to samples that are not finite")
     if samples.size / SAMPLE_RATE > limits.max_seconds:
-        raise InvalidRequest(
-            f"the audio is longer than {limits.max_seconds:g} seconds, this server's limit "
-            "(--max-audio-seconds)",
-            param="file",
-            code="audio_too_long",
-        )
+        raise too_long(limits.max_seconds)
     return samples
 
 
@@ -250,10 +250,6 @@ def sniff_format(data: bytes) -> str | None:
     if head[:4] == b"\x1a\x45\xdf\xa3":
         return "webm"
     return None
-
-
-def _invalid_audio(message: str) -> InvalidRequest:
-    return InvalidRequest(message, param="file", code="invalid_audio")
 
 
 def _check_names(task: SpeechTask, fields: Mapping[str, list[str]]) -> None:

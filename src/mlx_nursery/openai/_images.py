@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 import urllib.parse
 import warnings
 from collections.abc import Mapping
@@ -27,6 +28,9 @@ import attrs
 from PIL import Image
 
 from ._errors import InvalidRequest, shortened
+from ._media_hosts import MediaHost, fetch_failed, not_allowed, shown
+
+log = logging.getLogger("mlx_nursery.openai")
 
 FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
 
@@ -37,12 +41,19 @@ class ImageLimits:
     """Of one image's encoded file."""
     max_images: int = 16
     """Per request, all messages together."""
-    max_pixels: int = 40_000_000
-    """Of one decoded image (width x height)."""
+    max_pixels: int = 1 << 24
+    """Of one decoded image (width x height): 4096 x 4096, a little above the most that
+    common VLM processors keep (Qwen2-VL's 12.8 MP; larger images are scaled down to it)."""
+    max_request_pixels: int = 1 << 25
+    """Of a request's images together: two images at `max_pixels`, or sixteen of 2 MP. A
+    decoded image is 3 bytes a pixel, and the processor's float copy of it 12 more."""
     local_path: Path | None = None
     """The directory `file://` URLs may name files under; None refuses them."""
-    domains: frozenset[str] = frozenset()
-    """Hosts whose http(s) image URLs are fetched (`_media_fetch`); none by default."""
+    hosts: tuple[MediaHost, ...] = ()
+    """Hosts (and ports) whose http(s) image URLs are fetched (`_media_fetch`); none by
+    default."""
+    allow_private: bool = False
+    """Fetch from non-global addresses too (`_media_hosts`)."""
     fetch_timeout: float = 5.0
     """Seconds a fetch may take to connect, and between reads."""
     fetched: Mapping[str, bytes] = attrs.field(factory=dict)
@@ -57,10 +68,11 @@ def too_many_images(count: int, limits: ImageLimits, param: str) -> InvalidReque
     )
 
 
-def load_image(url: Any, limits: ImageLimits, param: str) -> Image.Image:
-    """Decode the image at `url` (a data: or an allowed file: URL) as RGB. Raises
-    InvalidRequest (400) naming `param` for anything it does not take. Blocking: call it on
-    a worker thread."""
+def load_image(url: Any, limits: ImageLimits, param: str, pixels_left: int) -> Image.Image:
+    """Decode the image at `url` (a data: or an allowed file: URL, or one fetched) as RGB,
+    if it has at most `pixels_left` pixels (what the request's other images left of
+    `max_request_pixels`). Raises InvalidRequest (400) naming `param` for anything it does
+    not take. Blocking: call it on a worker thread."""
     if not isinstance(url, str) or not url:
         raise InvalidRequest("an image part needs its URL", param=param, code="invalid_image")
     if url.startswith("data:"):
@@ -68,21 +80,20 @@ def load_image(url: Any, limits: ImageLimits, param: str) -> Image.Image:
     elif url.startswith("file:"):
         data = _local_file_bytes(url, limits, param)
     elif url in limits.fetched:
-        data = limits.fetched[url]
+        try:
+            return _decode(limits.fetched[url], limits, param, pixels_left)
+        except InvalidRequest as exc:  # as any failed fetch: the reason goes to the log
+            log.info("fetched image refused: %s: %s", shown(url), exc.message)
+            raise fetch_failed(param) from None
     elif url.startswith(("http://", "https://")):
-        raise InvalidRequest(
-            "image URLs over http(s) are fetched only from the hosts listed in "
-            "--allowed-media-domains; send the image as a data: URL (base64)",
-            param=param,
-            code="invalid_image",
-        )
+        raise not_allowed(param)
     else:
         raise InvalidRequest(
             f"unsupported image URL {shortened(url, 40)!r}: use a data: URL",
             param=param,
             code="invalid_image",
         )
-    return _decode(data, limits, param)
+    return _decode(data, limits, param, pixels_left)
 
 
 def _data_url_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
@@ -134,7 +145,7 @@ def _local_file_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
     return path.read_bytes()
 
 
-def _decode(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
+def _decode(data: bytes, limits: ImageLimits, param: str, pixels_left: int) -> Image.Image:
     if len(data) > limits.max_bytes:
         raise too_large(len(data), limits, param)
     try:
@@ -145,7 +156,16 @@ def _decode(data: bytes, limits: ImageLimits, param: str) -> Image.Image:
             if width * height > limits.max_pixels:
                 raise InvalidRequest(
                     f"the image has {width}x{height} pixels; this server takes at most "
-                    f"{limits.max_pixels} per image",
+                    f"{limits.max_pixels} per image (--max-image-pixels)",
+                    param=param,
+                    code="image_too_large",
+                )
+            if width * height > pixels_left:
+                raise InvalidRequest(
+                    f"the image has {width}x{height} pixels, more than the "
+                    f"{max(pixels_left, 0)} the request's other images left of this server's "
+                    f"{limits.max_request_pixels} per request "
+                    "(--max-image-pixels-per-request)",
                     param=param,
                     code="image_too_large",
                 )

@@ -1,139 +1,265 @@
-"""Fetching images named by http(s) URL, for hosts the server allows (`--allowed-media-domains`).
+"""Fetching images named by http(s) URL, from the hosts the server allows (`_media_hosts`).
 
-Fetched on the Trio thread, before the request is prepared, all of a request's images at
-once and inside the request's scope: a disconnect or the request's deadline cancels the
-fetch like any other part of the request. Each fetch has a timeout, a byte cap (read no
-further than the limit) and follows redirects only within the same host; anything else
-is a 400 naming the part. The prepared request then decodes the fetched bytes as it does a
-data: URL's (`_images.load_image`).
+Before anything is fetched, the request's images are checked as its preparation would: a
+model that takes no images refuses them, the image count (all sources together) is
+checked, and every remote URL must be allowed; so a refused request costs no fetch.
+
+Then its remote images are fetched on the Trio thread, inside the request's scope (a
+disconnect or the deadline cancels them), at most `PER_REQUEST` at once and, server-wide,
+at most `--max-image-fetches`, their bytes counted against `--max-fetched-image-bytes`
+until the request is prepared (past it: a 503, `MediaFetches`). Each fetch has a timeout,
+a byte cap, at most `MAX_REDIRECTS` redirects, each one's target checked as the URL was,
+and connects only to addresses the allowlist allows.
+
+A fetch that fails, for whatever reason (no connection, an error status, a redirect
+refused, too large, not an image), is one error: the same code and message, naming the
+part. Anything more would tell a client what answers where inside the server's network.
+The server's log says what failed, with the URL cut before its query.
 """
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import httpx
+import attrs
+import httpcore
 import trio
 
-from ._errors import InvalidRequest
-from ._images import ImageLimits, too_large
+from ._errors import InvalidRequest, Overloaded
+from ._images import ImageLimits, too_many_images
+from ._media_hosts import (
+    AddressRefused,
+    GuardedBackend,
+    allowed_entry,
+    fetch_failed,
+    not_allowed,
+    shown,
+)
+
+log = logging.getLogger("mlx_nursery.openai")
 
 MAX_REDIRECTS = 3
+PER_REQUEST = 4
+"""One request's fetches at once: a request of many slow images holds this many of the
+server's `max_fetches`, not all of them."""
 
 
-def is_remote(url: Any) -> bool:
-    return isinstance(url, str) and url.startswith(("http://", "https://"))
+@attrs.frozen
+class ImageRef:
+    """An image part of a request: its URL, the part and the URL as errors name them."""
+
+    url: str
+    part: str
+    url_param: str
+
+    @property
+    def remote(self) -> bool:
+        return self.url.startswith(("http://", "https://"))
 
 
-def host_allowed(url: str, limits: ImageLimits) -> bool:
-    host = urllib.parse.urlsplit(url).hostname
-    return host is not None and host.lower() in limits.domains
-
-
-def chat_image_urls(body: Any) -> Iterator[tuple[str, str]]:
-    """(url, param) of the http(s) image parts of a raw chat request body (anything not
-    shaped as one is left to the request's validation)."""
+def chat_images(body: Any) -> Iterator[ImageRef]:
+    """The image parts of a raw chat request body (anything not shaped as one is left to
+    the request's validation)."""
     messages = body.get("messages") if isinstance(body, dict) else None
-    for i, j, url in _remote_parts(messages):
-        yield url, f"messages[{i}].content[{j}].image_url.url"
+    for i, j, url in _image_parts(messages):
+        yield ImageRef(
+            url, f"messages[{i}].content[{j}]", f"messages[{i}].content[{j}].image_url.url"
+        )
 
 
-def conversation_image_urls(messages: Any, where: str) -> Iterator[tuple[str, str]]:
-    """(url, param) of the http(s) images of chat-shaped messages (a stored conversation)."""
-    for _, _, url in _remote_parts(messages):
-        yield url, where
+def conversation_images(messages: Any, where: str) -> Iterator[ImageRef]:
+    """The image parts of chat-shaped messages (a stored conversation), all named `where`."""
+    for _, _, url in _image_parts(messages):
+        yield ImageRef(url, where, where)
 
 
-def _remote_parts(messages: Any) -> Iterator[tuple[int, int, str]]:
-    """(message index, part index, url) of the http(s) image parts of chat-shaped messages,
-    JSON as sent or stored; anything else is passed over."""
+def _image_parts(messages: Any) -> Iterator[tuple[int, int, str]]:
+    """(message index, part index, url) of the image parts of chat-shaped messages, JSON as
+    sent or stored; anything else is passed over."""
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
             source = part.get("image_url") if isinstance(part, dict) else None
             url = source.get("url") if isinstance(source, dict) else source
-            if isinstance(url, str) and is_remote(url):
+            if isinstance(url, str):
                 yield i, j, url
 
 
-def responses_image_urls(
-    items: Any, previous: list[dict[str, Any]] | None
-) -> Iterator[tuple[str, str]]:
-    """(url, param) of the http(s) images of a Responses request's typed input, then of the
-    stored conversation it continues."""
+def responses_images(items: Any, previous: list[dict[str, Any]] | None) -> Iterator[ImageRef]:
+    """The image parts of a Responses request's typed input, then of the stored
+    conversation it continues."""
     for i, item in enumerate(items if isinstance(items, list) else ()):
         content = getattr(item, "content", None)
         for j, part in enumerate(content if isinstance(content, list) else ()):
             url = getattr(part, "image_url", None)
-            image = getattr(part, "type", None) == "input_image"
-            if image and isinstance(url, str) and is_remote(url):
-                yield url, f"input[{i}].content[{j}].image_url"
-    yield from conversation_image_urls(previous or [], "previous_response_id")
+            if getattr(part, "type", None) == "input_image" and isinstance(url, str):
+                part_param = f"input[{i}].content[{j}]"
+                yield ImageRef(url, part_param, f"{part_param}.image_url")
+    yield from conversation_images(previous or [], "previous_response_id")
 
 
-async def fetch_images(urls: list[tuple[str, str]], limits: ImageLimits) -> Mapping[str, bytes]:
-    """Fetch every allowed http(s) URL at once; URLs of hosts not allowed are left out (the
-    request's preparation refuses them by name). Raises InvalidRequest naming the part of
-    the first fetch that fails. Cancelled with the calling task (its scope is the request's)."""
-    wanted = {url: param for url, param in urls if host_allowed(url, limits)}
+def check_before_fetching(images: list[ImageRef], limits: ImageLimits, vision: bool) -> None:
+    """Refuse, as the request's preparation would, what would make fetching pointless: any
+    image for a model that takes none, more images than the limit, a remote URL of a host
+    not allowed. Raises InvalidRequest naming the part."""
+    if images and not vision:
+        raise InvalidRequest(
+            "this model does not take images (text only)",
+            param=f"{images[0].part}.type",
+            code="unsupported_content",
+        )
+    if len(images) > limits.max_images:
+        raise too_many_images(len(images), limits, images[limits.max_images].part)
+    for image in images:
+        if image.remote and allowed_entry(image.url, limits.hosts) is None:
+            raise not_allowed(image.url_param)
+
+
+class MediaFetches:
+    """The server's fetches together: at most `max_fetches` at once (FIFO, cancellable),
+    holding at most `max_bytes` of fetched bytes until their requests are prepared."""
+
+    def __init__(self, max_fetches: int, max_bytes: int) -> None:
+        self.limiter = trio.CapacityLimiter(max_fetches)
+        self.max_bytes = max_bytes
+        self.held = 0
+        """Fetched bytes held now."""
+        self.peak = 0
+        """The most ever held at once (statistics, tests)."""
+
+    def take(self, size: int) -> None:
+        """Count `size` more bytes. Raises Overloaded (503, Retry-After) past `max_bytes`."""
+        if self.held + size > self.max_bytes:
+            raise Overloaded(
+                "the server holds as many fetched images as it may (--max-fetched-image-"
+                "bytes); retry shortly, or send the image as a data: URL",
+                code="server_overloaded",
+            )
+        self.held += size
+        self.peak = max(self.peak, self.held)
+
+    def hold(self) -> FetchHold:
+        """A request's share: the bytes its fetches take, until `FetchHold.release`."""
+        return FetchHold(self)
+
+
+@attrs.define
+class FetchHold:
+    """One request's share of `MediaFetches`: the bytes its fetches took."""
+
+    fetches: MediaFetches
+    size: int = 0
+
+    def take(self, size: int) -> None:
+        self.fetches.take(size)
+        self.size += size
+
+    def release(self) -> None:
+        """Give the bytes back (the request was prepared, or failed). Idempotent."""
+        self.fetches.held -= self.size
+        self.size = 0
+
+
+async def fetch_images(
+    images: Iterable[ImageRef], limits: ImageLimits, hold: FetchHold
+) -> Mapping[str, bytes]:
+    """The remote images of `images` (already checked: `check_before_fetching`), by URL,
+    their bytes counted in `hold`. Raises InvalidRequest (`fetch_failed`) naming the part
+    of the first fetch that fails, Overloaded past the server's byte limit. Cancelled with
+    the calling task (its scope is the request's); what was fetched stays in `hold`."""
+    wanted = {image.url: image.url_param for image in images if image.remote}
     fetched: dict[str, bytes] = {}
-    if not wanted:
-        return fetched
-    timeout = httpx.Timeout(limits.fetch_timeout)
+    if wanted:
+        await _fetch_all(wanted, limits, hold, fetched)
+    return fetched
+
+
+async def _fetch_all(
+    wanted: dict[str, str], limits: ImageLimits, held: FetchHold, out: dict[str, bytes]
+) -> None:
+    backend = GuardedBackend(limits.hosts, limits.allow_private)
+    mine = trio.CapacityLimiter(PER_REQUEST)
     try:
         async with (
-            httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
+            httpcore.AsyncConnectionPool(network_backend=backend, retries=0) as pool,
             trio.open_nursery() as nursery,
         ):
             for url, param in wanted.items():
-                nursery.start_soon(_fetch_into, client, url, param, limits, fetched)
+                nursery.start_soon(_fetch_one, pool, url, param, limits, held, mine, out)
     except BaseExceptionGroup as group:
-        refusals, rest = group.split(InvalidRequest)
+        refusals, rest = group.split((InvalidRequest, Overloaded))
         if rest is not None or refusals is None:
             raise
         first: BaseException = refusals
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise first from None
-    return fetched
 
 
-async def _fetch_into(
-    client: httpx.AsyncClient, url: str, param: str, limits: ImageLimits, out: dict[str, bytes]
+async def _fetch_one(
+    pool: httpcore.AsyncConnectionPool,
+    url: str,
+    param: str,
+    limits: ImageLimits,
+    held: FetchHold,
+    mine: trio.CapacityLimiter,
+    out: dict[str, bytes],
 ) -> None:
-    host = urllib.parse.urlsplit(url).hostname
+    async with mine, held.fetches.limiter:
+        try:
+            out[url] = await _download(pool, url, limits, held)
+        except _Failed as failure:
+            log.info("image fetch failed: %s: %s", shown(url), failure)
+            raise fetch_failed(param) from None
+
+
+class _Failed(Exception):
+    """Why a fetch failed: for the log only."""
+
+
+async def _download(
+    pool: httpcore.AsyncConnectionPool, url: str, limits: ImageLimits, held: FetchHold
+) -> bytes:
+    timeout = limits.fetch_timeout
+    extensions: dict[str, Any] = {
+        "timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)
+    }
     target = url
     try:
         for _ in range(MAX_REDIRECTS + 1):
-            async with client.stream("GET", target) as response:
-                if response.is_redirect:
-                    location = response.headers.get("location", "")
+            async with pool.stream("GET", target, extensions=extensions) as response:
+                if response.status in (301, 302, 303, 307, 308):
+                    location = _header(response, b"location")
                     target = urllib.parse.urljoin(target, location)
-                    if urllib.parse.urlsplit(target).hostname != host or not is_remote(target):
-                        raise _failed(param, "it redirects to another host")
+                    if allowed_entry(target, limits.hosts) is None:
+                        raise _Failed(f"a redirect to {shown(target)}, not allowed")
                     continue
-                if response.status_code != 200:
-                    raise _failed(param, f"HTTP {response.status_code}")
-                declared = response.headers.get("content-length")
-                if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-                    raise too_large(int(declared), limits, param)
+                if response.status != 200:
+                    raise _Failed(f"HTTP {response.status}")
+                declared = _header(response, b"content-length")
+                if declared.isdigit() and int(declared) > limits.max_bytes:
+                    raise _Failed(f"{declared} bytes, past the limit")
                 data = bytearray()
-                async for chunk in response.aiter_bytes():
+                async for chunk in response.aiter_stream():
+                    if len(data) + len(chunk) > limits.max_bytes:
+                        raise _Failed("past the byte limit")
+                    held.take(len(chunk))
                     data += chunk
-                    if len(data) > limits.max_bytes:
-                        raise too_large(len(data), limits, param)
-                out[url] = bytes(data)
-                return
-        raise _failed(param, "too many redirects")
-    except httpx.TimeoutException:
-        raise _failed(param, f"no answer within {limits.fetch_timeout:g} s") from None
-    except httpx.HTTPError as exc:
-        raise _failed(param, type(exc).__name__) from None
+                return bytes(data)
+        raise _Failed("too many redirects")
+    except AddressRefused as exc:
+        raise _Failed(str(exc)) from None
+    except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
+        raise _Failed(f"{type(exc).__name__}: {exc}") from None
+    except (httpcore.UnsupportedProtocol, ValueError) as exc:  # a URL httpcore cannot take
+        raise _Failed(f"{type(exc).__name__}: {exc}") from None
 
 
-def _failed(param: str, why: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"the image could not be fetched: {why}", param=param, code="invalid_image"
-    )
+def _header(response: httpcore.Response, name: bytes) -> str:
+    for key, value in response.headers:
+        if key.lower() == name:
+            return value.decode("latin-1").strip()
+    return ""

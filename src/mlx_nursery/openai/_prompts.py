@@ -18,6 +18,7 @@ import jinja2
 from .. import fault_points
 from ..engine import ImageInputs, VisionProcessor
 from ._chat import ChatMessage
+from ._checkpoint import checkpoint
 from ._completions import CompletionRequest
 from ._errors import InvalidRequest, quoted, shortened
 from ._images import ImageLimits, load_image, too_many_images
@@ -245,6 +246,8 @@ class ImageTaker:
     images: list[Any] = attrs.Factory(list)
     params: list[str] = attrs.Factory(list)
     """Each image's part, as errors name it."""
+    pixels: int = 0
+    """The images' pixels so far (`ImageLimits.max_request_pixels` bounds them)."""
 
     def take(self, part: Any, param: str) -> dict[str, str]:
         """An image part (`part.image_url`: a URL, or chat's `{"url"}`) of part `param`."""
@@ -263,7 +266,11 @@ class ImageTaker:
             )
         if len(self.images) >= self.limits.max_images:
             raise too_many_images(len(self.images) + 1, self.limits, param)
-        self.images.append(load_image(url, self.limits, url_param))
+        checkpoint()  # each decoding is a costly step
+        pixels_left = self.limits.max_request_pixels - self.pixels
+        image = load_image(url, self.limits, url_param, pixels_left)
+        self.pixels += image.width * image.height
+        self.images.append(image)
         self.params.append(param)
         return {"type": "image"}
 

@@ -15,6 +15,7 @@ import attrs
 from . import _params as params
 from ._chat import ChatMessage
 from ._chat_endpoint import CHAT
+from ._checkpoint import checkpoint
 from ._converter import structure
 from ._endpoints import (
     Prepared,
@@ -31,7 +32,7 @@ from ._endpoints import (
 from ._errors import InvalidRequest, quoted
 from ._prompts import check_prompt_size, prompt_texts, render_served
 from ._reasoning import switchable, thinking_switch
-from ._responses_items import input_items, item_id, to_messages
+from ._responses_items import input_items, item_id, messages_and_origins
 from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
 from ._scripts import last_user_text
 from ._served import ServedModel
@@ -60,7 +61,11 @@ _HINTS: dict[str, object] = {
 _THINKING_HINTS = {k: v for k, v in _HINTS.items() if k != "reasoning"}
 
 
-def parse_request(body: Any) -> ResponsesRequest:
+def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
+    """The request, checked. `input` may hold at most `max_items` items (`--max-messages`),
+    counted before anything is built from them."""
+    given = body.get("input") if isinstance(body, dict) else None
+    params.check_count(len(given) if isinstance(given, list) else 0, max_items, "input")
     request = structure(body, ResponsesRequest)
     params.reject_unimplemented(request, _UNIMPLEMENTED)
     for i, included in enumerate(request.include or []):
@@ -124,8 +129,8 @@ def prepare_response(
     effort = _effort(request, served)
     thinking = thinking_switch(served.thinking, effort, "reasoning.effort")
     items = input_items(request.input)
-    thinks = served.thinking is not None
-    conversation = [*(previous or []), *to_messages(items, thinking=thinks)]
+    turn, sources = messages_and_origins(items, thinking=served.thinking is not None)
+    conversation = [*(previous or []), *turn]
     limit = served.caps.max_messages
     if len(conversation) > limit:
         raise InvalidRequest(
@@ -151,7 +156,11 @@ def prepare_response(
             served, messages, len(system), tools, request.max_output_tokens
         )
     check_prompt_size(served, prompt_texts(messages, tools), "input")
-    origins = _origins(len(system), len(previous or []), items, thinks)
+    origins = [
+        *(["instructions"] * len(system)),
+        *(["previous_response_id"] * len(previous or [])),
+        *(f"input[{k}]" for k in sources),
+    ]
 
     def where(index: int) -> str:  # a message of the (possibly truncated) prompt -> the request
         return origins[index if index < len(system) else index + dropped]
@@ -251,18 +260,6 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
     return (*ignored, *params.ignored_values(given, strict=served.strict_params))
 
 
-def _origins(
-    instructions: int, previous: int, items: list[dict[str, Any]], thinking: bool
-) -> list[str]:
-    """What each chat message of the prompt came from, as an error names it: the
-    instructions, an earlier turn (`previous_response_id`), or this turn's `input[k]`."""
-    origins = ["instructions"] * instructions + ["previous_response_id"] * previous
-    for k in range(len(items)):
-        turn = len(to_messages(items[: k + 1], thinking=thinking))  # this turn's messages so far
-        origins += [f"input[{k}]"] * (instructions + previous + turn - len(origins))
-    return origins
-
-
 def _truncated(
     served: ServedModel,
     messages: list[ChatMessage],
@@ -282,6 +279,7 @@ def _truncated(
     ]
 
     def fits(drop: int) -> bool:
+        checkpoint()  # each try renders the conversation again
         kept = messages[:keep] + messages[starts[drop] :]
         texts = sum(len(t.encode("utf-8")) for t in prompt_texts(kept, tools))
         if served.max_token_bytes and texts > served.context_length * served.max_token_bytes:

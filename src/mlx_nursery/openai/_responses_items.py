@@ -136,40 +136,53 @@ def to_messages(items: list[dict[str, Any]], *, thinking: bool = False) -> list[
     `reasoning_content` of the assistant turn it precedes (the message or calls that follow
     join it), which a thinking template renders where its model expects it; for other
     models, an assistant message of its text."""
+    return messages_and_origins(items, thinking=thinking)[0]
+
+
+def messages_and_origins(
+    items: list[dict[str, Any]], *, thinking: bool = False
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """`to_messages`, and for each message the index of the item that started it (errors
+    name a message by the item it came from). One pass over the items."""
     messages: list[dict[str, Any]] = []
-    for item in items:
-        kind = item["type"]
-        last = messages[-1] if messages else None
-        if kind == "message":
-            role = "system" if item["role"] == "developer" else item["role"]
-            content = _chat_content(item["content"])
-            if role == "assistant" and last is not None and _only_reasoning(last):
-                last["content"] = content
-            else:
-                messages.append({"role": role, "content": content})
-        elif kind == "reasoning":
-            text = "".join(
-                p.get("text", "") for p in item.get("summary", []) + item.get("content", [])
-            )
-            if text and thinking:
-                messages.append({"role": "assistant", "content": None, "reasoning_content": text})
-            elif text:
-                messages.append({"role": "assistant", "content": text})
-        elif kind == "function_call":
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
-            }
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    origins: list[int] = []
+    for k, item in enumerate(items):
+        _add_item(messages, item, thinking=thinking)
+        origins += [k] * (len(messages) - len(origins))
+    return messages, origins
+
+
+def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], *, thinking: bool) -> None:
+    """Append the message `item` starts, or join it to the last message."""
+    kind = item["type"]
+    last = messages[-1] if messages else None
+    if kind == "message":
+        role = "system" if item["role"] == "developer" else item["role"]
+        content = _chat_content(item["content"])
+        if role == "assistant" and last is not None and _only_reasoning(last):
+            last["content"] = content
         else:
-            messages.append(
-                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
-            )
-    return messages
+            messages.append({"role": role, "content": content})
+    elif kind == "reasoning":
+        text = "".join(p.get("text", "") for p in item.get("summary", []) + item.get("content", []))
+        if text and thinking:
+            messages.append({"role": "assistant", "content": None, "reasoning_content": text})
+        elif text:
+            messages.append({"role": "assistant", "content": text})
+    elif kind == "function_call":
+        call = {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    else:
+        messages.append(
+            {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+        )
 
 
 def _only_reasoning(message: dict[str, Any]) -> bool:

@@ -1,11 +1,11 @@
 """Tokenizing rendered prompts a segment at a time, keeping the long segments seen before.
 
-Agent clients send the whole conversation every turn, and the preparation thread tokenized
-all of it every time, on the one thread that prepares every request (what a long shared
-prefix cost, and costs now: `bench/tokenizing.py`, docs/benchmarks.md). A fast tokenizer
-cuts text at its added tokens (`<|im_start|>`, `<|im_end|>`, ...) before anything else and
-tokenizes each piece between them on its own; so the ids of a long piece (a system prompt,
-a message, a tool schema) are the same wherever it appears, and can be kept.
+Agent clients send the whole conversation every turn, and preparation tokenized all of it
+every time (what a long shared prefix cost, and costs now: `bench/tokenizing.py`,
+docs/benchmarks.md). A fast tokenizer cuts text at its added tokens (`<|im_start|>`,
+`<|im_end|>`, ...) before anything else and tokenizes each piece between them on its own; so
+the ids of a long piece (a system prompt, a message, a tool schema) are the same wherever it
+appears, and can be kept.
 
 That holds only for tokenizers that treat each piece alike: no added token that strips or
 matches the whitespace around it, no pre-tokenizer that marks only the first piece (a
@@ -16,6 +16,7 @@ on sample text and turns itself off (whole-text encoding) unless it gives the sa
 from __future__ import annotations
 
 import re
+import threading
 from array import array
 from collections import OrderedDict
 from typing import Any
@@ -39,14 +40,16 @@ _CHECK_TEXTS = (
 
 class SegmentEncoder:
     """`encode(text)` as `tokenizer.encode(text, add_special_tokens=False)`, from cached
-    pieces where it can (see the module docstring). One thread at a time (the preparation
-    thread): not reentrant."""
+    pieces where it can (see the module docstring). Thread-safe: the preparation threads
+    share it (a lock guards the cache; encodes run outside it)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         added = _added_tokens(tokenizer)
         self._ids = {token.content: index for index, token in added.items()}
         self._cache: OrderedDict[str, array[int]] = OrderedDict()
+        self._lock = threading.Lock()
+        """Guards the cache: preparations run on several threads at once."""
         self.cached_bytes = 0
         """What the kept pieces hold now (text and ids), at most `MAX_CACHED_BYTES`."""
         self.hits = 0
@@ -83,17 +86,21 @@ class SegmentEncoder:
     def _piece(self, piece: str) -> list[int] | array[int]:
         if len(piece) < MIN_CACHED_CHARS:
             return self._whole(piece)
-        cached = self._cache.get(piece)
-        if cached is not None:
-            self._cache.move_to_end(piece)
-            self.hits += 1
-            return cached
-        ids = array("i", self._whole(piece))
-        self._cache[piece] = ids
-        self.cached_bytes += _cost(piece, ids)
-        while self.cached_bytes > MAX_CACHED_BYTES:
-            oldest, oldest_ids = self._cache.popitem(last=False)
-            self.cached_bytes -= _cost(oldest, oldest_ids)
+        with self._lock:
+            cached = self._cache.get(piece)
+            if cached is not None:
+                self._cache.move_to_end(piece)
+                self.hits += 1
+                return cached
+        ids = array("i", self._whole(piece))  # outside the lock: encodes run side by side
+        with self._lock:
+            if piece in self._cache:  # another preparation kept it meanwhile
+                return ids
+            self._cache[piece] = ids
+            self.cached_bytes += _cost(piece, ids)
+            while self.cached_bytes > MAX_CACHED_BYTES:
+                oldest, oldest_ids = self._cache.popitem(last=False)
+                self.cached_bytes -= _cost(oldest, oldest_ids)
         return ids
 
     def _whole(self, text: str) -> list[int]:
