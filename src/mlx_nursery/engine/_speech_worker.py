@@ -102,6 +102,8 @@ class SpeechWorker:
 
         model = load_speech_model(self._model_path)
         from . import _whisper  # mlx-audio's Whisper: imported here, off the server's start
+
+        _whisper.prepare(model.model)
         info = SpeechModelInfo(
             str(model.path), model.multilingual, model.word_timestamps, _whisper.LANGUAGES
         )
