@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from mlx_nursery.engine import (
     SPEECH_THREAD_NAME,
+    EngineUnavailable,
     SpeechConfig,
     SpeechEngine,
+    SpeechStatistics,
     Transcript,
     TranscriptionRequest,
     Window,
@@ -101,6 +104,67 @@ async def test_cancelled_while_queued_costs_no_compute(tiny_whisper: Path) -> No
         assert stats.tokens_decoded == 0 and stats.windows_decoded == 0
         assert stats.lanes_borrowed == 0
         engine.close()
+
+
+async def test_close_refuses_a_transcription_waiting_for_the_lane_at_once(
+    tiny_whisper: Path,
+) -> None:
+    """A transcription queued behind a running one when the engine closes (its model
+    unloads) is refused at once, while the running one still holds the lane: it does not
+    wait for that one to end."""
+    refusals: list[int] = []  # lanes borrowed when the queued one was refused
+    refused = trio.Event()
+    async with trio.open_nursery() as nursery:
+        engine: SpeechEngine = await nursery.start(SpeechEngine(SpeechConfig(tiny_whisper)).run)
+
+        async def queued() -> None:
+            try:
+                async with engine.transcribe(TranscriptionRequest(clip(2), temperatures=GREEDY)):
+                    pass
+            except EngineUnavailable:
+                refusals.append(engine.statistics().lanes_borrowed)
+            refused.set()
+
+        async with engine.transcribe(TranscriptionRequest(clip(65), temperatures=GREEDY)):
+            nursery.start_soon(queued)
+            await trio.testing.wait_all_tasks_blocked()
+            assert engine.statistics().queued == 1
+            engine.close()
+            await refused.wait()
+            assert refusals == [1]  # refused while the long one still runs
+            assert engine.statistics().queued == 0
+        # Leaving the block stopped the long one within a token; then the thread exited.
+        assert engine.statistics().lanes_borrowed == 0
+    assert engine.statistics().state == "closed"
+    assert SPEECH_THREAD_NAME not in [t.name for t in threading.enumerate()]
+
+
+async def test_the_threads_counters_reach_trio_only_in_its_posts(tiny_whisper: Path) -> None:
+    """The speech thread writes nothing of the engine's state: its counters come with its
+    posts. While the Trio thread is held (joining the speech thread, which runs its
+    transcription to the end and exits), the statistics do not move; they move when Trio
+    takes the posts, with the events they came with."""
+    async with trio.open_nursery() as nursery:
+        engine: SpeechEngine = await nursery.start(SpeechEngine(SpeechConfig(tiny_whisper)).run)
+        [thread] = [t for t in threading.enumerate() if t.name == SPEECH_THREAD_NAME]
+        async with engine.transcribe(TranscriptionRequest(clip(2), temperatures=GREEDY)) as rx:
+            engine.close()  # the thread finishes this transcription, then exits
+            thread.join()  # holds the Trio thread: none of the thread's posts is taken yet
+            held = engine.statistics()
+            events = [event async for event in rx]
+    assert held == SpeechStatistics(
+        state="stopping",
+        lanes_borrowed=1,
+        queued=0,
+        running=False,
+        windows_decoded=0,
+        tokens_decoded=0,
+        cancelled=0,
+    )
+    assert isinstance(events[-1], Transcript) and events[-1].windows == 1
+    final = engine.statistics()
+    assert final.state == "closed" and final.lanes_borrowed == 0 and not final.running
+    assert final.windows_decoded == 1 and final.tokens_decoded > 0 and final.cancelled == 0
 
 
 async def test_a_model_that_is_not_whisper_fails_to_load(tiny_model: Path) -> None:

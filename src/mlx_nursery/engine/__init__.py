@@ -1,4 +1,4 @@
-"""The engine: one MLX thread, lanes on a CapacityLimiter, continuous batching, prefix cache.
+"""The engine: one MLX thread, fair lanes, continuous batching, prefix cache.
 
 Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """

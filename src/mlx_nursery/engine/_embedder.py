@@ -2,10 +2,11 @@
 
 An embedding model runs on a thread of its own (`EmbeddingWorker`), as a generation model
 does, and batches the inputs of the requests that are there together into one forward
-(bounded in inputs and padded tokens). Lanes are a `trio.CapacityLimiter`: a request
-borrows one before its inputs go to the thread, and the lane comes back only with the
-thread's word that the request left it. Past `max_queue` requests waiting for a lane, a
-request is refused at once.
+(bounded in inputs and padded tokens). The thread's lifecycle, lanes (`FairLanes`, no
+tenants), queue bound and posting are every engine's (`DeviceThread`): a request borrows a
+lane before its inputs go to the thread, and the lane comes back only with the thread's
+word that the request left it. Past `max_queue` requests waiting for a lane, a request is
+refused at once.
 
 Cancellation contract of `Embedder.embed`: when the caller's scope is cancelled (timeout,
 disconnect, shutdown), the request's inputs not yet in a forward are dropped before the
@@ -16,21 +17,18 @@ it returns, nothing of the request computes.
 from __future__ import annotations
 
 import itertools
-import logging
-import threading
-from functools import partial
 from pathlib import Path
 
 import attrs
 import numpy as np
 import trio
 
+from ._device_thread import DeviceThread
 from ._embedding_worker import BatchLimits, EmbeddingModelInfo, EmbeddingWorker, Ended
-from ._engine import EngineStatistics, State, _call_soon, _logging_failures
-from ._errors import EmbeddingFailed, EngineOverloaded, EngineUnavailable
+from ._engine import EngineStatistics
+from ._errors import EmbeddingFailed, EngineUnavailable
+from ._lanes import FairLanes
 from ._statistics import CancelRecorder
-
-log = logging.getLogger("mlx_nursery.engine")
 
 EMBEDDING_THREAD_NAME = "mlx-nursery-embedder"
 
@@ -70,21 +68,22 @@ class _Handle:
 
 
 class Embedder:
-    """Runs one embedding model on one thread. Start it with `nursery.start(embedder.run)`."""
+    """Runs one embedding model on one thread (its lifecycle, lanes and posting:
+    `DeviceThread`). Start it with `nursery.start(embedder.run)`."""
 
     def __init__(self, config: EmbedderConfig) -> None:
         self.config = config
-        self._state: State = "starting"
+        self._device = DeviceThread[EmbeddingModelInfo](
+            EMBEDDING_THREAD_NAME,
+            lanes=config.max_concurrency,
+            max_queue=config.max_queue,
+            cancel_ack_timeout=config.cancel_ack_timeout,
+        )
         self._ids = itertools.count()
         self._handles: dict[int, _Handle] = {}
-        self._waiting: set[trio.CancelScope] = set()
-        self._model: EmbeddingModelInfo | None = None
-        self._limiter = trio.CapacityLimiter(config.max_concurrency)
         self._worker: EmbeddingWorker | None = None
         self._forwards = 0
         self._cancellations = CancelRecorder()
-        self.ended = trio.Event()
-        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
 
     async def run(
         self, *, task_status: trio.TaskStatus[Embedder] = trio.TASK_STATUS_IGNORED
@@ -93,70 +92,39 @@ class Embedder:
 
         Returns only after the thread has ended and been joined. A model that fails to load
         raises; a failure later makes the engine unhealthy instead."""
-        token = trio.lowlevel.current_trio_token()
-        ready, exited = trio.Event(), trio.Event()
-        outcome: dict[str, BaseException | None] = {"load": None}
-
-        def on_ready(info: EmbeddingModelInfo | None, exc: BaseException | None) -> None:
-            def apply() -> None:
-                self._model, outcome["load"] = info, exc
-                ready.set()
-
-            _call_soon(token, _logging_failures(apply))
-
-        def on_exit(exc: BaseException | None) -> None:
-            def apply() -> None:
-                self._on_exit(exc)
-                exited.set()
-
-            _call_soon(token, _logging_failures(apply))
-
+        device = self._device
         self._worker = EmbeddingWorker(
             self.config.model,
             BatchLimits(self.config.max_batch_inputs, self.config.max_batch_tokens),
-            partial(_call_soon, token, _logging_failures(self._deliver)),
-            on_ready,
-            on_exit,
+            device.bind(self._deliver),
+            device.report_ready,
+            device.report_exit,
         )
-        thread = threading.Thread(target=self._worker.run, name=EMBEDDING_THREAD_NAME, daemon=True)
-        thread.start()
-        try:
-            await ready.wait()
-            if outcome["load"] is not None:
-                raise outcome["load"]
-            if self._state == "starting":
-                self._state = "running"
-            task_status.started(self)
-            await exited.wait()
-        finally:
-            with trio.CancelScope(shield=True):
-                self._worker.stop()
-                await exited.wait()
-            thread.join()
-            self.ended.set()
+        await device.run(
+            self._worker, started=lambda: task_status.started(self), on_exit=self._on_exit
+        )
 
     def close(self) -> None:
         """Refuse new work; the thread ends its forward, drops the rest and exits. Not a
         checkpoint."""
-        if self._state in ("running", "starting"):
-            self._state = "stopping"
-            if self._worker is not None:
-                self._worker.stop()
-            self._wake_waiters()
+        self._device.close()
+
+    @property
+    def ended(self) -> trio.Event:
+        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
+        return self._device.ended
 
     @property
     def healthy(self) -> bool:
-        return self._state == "running"
+        return self._device.healthy
 
     @property
     def model(self) -> EmbeddingModelInfo:
-        if self._model is None:
-            raise EngineUnavailable("the engine has not loaded its model")
-        return self._model
+        return self._device.loaded()
 
     @property
-    def limiter(self) -> trio.CapacityLimiter:
-        return self._limiter
+    def limiter(self) -> FairLanes:
+        return self._device.lanes
 
     @property
     def forwards(self) -> int:
@@ -166,11 +134,12 @@ class Embedder:
     def statistics(self) -> EngineStatistics:
         """What a generation engine's statistics say of lanes, queue and cancellations (the
         metrics and `ServerReport` read both alike); no worker statistics."""
+        lanes = self._device.lanes
         return EngineStatistics(
-            state=self._state,
-            lanes_total=int(self._limiter.total_tokens),
-            lanes_borrowed=self._limiter.borrowed_tokens,
-            queued=self._limiter.statistics().tasks_waiting,
+            state=self._device.state,
+            lanes_total=lanes.total_tokens,
+            lanes_borrowed=lanes.borrowed_tokens,
+            queued=lanes.statistics().tasks_waiting,
             worker=None,
             late_events=0,
             cancellations=self._cancellations.snapshot(),
@@ -184,11 +153,12 @@ class Embedder:
         its inputs failed. Waiting for a lane is FIFO and cancellable at no compute cost;
         cancelled later, it returns once the thread confirms the request has left it
         (shielded, bounded by `cancel_ack_timeout`), and `Cancelled` propagates."""
-        self._check_admissible()
+        self._device.check_running()
+        self._device.check_queue()
         if not request.inputs:
             return []
         handle = _Handle(next(self._ids))
-        await self._acquire_lane(handle)
+        await self._device.acquire_lane(handle)
         # From here the lane belongs to the request; only the thread's word returns it.
         self._handles[handle.request_id] = handle
         assert self._worker is not None
@@ -200,39 +170,15 @@ class Embedder:
                 handle.cancel_requested_at = trio.current_time()
                 handle.cancel_requested_forward = self._forwards
                 self._worker.cancel(handle.request_id)
-                with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
-                    await handle.done.wait()
-                if not handle.done.is_set():
-                    log.error("embedding request %d not confirmed stopped", handle.request_id)
+                await self._device.wait_confirmed(
+                    handle.done, f"embedding request {handle.request_id}"
+                )
         ended = handle.ended
         if ended is None or ended.vectors is None:
             if ended is not None and ended.failed:
                 raise EmbeddingFailed("the model failed on a batch holding this request")
-            raise EngineUnavailable(f"the engine is {self._state}")
+            raise EngineUnavailable(f"the engine is {self._device.state}")
         return ended.vectors
-
-    def _check_admissible(self) -> None:
-        if self._state != "running":
-            raise EngineUnavailable(f"the engine is {self._state}")
-        waiting = self._limiter.statistics().tasks_waiting
-        if self._limiter.available_tokens == 0 and waiting >= self.config.max_queue:
-            raise EngineOverloaded(waiting, self.config.max_queue)
-
-    async def _acquire_lane(self, handle: _Handle) -> None:
-        with trio.CancelScope() as waiting:
-            self._waiting.add(waiting)
-            try:
-                await self._limiter.acquire_on_behalf_of(handle)
-            finally:
-                self._waiting.discard(waiting)
-        if waiting.cancelled_caught or self._state != "running":
-            if not waiting.cancelled_caught:
-                self._limiter.release_on_behalf_of(handle)
-            raise EngineUnavailable(f"the engine is {self._state}")
-
-    def _wake_waiters(self) -> None:
-        for scope in self._waiting:
-            scope.cancel()
 
     # -- on the Trio thread, posted by the engine thread ------------------------------------
     def _deliver(self, ended: list[Ended], forwards: int) -> None:
@@ -250,12 +196,10 @@ class Embedder:
 
     def _release(self, handle: _Handle, ended: Ended) -> None:
         handle.ended = ended
-        self._limiter.release_on_behalf_of(handle)
+        self._device.release_lane(handle)
         handle.done.set()
 
     def _on_exit(self, exc: BaseException | None) -> None:
-        self._state = "failed" if exc is not None else "closed"
-        self._wake_waiters()
         for handle in list(self._handles.values()):  # raced the thread's exit
             self._handles.pop(handle.request_id, None)
             self._release(handle, Ended(handle.request_id))

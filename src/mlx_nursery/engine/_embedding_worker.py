@@ -28,6 +28,7 @@ import numpy as np
 from .. import fault_points
 from ..fault_points import request_label
 from ..models import EmbeddingSpec, LoadedModel, PoolingMode, load_model
+from ._device_thread import run_device_thread
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -121,30 +122,20 @@ class EmbeddingWorker:
 
     # -- the thread ---------------------------------------------------------------------------
     def run(self) -> None:
-        try:
-            loaded = load_model(self._model_spec)
-            if loaded.kind != "embedding" or loaded.embedding is None:
-                raise ValueError(f"{loaded.path} is not an embedding model")
-            info = EmbeddingModelInfo(str(loaded.path), loaded.tokenizer, loaded.embedding)
-        except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it
-            self._on_ready(None, exc)
-            self._on_exit(exc)
-            return
-        self._on_ready(info, None)
-        reason: BaseException | None = None
-        try:
-            self._loop(loaded)
-        except BaseException as exc:  # a dead loop must still release everyone
-            log.exception("embedding loop failed; the engine is stopping")
-            reason = exc
-        finally:
-            self._post([Ended(rid) for rid in self._pending], self.forwards)
-            self._pending.clear()
-            del loaded
-            mx.synchronize()
-            mx.clear_cache()
-            mx.clear_streams()  # MLX requires it of every thread that made streams (mlx#4327)
-            self._on_exit(reason)
+        run_device_thread(
+            "embedding engine", self._load, self._loop, self._finish, self._on_ready, self._on_exit
+        )
+
+    def _load(self) -> tuple[EmbeddingModelInfo, LoadedModel]:
+        loaded = load_model(self._model_spec)
+        if loaded.kind != "embedding" or loaded.embedding is None:
+            raise ValueError(f"{loaded.path} is not an embedding model")
+        return EmbeddingModelInfo(str(loaded.path), loaded.tokenizer, loaded.embedding), loaded
+
+    def _finish(self, exc: BaseException | None) -> None:
+        """Whatever is pending ends unserved (the thread is stopping, or died)."""
+        self._post([Ended(rid) for rid in self._pending], self.forwards)
+        self._pending.clear()
 
     def _loop(self, loaded: LoadedModel) -> None:
         while True:

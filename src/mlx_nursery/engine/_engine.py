@@ -1,5 +1,6 @@
-"""The engine's Trio side: admission, lanes, delivery, cancellation.
+"""The text engine's Trio side: admission, delivery, cancellation.
 
+Its thread's lifecycle, lanes, queue bound and posting are every engine's (`DeviceThread`).
 Lanes are `FairLanes` (a capacity limiter fair among tenants): a request borrows
 a token (cancellable) before its sequence is submitted, and the token is returned by
 the engine thread's confirmation that the sequence left the batch, never
@@ -15,20 +16,17 @@ therefore means the compute has stopped.
 
 from __future__ import annotations
 
-import functools
 import gc
 import itertools
-import logging
-import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
-from typing import Literal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import attrs
 import trio
 
 from ._config import EngineConfig
-from ._errors import EngineOverloaded, EngineUnavailable, PromptTooLong
+from ._device_thread import DeviceThread, State
+from ._errors import PromptTooLong
 from ._lanes import FairLanes
 from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
 from ._statistics import CancelRecorder, CancelStatistics
@@ -36,10 +34,7 @@ from ._stream import Handle, TokenStream
 from ._types import FinishReason, GenerationRequest
 from ._worker import Worker
 
-log = logging.getLogger("mlx_nursery.engine")
-
 THREAD_NAME = "mlx-nursery-engine"
-State = Literal["starting", "running", "stopping", "closed", "failed"]
 
 
 @attrs.frozen
@@ -56,25 +51,25 @@ class EngineStatistics:
 
 
 class Engine:
-    """Runs one model on one engine thread.
+    """Runs one model on one engine thread (its lifecycle, lanes and posting: `DeviceThread`).
 
     Start it with `open_engine` or `nursery.start(engine.run)`."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._state: State = "starting"
+        self._device = DeviceThread[ModelInfo](
+            THREAD_NAME,
+            lanes=config.max_concurrency,
+            max_queue=config.max_queue,
+            cancel_ack_timeout=config.cancel_ack_timeout,
+            tenant_share=config.tenant_queue_share,
+        )
         self._ids = itertools.count()
         self._handles: dict[int, Handle] = {}
-        self._waiting: set[trio.CancelScope] = set()
         self._stats: WorkerStats | None = None
-        self._model: ModelInfo | None = None
-        self._limiter: FairLanes | None = None
         self._worker: Worker | None = None
-        self._stop_requested = False
         self._late_events = 0
         self._cancellations = CancelRecorder()
-        self.ended = trio.Event()
-        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
@@ -84,97 +79,57 @@ class Engine:
         that fails to load raises; a fatal error later does not (it would take
         the caller's nursery down): the engine reports itself unhealthy instead.
         """
-        token = trio.lowlevel.current_trio_token()
-        self._limiter = FairLanes(self.config.max_concurrency)
-        ready, exited = trio.Event(), trio.Event()
-        outcome: dict[str, BaseException | None] = {"load": None, "exit": None}
-
-        def on_ready(info: ModelInfo | None, exc: BaseException | None) -> None:
-            def apply() -> None:
-                self._model, outcome["load"] = info, exc
-                ready.set()
-
-            _call_soon(token, _logging_failures(apply))
-
-        def on_exit(exc: BaseException | None) -> None:
-            def apply() -> None:
-                outcome["exit"] = exc
-                self._on_exit(exc)
-                exited.set()
-
-            _call_soon(token, _logging_failures(apply))
-
-        deliver = _logging_failures(self._deliver)
+        device = self._device
+        # The delivery is bound once: on a lone stream the thread posts once per token.
         self._worker = Worker(
-            self.config, functools.partial(_call_soon, token, deliver), on_ready, on_exit
+            self.config, device.bind(self._deliver), device.report_ready, device.report_exit
         )
-        thread = threading.Thread(target=self._worker.run, name=THREAD_NAME, daemon=True)
-        thread.start()
-        try:
-            await ready.wait()
-            if outcome["load"] is not None:
-                raise outcome["load"]
+
+        def started() -> None:
             _freeze_startup_heap()
-            if self._stop_requested:
-                self._worker.stop()
-            else:
-                self._state = "running"
             task_status.started(self)
-            await exited.wait()
+
+        try:
+            await device.run(self._worker, started=started, on_exit=self._on_exit)
         finally:
-            with trio.CancelScope(shield=True):
-                self._worker.stop()
-                await exited.wait()
-            thread.join()
             gc.unfreeze()  # the model may now be collected, cycles included
-            self.ended.set()
 
     def close(self) -> None:
         """Begin shutdown: refuse new work; the thread ends its step, cancels the rest, exits."""
-        self._stop_requested = True
-        if self._state in ("running", "starting"):
-            if self._state == "running":
-                self._state = "stopping"
-            if self._worker is not None:
-                self._worker.stop()
-            self._wake_waiters()
+        self._device.close()
+
+    @property
+    def ended(self) -> trio.Event:
+        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
+        return self._device.ended
 
     def _on_exit(self, exc: BaseException | None) -> None:
-        self._state = "failed" if exc is not None else "closed"
-        self._wake_waiters()
         # Sequences the thread did not finish (it died, or they raced its exit) end here.
         for handle in list(self._handles.values()):
             reason: FinishReason = "error" if exc is not None else "cancelled"
             self._push(handle, StepEvent(None, None, reason, None, "the engine stopped"))
             self._confirm(handle)
 
-    def _wake_waiters(self) -> None:
-        for scope in self._waiting:
-            scope.cancel()
-
     # -- public surface ----------------------------------------------------------------------
     @property
     def healthy(self) -> bool:
-        return self._state == "running"
+        return self._device.healthy
 
     @property
     def model(self) -> ModelInfo:
-        if self._model is None:
-            raise EngineUnavailable("the engine has not loaded its model")
-        return self._model
+        return self._device.loaded()
 
     @property
     def limiter(self) -> FairLanes:
-        assert self._limiter is not None, "the engine is not started"
-        return self._limiter
+        return self._device.lanes
 
     def statistics(self) -> EngineStatistics:
-        limiter = self._limiter
+        lanes = self._device.lanes
         return EngineStatistics(
-            state=self._state,
-            lanes_total=int(limiter.total_tokens) if limiter else self.config.max_concurrency,
-            lanes_borrowed=limiter.borrowed_tokens if limiter else 0,
-            queued=limiter.statistics().tasks_waiting if limiter else 0,
+            state=self._device.state,
+            lanes_total=lanes.total_tokens,
+            lanes_borrowed=lanes.borrowed_tokens,
+            queued=lanes.statistics().tasks_waiting,
             worker=self._stats,
             late_events=self._late_events,
             cancellations=self._cancellations.snapshot(),
@@ -190,7 +145,7 @@ class Engine:
         """
         self._check_admissible(request)
         handle = self._new_handle(request)
-        await self._acquire_lane(handle)
+        await self._device.acquire_lane(handle, request.tenant)
         # From here the lane belongs to the sequence; only the engine's confirmation returns it.
         self._handles[handle.seq_id] = handle
         assert self._worker is not None
@@ -200,12 +155,8 @@ class Engine:
         finally:
             if not handle.confirmed.is_set():
                 self.cancel(handle)
-                with trio.move_on_after(self.config.cancel_ack_timeout, shield=True):
-                    await handle.confirmed.wait()
-                if handle.confirmed.is_set():
+                if await self._device.wait_confirmed(handle.confirmed, f"sequence {handle.seq_id}"):
                     self.confirmation_seen()
-                else:
-                    log.error("sequence %d not confirmed stopped in time", handle.seq_id)
             handle.receive.close()
 
     def cancel(self, handle: Handle) -> None:
@@ -223,44 +174,23 @@ class Engine:
             self._worker.confirmation_seen()
 
     def _check_admissible(self, request: GenerationRequest) -> None:
-        if self._state != "running":
-            raise EngineUnavailable(f"the engine is {self._state}")
+        self._device.check_running()
         context = self.model.context_length
         if len(request.prompt_tokens) + request.max_tokens > context:
             raise PromptTooLong(len(request.prompt_tokens), request.max_tokens, context)
-        limiter = self.limiter
-        waiting = limiter.statistics().tasks_waiting
-        if limiter.available_tokens == 0 and waiting >= self.config.max_queue:
-            raise EngineOverloaded(waiting, self.config.max_queue)
-        tenant, share = request.tenant, self.config.tenant_queue_share
-        queued = limiter.waiting_for(tenant) if tenant is not None else 0
-        if limiter.available_tokens == 0 and queued >= share:  # room left for other tenants
-            raise EngineOverloaded(queued, share)
+        self._device.check_queue(request.tenant)
 
     def _new_handle(self, request: GenerationRequest) -> Handle:
         send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
         detokenizer = self.model.texts.detokenizer(trim_space=request.trim_leading_space)
         return Handle(next(self._ids), request, send, receive, detokenizer)
 
-    async def _acquire_lane(self, handle: Handle) -> None:
-        with trio.CancelScope() as waiting:
-            self._waiting.add(waiting)
-            try:
-                await self.limiter.acquire_on_behalf_of(handle, handle.request.tenant)
-            finally:
-                self._waiting.discard(waiting)
-        if waiting.cancelled_caught or self._state != "running":
-            if not waiting.cancelled_caught:
-                self.limiter.release_on_behalf_of(handle)
-            raise EngineUnavailable(f"the engine is {self._state}")
-
     # -- delivery (runs in the Trio thread, scheduled by the engine thread) ------------------
     def _deliver(self, delivery: Delivery) -> None:
         self._stats = delivery.stats
         if delivery.closing is not None:
             # Before any lane is released: a waiter woken by it must see the engine is gone.
-            self._state = delivery.closing
-            self._wake_waiters()
+            self._device.ending(delivery.closing)
         for seq_id, step in delivery.events:
             handle = self._handles.get(seq_id)
             if handle is not None:
@@ -296,8 +226,7 @@ class Engine:
             return
         self._handles.pop(handle.seq_id, None)
         handle.send.close()
-        if self._limiter is not None:
-            self._limiter.release_on_behalf_of(handle)
+        self._device.release_lane(handle)
         handle.confirmed.set()
 
 
@@ -311,26 +240,6 @@ def _freeze_startup_heap() -> None:
     after startup for the same reason (vllm/utils/gc_utils.py)."""
     gc.collect()
     gc.freeze()
-
-
-def _logging_failures(fn: Callable[..., None]) -> Callable[..., None]:
-    """`fn`, for the Trio thread's run_sync_soon: an exception there would end the Trio run."""
-
-    def guarded(*args: object) -> None:
-        try:
-            fn(*args)
-        except Exception:  # a failed delivery must not end the Trio run
-            log.exception("engine delivery failed")
-
-    return guarded
-
-
-def _call_soon(token: trio.lowlevel.TrioToken, fn: Callable[..., None], *args: object) -> None:
-    """Schedule `fn(*args)` on the Trio thread, from the engine thread. The engine binds its
-    delivery callable once (a partial of this), not per post: on a lone stream a post runs
-    once per token on the thread that stream is bound by."""
-    with suppress(trio.RunFinishedError):
-        token.run_sync_soon(fn, *args)
 
 
 @asynccontextmanager

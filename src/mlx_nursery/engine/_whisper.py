@@ -66,6 +66,16 @@ class Stopped(Exception):
 Check = Callable[[], None]
 
 
+def prepare(model: Any) -> None:
+    """Once the model is loaded, on its thread: evaluate mlx-audio's cached mel filter bank.
+
+    `mel_filters` is an `lru_cache` of a lazy MLX array, shared by the process. Made by a
+    transcription stopped before its first evaluation, it would stay bound to that thread's
+    stream, and after the model's thread ends every later one (the model loaded again)
+    would fail on it ("There is no Stream(cpu, 1) in current thread")."""
+    mx.eval(log_mel_spectrogram(mx.zeros(SAMPLE_RATE), n_mels=model.dims.n_mels))
+
+
 def transcribe(
     model: Any,
     request: TranscriptionRequest,

@@ -20,6 +20,7 @@ from ..fault_points import request_label
 from ..models import load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenTexts
+from ._device_thread import release_streams
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import (
@@ -316,10 +317,6 @@ class Worker:
         if self._runner is not None:
             self._runner.close()  # synchronize() below lands their steps in flight
             self._runner = None
-        # The batch pipelines one step ahead: finish that work on this thread's stream
+        # The batch pipelines one step ahead: that work lands on this thread's stream
         # before the thread (and its stream) goes away.
-        mx.synchronize()
-        mx.clear_cache()
-        # MLX requires every thread that made streams to destroy them before it ends;
-        # otherwise the process can abort at exit (ml-explore/mlx#4327).
-        mx.clear_streams()
+        release_streams()
