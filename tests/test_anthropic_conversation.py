@@ -13,6 +13,7 @@ from mlx_nursery.anthropic._output import stop_reason, usage_json
 from mlx_nursery.engine import GenerationRequest, Usage
 from mlx_nursery.openai import (
     CHAT_WIRE,
+    Admitted,
     Finished,
     ImageLimits,
     ImageTaker,
@@ -114,9 +115,10 @@ def prepared() -> Prepared:
 
 def test_a_streams_events_open_and_close_each_block() -> None:
     events = MessageEvents(prepared())
-    opening = events.opening()
+    opening = events.opening(Admitted(Usage(3, 0, 2)))
     assert [e["type"] for e in opening] == ["message_start", "ping"]
-    assert opening[0]["message"]["usage"]["input_tokens"] == 3
+    usage = opening[0]["message"]["usage"]
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (1, 2)
     out = events.text(TextDelta("Hi")) + events.text(TextDelta("")) + events.text(TextDelta("!"))
     out += events.call(ToolCallOut(0, "call_abc", "w", '{"city": "P"}'))
     out += events.text(TextDelta("after"))
