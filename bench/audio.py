@@ -39,7 +39,8 @@ from mlx_nursery.engine import (
     TranscriptionRequest,
     Window,
 )
-from mlx_nursery.models import load_speech_model, make_model
+from mlx_nursery.models import load_speech_model
+from mlx_nursery.tools import make_model
 
 
 def synthetic(seconds: float, seed: int = 0) -> np.ndarray:

@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from mlx_nursery.engine import Embedder, EmbedderConfig, EmbeddingRequest
-from mlx_nursery.models import make_model
+from mlx_nursery.tools import make_model
 
 
 async def _throughput(config: EmbedderConfig, requests: list[EmbeddingRequest]) -> float:

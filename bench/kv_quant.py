@@ -38,9 +38,9 @@ from typing import Any
 import mlx.core as mx
 import trio
 
-from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
-from mlx_nursery.models import make_model
+from mlx_nursery.models import release_mlx_streams
+from mlx_nursery.tools import make_model
 
 GREEDY = SamplingParams(temperature=0.0)
 SETTINGS: tuple[int | None, ...] = (None, 8, 4)

@@ -1034,7 +1034,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-serving-model-") as scratch:
         model = args.model
         if model is None and args.server:
-            from mlx_nursery.models import make_model
+            from mlx_nursery.tools import make_model
 
             model = make_model(Path(scratch) / "tiny", "tiny", seed=0)
         workload = build_workload(args, model)
@@ -1072,6 +1072,6 @@ if __name__ == "__main__":
         if "mlx_nursery.models" in sys.modules:
             # make_model ran MLX on this thread: MLX needs its streams destroyed before the
             # interpreter shuts down, or the process may abort (ml-explore/mlx#4327).
-            from mlx_nursery.cli import release_mlx_streams
+            from mlx_nursery.models import release_mlx_streams
 
             release_mlx_streams()

@@ -87,7 +87,7 @@ def main() -> None:
         else Path(tempfile.gettempdir()) / f"mlx-nursery-bench-{args.preset}"
     )
     if not (model / "config.json").exists():
-        from mlx_nursery.models import make_model
+        from mlx_nursery.tools import make_model
 
         make_model(model, args.preset)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
@@ -129,6 +129,6 @@ if __name__ == "__main__":
     try:
         main()
     finally:
-        from mlx_nursery.cli import release_mlx_streams
+        from mlx_nursery.models import release_mlx_streams
 
         release_mlx_streams()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from mlx_nursery.cli import release_mlx_streams
 from mlx_nursery.engine import Engine, EngineConfig, open_engine
-from mlx_nursery.models import make_model
+from mlx_nursery.models import release_mlx_streams
+from mlx_nursery.tools import make_model
 
 from .helpers import TextlessIds, with_textless_ids
 from .postgres import PostgresServer, postgres_server

@@ -25,7 +25,8 @@ from mlx_nursery.engine._kv_quant import (
     cache_factory,
 )
 from mlx_nursery.engine._memory import kv_bytes_per_token
-from mlx_nursery.models import load_model, make_model, model_facts
+from mlx_nursery.models import load_model, model_facts
+from mlx_nursery.tools import make_model
 
 from .helpers import Run, collect, collect_all, request
 

@@ -21,7 +21,8 @@ from mlx_nursery.engine._memory import (
     device_memory,
     kv_bytes_per_token,
 )
-from mlx_nursery.models import load_model, make_model, model_facts
+from mlx_nursery.models import load_model, model_facts
+from mlx_nursery.tools import make_model
 
 from .helpers import CallSignal, Run, collect, request
 

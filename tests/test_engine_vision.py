@@ -230,9 +230,8 @@ async def test_a_cached_prefix_that_covers_the_images_is_reused_and_changes_noth
 async def test_the_qwen2_5_vl_family_loads_and_takes_images(tmp_path: Path) -> None:
     """The real-shape benchmark preset is Qwen2.5-VL (too large to write here): a tiny
     model of that architecture, written by the same factory, loads and answers images."""
-    from mlx_nursery.models import PRESETS
-    from mlx_nursery.models._presets import Preset
-    from mlx_nursery.models._vlm_factory import write_vlm
+    from mlx_nursery.tools import PRESETS, Preset
+    from mlx_nursery.tools._vlm_factory import write_vlm
 
     tiny = PRESETS["tiny-vlm"].config
     config = {

@@ -19,10 +19,10 @@ import pytest
 import trio
 
 from mlx_nursery.fault_points import Point
-from mlx_nursery.models import make_model
 from mlx_nursery.server import Running, serve
 from mlx_nursery.settings import Settings
 from mlx_nursery.testing import injected_fault
+from mlx_nursery.tools import make_model
 
 from .http_helpers import eventually, running_server, validate_error
 from .speech_helpers import clip, wav_bytes

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import llama
 from mlx_lm.utils import load
 
-from mlx_nursery.models.gguf import GGUFConversionError, convert_gguf
+from mlx_nursery.tools import GGUFConversionError, convert_gguf
 
 HEADS, KV_HEADS, HIDDEN = 4, 2, 64
 _NAMES = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mlx_nursery"
-PACKAGES = ("anthropic", "engine", "http", "models", "openai", "store", "testing")
+PACKAGES = ("anthropic", "engine", "http", "models", "openai", "store", "testing", "tools")
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -177,13 +177,12 @@ PUBLIC = {
         "ModelFacts",
         "ModelLoadError",
         "ModelNotFoundError",
-        "PRESETS",
         "PoolingMode",
         "load_model",
         "load_speech_model",
         "SpeechModel",
-        "make_model",
         "model_facts",
+        "release_mlx_streams",
         "resolve_model_path",
     ],
     "openai": [
@@ -298,6 +297,18 @@ PUBLIC = {
         "responses_store_at",
     ],
     "testing": ["CancelCause", "LiveServer", "ServerReport", "injected_fault", "start_server"],
+    "tools": [
+        "CT2FormatError",
+        "EOS_TOKEN",
+        "GGUFConversionError",
+        "PAD_TOKEN",
+        "PRESETS",
+        "Preset",
+        "convert_ct2_whisper",
+        "convert_gguf",
+        "make_model",
+        "write_tokenizer",
+    ],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""
 

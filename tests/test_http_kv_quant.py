@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from mlx_nursery.models import make_model
+from mlx_nursery.tools import make_model
 
 from .http_helpers import engine_of, running_server, sdk
 

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from mlx_nursery.models import make_model
+from mlx_nursery.tools import make_model
 
 from .http_helpers import (
     chat_body,

@@ -12,7 +12,8 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from transformers import AutoTokenizer
 
 from mlx_nursery.cli import main
-from mlx_nursery.models import ModelNotFoundError, load_model, make_model, resolve_model_path
+from mlx_nursery.models import ModelNotFoundError, load_model, resolve_model_path
+from mlx_nursery.tools import make_model
 
 
 def digest(directory: Path) -> dict[str, str]:
@@ -160,7 +161,7 @@ def test_the_real_shape_vlm_preset_builds_in_both_packages() -> None:
     from mlx_lm.utils import _get_classes
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
-    from mlx_nursery.models import PRESETS
+    from mlx_nursery.tools import PRESETS
 
     config = json.loads(json.dumps(PRESETS["qwen2.5-vl-3b"].config))
     arch, _ = get_model_and_args(config)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_nursery.models.whisper_ct2 import ensure_tiny_en
+from mlx_nursery.models.default import ensure_tiny_en
 
 from .http_helpers import running_server, sdk
 

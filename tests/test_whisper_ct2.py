@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from mlx_nursery.engine import TranscriptionRequest
 from mlx_nursery.models import load_speech_model
-from mlx_nursery.models.whisper_ct2 import convert_ct2_whisper
+from mlx_nursery.tools import convert_ct2_whisper
 
 from .speech_helpers import clip
 

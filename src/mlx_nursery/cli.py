@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from .models import make_model
+    from .tools import make_model
 
     try:
         path = make_model(args.out, args.preset, dtype=args.dtype, seed=args.seed)
@@ -24,7 +24,7 @@ def _make_model(args: argparse.Namespace) -> int:
 
 
 def _convert_gguf(args: argparse.Namespace) -> int:
-    from .models.gguf import GGUFConversionError, convert_gguf
+    from .tools import GGUFConversionError, convert_gguf
 
     try:
         out = convert_gguf(
@@ -43,7 +43,7 @@ def _convert_gguf(args: argparse.Namespace) -> int:
 def _convert_ct2_whisper(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .models.whisper_ct2 import CT2FormatError, convert_ct2_whisper
+    from .tools import CT2FormatError, convert_ct2_whisper
 
     try:
         out = convert_ct2_whisper(Path(args.source), Path(args.out))
@@ -102,7 +102,7 @@ def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models import PRESETS
+    from .tools import PRESETS
 
     parser = argparse.ArgumentParser(prog="mlx-nursery", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -189,19 +189,11 @@ def run() -> None:
     try:
         status = main()
     finally:
-        release_mlx_streams()
+        if "mlx.core" in sys.modules:  # else nothing to release, and no need to load the runtime
+            from .models import release_mlx_streams
+
+            release_mlx_streams()
     sys.exit(status)
-
-
-def release_mlx_streams() -> None:
-    """Destroy this thread's MLX streams; MLX aborts at exit otherwise (ml-explore/mlx#4327).
-
-    Call it last: this thread can make no MLX call afterwards."""
-    if "mlx.core" in sys.modules:
-        import mlx.core as mx
-
-        mx.synchronize()
-        mx.clear_streams()
 
 
 if __name__ == "__main__":

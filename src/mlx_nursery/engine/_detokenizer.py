@@ -4,17 +4,18 @@ mlx-lm's `BPEStreamingDetokenizer` holds text back while it ends in an incomplet
 sequence, and re-decodes all of it, character by character in Python, on every token. A
 run of tokens that keeps ending that way is held back whole, so each token costs the
 length of the run: quadratic. Real models do that in degenerate output (a repeated
-partial-byte token), and every random-weight model of this project does it at once. On
-the dev machine such a run cost 29 us per token on average over 1000 tokens and 161 us over
-4000 (this one: 1.3 and 2.0 us; on ordinary text both take 1.6 us), on the engine thread,
-holding the GIL that the whole batch and the Trio thread need.
+partial-byte token), and every random-weight model of this project does it at once. Such a
+run's cost per token grows with its length (this one's stays flat, as on ordinary text;
+docs/architecture.md has the measurements), on the engine thread, holding the GIL that the
+whole batch and the Trio thread need.
 
 Nor does it rebuild the whole text on every token, as mlx-lm's detokenizers do
 (`self.text += segment`): that allocates a copy of the text per token, and once the copy
-passes 1 KB, glibc's malloc serves it from its large bins, first consolidating every small
-block freed since the last time. Between the steps of an MLX model that is a great many: on
-the dev machine a 1.1 KB allocation there took 30 us, against 2.6 us at 960 bytes. So the
-text is kept in pieces, read through `last_segment`, and joined every `_JOIN_AFTER` pieces.
+passes glibc's large-bin threshold, malloc serves it from its large bins, first
+consolidating every small block freed since the last time. Between the steps of an MLX
+model that is a great many, and such an allocation costs many times a small one
+(measured: docs/architecture.md). So the text is kept in pieces, read through
+`last_segment`, and joined every `_JOIN_AFTER` pieces.
 
 `LinearBPEDetokenizer` keeps mlx-lm's behaviour exactly (the same text, in the same
 segments, at the same tokens) but decodes each token's bytes once, with an incremental

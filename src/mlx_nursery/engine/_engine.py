@@ -233,11 +233,11 @@ class Engine:
 def _freeze_startup_heap() -> None:
     """Take what exists once the model is loaded (modules, model, tokenizer) out of the
     cyclic collector's passes: none of it becomes garbage while the engine runs, and a full
-    pass over it holds the GIL, which both threads need, in the middle of a step. On the dev
-    machine one such pass took 57 ms and made the slowest cancellation of a benchmark run
-    (bench/engine.py, cancel diagnostics). Objects made later are collected as usual;
-    collecting first matters, since frozen garbage is never freed. vLLM freezes its heap
-    after startup for the same reason (vllm/utils/gc_utils.py)."""
+    pass over it holds the GIL, which both threads need, in the middle of a step: such a pass
+    made the slowest cancellation of a benchmark run (bench/engine.py, cancel diagnostics;
+    docs/benchmarks.md, "Findings behind the current design"). Objects made later are
+    collected as usual; collecting first matters, since frozen garbage is never freed. vLLM
+    freezes its heap after startup for the same reason (vllm/utils/gc_utils.py)."""
     gc.collect()
     gc.freeze()
 

@@ -1,8 +1,8 @@
 """How much of a job's output goes into one SSE write.
 
-Under load, a server's cost per token is mostly its writes: at 32 streams a profile puts
-about 70% of the Trio thread in Hypercorn's send path (one shielded send per chunk per
-stream), and on a GPU that thread shares the GIL with the engine's. So a stream writes
+Under load, a server's cost per token is mostly its writes: with many streams a profile puts
+most of the Trio thread in Hypercorn's send path (one shielded send per chunk per stream),
+and on a GPU that thread shares the GIL with the engine's. So a stream writes
 whatever is ready at once, and, with an interval above 1, waits after its first write until
 that many pieces of text are ready, unless something else comes first (a tool call, the
 end, an error), which is never held back. The first write is never held back either: time
@@ -10,11 +10,11 @@ to first token stays what it was.
 
 The interval is fixed (`--stream-interval N`) or follows the load (the default, 0): one
 piece per write while few streams are open, one more for every `STREAMS_PER_PIECE` streams
-beyond. A lone stream is written token by token, as OpenAI streams; 32 streams are written
-four tokens at a time. On an H100 that took the server from 751 to 1384 tok/s at 32
-streams; with the engine's GC heap frozen, one token per write came closer (1000-1275
-against 1063-1297, docs/benchmarks.md). At that load a stream's tokens come every 20-30 ms,
-so four of them are about a tenth of a second: still a steady stream to a reader.
+beyond. A lone stream is written token by token, as OpenAI streams; many streams are
+written a few tokens at a time. On a GPU under many streams that raised the server's
+throughput, by less once the engine's GC heap was frozen (docs/benchmarks.md, "Findings
+behind the current design"). At such a load a stream's tokens come often enough that a few
+of them together still read as a steady stream.
 """
 
 from __future__ import annotations

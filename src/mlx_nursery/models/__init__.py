@@ -1,4 +1,5 @@
-"""Model runtime: loading models from local paths or the local HF cache, and the model factory."""
+"""Model runtime: loading models and tokenizers from local paths or the local HF cache,
+and the built-in models (the default, the scripted) written once into the user cache."""
 
 from ._embedding_loading import EmbeddingSpec, PoolingMode
 from ._loading import (
@@ -11,10 +12,9 @@ from ._loading import (
     resolve_model_path,
 )
 from ._speech import SpeechModel, load_speech_model
-from .factory import PRESETS, make_model
+from ._streams import release_mlx_streams
 
 __all__ = [
-    "PRESETS",
     "EmbeddingSpec",
     "LoadedModel",
     "ModelFacts",
@@ -24,7 +24,7 @@ __all__ = [
     "SpeechModel",
     "load_model",
     "load_speech_model",
-    "make_model",
     "model_facts",
+    "release_mlx_streams",
     "resolve_model_path",
 ]

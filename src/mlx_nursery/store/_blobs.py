@@ -49,7 +49,9 @@ class EncodedRow:
         return len(self.body) + len(self.input_items) + len(self.conversation)
 
 
-def encode(body: Any, input_items: Any, conversation: Any) -> EncodedRow:
+def encode(
+    body: dict[str, Any], input_items: list[dict[str, Any]], conversation: list[dict[str, Any]]
+) -> EncodedRow:
     """The row to store for these documents (module docstring)."""
     blobs: dict[str, str] = {}
     documents = [_extracted(document, blobs) for document in (body, input_items, conversation)]
@@ -59,7 +61,7 @@ def encode(body: Any, input_items: Any, conversation: Any) -> EncodedRow:
     return EncodedRow(body_text, items_text, conversation_text, blobs)
 
 
-def decode(text: str, blobs: Mapping[str, Any]) -> Any:
+def decode(text: str, blobs: Mapping[str, str]) -> Any:
     """A stored document back as it was put; `blobs` (digest -> the string, see `loaded`)
     holds the entries its row references: none, for a row stored as it is."""
     document = json.loads(text)
@@ -86,7 +88,7 @@ def _extracted(value: Any, blobs: dict[str, str]) -> Any:
     return value
 
 
-def _restored(value: Any, blobs: Mapping[str, Any]) -> Any:
+def _restored(value: Any, blobs: Mapping[str, str]) -> Any:
     if isinstance(value, str):
         if value.startswith(_MARK):
             return blobs[value[len(_MARK) :]]  # a row's markers name its own entries only

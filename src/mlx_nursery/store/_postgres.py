@@ -35,8 +35,10 @@ from ._rows import Dialect, StoredResponse, StoreLimits, delete, read, write
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg.rows import TupleRow
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 SCHEMES = ("postgresql://", "postgres://")
 
@@ -71,7 +73,7 @@ def _lock_key(name: str) -> int:
 _SCHEMA_LOCK = _lock_key("mlx-nursery responses schema")
 _WRITE_LOCK = _lock_key("mlx-nursery responses write")
 
-_CONNECTION_DEFAULTS: dict[str, Any] = {
+_CONNECTION_DEFAULTS: dict[str, Any] = {  # keyword arguments of psycopg.connect
     "application_name": "mlx-nursery",
     "connect_timeout": 10,
     # A server that vanishes (no reset) is found within about a minute, not TCP's hours:
@@ -127,7 +129,7 @@ class PostgresResponsesStore:
         self.path = shown_url(url)
         self.limits = limits or StoreLimits()
         self._open = False
-        self._db: psycopg.Connection[Any] | None = None
+        self._db: psycopg.Connection[TupleRow] | None = None
         self._limiter = trio.CapacityLimiter(1)
 
     async def open(self) -> None:
@@ -157,7 +159,7 @@ class PostgresResponsesStore:
         deleted: bool = await self._run(self._call, self._delete, response_id)
         return deleted
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the store's thread; never abandoned once started (class docstring)."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
@@ -185,7 +187,7 @@ class PostgresResponsesStore:
             self._db.close()
             self._db = None
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self) -> psycopg.Connection[TupleRow]:
         try:
             import psycopg
             from psycopg.conninfo import conninfo_to_dict
@@ -201,7 +203,7 @@ class PostgresResponsesStore:
                 f"could not connect to {self.path}: {self._scrubbed(error)}"
             ) from None
 
-    def _call(self, fn: Callable[[psycopg.Connection[Any], Any], T], arg: Any) -> T:
+    def _call(self, fn: Callable[[psycopg.Connection[TupleRow], A], T], arg: A) -> T:
         """`fn(connection, arg)`, connecting first if no connection is kept. A kept
         connection found dead in use (the server restarted, an idle connection was cut) is
         replaced and the call retried once: puts and gets are idempotent, and a delete's
@@ -227,15 +229,15 @@ class PostgresResponsesStore:
                     raise
                 retry = False
 
-    def _put(self, db: psycopg.Connection[Any], record: StoredResponse) -> None:
+    def _put(self, db: psycopg.Connection[TupleRow], record: StoredResponse) -> None:
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
             write(db, _DIALECT, record, self.limits)
 
-    def _get(self, db: psycopg.Connection[Any], response_id: str) -> StoredResponse | None:
+    def _get(self, db: psycopg.Connection[TupleRow], response_id: str) -> StoredResponse | None:
         return read(db, _DIALECT, response_id, self.limits.max_age_seconds)
 
-    def _delete(self, db: psycopg.Connection[Any], response_id: str) -> bool:
+    def _delete(self, db: psycopg.Connection[TupleRow], response_id: str) -> bool:
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
             return delete(db, _DIALECT, response_id)

@@ -11,13 +11,16 @@ and large strings kept once are `_rows.py`'s, shared with PostgreSQL.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import trio
 
 from .. import fault_points
 from ._rows import Dialect, StoredResponse, StoreLimits, delete, read, write
+
+T = TypeVar("T")
 
 _DIALECT = Dialect("responses", "response_blobs", "response_blob_refs", "?")
 
@@ -82,7 +85,7 @@ class ResponsesStore:
         deleted: bool = await self._run(self._delete, response_id)
         return deleted
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the store's thread; never abandoned once started (class docstring)."""
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 

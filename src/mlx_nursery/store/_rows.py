@@ -63,17 +63,21 @@ class StoreLimits:
     max_age_seconds: float = 30 * _DAY
 
 
+SQLValue = str | int | float | None
+"""What a statement's parameters hold: ids, owners, documents as JSON text, times, sizes."""
+
+
 class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
 
-    def fetchall(self) -> list[Any]: ...
+    def fetchall(self) -> list[tuple[Any, ...]]: ...
 
 
 class Connection(Protocol):
     """What both sqlite3's and psycopg's connections offer."""
 
-    def execute(self, sql: str, parameters: tuple[Any, ...], /) -> Cursor: ...
+    def execute(self, sql: str, parameters: tuple[SQLValue, ...], /) -> Cursor: ...
 
 
 @attrs.frozen

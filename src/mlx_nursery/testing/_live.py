@@ -358,7 +358,7 @@ class _Runner:
             self._failure = exc
         finally:
             self._started.set()
-            from ..cli import release_mlx_streams
+            from ..models import release_mlx_streams
 
             release_mlx_streams()  # this thread's, if it made any (ml-explore/mlx#4327)
 

