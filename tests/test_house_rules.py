@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mlx_nursery"
-PACKAGES = ("anthropic", "engine", "http", "models", "openai", "store", "testing")
+PACKAGES = ("anthropic", "engine", "http", "models", "openai", "serving", "store", "testing")
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -145,26 +145,20 @@ PUBLIC = {
         "open_engine",
     ],
     "http": [
+        "AccessPolicy",
         "HYPERCORN_HEAD_BYTES",
         "OPEN_FILES_RESERVE",
         "ConnectionCap",
         "ConnectionDrops",
         "LifetimeHTTPConnection",
         "RequestLimits",
-        "RequestProcessors",
-        "Service",
         "ShieldFinalBody",
         "body_left_unread",
         "current_record",
-        "default_script",
         "envelope_response",
         "error_response",
-        "internal_error",
         "is_messages_route",
         "leave_body_unread",
-        "log_failure",
-        "model_sources",
-        "parse_fault",
         "raise_open_files_limit",
         "request_class_for",
         "routes",
@@ -288,6 +282,33 @@ PUBLIC = {
         "with_script",
         "with_tools",
     ],
+    "serving": [
+        "ANONYMOUS",
+        "METRICS_CONTENT_TYPE",
+        "PREPARE_THREADS",
+        "EmbeddingCalls",
+        "Fault",
+        "FaultInjector",
+        "Job",
+        "JobItem",
+        "Jobs",
+        "Metrics",
+        "ModelSource",
+        "RequestProcessors",
+        "RequestRecord",
+        "Service",
+        "Tenant",
+        "WriteBatcher",
+        "WritePolicy",
+        "default_script",
+        "embedding",
+        "internal_error",
+        "log_failure",
+        "merged_text",
+        "model_sources",
+        "parse_fault",
+        "speaking",
+    ],
     "store": [
         "PostgresResponsesStore",
         "ResponsesStorage",
@@ -300,6 +321,20 @@ PUBLIC = {
     "testing": ["CancelCause", "LiveServer", "ServerReport", "injected_fault", "start_server"],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""
+
+
+WEB_FRAMEWORKS = ("quart", "quart_trio", "werkzeug", "hypercorn", "h11")
+
+
+def test_the_serving_core_imports_no_web_framework() -> None:
+    """serving/ is the runtime apart from HTTP: Quart, Werkzeug and Hypercorn stay in http/."""
+    offences = [
+        f"{path.relative_to(SRC)}:{line} imports {target}"
+        for path in sorted((SRC / "serving").rglob("*.py"))
+        for line, target in imported_modules(path.read_text(), package_of(path))
+        if target.split(".")[0] in WEB_FRAMEWORKS
+    ]
+    assert offences == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -16,7 +16,7 @@ import attrs
 import httpx
 import trio
 
-from mlx_nursery.http._service import PREPARE_THREADS
+from mlx_nursery.serving._service import PREPARE_THREADS
 
 from .http_helpers import (
     chat_body,

@@ -13,25 +13,23 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTim
 
 from .fault_points import request_label
 from .http import (
+    AccessPolicy,
     ConnectionDrops,
     LifetimeHTTPConnection,
     RequestLimits,
-    RequestProcessors,
-    Service,
     ShieldFinalBody,
     body_left_unread,
     current_record,
     envelope_response,
     error_response,
-    internal_error,
     is_messages_route,
     leave_body_unread,
-    log_failure,
     request_class_for,
     routes,
     tenant_of,
 )
 from .openai import OpenAIError
+from .serving import RequestProcessors, Service, internal_error, log_failure
 from .settings import Settings
 
 log = logging.getLogger("mlx_nursery.http")
@@ -66,8 +64,10 @@ def create_app(
     app.config["BODY_TIMEOUT"] = None
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
     service = Service(settings, extra_processors)
-    access = service.access
+    access = AccessPolicy(settings)
+    """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
     app.extensions["mlx_nursery"] = service
+    app.extensions["mlx_nursery.access"] = access
     app.register_blueprint(routes)
 
     @app.before_serving

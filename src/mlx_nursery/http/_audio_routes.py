@@ -37,13 +37,11 @@ from ..openai import (
     speech_model_name,
     transcript_body,
 )
+from ..serving import Job, JobItem, Service, speaking
 from ._errors import leave_body_unread
-from ._jobs import Job, JobItem
 from ._lifetime import current_record, own
 from ._pump import ended_early, pump
-from ._registry import speaking
 from ._routes import request_id, routes
-from ._service import Service
 from ._sse import HEADERS, data_event
 
 AUDIO_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")

@@ -9,8 +9,8 @@ from typing import Any
 from quart import Response
 
 from ..openai import PreparedEmbeddings, embeddings_body, parse_json, prepare_embeddings
+from ..serving import embedding
 from ._lifetime import current_record
-from ._registry import embedding
 from ._routes import _service, request_body, routes
 
 

@@ -22,9 +22,8 @@ import attrs
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from quart_trio.asgi import TrioASGIHTTPConnection
 
+from ..serving import Job, RequestRecord
 from ._body_pace import PacedBody
-from ._jobs import Job
-from ._request_log import RequestRecord
 
 _current: ContextVar[RequestLifetime | None] = ContextVar(
     "mlx_nursery_request_lifetime", default=None

@@ -35,8 +35,7 @@ from ..openai import (
     ToolCallOut,
     parse_json,
 )
-from ._batching import merged_text
-from ._jobs import JobItem
+from ..serving import JobItem, merged_text
 from ._lifetime import current_record, own
 from ._pump import pump
 from ._routes import _service, collect, note_ignored, request_body, request_id, routes

@@ -18,10 +18,8 @@ from typing import Protocol
 
 from .. import fault_points
 from ..openai import ConnectionDropped, OpenAIError
-from ._batching import WriteBatcher, WritePolicy
+from ..serving import Job, JobItem, WriteBatcher, WritePolicy, internal_error, log_failure
 from ._drop import DROP_CONNECTION
-from ._errors import internal_error, log_failure
-from ._jobs import Job, JobItem
 
 log = logging.getLogger("mlx_nursery.http")
 

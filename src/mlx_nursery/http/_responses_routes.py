@@ -29,13 +29,11 @@ from ..openai import (
     quoted,
     responses_images,
 )
+from ..serving import JobItem, Service, merged_text
 from ..store import StoredResponse
-from ._batching import merged_text
-from ._jobs import JobItem
 from ._lifetime import current_record, own
 from ._pump import ended_early, pump
 from ._routes import _service, note_ignored, request_body, request_id, routes
-from ._service import Service
 from ._sse import HEADERS, named_events
 from ._tenancy import current_tenant
 

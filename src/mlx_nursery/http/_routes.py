@@ -34,12 +34,9 @@ from ..openai import (
     quoted,
     to_json,
 )
-from ._batching import merged_text
-from ._jobs import Job, JobItem
+from ..serving import METRICS_CONTENT_TYPE, Job, JobItem, Service, merged_text
 from ._lifetime import current_record, own
-from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._pump import ended_early, pump
-from ._service import Service
 from ._sse import DONE, HEADERS, data_event, json_event
 from ._tenancy import current_tenant
 

@@ -22,8 +22,8 @@ import trio
 if TYPE_CHECKING:
     import openai
 
-    from ..http import Service
     from ..server import Running
+    from ..serving import Service
     from ..settings import Settings
 
 T = TypeVar("T")

@@ -60,7 +60,6 @@ from ..openai import (
 )
 from ..settings import Settings, SettingsError
 from ..store import responses_store_at
-from ._access import AccessPolicy
 from ._batching import WritePolicy
 from ._embedding_calls import EmbeddingCalls
 from ._faults import Fault, FaultInjector, injected_failure, parse_fault
@@ -135,8 +134,6 @@ class Service:
             settings.fault_rate, parse_fault(settings.fault), settings.fault_seed
         )
         """Server-wide fault injection (`--fault-rate`): off by default."""
-        self.access = AccessPolicy(settings)
-        """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
 
     def deadline(self) -> float:
         """The deadline of a request that starts now (the request timeout; inf without one)."""
