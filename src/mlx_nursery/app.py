@@ -28,9 +28,26 @@ from .http import (
     routes,
     tenant_of,
 )
-from .openai import OpenAIError
-from .serving import RequestProcessors, Service, internal_error, log_failure
+from .openai import AudioLimits, MediaFetches, OpenAIError
+from .serving import (
+    FaultInjector,
+    Generations,
+    Metrics,
+    ModelOpener,
+    Parts,
+    Preparation,
+    RequestProcessors,
+    Service,
+    WritePolicy,
+    default_script,
+    image_limits,
+    internal_error,
+    log_failure,
+    model_sources,
+    parse_fault,
+)
 from .settings import Settings
+from .store import responses_store_at
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -63,20 +80,22 @@ def create_app(
     # which answer a body too slow with a 408 and close its connection.
     app.config["BODY_TIMEOUT"] = None
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
-    service = Service(settings, extra_processors)
+    app.config["PACED_BODY_TIMEOUT"] = settings.body_timeout
+    app.config["PACED_BODY_MIN_RATE"] = settings.body_min_rate
+    parts = serving_parts(settings, extra_processors)
     access = AccessPolicy(settings)
     """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
-    app.extensions["mlx_nursery"] = service
+    app.extensions["mlx_nursery"] = parts  # what the routes serve with (http/_generate.py)
     app.extensions["mlx_nursery.access"] = access
     app.register_blueprint(routes)
 
     @app.before_serving
     async def start_service() -> None:
-        app.nursery.start_soon(service.run, app.nursery)
+        app.nursery.start_soon(parts.service.run, app.nursery)
 
     @app.after_serving
     async def close_store() -> None:
-        await service.store.close()
+        await parts.store.close()
 
     @app.before_request
     async def assign_request_id() -> None:
@@ -139,7 +158,7 @@ def create_app(
         if record is not None:
             record.status = response.status_code
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        service.metrics.requests.labels(rule, str(response.status_code)).inc()
+        parts.metrics.requests.labels(rule, str(response.status_code)).inc()
         return response
 
     @app.errorhandler(OpenAIError)
@@ -177,6 +196,39 @@ def create_app(
         return error_response(internal_error(request_id), anthropic=is_messages_route(request.path))
 
     return app
+
+
+def serving_parts(settings: Settings, extra_processors: RequestProcessors | None) -> Parts:
+    """The composition root: each part of the serving core built once, and handed what it
+    needs."""
+    metrics = Metrics()
+    store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
+    images = image_limits(settings)
+    opener = ModelOpener(settings, metrics, images, default_script(settings))
+    service = Service(settings, model_sources(settings), opener, metrics, store)
+    fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
+    preparation = Preparation(settings.request_timeout, fetches)
+    faults = FaultInjector(settings.fault_rate, parse_fault(settings.fault), settings.fault_seed)
+    generations = Generations(
+        service,
+        preparation,
+        faults,
+        metrics,
+        fetches_images=bool(images.hosts),
+        extra_processors=extra_processors,
+    )
+    return Parts(
+        service=service,
+        preparation=preparation,
+        generations=generations,
+        metrics=metrics,
+        writes=WritePolicy(settings.stream_interval),
+        store=store,
+        audio_limits=AudioLimits(
+            max_bytes=settings.max_audio_bytes, max_seconds=settings.max_audio_seconds
+        ),
+        max_input_items=settings.max_messages,
+    )
 
 
 async def _drain_body(status: int) -> None:

@@ -33,7 +33,7 @@ from .http import (
     raise_open_files_limit,
     serve_http,
 )
-from .serving import RequestProcessors, Service
+from .serving import Parts, RequestProcessors, Service
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("mlx_nursery.server")
@@ -43,6 +43,9 @@ log = logging.getLogger("mlx_nursery.server")
 class Running:
     urls: list[str]
     service: Service
+    """The served models and the server's state."""
+    parts: Parts
+    """Every part the app serves with (app.py's composition root)."""
 
     @property
     def base_url(self) -> str:
@@ -85,7 +88,8 @@ async def serve(
     shared part failed for good (`Service.stopped_by_failure`).
     """
     app = create_app(settings, extra_processors=extra_processors)
-    service: Service = app.extensions["mlx_nursery"]
+    parts: Parts = app.extensions["mlx_nursery"]
+    service = parts.service
     raise_open_files_limit(settings.max_connections + OPEN_FILES_RESERVE)
     access: AccessPolicy = app.extensions["mlx_nursery.access"]
     _warn_if_open(settings, access)
@@ -113,7 +117,7 @@ async def serve(
         await serve_http(
             cast(ASGIFramework, asgi_app(app)),
             hypercorn_config(settings),
-            ConnectionCap(settings.max_connections, service.metrics),
+            ConnectionCap(settings.max_connections, parts.metrics),
             shutdown_trigger=stop_accepting.wait,
             task_status=task_status,
         )
@@ -128,7 +132,7 @@ async def serve(
         nursery.start_soon(stop_on_failure)
         urls = await nursery.start(run_hypercorn)
         await service.ready.wait()
-        task_status.started(Running(urls, service))
+        task_status.started(Running(urls, service, parts))
     return 1 if service.state == "failed" or failed.is_set() else 0
 
 
