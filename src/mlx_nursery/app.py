@@ -75,7 +75,7 @@ def create_app(
     app.request_class = request_class_for(settings.max_audio_bytes)  # the audio routes' limit
     # `/v1//chat/completions` is a 404 in the envelope, not werkzeug's HTML redirect (308).
     app.url_map.merge_slashes = False
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_generate.py
     # Receiving the body is paced by --body-timeout and --body-min-rate (http/_body_pace.py),
     # which answer a body too slow with a 408 and close its connection.
     app.config["BODY_TIMEOUT"] = None
@@ -150,7 +150,7 @@ def create_app(
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
         if is_messages_route(request.path):  # where Anthropic's SDKs read it
             response.headers["request-id"] = getattr(g, "request_id", "")
-        response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
+        response.headers.update(getattr(g, "response_headers", {}))  # http/_generate.note_ignored
         response.headers.update(access.current.cors_headers(request.headers.get("Origin")))
         if body_left_unread() and _body_announced():
             response.headers["Connection"] = "close"  # what is left of it goes unread

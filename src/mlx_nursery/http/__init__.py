@@ -1,10 +1,11 @@
-"""The HTTP layer: routes, jobs, streams and error envelopes, on Quart-Trio and Hypercorn.
+"""The HTTP layer: routes, streams and error envelopes, on Quart-Trio and Hypercorn.
 
 It knows nothing of MLX, and serves with the serving core (`serving/`): routes read and
-check the body, hand it to the serving core's generation (prepared on a worker thread, run
-as a job tied to the request's lifetime, `_lifetime.py`), and write JSON or SSE
-(`_pump.py`). This package exports what the app
-(`app.py`) and the server (`server.py`) are built from; the modules stay private.
+check the body, hand it to the serving core's generation choreography (prepared on a
+worker thread, run as a job tied to the request's lifetime, `_lifetime.py`) and write its
+output as JSON or SSE (`_generate.py`, `_renderers.py`, `_pump.py`). This package exports
+what the app (`app.py`) and the server (`server.py`) are built from; the modules stay
+private.
 """
 
 from . import (
