@@ -25,6 +25,7 @@ from referencing.jsonschema import DRAFT202012
 
 from mlx_nursery.engine import Engine
 from mlx_nursery.server import Running, serve
+from mlx_nursery.serving._registry import Hosted
 from mlx_nursery.settings import Settings
 
 SPEC = Path(__file__).parent / "reference" / "openai-openapi.yaml"
@@ -132,9 +133,18 @@ def server_thread(model_dir: Path | None, /, **settings: Any) -> Iterator[Runnin
         raise failure
 
 
+def hosted_of(running: Running) -> Hosted:
+    """The first loaded text-generation model of `running` (a server of one model: its model)."""
+    models = running.service.models
+    assert models is not None
+    hosted = next((h for h in models.loaded() if isinstance(h, Hosted)), None)
+    assert hosted is not None, "no generation model is loaded"
+    return hosted
+
+
 def engine_of(running: Running) -> Engine:
-    engine = running.service.engine
-    assert engine is not None
+    engine = hosted_of(running).engine
+    assert isinstance(engine, Engine)
     return engine
 
 

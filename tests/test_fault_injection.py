@@ -98,7 +98,7 @@ async def settled(server: Running) -> None:
         )
 
     await eventually(idle, "every lane and job back")
-    assert server.service._preparing.borrowed_tokens == 0
+    assert server.parts.preparation.preparing == 0
     async with httpx.AsyncClient(base_url=server.base_url) as http:
         health = await http.get("/health")
     assert health.status_code == 200, health.text

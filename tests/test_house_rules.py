@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "mlx_nursery"
-PACKAGES = ("anthropic", "engine", "http", "models", "openai", "store", "testing", "tools")
+PACKAGES = (
+    "anthropic",
+    "engine",
+    "http",
+    "models",
+    "openai",
+    "serving",
+    "store",
+    "testing",
+    "tools",
+)
 
 
 def imported_modules(source: str, package: str) -> list[tuple[int, str]]:
@@ -145,26 +155,20 @@ PUBLIC = {
         "open_engine",
     ],
     "http": [
+        "AccessPolicy",
         "HYPERCORN_HEAD_BYTES",
         "OPEN_FILES_RESERVE",
         "ConnectionCap",
         "ConnectionDrops",
         "LifetimeHTTPConnection",
         "RequestLimits",
-        "RequestProcessors",
-        "Service",
         "ShieldFinalBody",
         "body_left_unread",
         "current_record",
-        "default_script",
         "envelope_response",
         "error_response",
-        "internal_error",
         "is_messages_route",
         "leave_body_unread",
-        "log_failure",
-        "model_sources",
-        "parse_fault",
         "raise_open_files_limit",
         "request_class_for",
         "routes",
@@ -287,6 +291,47 @@ PUBLIC = {
         "with_script",
         "with_tools",
     ],
+    "serving": [
+        "ANONYMOUS",
+        "METRICS_CONTENT_TYPE",
+        "PREPARE_THREADS",
+        "BodyRenderer",
+        "Caller",
+        "EmbeddingCalls",
+        "Fault",
+        "FaultInjector",
+        "Generations",
+        "Job",
+        "JobItem",
+        "Jobs",
+        "Metrics",
+        "ModelOpener",
+        "ModelSource",
+        "Parts",
+        "PieceRenderer",
+        "Preparation",
+        "Recipe",
+        "RenderedStream",
+        "RequestProcessors",
+        "RequestRecord",
+        "Service",
+        "StreamRenderer",
+        "Tenant",
+        "WriteBatcher",
+        "WritePolicy",
+        "collect",
+        "default_script",
+        "embedding",
+        "ended_early",
+        "image_limits",
+        "internal_error",
+        "log_failure",
+        "merged_text",
+        "model_sources",
+        "parse_fault",
+        "render_piece",
+        "speaking",
+    ],
     "store": [
         "PostgresResponsesStore",
         "ResponsesStorage",
@@ -311,6 +356,20 @@ PUBLIC = {
     ],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""
+
+
+WEB_FRAMEWORKS = ("quart", "quart_trio", "werkzeug", "hypercorn", "h11")
+
+
+def test_the_serving_core_imports_no_web_framework() -> None:
+    """serving/ is the runtime apart from HTTP: Quart, Werkzeug and Hypercorn stay in http/."""
+    offences = [
+        f"{path.relative_to(SRC)}:{line} imports {target}"
+        for path in sorted((SRC / "serving").rglob("*.py"))
+        for line, target in imported_modules(path.read_text(), package_of(path))
+        if target.split(".")[0] in WEB_FRAMEWORKS
+    ]
+    assert offences == []
 
 
 @pytest.mark.parametrize("package", PACKAGES)

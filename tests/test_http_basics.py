@@ -7,7 +7,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .http_helpers import chat_body, running_server, sdk, sse_events, validate, validate_error
+from .http_helpers import (
+    chat_body,
+    engine_of,
+    running_server,
+    sdk,
+    sse_events,
+    validate,
+    validate_error,
+)
 
 
 async def test_health_and_models(tiny_model: Path) -> None:
@@ -267,7 +275,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
         ) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
-        engine = server.service.engine
+        engine = engine_of(server)
         assert engine is not None
         config = engine.config
         assert (config.prefill_step_size, config.prefill_batch_size) == (16, 2)

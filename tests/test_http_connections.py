@@ -90,12 +90,12 @@ async def closed_by_server(stream: trio.SocketStream) -> bool:
 
 
 def open_connections(server: Running) -> float:
-    value = server.service.metrics.registry.get_sample_value("mlx_nursery:http_connections_open")
+    value = server.parts.metrics.registry.get_sample_value("mlx_nursery:http_connections_open")
     return value or 0.0
 
 
 def refused(server: Running, reason: str) -> float:
-    value = server.service.metrics.registry.get_sample_value(
+    value = server.parts.metrics.registry.get_sample_value(
         "mlx_nursery:http_refused_total", {"reason": reason}
     )
     return value or 0.0

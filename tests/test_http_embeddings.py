@@ -230,7 +230,7 @@ async def test_a_client_that_leaves_stops_the_compute_within_a_forward(
         after = await sdk(running).embeddings.create(model="tiny", input="next")
         assert len(after.data) == 1
         assert not running.service.models.slots[0].busy
-        registry = running.service.metrics.registry
+        registry = running.parts.metrics.registry
         labels = {"model_name": "tiny", "cause": "client"}
         assert registry.get_sample_value("mlx_nursery:request_cancelled_total", labels) == 1
         tokens = registry.get_sample_value(

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlx_nursery.http import parse_fault
+from mlx_nursery.serving import parse_fault
 from mlx_nursery.settings import SettingsError
 
 from .http_helpers import chat_body, engine_of, eventually, running_server, validate_error

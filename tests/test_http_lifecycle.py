@@ -12,14 +12,15 @@ import httpx
 import pytest
 import trio
 
-from mlx_nursery.http._jobs import Job, Jobs
-from mlx_nursery.http._service import Service
 from mlx_nursery.openai import Prepared
+from mlx_nursery.serving import Preparation
+from mlx_nursery.serving._jobs import Job, Jobs
 
 from .http_helpers import (
     chat_body,
     engine_of,
     eventually,
+    hosted_of,
     port_of,
     post_request,
     raw_http,
@@ -81,7 +82,7 @@ async def test_a_disconnect_before_the_first_body_byte_stops_the_job(
     tiny_model: Path, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with running_server(tiny_model, max_concurrency=1) as server:
-        engine, jobs = engine_of(server), server.service.jobs
+        engine, jobs = engine_of(server), hosted_of(server).jobs
         assert jobs is not None
         held = HeldStart(jobs)
         monkeypatch.setattr(jobs, "start", held)
@@ -98,11 +99,11 @@ async def test_a_disconnect_before_the_first_body_byte_stops_the_job(
 
 
 class HeldPrepare:
-    """Wraps `Service.prepare`: a prepared request waits for `resume` before it goes on to
-    start its job."""
+    """Wraps `Preparation.prepare`: a prepared request waits for `resume` before it goes on
+    to start its job."""
 
-    def __init__(self, service: Service) -> None:
-        self._prepare = service.prepare
+    def __init__(self, preparation: Preparation) -> None:
+        self._prepare = preparation.prepare
         self.entered = trio.Event()
         self.resume = trio.Event()
 
@@ -123,8 +124,8 @@ async def test_a_job_started_during_drain_is_refused(
             post_request("/v1/chat/completions", chat_body(max_tokens=64, stream=True)),
         )
         await read_until(running, b"data: ")  # a job is running: the drain will wait for it
-        held = HeldPrepare(service)
-        monkeypatch.setattr(service, "prepare", held)
+        held = HeldPrepare(server.parts.preparation)
+        monkeypatch.setattr(server.parts.preparation, "prepare", held)
         drained = trio.Event()
 
         async def drain() -> None:

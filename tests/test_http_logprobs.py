@@ -222,7 +222,7 @@ async def test_default_interval_follows_the_number_of_open_streams(tiny_model: P
                 json=chat_body("Tell a tale.", stream=True, **fields),
             ) as response:
                 chunks = (await sse_events(response))[:-1]
-            assert server.service.writes.open_streams == 16  # the others are still streaming
+            assert server.parts.writes.open_streams == 16  # the others are still streaming
             nursery.cancel_scope.cancel()
     per_write = [
         len(c["choices"][0]["logprobs"]["content"])

@@ -285,7 +285,7 @@ async def test_fetches_are_bounded_server_wide_in_number_and_bytes(tiny_vlm: Pat
             ) as server,
             httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
         ):
-            fetches = server.service.fetches
+            fetches = server.parts.preparation.fetches
             one = await http.post(CHAT, json=image_chat(f"{host.base}/cat.png"))
             assert one.status_code == 200 and fetches.held == 0
             urls = (f"{host.base}/cat.png", f"{host.base}/dog.png")

@@ -62,7 +62,7 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
                     if pieces == 3:
                         break
         assert pieces == 3
-        registry = server.service.metrics.registry
+        registry = server.parts.metrics.registry
         labels = {"model_name": "tiny", "cause": "client"}
         await eventually(  # the job ends just after the client left
             lambda: registry.get_sample_value("mlx_nursery:request_cancelled_total", labels),

@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 import trio
 
-from mlx_nursery.http import model_sources
+from mlx_nursery.serving import model_sources
 from mlx_nursery.settings import Settings, SettingsError
 
 from .http_helpers import (

@@ -16,7 +16,7 @@ import attrs
 import httpx
 import trio
 
-from mlx_nursery.http._service import PREPARE_THREADS
+from mlx_nursery.serving import PREPARE_THREADS
 
 from .http_helpers import (
     chat_body,
@@ -104,7 +104,7 @@ async def test_slow_preparations_do_not_hold_up_another(tiny_model: Path) -> Non
                 nursery.start_soon(slow)
             for _ in range(held):
                 assert await trio.to_thread.run_sync(holds.entered.acquire, True, 60)
-            assert server.service.preparing == held
+            assert server.parts.preparation.preparing == held
             await victim_served(http)  # while the others are still held
             assert not replies
             holds.release.set()
@@ -235,9 +235,9 @@ async def test_audio_limits_are_read_from_the_header_and_decoding_stops_with_its
         request = multipart_request(
             "/v1/audio/transcriptions", fields, flac_bytes(48_000, 2, 48_000 * 10 * HOUR)
         )
-        service = server.service
+        preparation = server.parts.preparation
         connection = await raw_http(port_of(server), request)
-        await eventually(lambda: service.preparing == 1, "the audio is being prepared")
+        await eventually(lambda: preparation.preparing == 1, "the audio is being prepared")
         await connection.aclose()
-        await eventually(lambda: service.preparing == 0, "the preparation stopped")
+        await eventually(lambda: preparation.preparing == 0, "the preparation stopped")
         await victim_served(http)

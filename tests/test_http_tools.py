@@ -20,7 +20,7 @@ from mlx_nursery.openai._converter import structure
 from mlx_nursery.openai._prompts import render_chat
 from mlx_nursery.testing import LiveServer, start_server
 
-from .http_helpers import chat_body, running_server, scripted, sdk, sse_events, validate
+from .http_helpers import chat_body, hosted_of, running_server, scripted, sdk, sse_events, validate
 
 WEATHER = {
     "type": "function",
@@ -149,7 +149,7 @@ async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) ->
         second = await client.chat.completions.create(
             model="tiny", messages=history, tools=[WEATHER], max_tokens=4, temperature=0
         )
-        tokenizer = server.service.served.tokenizer  # type: ignore[union-attr]  # while loaded
+        tokenizer = hosted_of(server).served.tokenizer
     messages = [structure(m, ChatMessage) for m in json.loads(json.dumps(history, default=str))]
     expected = render_chat(tokenizer, messages, [WEATHER])
     assert second.usage.prompt_tokens == len(expected)

@@ -133,7 +133,7 @@ async def test_the_engine_serves_the_scripted_model_without_compute() -> None:
 
 
 def test_a_bad_script_file_stops_the_start(tmp_path: Path) -> None:
-    from mlx_nursery.http import default_script
+    from mlx_nursery.serving import default_script
     from mlx_nursery.settings import Settings, SettingsError
 
     path = tmp_path / "script.json"

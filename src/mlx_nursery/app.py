@@ -13,26 +13,41 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTim
 
 from .fault_points import request_label
 from .http import (
+    AccessPolicy,
     ConnectionDrops,
     LifetimeHTTPConnection,
     RequestLimits,
-    RequestProcessors,
-    Service,
     ShieldFinalBody,
     body_left_unread,
     current_record,
     envelope_response,
     error_response,
-    internal_error,
     is_messages_route,
     leave_body_unread,
-    log_failure,
     request_class_for,
     routes,
     tenant_of,
 )
-from .openai import OpenAIError
+from .openai import AudioLimits, MediaFetches, OpenAIError
+from .serving import (
+    FaultInjector,
+    Generations,
+    Metrics,
+    ModelOpener,
+    Parts,
+    Preparation,
+    RequestProcessors,
+    Service,
+    WritePolicy,
+    default_script,
+    image_limits,
+    internal_error,
+    log_failure,
+    model_sources,
+    parse_fault,
+)
 from .settings import Settings
+from .store import responses_store_at
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -60,23 +75,27 @@ def create_app(
     app.request_class = request_class_for(settings.max_audio_bytes)  # the audio routes' limit
     # `/v1//chat/completions` is a 404 in the envelope, not werkzeug's HTML redirect (308).
     app.url_map.merge_slashes = False
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_routes.py
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_request_bytes  # 413, see http/_generate.py
     # Receiving the body is paced by --body-timeout and --body-min-rate (http/_body_pace.py),
     # which answer a body too slow with a 408 and close its connection.
     app.config["BODY_TIMEOUT"] = None
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
-    service = Service(settings, extra_processors)
-    access = service.access
-    app.extensions["mlx_nursery"] = service
+    app.config["PACED_BODY_TIMEOUT"] = settings.body_timeout
+    app.config["PACED_BODY_MIN_RATE"] = settings.body_min_rate
+    parts = serving_parts(settings, extra_processors)
+    access = AccessPolicy(settings)
+    """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
+    app.extensions["mlx_nursery"] = parts  # what the routes serve with (http/_generate.py)
+    app.extensions["mlx_nursery.access"] = access
     app.register_blueprint(routes)
 
     @app.before_serving
     async def start_service() -> None:
-        app.nursery.start_soon(service.run, app.nursery)
+        app.nursery.start_soon(parts.service.run, app.nursery)
 
     @app.after_serving
     async def close_store() -> None:
-        await service.store.close()
+        await parts.store.close()
 
     @app.before_request
     async def assign_request_id() -> None:
@@ -131,7 +150,7 @@ def create_app(
         response.headers[REQUEST_ID_HEADER] = getattr(g, "request_id", "")
         if is_messages_route(request.path):  # where Anthropic's SDKs read it
             response.headers["request-id"] = getattr(g, "request_id", "")
-        response.headers.update(getattr(g, "response_headers", {}))  # http/_routes.note_ignored
+        response.headers.update(getattr(g, "response_headers", {}))  # http/_generate.note_ignored
         response.headers.update(access.current.cors_headers(request.headers.get("Origin")))
         if body_left_unread() and _body_announced():
             response.headers["Connection"] = "close"  # what is left of it goes unread
@@ -139,7 +158,7 @@ def create_app(
         if record is not None:
             record.status = response.status_code
         rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        service.metrics.requests.labels(rule, str(response.status_code)).inc()
+        parts.metrics.requests.labels(rule, str(response.status_code)).inc()
         return response
 
     @app.errorhandler(OpenAIError)
@@ -177,6 +196,39 @@ def create_app(
         return error_response(internal_error(request_id), anthropic=is_messages_route(request.path))
 
     return app
+
+
+def serving_parts(settings: Settings, extra_processors: RequestProcessors | None) -> Parts:
+    """The composition root: each part of the serving core built once, and handed what it
+    needs."""
+    metrics = Metrics()
+    store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
+    images = image_limits(settings)
+    opener = ModelOpener(settings, metrics, images, default_script(settings))
+    service = Service(settings, model_sources(settings), opener, metrics, store)
+    fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
+    preparation = Preparation(settings.request_timeout, fetches)
+    faults = FaultInjector(settings.fault_rate, parse_fault(settings.fault), settings.fault_seed)
+    generations = Generations(
+        service,
+        preparation,
+        faults,
+        metrics,
+        fetches_images=bool(images.hosts),
+        extra_processors=extra_processors,
+    )
+    return Parts(
+        service=service,
+        preparation=preparation,
+        generations=generations,
+        metrics=metrics,
+        writes=WritePolicy(settings.stream_interval),
+        store=store,
+        audio_limits=AudioLimits(
+            max_bytes=settings.max_audio_bytes, max_seconds=settings.max_audio_seconds
+        ),
+        max_input_items=settings.max_messages,
+    )
 
 
 async def _drain_body(status: int) -> None:

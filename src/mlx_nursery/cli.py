@@ -57,11 +57,11 @@ def _convert_ct2_whisper(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import trio
 
-    from .http import default_script, model_sources, parse_fault
     from .logs import configure_logging
     from .models import ModelNotFoundError, resolve_model_path
     from .models.default import DefaultModelError, ensure_default_model
     from .server import serve
+    from .serving import default_script, model_sources, parse_fault
     from .settings import SettingsError
 
     try:

@@ -2,7 +2,7 @@
 pipelines (`--log-format json`).
 
 A JSON line holds the time, level, logger and message, and the fields a record carries
-as `request` (the request log, `http/_request_log.py`) at the top level. Prompts and
+as `request` (the request log, `serving/_request_log.py`) at the top level. Prompts and
 completions never reach a log record: nothing here has to filter them out.
 
 A text line escapes the control characters (newlines, ANSI escapes, ...) of the values a

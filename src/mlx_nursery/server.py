@@ -28,12 +28,12 @@ from .app import asgi_app, create_app
 from .http import (
     HYPERCORN_HEAD_BYTES,
     OPEN_FILES_RESERVE,
+    AccessPolicy,
     ConnectionCap,
-    RequestProcessors,
-    Service,
     raise_open_files_limit,
     serve_http,
 )
+from .serving import Parts, RequestProcessors, Service
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("mlx_nursery.server")
@@ -43,6 +43,9 @@ log = logging.getLogger("mlx_nursery.server")
 class Running:
     urls: list[str]
     service: Service
+    """The served models and the server's state."""
+    parts: Parts
+    """Every part the app serves with (app.py's composition root)."""
 
     @property
     def base_url(self) -> str:
@@ -85,9 +88,11 @@ async def serve(
     shared part failed for good (`Service.stopped_by_failure`).
     """
     app = create_app(settings, extra_processors=extra_processors)
-    service: Service = app.extensions["mlx_nursery"]
+    parts: Parts = app.extensions["mlx_nursery"]
+    service = parts.service
     raise_open_files_limit(settings.max_connections + OPEN_FILES_RESERVE)
-    _warn_if_open(settings, service)
+    access: AccessPolicy = app.extensions["mlx_nursery.access"]
+    _warn_if_open(settings, access)
     shutdown = trio.Event() if shutdown is None else shutdown
     stop_accepting = trio.Event()
     failed = trio.Event()
@@ -112,7 +117,7 @@ async def serve(
         await serve_http(
             cast(ASGIFramework, asgi_app(app)),
             hypercorn_config(settings),
-            ConnectionCap(settings.max_connections, service.metrics),
+            ConnectionCap(settings.max_connections, parts.metrics),
             shutdown_trigger=stop_accepting.wait,
             task_status=task_status,
         )
@@ -121,19 +126,19 @@ async def serve(
     async with trio.open_nursery() as nursery:
         if handle_signals:
             nursery.start_soon(_signals_to, shutdown)
-            nursery.start_soon(_reload_keys_on_sighup, service)
+            nursery.start_soon(_reload_keys_on_sighup, access)
         nursery.start_soon(drain_on_shutdown)
         nursery.start_soon(stop_if_load_fails)
         nursery.start_soon(stop_on_failure)
         urls = await nursery.start(run_hypercorn)
         await service.ready.wait()
-        task_status.started(Running(urls, service))
+        task_status.started(Running(urls, service, parts))
     return 1 if service.state == "failed" or failed.is_set() else 0
 
 
-def _warn_if_open(settings: Settings, service: Service) -> None:
+def _warn_if_open(settings: Settings, access: AccessPolicy) -> None:
     """Say so where the API is served without a key beyond this machine."""
-    if not service.access.current.api_open:
+    if not access.current.api_open:
         return
     try:
         local = ipaddress.ip_address(settings.host).is_loopback
@@ -147,7 +152,7 @@ def _warn_if_open(settings: Settings, service: Service) -> None:
         )
 
 
-async def _reload_keys_on_sighup(service: Service) -> None:
+async def _reload_keys_on_sighup(access: AccessPolicy) -> None:
     """SIGHUP re-reads the API key file (a rotated key without a restart); a file that
     cannot serve is logged and the keys in force stay."""
     if not hasattr(signal, "SIGHUP"):
@@ -155,11 +160,11 @@ async def _reload_keys_on_sighup(service: Service) -> None:
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
             try:
-                service.access.reload()
+                access.reload()
             except SettingsError as exc:
                 log.error("SIGHUP: the API keys were not reloaded: %s", exc)
             else:
-                log.info("SIGHUP: API keys reloaded (%d)", len(service.access.current.keys))
+                log.info("SIGHUP: API keys reloaded (%d)", len(access.current.keys))
 
 
 async def _signals_to(shutdown: trio.Event) -> None:

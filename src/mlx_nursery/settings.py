@@ -292,7 +292,7 @@ class Settings:
     )
     """Pieces of text (about one per token) per SSE write after the first, which always goes
     at once (vLLM's --stream-interval). 0 adapts to load: 1 while up to 8 streams are open,
-    one more per 8 streams beyond (32 streams: 4); see http/_batching.py."""
+    one more per 8 streams beyond (32 streams: 4); see serving/_batching.py."""
     shutdown_grace: float = attrs.field(
         default=10.0,
         validator=v.ge(0),

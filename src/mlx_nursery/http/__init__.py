@@ -1,15 +1,18 @@
-"""The HTTP layer: routes, jobs, streams and error envelopes, on Quart-Trio and Hypercorn.
+"""The HTTP layer: routes, streams and error envelopes, on Quart-Trio and Hypercorn.
 
-It knows nothing of MLX: routes read and check the body, hand it to the OpenAI layer on a
-worker thread, run the generation as a job (`_jobs.py`) tied to the request's lifetime
-(`_lifetime.py`), and write JSON or SSE (`_pump.py`). This package exports what the app
-(`app.py`) and the server (`server.py`) are built from; the modules stay private.
+It knows nothing of MLX, and serves with the serving core (`serving/`): routes read and
+check the body, hand it to the serving core's generation choreography (prepared on a
+worker thread, run as a job tied to the request's lifetime, `_lifetime.py`) and write its
+output as JSON or SSE (`_generate.py`, `_renderers.py`, `_pump.py`). This package exports
+what the app (`app.py`) and the server (`server.py`) are built from; the modules stay
+private.
 """
 
 from . import (
     _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
 )
+from ._access import AccessPolicy
 from ._audio_routes import request_class_for
 from ._connections import (
     OPEN_FILES_RESERVE,
@@ -22,41 +25,30 @@ from ._errors import (
     body_left_unread,
     envelope_response,
     error_response,
-    internal_error,
     leave_body_unread,
-    log_failure,
 )
-from ._faults import parse_fault
 from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
 from ._messages_routes import is_messages_route  # registers /v1/messages on `routes`
-from ._model_sources import model_sources
 from ._routes import routes
-from ._service import RequestProcessors, Service, default_script
 from ._tenancy import tenant_of
 
 __all__ = [
     "HYPERCORN_HEAD_BYTES",
     "OPEN_FILES_RESERVE",
+    "AccessPolicy",
     "ConnectionCap",
     "ConnectionDrops",
     "LifetimeHTTPConnection",
     "RequestLimits",
-    "RequestProcessors",
-    "Service",
     "ShieldFinalBody",
     "body_left_unread",
     "current_record",
-    "default_script",
     "envelope_response",
     "error_response",
-    "internal_error",
     "is_messages_route",
     "leave_body_unread",
-    "log_failure",
-    "model_sources",
-    "parse_fault",
     "raise_open_files_limit",
     "request_class_for",
     "routes",

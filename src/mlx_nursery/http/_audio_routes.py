@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from quart import Response, current_app, request
+from quart import Response, request
 from quart_trio.wrappers import TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge
 
@@ -37,13 +37,12 @@ from ..openai import (
     speech_model_name,
     transcript_body,
 )
+from ..serving import Job, JobItem, ended_early, speaking
 from ._errors import leave_body_unread
-from ._jobs import Job, JobItem
+from ._generate import parts, request_id
 from ._lifetime import current_record, own
-from ._pump import ended_early, pump
-from ._registry import speaking
-from ._routes import request_id, routes
-from ._service import Service
+from ._pump import pump
+from ._routes import routes
 from ._sse import HEADERS, data_event
 
 AUDIO_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
@@ -64,11 +63,6 @@ def request_class_for(max_audio_bytes: int) -> type[TrioRequest]:
     return Request
 
 
-def _service() -> Service:
-    service: Service = current_app.extensions["mlx_nursery"]
-    return service
-
-
 @routes.post("/v1/audio/transcriptions")
 async def transcriptions() -> Response:
     return await _speech("transcribe")
@@ -80,15 +74,15 @@ async def translations() -> Response:
 
 
 async def _speech(task: SpeechTask) -> Response:
-    service = _service()
-    models = service.check_open()
-    deadline = service.deadline()
-    fields, upload = await _read_form(service.audio_limits.max_bytes)
+    serving = parts()
+    models = serving.service.check_open()
+    deadline = serving.preparation.deadline()
+    fields, upload = await _read_form(serving.audio_limits.max_bytes)
     slot = models.find(speech_model_name(fields)).expect("speech")
     async with models.lease(slot, deadline) as leased:
         hosted, engine = speaking(leased)
-        limits, info = service.audio_limits, engine.info
-        prepared = await service.prepare(
+        limits, info = serving.audio_limits, engine.info
+        prepared = await serving.preparation.prepare(
             lambda: prepare_speech(task, fields, upload, info, limits), deadline
         )
         job = own(
@@ -97,7 +91,7 @@ async def _speech(task: SpeechTask) -> Response:
             )
         )  # ends with the request
     if prepared.stream:
-        body = pump(job, _TranscriptStream(), service.writes, request_id())
+        body = pump(job, _TranscriptStream(), serving.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)
         response.timeout = None  # the job's deadline bounds the stream
         return response

@@ -23,7 +23,7 @@ from typing import Any
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable
 
-from ._request_log import RequestRecord
+from ..serving import RequestRecord
 
 BODY_TIMEOUT_CODE = "request_body_timeout"
 

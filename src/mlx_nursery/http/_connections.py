@@ -37,7 +37,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ASGIFramework, ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, parse_socket_addr, raise_shutdown, repr_socket_addr
 
-from ._metrics import Metrics
+from ..serving import Metrics
 
 log = logging.getLogger("mlx_nursery.server")
 

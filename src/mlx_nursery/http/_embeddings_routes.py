@@ -9,20 +9,22 @@ from typing import Any
 from quart import Response
 
 from ..openai import PreparedEmbeddings, embeddings_body, parse_json, prepare_embeddings
+from ..serving import embedding
+from ._generate import parts, request_body
 from ._lifetime import current_record
-from ._registry import embedding
-from ._routes import _service, request_body, routes
+from ._routes import routes
 
 
 @routes.post("/v1/embeddings")
 async def create_embeddings() -> Response:
-    service = _service()
+    serving = parts()
+    service, preparation = serving.service, serving.preparation
     models = service.check_open()
-    deadline = service.deadline()
+    deadline = preparation.deadline()
     raw = await request_body()
     parsed: Any = None
     if models.only is None:  # a server of several: the body says which model
-        parsed = await service.prepare(lambda: parse_json(raw), deadline)
+        parsed = await preparation.prepare(lambda: parse_json(raw), deadline)
     slot = service.slot_for(parsed).expect("embedding")
     record = current_record()
     async with models.lease(slot, deadline) as leased:
@@ -32,10 +34,10 @@ async def create_embeddings() -> Response:
             body = parse_json(raw) if parsed is None else parsed
             return prepare_embeddings(body, hosted.served)
 
-        prepared = await service.prepare(prepare, deadline)
+        prepared = await preparation.prepare(prepare, deadline)
         if record is not None:
             record.model = hosted.served.name
             record.prompt_tokens = prepared.request.tokens
         vectors = await hosted.jobs.run(prepared.request, deadline, record)
-    data = await service.prepare(lambda: embeddings_body(prepared, vectors), deadline)
+    data = await preparation.prepare(lambda: embeddings_body(prepared, vectors), deadline)
     return Response(data, content_type="application/json")

@@ -20,33 +20,12 @@ type), which is answered at once, the connection closed after it.
 from __future__ import annotations
 
 import json
-import logging
 import math
-import traceback
 
 from quart import Response, g, has_request_context
 
 from ..anthropic import error_body, error_status
-from ..logs import Verbatim
 from ..openai import OpenAIError, RequestTimeout
-
-log = logging.getLogger("mlx_nursery.http")
-
-
-def internal_error(request_id: str) -> OpenAIError:
-    return OpenAIError(f"internal server error (request id {request_id})", code="internal_error")
-
-
-def log_failure(request_id: str, what: str, error: BaseException) -> None:
-    """Log an unexpected failure: its type and traceback, without its message."""
-    where = "".join(traceback.format_tb(error.__traceback__))
-    log.error(
-        "request %s failed %s with %s:\n%s",
-        request_id,
-        what,
-        type(error).__name__,
-        Verbatim(where.rstrip()),  # the frames of our code: their lines kept
-    )
 
 
 def error_response(error: OpenAIError, *, anthropic: bool = False) -> Response:

@@ -22,9 +22,8 @@ import attrs
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from quart_trio.asgi import TrioASGIHTTPConnection
 
+from ..serving import Job, RequestRecord
 from ._body_pace import PacedBody
-from ._jobs import Job
-from ._request_log import RequestRecord
 
 _current: ContextVar[RequestLifetime | None] = ContextVar(
     "mlx_nursery_request_lifetime", default=None
@@ -72,18 +71,18 @@ class LifetimeHTTPConnection(TrioASGIHTTPConnection):
 
     The lifetime reaches the handler through a context variable: Quart-Trio runs the handler
     in a task spawned inside this call, and a Trio task starts with a copy of its spawner's
-    context. The body's pace comes from the service's settings."""
+    context. The body's pace comes from the app's config (app.py)."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         lifetime = RequestLifetime(RequestRecord(self.scope["method"], logged_path(self.scope)))
-        service = self.app.extensions["mlx_nursery"]
+        config, metrics = self.app.config, self.app.extensions["mlx_nursery"].metrics
         paced = PacedBody(
             receive,
             send,
             lifetime.record,
-            timeout=service.settings.body_timeout,
-            min_rate=service.settings.body_min_rate,
-            on_refused=service.metrics.refused.labels("body_timeout").inc,
+            timeout=config["PACED_BODY_TIMEOUT"],
+            min_rate=config["PACED_BODY_MIN_RATE"],
+            on_refused=metrics.refused.labels("body_timeout").inc,
         )
         token = _current.set(lifetime)
         try:

@@ -18,10 +18,16 @@ from typing import Protocol
 
 from .. import fault_points
 from ..openai import ConnectionDropped, OpenAIError
-from ._batching import WriteBatcher, WritePolicy
+from ..serving import (
+    Job,
+    JobItem,
+    WriteBatcher,
+    WritePolicy,
+    ended_early,
+    internal_error,
+    log_failure,
+)
 from ._drop import DROP_CONNECTION
-from ._errors import internal_error, log_failure
-from ._jobs import Job, JobItem
 
 log = logging.getLogger("mlx_nursery.http")
 
@@ -76,9 +82,3 @@ async def pump(
         except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
             log_failure(request_id, "while streaming", exc)
             yield format.error(internal_error(request_id))
-
-
-def ended_early() -> OpenAIError:
-    """The error of a job whose output ended without a result (a bug: it always sends one)."""
-    log.error("a generation job ended without a result")
-    return OpenAIError("the generation ended unexpectedly", code="internal_error")

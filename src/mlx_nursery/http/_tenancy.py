@@ -14,27 +14,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-import attrs
 from quart import g
 
+from ..serving import ANONYMOUS, Tenant
 from ._access import Access
 
 _DOMAIN = b"mlx-nursery tenant\x00"
-
-
-@attrs.frozen
-class Tenant:
-    id: str | None
-    """A digest of the key (None: the API is open, every request is one tenant)."""
-    admin: bool = False
-    """An admin key: it may read and erase every tenant's stored responses."""
-
-    def owns(self, owner: str | None) -> bool:
-        """Whether this tenant may read, continue, list or delete what `owner` stored."""
-        return self.admin or owner == self.id
-
-
-ANONYMOUS = Tenant(None)
 
 
 def tenant_id(key: bytes) -> str:

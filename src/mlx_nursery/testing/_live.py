@@ -22,8 +22,8 @@ import trio
 if TYPE_CHECKING:
     import openai
 
-    from ..http import Service
     from ..server import Running
+    from ..serving import Parts
     from ..settings import Settings
 
 T = TypeVar("T")
@@ -110,7 +110,7 @@ class LiveServer:
 
     def __init__(self, runner: _Runner, running: Running, model: str) -> None:
         self._runner = runner
-        self._service: Service = running.service
+        self._parts: Parts = running.parts
         self.base_url: str = running.base_url
         """`http://127.0.0.1:PORT`."""
         self.model = model
@@ -148,7 +148,7 @@ class LiveServer:
         """What the server saw, read now on its Trio thread (after it stopped: its last)."""
         if self._runner.running:
             with suppress(trio.RunFinishedError):
-                self._last = self._runner.call(partial(_read, self._service))
+                self._last = self._runner.call(partial(_read, self._parts))
         if self._last is None:
             raise RuntimeError("the server stopped before its state was read")
         return self._last
@@ -233,13 +233,13 @@ class LiveServer:
         self._clients.clear()
 
 
-def _read(service: Service) -> ServerReport:
+def _read(parts: Parts) -> ServerReport:
     """Everything `ServerReport` holds, read on the server's Trio thread."""
     from ..engine import SpeechEngine
 
     requests: dict[tuple[str, int], int] = {}
     cancellations: dict[str, int] = {}
-    for family in service.metrics.registry.collect():
+    for family in parts.metrics.registry.collect():
         for sample in family.samples:
             if sample.name.endswith("http_requests_total"):
                 key = (sample.labels["route"], int(sample.labels["status"]))
@@ -248,7 +248,8 @@ def _read(service: Service) -> ServerReport:
                 cause = sample.labels["cause"]
                 cancellations[cause] = cancellations.get(cause, 0) + int(sample.value)
     lanes = queued = jobs = tokens = confirmed = past = late = 0
-    for hosted in service.models.loaded() if service.models is not None else []:
+    models = parts.service.models
+    for hosted in models.loaded() if models is not None else []:
         if isinstance(hosted.engine, SpeechEngine):
             speech = hosted.engine.statistics()
             lanes += speech.lanes_borrowed

@@ -44,7 +44,7 @@ from ..openai import (
     Unavailable,
     generate_text,
 )
-from ._errors import internal_error, log_failure
+from ._failures import internal_error, log_failure
 from ._faults import Fault, InjectedBreak
 from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord

@@ -79,7 +79,7 @@ class Hosted:
     """A loaded model: its engine, the model as the API presents it, its jobs.
 
     A speech model (Whisper) runs on a `SpeechEngine` and has no `served` text model: its
-    requests are transcriptions (`_audio_routes.py`), and the text routes refuse it."""
+    requests are transcriptions (`http/_audio_routes.py`), and the text routes refuse it."""
 
     engine: Engine | SpeechEngine
     served: ServedModel | None

@@ -1,0 +1,77 @@
+"""The serving core, apart from HTTP: what a request is served with once its route has read it.
+
+The model registry (loading, leasing, the memory plan, engine restarts), jobs (a generation
+tied to its request, drained at shutdown), embedding calls, the models a server offers,
+injected faults (`--fault-rate`), metrics, request-log records, how streams batch their
+writes, the preparation pool, and the one generation choreography every text API plugs
+into. It imports no Quart, Werkzeug or Hypercorn (tests/test_house_rules.py pins it): the
+HTTP layer (`http/`) reads requests and writes responses around it.
+"""
+
+from ._batching import WriteBatcher, WritePolicy, merged_text
+from ._embedding_calls import EmbeddingCalls
+from ._failures import internal_error, log_failure
+from ._faults import Fault, FaultInjector, parse_fault
+from ._generations import Caller, Generations, Recipe, RequestProcessors
+from ._jobs import Job, JobItem, Jobs
+from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ._metrics import Metrics
+from ._model_sources import ModelSource, model_sources
+from ._opening import ModelOpener, default_script, image_limits
+from ._parts import Parts
+from ._preparation import PREPARE_THREADS, Preparation
+from ._registry import embedding, speaking
+from ._rendering import (
+    BodyRenderer,
+    PieceRenderer,
+    RenderedStream,
+    StreamRenderer,
+    collect,
+    ended_early,
+    render_piece,
+)
+from ._request_log import RequestRecord
+from ._service import Service
+from ._tenant import ANONYMOUS, Tenant
+
+__all__ = [
+    "ANONYMOUS",
+    "METRICS_CONTENT_TYPE",
+    "PREPARE_THREADS",
+    "BodyRenderer",
+    "Caller",
+    "EmbeddingCalls",
+    "Fault",
+    "FaultInjector",
+    "Generations",
+    "Job",
+    "JobItem",
+    "Jobs",
+    "Metrics",
+    "ModelOpener",
+    "ModelSource",
+    "Parts",
+    "PieceRenderer",
+    "Preparation",
+    "Recipe",
+    "RenderedStream",
+    "RequestProcessors",
+    "RequestRecord",
+    "Service",
+    "StreamRenderer",
+    "Tenant",
+    "WriteBatcher",
+    "WritePolicy",
+    "collect",
+    "default_script",
+    "embedding",
+    "ended_early",
+    "image_limits",
+    "internal_error",
+    "log_failure",
+    "merged_text",
+    "model_sources",
+    "parse_fault",
+    "render_piece",
+    "speaking",
+]

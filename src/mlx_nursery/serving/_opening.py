@@ -1,0 +1,223 @@
+"""Opening a model: its engine started (text, embedding or speech, by what its files say it
+is) and presented to the APIs (`ServedModel`, `ServedEmbedder`, a speech card), with its jobs.
+The model registry (`_registry.py`) calls the opener when a model is to load."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ..engine import (
+    Embedder,
+    EmbedderConfig,
+    Engine,
+    EngineConfig,
+    SpeechConfig,
+    SpeechEngine,
+)
+from ..models import model_facts
+from ..openai import (
+    Grammars,
+    ImageLimits,
+    ModelCard,
+    OpenAIError,
+    RequestCaps,
+    ScriptSpec,
+    SegmentEncoder,
+    ServedEmbedder,
+    ServedModel,
+    longest_token_bytes,
+    parse_media_hosts,
+    parse_script,
+    thinking_format,
+    tool_format,
+)
+from ..settings import Settings, SettingsError
+from ._embedding_calls import EmbeddingCalls
+from ._jobs import Jobs
+from ._metrics import Metrics
+from ._model_sources import ModelSource
+from ._registry import AnyHosted, Hosted, HostedEmbedder
+from ._reservations import Reservation, held
+
+log = logging.getLogger("mlx_nursery.http")
+
+
+@attrs.frozen
+class ModelOpener:
+    """The registry's `Opener`: a model's engine of its kind, started in the model's own
+    nursery, with what every model of this server shares (settings, metrics, limits)."""
+
+    settings: Settings
+    metrics: Metrics
+    image_limits: ImageLimits
+    default_script: ScriptSpec | None
+    """The scripted model's script for requests without one (`--script`)."""
+
+    async def __call__(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> AnyHosted:
+        return await self._open_model(source, path, reservation, nursery)
+
+    async def _open_model(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> AnyHosted:
+        """Start `source`'s engine in `nursery` (its own) and present it to the API (the
+        registry's `Opener`). Raises what the load raised."""
+        facts = await trio.to_thread.run_sync(model_facts, path)
+        if facts.kind == "embedding":
+            return await self._open_embedder(source, path, reservation, nursery)
+        if facts.kind == "stt":
+            return await self._open_speech_model(source, path, reservation, nursery)
+        config = EngineConfig(
+            path,
+            max_concurrency=self.settings.max_concurrency,
+            max_queue=self.settings.max_queue,
+            max_queue_per_tenant=self.settings.max_queue_per_key,
+            prompt_cache_bytes=reservation.prefix_cache,
+            kv_cache_bytes=reservation.kv,
+            prefill_batch_size=self.settings.prefill_batch_size,
+            prefill_step_size=self.settings.prefill_step_size,
+            prefill_chunk_ms=self.settings.prefill_chunk_ms,
+            cudnn_attention=self.settings.cudnn_attention,
+            kv_bits=self.settings.kv_bits,
+            kv_group_size=self.settings.kv_group_size,
+            warmup=not self.settings.skip_warmup,
+        )
+        engine: Engine = await nursery.start(Engine(config).run)
+        token_ids, max_token_bytes = await trio.to_thread.run_sync(
+            _vocabulary, engine.model.tokenizer
+        )
+        vocab_size = engine.model.vocab_size
+        encoder = await trio.to_thread.run_sync(SegmentEncoder, engine.model.tokenizer)
+        if not encoder.enabled:
+            log.info("this tokenizer is not split at its added tokens: prompts encode whole")
+        served = ServedModel(
+            name=source.name,
+            aliases=source.aliases,  # never its directory: a path is no model's name
+            created=int(time.time()),
+            tokenizer=engine.model.tokenizer,
+            context_length=engine.model.context_length,
+            vocab_size=vocab_size,
+            max_token_bytes=max_token_bytes,
+            token_bytes=engine.model.token_bytes,
+            strict_params=self.settings.strict_params,
+            tool_format=tool_format(engine.model.tokenizer),
+            grammars=Grammars(engine.model.tokenizer, max(vocab_size, token_ids)),
+            thinking=thinking_format(engine.model.tokenizer),
+            default_max_tokens=self.settings.default_max_tokens,
+            vision=engine.model.vision,
+            encoder=encoder if encoder.enabled else None,
+            image_limits=self.image_limits,
+            caps=RequestCaps(
+                max_messages=self.settings.max_messages,
+                max_tools=self.settings.max_tools,
+                max_tokens=self.settings.max_tokens_ceiling,
+            ),
+            scripted=engine.model.scripted,
+            default_script=self.default_script if engine.model.scripted else None,
+        )
+        jobs = Jobs(
+            nursery,
+            engine,
+            self.settings.request_timeout,
+            self.metrics,
+            source.name,
+            share_prefixes=self.settings.shared_prefix_cache,
+        )
+        kept = held(reservation, engine.model, prefix_cache=not engine.model.scripted)
+        return Hosted(engine, served, jobs, kept, served.card())
+
+    async def _open_speech_model(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> Hosted:
+        """A Whisper: its speech engine (thread, lane, queue) in `nursery`; transcriptions
+        only. Raises what the load raised."""
+        config = SpeechConfig(path, max_queue=self.settings.max_queue)
+        engine: SpeechEngine = await nursery.start(SpeechEngine(config).run)
+        card = ModelCard(
+            id=source.name,
+            created=int(time.time()),
+            context_length=0,
+            input_modalities=["audio"],
+            kind="speech",
+        )
+        jobs = Jobs(nursery, None, self.settings.request_timeout, self.metrics, source.name)
+        return Hosted(engine, None, jobs, reservation, card)
+
+    async def _open_embedder(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> HostedEmbedder:
+        """An embedding model's engine (its own thread, as any model's), started in `nursery`."""
+        config = EmbedderConfig(
+            path,
+            max_concurrency=self.settings.max_concurrency,
+            max_queue=self.settings.max_queue,
+            max_batch_inputs=self.settings.embedding_batch_size,
+            max_batch_tokens=self.settings.embedding_batch_tokens,
+        )
+        embedder: Embedder = await nursery.start(Embedder(config).run)
+        model = embedder.model
+        _, max_token_bytes = await trio.to_thread.run_sync(_vocabulary, model.tokenizer)
+        served = ServedEmbedder(
+            name=source.name,
+            aliases=source.aliases,
+            created=int(time.time()),
+            tokenizer=model.tokenizer,
+            context_length=model.spec.context_length,
+            vocab_size=model.spec.vocab_size,
+            dimensions=model.spec.dimensions,
+            matryoshka=model.spec.matryoshka,
+            max_token_bytes=max_token_bytes,
+        )
+        calls = EmbeddingCalls(embedder, self.settings.request_timeout, self.metrics, source.name)
+        return HostedEmbedder(embedder, served, calls, reservation)
+
+
+def _vocabulary(tokenizer: Any) -> tuple[int, int]:
+    """The ids the tokenizer spans (its last id + 1: a vocabulary may have holes) and its
+    longest token in bytes, computed once: `get_vocab()` builds a dict of the whole
+    vocabulary. Tokenizing once here also makes transformers' one-time reset of the
+    tokenizer's truncation state before any request can overlap it."""
+    vocabulary = tokenizer.get_vocab()
+    tokenizer.encode("warm up")
+    return max(vocabulary.values(), default=-1) + 1, longest_token_bytes(vocabulary)
+
+
+def default_script(settings: Settings) -> ScriptSpec | None:
+    """The script in `--script`'s file (None without one). Raises SettingsError for a file
+    that cannot be read or is not a valid script. Reads a file: startup only."""
+    if settings.script is None:
+        return None
+    path = Path(settings.script).expanduser()
+    try:
+        value = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"--script {path}: {exc}") from None
+    try:
+        return parse_script(value, "--script")
+    except OpenAIError as exc:
+        where = f" (at {exc.param})" if exc.param and exc.param not in exc.message else ""
+        raise SettingsError(f"--script {path}: {exc.message}{where}") from None
+
+
+def image_limits(settings: Settings) -> ImageLimits:
+    """The image limits of every vision model served, from the settings."""
+    return ImageLimits(
+        max_bytes=settings.max_image_bytes,
+        max_images=settings.max_images_per_request,
+        max_pixels=settings.max_image_pixels,
+        max_request_pixels=settings.max_image_pixels_per_request,
+        local_path=(
+            Path(settings.allowed_local_media_path) if settings.allowed_local_media_path else None
+        ),
+        hosts=parse_media_hosts(settings.allowed_media_domains),
+        allow_private=settings.allow_private_media_addresses,
+        fetch_timeout=settings.image_fetch_timeout,
+    )
