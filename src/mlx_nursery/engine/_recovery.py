@@ -25,8 +25,6 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import make_prompt_cache
 
 from ..models import LoadedModel
 from ._config import EngineConfig
@@ -37,6 +35,7 @@ from ._placement import Placement
 from ._sampling import rewind_sampler
 from ._sequence import COULD_NOT_CONTINUE, FAILED_WHILE_SERVING, LiveSequence
 from ._stepper import Start
+from ._upstream import generation_stream, make_prompt_cache
 
 log = logging.getLogger("mlx_nursery.engine")
 
