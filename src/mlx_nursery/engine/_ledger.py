@@ -55,7 +55,6 @@ _NOT_ENDED = (
     SeqState.PREEMPTED,
 )
 """The states of sequences that are running or waiting to (`Ledger.running`)."""
-_BUILT_NOT_ENDED = tuple(state for state in _NOT_ENDED if state is not SeqState.HELD)
 
 
 class InvariantViolation(RuntimeError):
@@ -75,7 +74,14 @@ class Ledger:
             state: {} for state in SeqState if state is not SeqState.HELD
         }
         """Per state but HELD: seq_id -> sequence, in the order they entered it."""
+        # Each state's container by name too: the questions below run every iteration, and
+        # an enum member's hash is Python code.
         self._active = self._sequences[SeqState.ACTIVE]
+        self._imaging = self._sequences[SeqState.IMAGING]
+        self._probation = self._sequences[SeqState.PROBATION]
+        self._preempted = self._sequences[SeqState.PREEMPTED]
+        self._detaching = self._sequences[SeqState.DETACHING]
+        self._storing = self._sequences[SeqState.STORING]
         self._by_uid: dict[int, LiveSequence] = {}
         """The active sequences by their uid in the current stepper."""
         self._detaching_from: dict[int, Stepper] = {}
@@ -92,7 +98,8 @@ class Ledger:
     @property
     def running(self) -> int:
         """Sequences admitted and not ended, or waiting to be."""
-        return len(self._held) + sum(len(self._sequences[s]) for s in _BUILT_NOT_ENDED)
+        waiting = len(self._held) + len(self._probation) + len(self._preempted)
+        return waiting + len(self._active) + len(self._imaging)
 
     def idle(self) -> bool:
         """Nothing runs or waits: the loop may block until a command comes."""
@@ -105,30 +112,24 @@ class Ledger:
     def in_company(self) -> bool:
         """A sequence starting now would not be alone on the device: others are active, or
         wait to be replayed into the batch (the fast path is for a lone sequence)."""
-        return bool(
-            self._active
-            or self._sequences[SeqState.PROBATION]
-            or self._sequences[SeqState.PREEMPTED]
-        )
+        return bool(self._active or self._probation or self._preempted)
 
     def waiting(self) -> bool:
         """Arrivals must wait behind others: sequences on probation, preempted or held."""
-        return bool(
-            self._held or self._sequences[SeqState.PROBATION] or self._sequences[SeqState.PREEMPTED]
-        )
+        return bool(self._held or self._probation or self._preempted)
 
     def on_probation(self) -> bool:
         """Sequences of a failed step wait to be replayed (arrivals are held meanwhile)."""
-        return bool(self._sequences[SeqState.PROBATION])
+        return bool(self._probation)
 
     def prefilling_images(self) -> bool:
-        return bool(self._sequences[SeqState.IMAGING])
+        return bool(self._imaging)
 
     def detaching(self) -> bool:
-        return bool(self._sequences[SeqState.DETACHING])
+        return bool(self._detaching)
 
     def storing(self) -> bool:
-        return bool(self._sequences[SeqState.STORING])
+        return bool(self._storing)
 
     def active(self) -> list[LiveSequence]:
         """The active sequences, oldest first."""
@@ -152,7 +153,7 @@ class Ledger:
 
     def imaging(self) -> list[LiveSequence]:
         """The image prompts being prefilled, oldest first."""
-        return list(self._sequences[SeqState.IMAGING].values())
+        return list(self._imaging.values())
 
     def failed_in_step(self) -> list[LiveSequence]:
         """Active sequences whose sampler or logits processors raised."""
@@ -161,7 +162,7 @@ class Ledger:
     def kv_holders(self) -> list[LiveSequence]:
         """Sequences whose KV is on the device, or being built there: the active ones and the
         image prompts being prefilled."""
-        return [*self._active.values(), *self._sequences[SeqState.IMAGING].values()]
+        return [*self._active.values(), *self._imaging.values()]
 
     def may_be_preempted(self) -> bool:
         """Active sequences have company in the stepper (a lone one is never preempted:
@@ -174,14 +175,14 @@ class Ledger:
 
     def next_preempted(self) -> LiveSequence | None:
         """The sequence preempted first, to be replayed first."""
-        return next(iter(self._sequences[SeqState.PREEMPTED].values()), None)
+        return next(iter(self._preempted.values()), None)
 
     def next_suspect(self) -> LiveSequence | None:
         """The next sequence on probation to replay, once no newcomer is active (each suspect
         is replayed as the one newcomer in its batch: `_recovery`)."""
         if any(s.newcomer for s in self._active.values()):
             return None
-        return next(iter(self._sequences[SeqState.PROBATION].values()), None)
+        return next(iter(self._probation.values()), None)
 
     def started(self) -> list[LiveSequence]:
         """Every sequence built and not ended: active, on probation, preempted, imaging."""
@@ -256,7 +257,7 @@ class Ledger:
     def to_detach(self) -> list[tuple[LiveSequence, Stepper]]:
         """The detaching sequences and their steppers, in the order they ended (each stays
         detaching until `detached` or `drop_detaching`)."""
-        detaching = self._sequences[SeqState.DETACHING].values()
+        detaching = self._detaching.values()
         return [(s, self._detaching_from[s.seq_id]) for s in detaching]
 
     def detached(self, sequence: LiveSequence, kept: KVState | None) -> None:
@@ -272,7 +273,7 @@ class Ledger:
 
     def take_stored(self) -> list[tuple[LiveSequence, KVState]]:
         """The storing sequences and their KV states; they are gone."""
-        storing = list(self._sequences[SeqState.STORING].values())
+        storing = list(self._storing.values())
         kept = [(s, self._kept[s.seq_id]) for s in storing]
         for sequence in storing:
             self._leave(sequence.seq_id)
