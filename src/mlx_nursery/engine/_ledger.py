@@ -54,7 +54,8 @@ _NOT_ENDED = (
     SeqState.PROBATION,
     SeqState.PREEMPTED,
 )
-"""The states of sequences that are running or waiting to (`Ledger.running`)."""
+"""The states of sequences that are running or waiting to (`Ledger.running` counts them):
+none of them may hold a sequence that has ended."""
 
 
 class InvariantViolation(RuntimeError):

@@ -48,7 +48,7 @@ class Worker:
     Each iteration of the loop, in this order:
       1. take the commands that arrived (blocking only while nothing runs);
       2. apply them: cancels first (the sequence ends: its final event and confirmation go
-         to the outbox, and it is marked detaching), then submissions (held while a failed
+         to the outbox, and an active one is detaching), then submissions (held while a failed
          step's sequences are on probation or others wait for memory; cancelled if a stop
          came with them; else settled past the cancels, then admitted as the KV budget
          allows, the rest held);
@@ -64,7 +64,8 @@ class Worker:
       6. now and then, expire prefix-cache entries;
       7. settle again.
 
-    The rules (where each sequence may be: `_ledger`):
+    The rules (each sequence's one state, and the only moves between states: `_ledger`):
+      - each sequence is in exactly the one place its state names;
       - a final event carries the confirmation: the outbox posts both in one delivery;
       - the confirmation is posted before the sequence is detached (settle posts first), so
         a caller never waits on a detach or on a step whose tokens nobody will see;
