@@ -59,6 +59,7 @@ def test_a_settled_ledger_passes() -> None:
         (lambda book: book._by_uid.update({9: sequence(5)}), "maps to no active sequence"),
         (lambda book: book._sequences[SeqState.PROBATION].update({0: sequence(0)}), "two places"),
         (lambda book: book._state.update({0: SeqState.PREEMPTED}), "its state does not say"),
+        (lambda book: book.remove(book.sequence(0), Holding(), "stop"), "not posted, detached"),
         (lambda book: book.finish(sequence(3), StepEvent(None), ([], [1])), "not posted, detached"),
         (lambda book: book.end(4, StepEvent(None, finish_reason="stop")), "not posted, detached"),
     ],
