@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mlx_nursery.engine import EngineConfig, GenerationRequest
-from mlx_nursery.engine._ledger import InvariantViolation, Ledger
+from mlx_nursery.engine._ledger import InvariantViolation, Ledger, SeqState
 from mlx_nursery.engine._messages import Delivery, StepEvent, Submit
 from mlx_nursery.engine._outbox import Outbox
 from mlx_nursery.engine._recovery import STRIKES_TO_BLAME, judge
@@ -40,26 +40,33 @@ def test_the_suite_runs_with_the_checks_on(tmp_path: Any) -> None:
 
 def test_a_settled_ledger_passes() -> None:
     book, posted = ledger()
-    book.track(sequence(0), 7)
-    book.probation[1] = sequence(1)
-    book.held.append(Submit(2, GenerationRequest([1], 1)))
+    book.activate(sequence(0), 7)
+    book.to_probation(sequence(1))
+    book.hold([Submit(2, GenerationRequest([1], 1))])
     book.check(Holding(7), Holding())
     assert book.running == 3 and posted == []
+    assert [book.state_of(i) for i in range(3)] == [
+        SeqState.ACTIVE,
+        SeqState.PROBATION,
+        SeqState.HELD,
+    ]
 
 
 @pytest.mark.parametrize(
     "break_it, message",
     [
-        (lambda book: book.track(sequence(1), 8), "does not hold exactly"),
-        (lambda book: book.uids.update({5: 9}), "maps to no active sequence"),
-        (lambda book: book.probation.update({0: sequence(0)}), "two places"),
-        (lambda book: book.detaching.append((sequence(3), Holding())), "not posted, detached"),
+        (lambda book: book.activate(sequence(1), 8), "does not hold exactly"),
+        (lambda book: book._by_uid.update({9: sequence(5)}), "maps to no active sequence"),
+        (lambda book: book._sequences[SeqState.PROBATION].update({0: sequence(0)}), "two places"),
+        (lambda book: book._state.update({0: SeqState.PREEMPTED}), "its state does not say"),
+        (lambda book: book.remove(book.sequence(0), Holding(), "stop"), "not posted, detached"),
+        (lambda book: book.finish(sequence(3), StepEvent(None), ([], [1])), "not posted, detached"),
         (lambda book: book.end(4, StepEvent(None, finish_reason="stop")), "not posted, detached"),
     ],
 )
 def test_each_broken_rule_is_caught(break_it: Any, message: str) -> None:
     book, _ = ledger()
-    book.track(sequence(0), 7)
+    book.activate(sequence(0), 7)
     break_it(book)
     with pytest.raises(InvariantViolation, match=message):
         book.check(Holding(7), Holding())
@@ -74,16 +81,18 @@ def test_a_stepper_not_in_use_must_hold_nothing() -> None:
 def test_a_sequence_ends_once_and_never_comes_back() -> None:
     book, posted = ledger()
     live = sequence(0)
-    book.track(live, 7)
-    book.remove(7, Holding(7), "cancelled")  # type: ignore[arg-type]
-    assert book.detaching and not book.active
+    book.activate(live, 7)
+    book.remove(live, Holding(7), "cancelled")  # type: ignore[arg-type]
+    assert book.detaching() and not book.stepping()
+    assert book.state_of(0) is SeqState.DETACHING
     book._outbox.post()
-    book.detaching.clear()
+    book.detached(live, None)
+    assert book.state_of(0) is None
     assert [d.finished for d in posted] == [[0]]
     assert posted[0].events[0][1].finish_reason == "cancelled"
     with pytest.raises(InvariantViolation, match="ended twice"):
         book.end(0, StepEvent(None, finish_reason="stop"))
-    book.track(live, 7)
+    book.activate(live, 7)
     with pytest.raises(InvariantViolation, match="back after its end"):
         book.check(Holding(7), Holding())
 

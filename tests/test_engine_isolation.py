@@ -335,7 +335,7 @@ async def test_a_model_that_fails_on_its_own_ends_the_engine(
 def engine_model(engine: Engine) -> Any:
     worker = engine._worker
     assert worker is not None and worker._runner is not None
-    return worker._runner._model.model
+    return worker._runner.model.model
 
 
 async def test_a_constrained_sequence_is_replayed_with_its_grammar_in_step(engine: Engine) -> None:

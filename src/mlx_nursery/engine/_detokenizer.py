@@ -39,12 +39,7 @@ import codecs
 import re
 from typing import Any
 
-from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer
-
-try:  # mlx-lm's GPT-2 byte table; private, so its absence means: use mlx-lm's detokenizer
-    from mlx_lm.tokenizer_utils import _byte_decoder
-except ImportError:  # pragma: no cover - depends on the installed mlx-lm
-    _byte_decoder = None
+from ._upstream import BPEStreamingDetokenizer, StreamingDetokenizer, byte_decoder
 
 _SPACE = 32
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -61,12 +56,12 @@ class TokenTexts:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         detokenizer = tokenizer.detokenizer
-        bpe = isinstance(detokenizer, BPEStreamingDetokenizer) and _byte_decoder is not None
+        bpe = isinstance(detokenizer, BPEStreamingDetokenizer) and byte_decoder is not None
         self.tokenmap: list[str | None] | None = (
             _every_id(tokenizer, detokenizer.tokenmap) if bpe else None
         )
         """Byte-level BPE: each id's token string (None: a hole), up to the tokenizer's last."""
-        self._byte_of: dict[str, int] = _byte_decoder() if bpe else {}
+        self._byte_of: dict[str, int] = byte_decoder() if byte_decoder is not None and bpe else {}
         self._whole: dict[int, str | None] = {}
         """Each token id seen so far -> its text when its bytes are whole UTF-8 on their own
         (None when they are not: held back, or a lone space): `LinearBPEDetokenizer`'s."""
@@ -183,7 +178,8 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         one tokenizer."""
         self._tokenmap = tokenmap
         self._trim_space = trim_space
-        self._byte_of: dict[str, int] = _byte_decoder()
+        assert byte_decoder is not None, "made only where mlx-lm's byte table is"
+        self._byte_of: dict[str, int] = byte_decoder()
         self._whole = known if known is not None else {}
         self.reset()
 

@@ -30,11 +30,12 @@ from typing import Any
 import attrs
 import mlx.core as mx
 from attrs import validators as v
-from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import (
+
+from ._upstream import (
+    BaseCache,
     KVCache,
     QuantizedKVCache,
-    _BaseCache,
+    create_causal_mask,
     dynamic_roll,
     make_prompt_cache,
 )
@@ -133,7 +134,7 @@ def _slice_seq(parts: _Parts, start: int, end: int | None) -> _Parts:
     )
 
 
-class QuantizedBatchKVCache(_BaseCache):  # type: ignore[misc]  # mlx-lm is untyped
+class QuantizedBatchKVCache(BaseCache):  # type: ignore[misc]  # mlx-lm is untyped
     """mlx-lm's `BatchKVCache` with quantized keys and values (see the module docstring).
 
     The same bookkeeping as `BatchKVCache`, method for method: `left_padding` per row,

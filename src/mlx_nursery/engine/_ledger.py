@@ -1,17 +1,21 @@
-"""Where each sequence is on the engine thread, and the one way a sequence ends.
+"""Where each sequence is on the engine thread: one state per sequence, moved only here.
 
-A submitted sequence is in exactly one place: queued (in the command queue, or `held`
-while a failed step's sequences are on probation or the KV budget cannot take it yet),
-`active` (under its uid, held by the worker's current stepper), on `probation` (after a
-failed step: held by no stepper until replayed), `preempted` (taken out of the batch to
-stay within the KV budget: held by no stepper until replayed), `imaging` (its prompt,
-which holds images, being prefilled a chunk per iteration: held by no stepper until done),
-`detaching` (ended, still in its stepper until the next settle) or gone (confirmed). It
-ends once, through `end`: its final event and the confirmation that it computes nothing
-more go to the outbox together.
+From the moment the engine thread holds a submission until it is gone, the sequence has
+exactly one `SeqState`; the `Ledger` is the one place that moves it from state to state,
+and the one way it ends (`remove`, `finish`, `end_unstarted`: its final event and the
+confirmation that it computes nothing more go to the outbox together, once). A sequence
+not in the ledger is either still in the command queue or gone.
+
+Everyone else asks the ledger named questions (`idle`, `stepping`, `in_company`, `waiting`,
+`may_be_preempted`, ...) rather than reading its containers, so that a new state means a new
+enum member and the ledger's answers, nothing else. `check` asserts the rules after every
+settled iteration when `EngineConfig.check_invariants` is on (the test suite runs so).
 """
 
 from __future__ import annotations
+
+import enum
+from collections import Counter
 
 from ._messages import StepEvent, Submit
 from ._outbox import Outbox
@@ -20,101 +24,325 @@ from ._stepper import KVState, Stepper
 from ._types import FinishReason
 
 
+class SeqState(enum.Enum):
+    """Where a sequence is. Each state's sequences are kept in the order they entered it."""
+
+    HELD = "held"
+    """Submitted and waiting, as its `Submit` (no sequence is built yet): while others are on
+    probation (new arrivals, each a newcomer for all its prefill, must not keep a suspect
+    from its replay), or until the KV budget takes it (after the preempted)."""
+    IMAGING = "imaging"
+    """Its prompt, which holds images, being prefilled a chunk per iteration
+    (`LiveSequence.prefill`); held by no stepper until done."""
+    ACTIVE = "active"
+    """In the current stepper, under its uid."""
+    PROBATION = "probation"
+    """In a step that failed: held by no stepper until replayed (`_recovery`)."""
+    PREEMPTED = "preempted"
+    """Taken out of the batch to stay within the KV budget: held by no stepper until
+    replayed, once it fits."""
+    DETACHING = "detaching"
+    """Ended (its final event is out); still in its stepper until the next settle."""
+    STORING = "storing"
+    """Ended and out of every stepper; its KV state waits for the prefix cache."""
+
+
+_NOT_ENDED = (
+    SeqState.HELD,
+    SeqState.IMAGING,
+    SeqState.ACTIVE,
+    SeqState.PROBATION,
+    SeqState.PREEMPTED,
+)
+"""The states of sequences that are running or waiting to (`Ledger.running` counts them):
+none of them may hold a sequence that has ended."""
+
+
 class InvariantViolation(RuntimeError):
     """The engine thread's bookkeeping broke one of its rules: a bug; the engine stops."""
 
 
 class Ledger:
+    """Every sequence's state, and the only code that changes it. Engine thread only."""
+
     def __init__(self, outbox: Outbox, *, checking: bool) -> None:
         self._outbox = outbox
         self._checking = checking
-        self.active: dict[int, LiveSequence] = {}
-        """By uid in the current stepper."""
-        self.uids: dict[int, int] = {}
-        """seq_id -> uid of the active sequences."""
-        self.probation: dict[int, LiveSequence] = {}
-        """By seq_id: sequences of a failed step, waiting to be replayed one at a time."""
-        self.imaging: dict[int, LiveSequence] = {}
-        """By seq_id, oldest first: image prompts being prefilled (`LiveSequence.prefill`)."""
-        self.preempted: dict[int, LiveSequence] = {}
-        """By seq_id, oldest first: taken out of the batch for memory, replayed when they fit."""
-        self.held: list[Submit] = []
-        """Submissions waiting, in order: during probation (so that new arrivals, each a
-        newcomer for all its prefill, cannot keep a suspect from its replay), or until the
-        KV budget takes them (after the preempted)."""
-        self.detaching: list[tuple[LiveSequence, Stepper]] = []
-        self.to_store: list[tuple[LiveSequence, KVState]] = []
-        """Ended sequences' KV state, for the prefix cache once their final events are out."""
+        self._state: dict[int, SeqState] = {}
+        """seq_id -> its one state: the truth; the containers below index it."""
+        self._held: dict[int, Submit] = {}
+        self._sequences: dict[SeqState, dict[int, LiveSequence]] = {
+            state: {} for state in SeqState if state is not SeqState.HELD
+        }
+        """Per state but HELD: seq_id -> sequence, in the order they entered it."""
+        # Each state's container by name too: the questions below run every iteration, and
+        # an enum member's hash is Python code.
+        self._active = self._sequences[SeqState.ACTIVE]
+        self._imaging = self._sequences[SeqState.IMAGING]
+        self._probation = self._sequences[SeqState.PROBATION]
+        self._preempted = self._sequences[SeqState.PREEMPTED]
+        self._detaching = self._sequences[SeqState.DETACHING]
+        self._storing = self._sequences[SeqState.STORING]
+        self._by_uid: dict[int, LiveSequence] = {}
+        """The active sequences by their uid in the current stepper."""
+        self._detaching_from: dict[int, Stepper] = {}
+        """seq_id -> the stepper a detaching sequence is still in."""
+        self._kept: dict[int, KVState] = {}
+        """seq_id -> the KV state a storing sequence left."""
         self._gone: set[int] = set()  # only while checking
+
+    # -- questions ---------------------------------------------------------------------------
+    def state_of(self, seq_id: int) -> SeqState | None:
+        """Its state (None: not yet taken from the command queue, or gone)."""
+        return self._state.get(seq_id)
 
     @property
     def running(self) -> int:
         """Sequences admitted and not ended, or waiting to be."""
-        waiting = len(self.probation) + len(self.preempted) + len(self.imaging) + len(self.held)
-        return len(self.active) + waiting
+        waiting = len(self._held) + len(self._probation) + len(self._preempted)
+        return waiting + len(self._active) + len(self._imaging)
 
-    def track(self, sequence: LiveSequence, uid: int) -> None:
-        """`sequence` is active under `uid` (a newcomer until its first token)."""
+    def idle(self) -> bool:
+        """Nothing runs or waits: the loop may block until a command comes."""
+        return not self.running
+
+    def stepping(self) -> bool:
+        """Some sequence is in the current stepper: there is a step to run."""
+        return bool(self._active)
+
+    def in_company(self) -> bool:
+        """A sequence starting now would not be alone on the device: others are active, or
+        wait to be replayed into the batch (the fast path is for a lone sequence)."""
+        return bool(self._active or self._probation or self._preempted)
+
+    def waiting(self) -> bool:
+        """Arrivals must wait behind others: sequences on probation, preempted or held."""
+        return bool(self._held or self._probation or self._preempted)
+
+    def on_probation(self) -> bool:
+        """Sequences of a failed step wait to be replayed (arrivals are held meanwhile)."""
+        return bool(self._probation)
+
+    def prefilling_images(self) -> bool:
+        return bool(self._imaging)
+
+    def detaching(self) -> bool:
+        return bool(self._detaching)
+
+    def storing(self) -> bool:
+        return bool(self._storing)
+
+    def active(self) -> list[LiveSequence]:
+        """The active sequences, oldest first."""
+        return list(self._active.values())
+
+    def by_uid(self, uid: int) -> LiveSequence | None:
+        """The active sequence under `uid` in the current stepper (None: none is)."""
+        return self._by_uid.get(uid)
+
+    def sequence(self, seq_id: int) -> LiveSequence:
+        """The sequence `seq_id`, in any state but HELD (KeyError: none)."""
+        return self._sequences[self._state[seq_id]][seq_id]
+
+    def submission(self, seq_id: int) -> Submit:
+        """The held submission `seq_id` (KeyError: none is held)."""
+        return self._held[seq_id]
+
+    def held(self) -> list[Submit]:
+        """The held submissions, in the order they are to be admitted."""
+        return list(self._held.values())
+
+    def imaging(self) -> list[LiveSequence]:
+        """The image prompts being prefilled, oldest first."""
+        return list(self._imaging.values())
+
+    def failed_in_step(self) -> list[LiveSequence]:
+        """Active sequences whose sampler or logits processors raised."""
+        return [s for s in self._active.values() if s.failures]
+
+    def kv_holders(self) -> list[LiveSequence]:
+        """Sequences whose KV is on the device, or being built there: the active ones and the
+        image prompts being prefilled."""
+        return [*self._active.values(), *self._imaging.values()]
+
+    def may_be_preempted(self) -> bool:
+        """Active sequences have company in the stepper (a lone one is never preempted:
+        nothing would be left to make progress)."""
+        return len(self._active) > 1
+
+    def newest_active(self) -> LiveSequence:
+        """The active sequence submitted last (the first to preempt). Raises if none is."""
+        return max(self._active.values(), key=lambda s: s.seq_id)
+
+    def next_preempted(self) -> LiveSequence | None:
+        """The sequence preempted first, to be replayed first."""
+        return next(iter(self._preempted.values()), None)
+
+    def next_suspect(self) -> LiveSequence | None:
+        """The next sequence on probation to replay, once no newcomer is active (each suspect
+        is replayed as the one newcomer in its batch: `_recovery`)."""
+        if any(s.newcomer for s in self._active.values()):
+            return None
+        return next(iter(self._probation.values()), None)
+
+    def started(self) -> list[LiveSequence]:
+        """Every sequence built and not ended: active, on probation, preempted, imaging."""
+        return [
+            s
+            for state in (SeqState.ACTIVE, SeqState.PROBATION, SeqState.PREEMPTED)
+            for s in self._sequences[state].values()
+        ] + self.imaging()
+
+    # -- moves -------------------------------------------------------------------------------
+    def hold(self, commands: list[Submit]) -> None:
+        """Hold submissions, in order, behind those held already (one held already keeps its
+        place)."""
+        for command in commands:
+            if self._state.get(command.seq_id) is not SeqState.HELD:
+                self._state[command.seq_id] = SeqState.HELD
+                self._held[command.seq_id] = command
+
+    def activate(self, sequence: LiveSequence, uid: int) -> None:
+        """`sequence` is in the current stepper under `uid` (a newcomer until its first
+        token), from wherever it was (an active one moved to another stepper included)."""
+        self._move(sequence, SeqState.ACTIVE)
         sequence.newcomer = True
         sequence.uid = uid
-        self.active[uid] = sequence
-        self.uids[sequence.seq_id] = uid
+        self._by_uid[uid] = sequence
 
-    def forget(self, sequence: LiveSequence) -> None:
-        """`sequence` is no longer active (no-op if it was not)."""
-        if self.active.get(sequence.uid) is sequence:  # a replayed one's old uid may be reused
-            del self.active[sequence.uid]
-        if self.uids.get(sequence.seq_id) == sequence.uid:
-            del self.uids[sequence.seq_id]
+    def begin_imaging(self, sequence: LiveSequence) -> None:
+        """`sequence.prefill` is set: its image prompt is prefilled a chunk per iteration."""
+        self._move(sequence, SeqState.IMAGING)
+
+    def to_probation(self, sequence: LiveSequence) -> None:
+        self._move(sequence, SeqState.PROBATION)
+
+    def preempt(self, sequence: LiveSequence) -> None:
+        """`sequence`, taken out of its stepper, waits for KV memory."""
+        self._move(sequence, SeqState.PREEMPTED)
+
+    def remove(
+        self,
+        sequence: LiveSequence,
+        stepper: Stepper,
+        reason: FinishReason,
+        error: str | None = None,
+    ) -> None:
+        """End an active sequence now: no step runs for it after this. Its confirmation is
+        posted by the next settle, which then detaches it from `stepper`."""
+        self._move(sequence, SeqState.DETACHING)
+        self._detaching_from[sequence.seq_id] = stepper
+        self.end(sequence.seq_id, sequence.final(reason, error))
+
+    def finish(self, sequence: LiveSequence, event: StepEvent, kept: KVState | None = None) -> None:
+        """End a sequence held by no stepper (any more); `kept`: the KV state it leaves for
+        the prefix cache."""
+        self.end(sequence.seq_id, event)
+        self._keep_or_forget(sequence, kept)
+
+    def end_unstarted(
+        self, command: Submit, reason: FinishReason, error: str | None = None
+    ) -> None:
+        """End a submission that never started (held, or straight from the queue)."""
+        self._leave(command.seq_id)
+        self.end(command.seq_id, unstarted_end(command, reason, error))
 
     def end(self, seq_id: int, event: StepEvent) -> None:
-        """The one way a sequence ends: its final event and its confirmation, once."""
+        """The final event and the confirmation, once (the moves above call it)."""
         if self._checking:
             if seq_id in self._gone:
                 raise InvariantViolation(f"sequence {seq_id} ended twice")
             self._gone.add(seq_id)
         self._outbox.end(seq_id, event)
 
-    def finish(self, sequence: LiveSequence, event: StepEvent) -> None:
-        """End a sequence held by no stepper (any more)."""
-        self.end(sequence.seq_id, event)
-        self.forget(sequence)
+    def to_detach(self) -> list[tuple[LiveSequence, Stepper]]:
+        """The detaching sequences and their steppers, in the order they ended (each stays
+        detaching until `detached` or `drop_detaching`)."""
+        detaching = self._detaching.values()
+        return [(s, self._detaching_from[s.seq_id]) for s in detaching]
 
-    def end_unstarted(
-        self, command: Submit, reason: FinishReason, error: str | None = None
-    ) -> None:
-        self.end(command.seq_id, unstarted_end(command, reason, error))
+    def detached(self, sequence: LiveSequence, kept: KVState | None) -> None:
+        """`sequence` is out of its stepper; `kept`: the KV state it leaves (None: nothing
+        to store)."""
+        self._keep_or_forget(sequence, kept)
 
-    def remove(
-        self, uid: int, stepper: Stepper, reason: FinishReason, error: str | None = None
-    ) -> None:
-        """End an active sequence now: no step runs for it after this. Its confirmation is
-        posted by the next settle, which then detaches it from `stepper`."""
-        sequence = self.active[uid]
-        self.detaching.append((sequence, stepper))
-        self.finish(sequence, sequence.final(reason, error))
+    def drop_detaching(self, stepper: Stepper | None = None) -> None:
+        """Forget the sequences still to detach from `stepper` (None: from any): it is gone."""
+        for sequence, source in self.to_detach():
+            if stepper is None or source is stepper:
+                self._leave(sequence.seq_id)
 
+    def take_stored(self) -> list[tuple[LiveSequence, KVState]]:
+        """The storing sequences and their KV states; they are gone."""
+        storing = list(self._storing.values())
+        kept = [(s, self._kept[s.seq_id]) for s in storing]
+        for sequence in storing:
+            self._leave(sequence.seq_id)
+        return kept
+
+    def _keep_or_forget(self, sequence: LiveSequence, kept: KVState | None) -> None:
+        if kept is None:
+            self._leave(sequence.seq_id)
+            return
+        self._move(sequence, SeqState.STORING)
+        self._kept[sequence.seq_id] = kept
+
+    def _move(self, sequence: LiveSequence, to: SeqState) -> None:
+        """The one move: out of its state (if any), into `to`, at the end of its order."""
+        self._leave(sequence.seq_id)
+        self._state[sequence.seq_id] = to
+        self._sequences[to][sequence.seq_id] = sequence
+
+    def _leave(self, seq_id: int) -> None:
+        """Out of its state (a no-op if it has none), and of that state's indexes."""
+        state = self._state.pop(seq_id, None)
+        if state is None:
+            return
+        if state is SeqState.HELD:
+            del self._held[seq_id]
+            return
+        sequence = self._sequences[state].pop(seq_id)
+        if state is SeqState.ACTIVE:
+            del self._by_uid[sequence.uid]
+        elif state is SeqState.IMAGING:
+            sequence.prefill = None  # an image prefill's partial KV goes with it
+        elif state is SeqState.DETACHING:
+            del self._detaching_from[seq_id]
+        elif state is SeqState.STORING:
+            del self._kept[seq_id]
+
+    # -- the rules ---------------------------------------------------------------------------
     def check(self, stepper: Stepper, idle: Stepper) -> None:
         """Assert the rules after a settled iteration (`Worker`'s docstring)."""
         problems = []
-        if self.detaching or self.to_store or self._outbox.confirming:
+        if self.detaching() or self.storing() or self._outbox.confirming:
             problems.append("an ended sequence was not posted, detached and stored")
-        if any(s.uid != uid or self.uids.get(s.seq_id) != uid for uid, s in self.active.items()):
-            problems.append("the active sequences and their uids disagree")
-        if len(self.uids) != len(self.active):
-            problems.append("a seq id maps to no active sequence")
-        if set(self.active) != stepper.uids:
+        if len(self._by_uid) != len(self._active) or any(
+            self._by_uid.get(s.uid) is not s for s in self._active.values()
+        ):
+            problems.append("a uid maps to no active sequence, or an active one to no uid")
+        if set(self._by_uid) != stepper.uids:
             problems.append("the current stepper does not hold exactly the active sequences")
         if idle.uids:
             problems.append("the stepper not in use holds sequences")
-        ids = [
-            *(s.seq_id for s in self.active.values()),
-            *self.probation,
-            *self.preempted,
-            *self.imaging,
-            *(c.seq_id for c in self.held),
-        ]
-        if len(ids) != len(set(ids)) or self._gone.intersection(ids):
-            problems.append("a sequence is in two places, or back after its end")
+        if self._misplaced():
+            problems.append("a sequence is in two places, or where its state does not say")
+        not_ended = [i for i, state in self._state.items() if state in _NOT_ENDED]
+        if self._gone.intersection(not_ended):
+            problems.append("a sequence is back after its end")
         if problems:
             raise InvariantViolation("; ".join(problems))
+
+    def _misplaced(self) -> bool:
+        """Whether any sequence is not in exactly the one container its state names."""
+        places = Counter(self._held.keys())
+        for sequences in self._sequences.values():
+            places.update(sequences.keys())
+        if any(count != 1 for count in places.values()) or places.keys() != self._state.keys():
+            return True
+        held_right = all(self._state[i] is SeqState.HELD for i in self._held)
+        return not held_right or any(
+            self._state[i] is not state
+            for state, sequences in self._sequences.items()
+            for i in sequences
+        )

@@ -23,7 +23,8 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+
+from ._upstream import make_prompt_cache
 
 KV_STEP = 256
 """mlx-lm's KV caches grow in steps of this many tokens."""

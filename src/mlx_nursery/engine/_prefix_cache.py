@@ -17,7 +17,8 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+
+from ._upstream import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
 _Key = tuple[Hashable, tuple[int, ...]]
 

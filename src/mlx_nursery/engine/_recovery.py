@@ -13,6 +13,9 @@ replayed one at a time, each the one newcomer in its batch; with no suspect at a
 wait. A sequence that is the one suspect of `STRIKES_TO_BLAME` failures is blamed: the
 worker fails it alone if the model still computes without it, else the failure is the
 engine's. Failures that no suspect explains count toward the engine's fatal limit.
+
+`judge` decides; `Recovery` carries the verdict out on the engine thread, and replays
+(after a failure, and the preempted once they fit again).
 """
 
 from __future__ import annotations
@@ -22,10 +25,17 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import make_prompt_cache
 
-from ._sequence import LiveSequence
+from ..models import LoadedModel
+from ._config import EngineConfig
+from ._counters import RunCounters
+from ._imaging import Imaging
+from ._ledger import Ledger
+from ._placement import Placement
+from ._sampling import rewind_sampler
+from ._sequence import COULD_NOT_CONTINUE, FAILED_WHILE_SERVING, LiveSequence
+from ._stepper import Start
+from ._upstream import generation_stream, make_prompt_cache
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -70,3 +80,82 @@ def model_computes(model: Any) -> bool:
         log.exception("the model fails on its own")
         return False
     return True
+
+
+class FatalEngineError(RuntimeError):
+    """The engine cannot continue (repeated batch failures, or a bug in the loop)."""
+
+
+class Recovery:
+    """Failed steps and replays, on the engine thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LoadedModel,
+        ledger: Ledger,
+        placement: Placement,
+        imaging: Imaging,
+        counters: RunCounters,
+    ) -> None:
+        self._config = config
+        self._model = model
+        self._ledger = ledger
+        self._placement = placement
+        self._imaging = imaging
+        self._counters = counters
+
+    def recover(self, exc: Exception) -> None:
+        """A step (or a detach) raised: replace the batch, replay its sequences, and fail
+        alone the one that `judge` blames, if the model still computes without it."""
+        self._counters.failed_steps += 1
+        failed = self._ledger.active()
+        verdict = judge(failed, solo=self._placement.current.kind == "solo")
+        log.error("a step failed with %d sequences: %r", len(failed), exc)
+        self._placement.replace_batch()
+        for sequence in failed:  # all on probation first: whatever happens next, each is tracked
+            self._ledger.to_probation(sequence)
+        blamed = verdict.blamed
+        if blamed is not None:
+            if self._model.kind == "scripted" or model_computes(self._model.model):
+                self._counters.isolated_failures += 1
+                error = "the engine could not compute this request"
+                self._ledger.finish(blamed, blamed.final("error", error))
+            else:
+                self._ledger.finish(blamed, blamed.final("error", FAILED_WHILE_SERVING))
+                self._count_unexplained(exc)
+        if verdict.unexplained:
+            self._count_unexplained(exc)
+        for sequence in verdict.replay_now:
+            self.replay(sequence)
+
+    def _count_unexplained(self, exc: Exception) -> None:
+        self._counters.failures_in_a_row += 1
+        if self._counters.failures_in_a_row >= self._config.max_consecutive_step_failures:
+            raise FatalEngineError("batch steps keep failing") from exc
+
+    def replay_next_suspect(self) -> None:
+        """Replay the next sequence on probation once no newcomer is in the batch."""
+        suspect = self._ledger.next_suspect()
+        if suspect is None:
+            return
+        self._placement.hand_over()
+        self.replay(suspect)
+
+    def replay(self, sequence: LiveSequence, *, after_failure: bool = True) -> None:
+        """Insert `sequence` into the batch afresh: its prompt and posted tokens are prefilled
+        again; its sampler's next draw is its next token's."""
+        self._counters.replays += after_failure
+        rewind_sampler(sequence.sampler, len(sequence.tokens))
+        prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
+        remaining = sequence.request.max_tokens - sequence.generated
+        images = sequence.request.images
+        try:
+            if images is not None:  # its images go through the vision tower again
+                self._imaging.begin(sequence, prompt, images)
+            else:
+                start = Start(prompt, None, [], remaining)
+                self._placement.insert(self._placement.batch, sequence, start)
+        except Exception:  # fails this request only
+            log.exception("could not replay sequence %d", sequence.seq_id)
+            self._ledger.finish(sequence, sequence.final("error", COULD_NOT_CONTINUE))

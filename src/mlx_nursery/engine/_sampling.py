@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import greedy_sampler, make_logits_processors
 
 from ._types import LogitsProcessor, SamplingParams
+from ._upstream import greedy_sampler, make_logits_processors
 
 Sampler = Callable[[mx.array], mx.array]
 log = logging.getLogger("mlx_nursery.engine")

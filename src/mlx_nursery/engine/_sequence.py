@@ -24,6 +24,11 @@ from ._sampling import (
 )
 from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 
+COULD_NOT_START = "the engine could not start this request"
+COULD_NOT_CONTINUE = "the engine could not continue this request"
+FAILED_WHILE_SERVING = "the engine failed while serving this request"
+"""The errors of final events that end a request the engine failed on alone, or with others."""
+
 
 class Response(Protocol):
     """One sequence's token from a stepper: BatchGenerator's responses and the fast path's

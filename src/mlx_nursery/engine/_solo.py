@@ -26,12 +26,11 @@ from typing import Any, Literal
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import generation_stream
-from mlx_lm.models.cache import make_prompt_cache
 
 from ._kv_quant import CacheFactory
 from ._sequence import LiveSequence, Response
 from ._stepper import KVState, Start
+from ._upstream import generation_stream, make_prompt_cache
 
 
 @attrs.frozen

@@ -15,18 +15,17 @@ one: `SoloStepper.handover` gives the `Start` at which the batch continues it id
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Literal, Protocol
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import StopSequences
 
 from ._chunking import ChunkSizer
 from ._kv_quant import CacheFactory
 from ._sampling import Sampler, sample_batch
 from ._schedule import ServingBatchGenerator
 from ._sequence import LiveSequence, Response
+from ._upstream import StopSequences, sampler_rows
 
 KVState = tuple[list[Any] | None, list[int] | None]
 """A removed sequence's KV cache and the tokens it holds (None, None: not kept)."""
@@ -79,15 +78,14 @@ class _RowSamplers:
     the rows are those of whichever generation batch is stepping (the running one, or one
     just prefilled that samples its first tokens). The caller's frame is that batch
     (mlx-lm 0.32.2's `GenerationBatch._step`, pinned in pyproject.toml): its `uids` name
-    the rows. A caller without them is a bug to surface, not to guess around; the tests
-    that compare batched and lone draws token for token would catch a change upstream."""
+    the rows (`_upstream.sampler_rows`). A caller without them is a bug to surface, not to
+    guess around; tests/test_upstream_contract.py would catch a change upstream."""
 
     def __init__(self) -> None:
         self.by_uid: dict[int, Sampler] = {}
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        caller = sys._getframe(1).f_locals.get("self")
-        uids = getattr(caller, "uids", None)
+        uids = sampler_rows()  # called here, in the sampler's own frame
         if uids is None or len(uids) != logprobs.shape[0]:
             raise RuntimeError("cannot tell which sequences a batched draw is for")
         return sample_batch([self.by_uid[uid] for uid in uids], logprobs)

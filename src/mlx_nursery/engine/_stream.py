@@ -10,11 +10,11 @@ from typing import Protocol
 
 import attrs
 import trio
-from mlx_lm.tokenizer_utils import StreamingDetokenizer
 
 from .. import fault_points
 from ._messages import StepEvent
 from ._types import GenerationRequest, TokenEvent
+from ._upstream import StreamingDetokenizer
 
 
 class StreamControl(Protocol):

@@ -24,11 +24,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from ..models import LoadedModel
 from ._kv_quant import CacheFactory
 from ._types import ImageInputs
+from ._upstream import make_prompt_cache
 
 
 class VisionProcessor:

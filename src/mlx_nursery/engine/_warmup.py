@@ -17,11 +17,10 @@ import time
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
 
 from ._kv_quant import CacheFactory
 from ._schedule import ServingBatchGenerator
+from ._upstream import make_prompt_cache, make_sampler
 
 log = logging.getLogger("mlx_nursery.engine")
 

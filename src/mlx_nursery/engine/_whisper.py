@@ -18,7 +18,7 @@ mlx-audio and not in OpenAI's API). `tests/test_speech_engine.py` checks that th
 segments and text equal `generate`'s on a clip of several windows.
 
 Runs on the thread that owns the model; makes MLX calls. Importing it imports mlx-audio's
-speech models (seconds): the speech thread imports it, not the server's startup.
+speech models (through `_upstream`): the speech thread imports it, not the server's startup.
 """
 
 from __future__ import annotations
@@ -28,26 +28,25 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_audio.stt.models.whisper.audio import (
+
+from ._speech_types import Segment, Transcript, TranscriptionRequest, Window, Word
+from ._upstream import (
     FRAMES_PER_SECOND,
     HOP_LENGTH,
     N_FRAMES,
     N_SAMPLES,
     SAMPLE_RATE,
-    log_mel_spectrogram,
-    pad_or_trim,
-)
-from mlx_audio.stt.models.whisper.decoding import (
+    TO_LANGUAGE_CODE,
     DecodingOptions,
     DecodingTask,
     GreedyDecoder,
     Inference,
+    add_word_timestamps,
+    detect_language,
+    log_mel_spectrogram,
+    pad_or_trim,
 )
-from mlx_audio.stt.models.whisper.timing import add_word_timestamps
-from mlx_audio.stt.models.whisper.tokenizer import LANGUAGES as _CODES_TO_NAMES
-from mlx_audio.stt.models.whisper.tokenizer import TO_LANGUAGE_CODE
-
-from ._speech_types import Segment, Transcript, TranscriptionRequest, Window, Word
+from ._upstream import LANGUAGES as _CODES_TO_NAMES
 
 COMPRESSION_RATIO_THRESHOLD = 2.4
 LOGPROB_THRESHOLD = -1.0
@@ -93,7 +92,7 @@ def transcribe(
     content_frames = mel.shape[-2] - N_FRAMES
     language = request.language
     if language is None:
-        language = "en" if not model.is_multilingual else model._detect_language(mel, None)
+        language = "en" if not model.is_multilingual else detect_language(model, mel)
     tokenizer = model.get_tokenizer(language=language, task=request.task)
     decoder = _WindowDecoder(model, request, language, tokenizer, check, on_token)
 

@@ -35,6 +35,7 @@ from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, Worke
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
+from ._sequence import FAILED_WHILE_SERVING
 from ._types import FinishReason, GenerationRequest
 from ._vision import vision_processor
 from ._warmup import warm_up
@@ -52,7 +53,7 @@ class Worker:
     Each iteration of the loop, in this order:
       1. take the commands that arrived (blocking only while nothing runs);
       2. apply them: cancels first (the sequence ends: its final event and confirmation go
-         to the outbox, and it is marked detaching), then submissions (held while a failed
+         to the outbox, and an active one is detaching), then submissions (held while a failed
          step's sequences are on probation or others wait for memory; cancelled if a stop
          came with them; else settled past the cancels, then admitted as the KV budget
          allows, the rest held);
@@ -68,7 +69,8 @@ class Worker:
       6. now and then, expire prefix-cache entries;
       7. settle again.
 
-    The rules (where each sequence may be: `_ledger`):
+    The rules (each sequence's one state, and the only moves between states: `_ledger`):
+      - each sequence is in exactly the one place its state names;
       - a final event carries the confirmation: the outbox posts both in one delivery;
       - the confirmation is posted before the sequence is detached (settle posts first), so
         a caller never waits on a detach or on a step whose tokens nobody will see;
@@ -105,7 +107,7 @@ class Worker:
     @property
     def steps(self) -> int:
         """Steps run so far (read from Trio for cancellation accounting: an int, atomic)."""
-        return self._runner.steps if self._runner is not None else 0
+        return self._runner.counters.steps if self._runner is not None else 0
 
     def submit(self, seq_id: int, request: GenerationRequest) -> None:
         self._commands.put(Submit(seq_id, request, request_label.get()))
@@ -208,24 +210,22 @@ class Worker:
         return budget, per_token
 
     def _loop(self, runner: Runner) -> None:
+        ledger = self._ledger
         next_expiry_check = time.monotonic()
         while True:
             runner.release_idle_responses()
-            ledger = self._ledger
-            waiting = ledger.probation or ledger.preempted or ledger.imaging or ledger.held
-            idle = not (ledger.active or waiting)
-            if self._apply(runner, self._take_commands(block=idle)):
+            if self._apply(runner, self._take_commands(block=ledger.idle())):
                 return
             runner.settle()
-            if self._ledger.probation:
-                runner.replay_next_suspect()
-            elif self._ledger.preempted or self._ledger.held:
-                runner.admit_waiting()
-            if self._ledger.imaging:
-                runner.prefill_images()
-            if self._ledger.active:
-                runner.make_room()
-            if self._ledger.active:
+            if ledger.on_probation():
+                runner.recovery.replay_next_suspect()
+            elif ledger.waiting():
+                runner.admission.admit_waiting()
+            if ledger.prefilling_images():
+                runner.imaging.prefill()
+            if ledger.stepping():
+                runner.admission.make_room()
+            if ledger.stepping():
                 runner.step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
                 next_expiry_check = time.monotonic() + min(_IDLE_POLL_SECONDS, self._cache.ttl)
@@ -254,9 +254,6 @@ class Worker:
         cancelled = {c.seq_id for c in commands if isinstance(c, Cancel)}
         for seq_id in cancelled:
             runner.cancel(seq_id)
-        for held in [c for c in self._ledger.held if c.seq_id in cancelled]:
-            self._ledger.held.remove(held)
-            self._ledger.end_unstarted(held, "cancelled")
         admitted: list[Submit] = []
         for command in commands:
             if isinstance(command, Submit):
@@ -267,24 +264,20 @@ class Worker:
                 else:
                     admitted.append(command)
         ledger = self._ledger
-        if admitted and (ledger.probation or ledger.preempted or ledger.held):
-            runner.hold(admitted, ahead=False, count=not ledger.probation)
+        if admitted and ledger.waiting():
+            runner.admission.hold(admitted, count=not ledger.on_probation())
         elif admitted:
             runner.settle()  # what the cancels ended leaves its stepper before anyone enters
-            runner.admit_all(admitted)
+            runner.admission.admit_all(admitted)
         return stop
 
     def _finish_all(self, reason: FinishReason, exc: BaseException | None) -> None:
         """On exit: end every sequence, running or queued; nobody waits forever."""
-        error = "the engine failed while serving this request" if exc is not None else None
-        probation, self._ledger.probation = list(self._ledger.probation.values()), {}
-        probation += [*self._ledger.preempted.values(), *self._ledger.imaging.values()]
-        self._ledger.preempted, self._ledger.imaging = {}, {}
-        for sequence in [*self._ledger.active.values(), *probation]:
+        error = FAILED_WHILE_SERVING if exc is not None else None
+        for sequence in self._ledger.started():
             self._ledger.finish(sequence, sequence.final(reason, error))
         error = "the engine stopped before serving this request" if exc is not None else None
-        held, self._ledger.held = self._ledger.held, []
-        for command in [*held, *self._take_commands(block=False)]:
+        for command in [*self._ledger.held(), *self._take_commands(block=False)]:
             if isinstance(command, Submit):
                 self._ledger.end_unstarted(command, reason, error)
 
@@ -292,23 +285,24 @@ class Worker:
         runner = self._runner
         if runner is None:
             return WorkerStats(0, self._ledger.running, 0, 0, 0, None)
+        counters = runner.counters
         return WorkerStats(
-            steps=runner.steps,
+            steps=counters.steps,
             active=self._ledger.running,
             prompt_tokens_processed=runner.prefilled,
-            generated_tokens=runner.generated_tokens,
-            failed_steps=runner.failed_steps,
+            generated_tokens=counters.generated_tokens,
+            failed_steps=counters.failed_steps,
             prefix_cache=self._cache.stats() if self._cache else None,
-            solo_steps=runner.solo_steps,
-            handovers=runner.handovers,
-            isolated_failures=runner.isolated_failures,
-            replays=runner.replays,
+            solo_steps=counters.solo_steps,
+            handovers=counters.handovers,
+            isolated_failures=counters.isolated_failures,
+            replays=counters.replays,
             prefill_forwards=runner.shapes.prefill_forwards,
             prefill_shapes=runner.shapes.shapes,
             prefill_chunks_beside_decode=dict(runner.chunks.beside_decode),
             prefill_seconds_per_token=runner.chunks.seconds_per_token,
-            preemptions=runner.preemptions,
-            held_for_memory=runner.held_for_memory,
+            preemptions=counters.preemptions,
+            held_for_memory=counters.held_for_memory,
         )
 
     def _release_memory(self) -> None:

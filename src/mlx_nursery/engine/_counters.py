@@ -1,0 +1,26 @@
+"""What the engine thread counts as it runs sequences (read into `WorkerStats`)."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.define
+class RunCounters:
+    """Counts since the engine started. Written on the engine thread only; `steps` is also
+    read from Trio for cancellation accounting (an int: atomic under the GIL)."""
+
+    steps: int = 0
+    solo_steps: int = 0
+    """Steps run on the single-sequence fast path."""
+    generated_tokens: int = 0
+    retired_prefill: int = 0
+    """Prompt tokens prefilled by batch steppers since replaced (after failures)."""
+    failed_steps: int = 0
+    failures_in_a_row: int = 0
+    """Failed steps no suspect explained, since the last good step (the fatal limit's)."""
+    handovers: int = 0
+    isolated_failures: int = 0
+    replays: int = 0
+    preemptions: int = 0
+    held_for_memory: int = 0
