@@ -1229,8 +1229,12 @@ CONTENT_TYPES = [
 @st.composite
 def transport_case(draw: st.DrawFn, endpoint: str, body: dict[str, Any], max_bytes: int) -> Case:
     kind = draw(
-        st.sampled_from(["not_json", "content_type", "encoding", "headers", "method", "big_body"])
+        st.sampled_from(
+            ["not_json", "content_type", "encoding", "headers", "method", "big_body", "attack"]
+        )
     )
+    if kind == "attack":
+        return draw(attack_case(endpoint, body))
     text = encode(body, [])
     if kind == "not_json":
         raw = draw(st.one_of(st.sampled_from(NOT_JSON), st.binary(max_size=64)))
@@ -1280,7 +1284,37 @@ def transport_case(draw: st.DrawFn, endpoint: str, body: dict[str, Any], max_byt
     return Case("hostile", endpoint, padded, note="big body")
 
 
+@st.composite
+def attack_case(draw: st.DrawFn, endpoint: str, body: dict[str, Any]) -> Case:
+    """The security review's attacks that fit one request (issue 30): each must be refused
+    in the envelope or served, never a 5xx, and must not stall the health probe."""
+    attack = draw(st.sampled_from(["reasoning_items", "form_audio", "forged_id", "private_image"]))
+    if attack == "reasoning_items":  # once quadratic to prepare
+        count = draw(st.sampled_from([1_500, 5_000]))
+        items = [{"type": "reasoning", "id": f"rs_{i}", "summary": []} for i in range(count)]
+        return Case("hostile", "responses", {"model": MODEL, "input": items}, note="items")
+    if attack == "form_audio":  # once parsed on the Trio thread with no field cap
+        size = draw(st.sampled_from([16, 1 << 20]))
+        return Case(
+            "hostile",
+            "other",
+            b"model=tiny&file=" + b"x" * size,
+            path="/v1/audio/transcriptions",
+            content_type="application/x-www-form-urlencoded",
+            note="urlencoded audio",
+        )
+    if attack == "forged_id":  # once able to forge fields in text logs
+        forged = draw(st.sampled_from(["a status=200 model=x", "id with spaces", "x" * 129]))
+        return Case("hostile", endpoint, body, headers=(("x-request-id", forged),), note="id")
+    url = draw(st.sampled_from(["http://127.0.0.1:9/x.png", "http://169.254.169.254/latest"]))
+    image = {"type": "image_url", "image_url": {"url": url}}
+    chat = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [image]}]}
+    return Case("hostile", "chat", chat, note="image from a private address")
+
+
 OTHER_PATHS = [
+    ("POST", "/v1/models/%0atiny/load"),
+    ("POST", "/v1/models/tiny%0a/unload"),
     ("GET", "/v1/responses/%ED%A0%80"),
     ("GET", "/v1/responses/%FF"),
     ("GET", "/v1/responses/resp_x?stream=true"),
