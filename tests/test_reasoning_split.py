@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_nursery.openai import InvalidRequest
-from mlx_nursery.openai._reasoning import (
+from mlx_nursery.generation._reasoning import (
     AnswerPiece,
     ReasoningPiece,
     ReasoningSplitter,
@@ -13,6 +12,7 @@ from mlx_nursery.openai._reasoning import (
     thinking_on,
     thinking_switch,
 )
+from mlx_nursery.openai import InvalidRequest
 
 QWEN3 = ThinkingFormat("<think>", "</think>", (7,), (8,), switchable=True)
 
