@@ -23,8 +23,8 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+from mlx_nursery.generation import SegmentEncoder
 from mlx_nursery.models import make_model
-from mlx_nursery.openai import SegmentEncoder
 
 WORDS = ("the", "quick", "brown", "fox", "reads", "every", "page", "of", "the", "manual")
 

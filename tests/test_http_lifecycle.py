@@ -12,9 +12,9 @@ import httpx
 import pytest
 import trio
 
+from mlx_nursery.generation import Prepared
 from mlx_nursery.http._jobs import Job, Jobs
 from mlx_nursery.http._service import Service
-from mlx_nursery.openai import Prepared
 
 from .http_helpers import (
     chat_body,

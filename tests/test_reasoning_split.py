@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mlx_nursery.generation import InvalidRequest
 from mlx_nursery.generation._reasoning import (
     AnswerPiece,
     ReasoningPiece,
@@ -12,7 +13,6 @@ from mlx_nursery.generation._reasoning import (
     thinking_on,
     thinking_switch,
 )
-from mlx_nursery.openai import InvalidRequest
 
 QWEN3 = ThinkingFormat("<think>", "</think>", (7,), (8,), switchable=True)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mlx_nursery.engine import Usage
+from mlx_nursery.generation import Finished, TextDelta
 from mlx_nursery.generation._logprobs import LogprobEntry
 from mlx_nursery.http._batching import WritePolicy, merged_text
-from mlx_nursery.openai import Finished, TextDelta
 
 
 def test_adaptive_interval_grows_by_one_per_eight_open_streams() -> None:
