@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from mlx_nursery.engine import EngineConfig, GenerationRequest, SamplingParams, open_engine
-from mlx_nursery.openai import Grammars
+from mlx_nursery.generation import Grammars
 
 SCHEMA = {
     "type": "object",

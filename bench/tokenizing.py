@@ -23,7 +23,7 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlx_nursery.openai import SegmentEncoder
+from mlx_nursery.generation import SegmentEncoder
 from mlx_nursery.tools import make_model
 
 WORDS = ("the", "quick", "brown", "fox", "reads", "every", "page", "of", "the", "manual")

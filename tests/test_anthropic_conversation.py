@@ -11,8 +11,7 @@ from mlx_nursery.anthropic import MessageEvents, parse_messages_request
 from mlx_nursery.anthropic._conversation import template_messages
 from mlx_nursery.anthropic._output import stop_reason, usage_json
 from mlx_nursery.engine import GenerationRequest, Usage
-from mlx_nursery.openai import (
-    CHAT_WIRE,
+from mlx_nursery.generation import (
     Admitted,
     Finished,
     ImageLimits,
@@ -22,6 +21,7 @@ from mlx_nursery.openai import (
     TextDelta,
     ToolCallOut,
 )
+from mlx_nursery.openai import CHAT_WIRE
 
 
 def rendered(messages: list[dict[str, Any]], **fields: Any) -> tuple[list[dict[str, Any]], bool]:

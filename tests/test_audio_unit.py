@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from mlx_nursery.engine import Segment
-from mlx_nursery.openai import AudioLimits, AudioUpload, InvalidRequest, RequestTooLarge
-from mlx_nursery.openai._audio import decode_audio, sniff_format
+from mlx_nursery.generation import (
+    AudioLimits,
+    AudioUpload,
+    InvalidRequest,
+    RequestTooLarge,
+    decode_audio,
+    sniff_format,
+)
 from mlx_nursery.openai._audio_output import srt, vtt
 
 from .speech_helpers import clip, flac_bytes, wav_bytes

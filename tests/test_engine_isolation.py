@@ -341,7 +341,7 @@ def engine_model(engine: Engine) -> Any:
 async def test_a_constrained_sequence_is_replayed_with_its_grammar_in_step(engine: Engine) -> None:
     """The step that fails has already fed the grammar a token nobody will see: the replay
     rolls the matcher back, and the JSON comes out as it does alone."""
-    from mlx_nursery.openai._structured import Grammars
+    from mlx_nursery.generation._structured import Grammars
 
     tokenizer = engine.model.tokenizer
     grammars = Grammars(tokenizer, len(tokenizer.get_vocab()))

@@ -16,7 +16,7 @@ import httpx
 import jsonschema
 import pytest
 
-from mlx_nursery.openai._tools import FALLBACK_TOOLS_PROMPT
+from mlx_nursery.generation._tools import FALLBACK_TOOLS_PROMPT
 
 from .http_helpers import chat_body, engine_of, running_server, scripted, sdk, validate
 
@@ -236,10 +236,10 @@ async def test_a_model_without_a_tool_format_gets_the_fallback(toolless_model: P
 def test_the_fallback_renders_tools_calls_and_results_as_documented(toolless_model: Path) -> None:
     from transformers import AutoTokenizer
 
-    from mlx_nursery.openai._chat import ChatMessage
-    from mlx_nursery.openai._converter import structure
-    from mlx_nursery.openai._prompts import render_chat
-    from mlx_nursery.openai._tools import normalize_tools
+    from mlx_nursery.generation._converter import structure
+    from mlx_nursery.generation._prompts import render_chat
+    from mlx_nursery.generation._request_parts import ChatMessage
+    from mlx_nursery.generation._tools import normalize_tools
 
     tokenizer = AutoTokenizer.from_pretrained(str(toolless_model))
     messages = [

@@ -23,9 +23,9 @@ import httpx
 import pytest
 import trio
 
+from mlx_nursery.generation._json import MAX_JSON_DEPTH
+from mlx_nursery.generation._plan import Prepared
 from mlx_nursery.http._limits import HYPERCORN_HEAD_BYTES, MAX_HEADER_BYTES, MAX_URL_BYTES
-from mlx_nursery.openai._endpoints import Prepared
-from mlx_nursery.openai._json import MAX_JSON_DEPTH
 from mlx_nursery.openai._responses_output import ResponseBuilder
 from mlx_nursery.server import Running
 

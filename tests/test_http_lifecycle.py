@@ -12,7 +12,7 @@ import httpx
 import pytest
 import trio
 
-from mlx_nursery.openai import Prepared
+from mlx_nursery.generation import Prepared
 from mlx_nursery.serving import Preparation
 from mlx_nursery.serving._jobs import Job, Jobs
 

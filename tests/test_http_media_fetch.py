@@ -22,8 +22,8 @@ import hypercorn.trio
 import pytest
 import trio
 
-from mlx_nursery.openai import parse_media_hosts
-from mlx_nursery.openai._media_hosts import allowed_entry
+from mlx_nursery.generation import parse_media_hosts
+from mlx_nursery.generation._media_hosts import allowed_entry
 from mlx_nursery.settings import Settings, SettingsError
 
 from .http_helpers import eventually, running_server, sdk, validate_error

@@ -15,9 +15,9 @@ import attrs
 import httpx
 import pytest
 
-from mlx_nursery.openai._chat import ChatMessage
-from mlx_nursery.openai._converter import structure
-from mlx_nursery.openai._prompts import render_chat
+from mlx_nursery.generation._converter import structure
+from mlx_nursery.generation._prompts import render_chat
+from mlx_nursery.generation._request_parts import ChatMessage
 from mlx_nursery.testing import LiveServer, start_server
 
 from .http_helpers import chat_body, hosted_of, running_server, scripted, sdk, sse_events, validate

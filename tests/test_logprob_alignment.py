@@ -9,7 +9,7 @@ from mlx_lm.tokenizer_utils import _byte_decoder
 
 from mlx_nursery.engine import TokenLogprob
 from mlx_nursery.engine._detokenizer import LinearBPEDetokenizer
-from mlx_nursery.openai._logprobs import LogprobAligner
+from mlx_nursery.generation._logprobs import LogprobAligner
 
 TO_CHAR = {value: char for char, value in _byte_decoder().items()}
 

@@ -9,18 +9,18 @@ from typing import Any
 import pytest
 
 from mlx_nursery.engine import GenerationRequest, Usage
+from mlx_nursery.generation._converter import structure, to_json
+from mlx_nursery.generation._errors import InvalidRequest
+from mlx_nursery.generation._generate import Finished
+from mlx_nursery.generation._logprobs import LogprobEntry
+from mlx_nursery.generation._plan import Prepared
+from mlx_nursery.generation._tools import ToolCallOut
 from mlx_nursery.openai._chat_endpoint import CHAT
-from mlx_nursery.openai._converter import structure, to_json
-from mlx_nursery.openai._endpoints import Prepared
-from mlx_nursery.openai._errors import InvalidRequest
-from mlx_nursery.openai._generation import Finished
-from mlx_nursery.openai._logprobs import LogprobEntry
 from mlx_nursery.openai._responses import PreparedResponse
 from mlx_nursery.openai._responses_events import OutputTextDelta
 from mlx_nursery.openai._responses_objects import OutputFunctionCall
 from mlx_nursery.openai._responses_output import ResponseBuilder, input_items_page
 from mlx_nursery.openai._responses_schemas import ResponsesRequest
-from mlx_nursery.openai._tools import ToolCallOut
 
 from .http_helpers import validate
 

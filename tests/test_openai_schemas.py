@@ -10,9 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from mlx_nursery.openai._chat import ChatCompletionRequest, JsonSchemaFormat
-from mlx_nursery.openai._converter import structure
-from mlx_nursery.openai._errors import InvalidRequest
+from mlx_nursery.generation._converter import structure
+from mlx_nursery.generation._errors import InvalidRequest
+from mlx_nursery.generation._request_parts import (
+    FunctionTool,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    NamedToolChoice,
+    TextJsonSchemaFormat,
+)
+from mlx_nursery.openai._chat import ChatCompletionRequest
 from mlx_nursery.openai._responses_schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -20,10 +27,8 @@ from mlx_nursery.openai._responses_schemas import (
     ReasoningItem,
     ReasoningText,
     ResponsesRequest,
-    TextJsonSchemaFormat,
     TextPart,
 )
-from mlx_nursery.openai._shared import FunctionTool, JsonObjectFormat, NamedToolChoice
 
 from .http_helpers import chat_body, running_server, validate_error
 

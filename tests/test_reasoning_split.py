@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_nursery.openai import InvalidRequest
-from mlx_nursery.openai._reasoning import (
+from mlx_nursery.generation import InvalidRequest
+from mlx_nursery.generation._reasoning import (
     AnswerPiece,
     ReasoningPiece,
     ReasoningSplitter,

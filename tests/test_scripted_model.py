@@ -14,8 +14,8 @@ from mlx_nursery.engine._messages import Submit
 from mlx_nursery.engine._scripted import SLICE_SECONDS, ScriptedStepper
 from mlx_nursery.engine._sequence import build_sequence
 from mlx_nursery.engine._stepper import Start
-from mlx_nursery.openai import parse_script
-from mlx_nursery.openai._scripts import script_for
+from mlx_nursery.generation import parse_script
+from mlx_nursery.generation._scripts import script_for
 
 EOS = 2
 

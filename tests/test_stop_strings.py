@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_nursery.openai._stop import StopMatcher
+from mlx_nursery.generation._stop import StopMatcher
 
 
 def run(stops: tuple[str, ...], pieces: list[str]) -> tuple[str, bool]:

@@ -13,7 +13,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from mlx_nursery.openai import SegmentEncoder, _tokenizing
+from mlx_nursery.generation import SegmentEncoder, _tokenizing
 
 
 @pytest.fixture(scope="module", params=["tiny_model", "tiny_vlm"])

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
 
-from mlx_nursery.openai._tools import (
+from mlx_nursery.generation._tools import (
     ContentText,
     ToolCallExtractor,
     ToolCallOut,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mlx_nursery.engine import Usage
-from mlx_nursery.openai import Finished, TextDelta
-from mlx_nursery.openai._logprobs import LogprobEntry
+from mlx_nursery.generation import Finished, TextDelta
+from mlx_nursery.generation._logprobs import LogprobEntry
 from mlx_nursery.serving._batching import WritePolicy, merged_text
 
 

@@ -2,7 +2,7 @@
 
 It sits beside the OpenAI layer and builds on its core: a Messages request is checked
 here, its conversation of content blocks rendered through the same chat-template core,
-and it becomes the same engine request (`openai.Prepared`) with the same steps (sampling,
+and it becomes the same engine request (`generation.Prepared`) with the same steps (sampling,
 tools and tool_choice by constrained decoding, output format); its output (the same
 `TextDelta` / `ToolCallOut` / `Finished`) is rendered here as Anthropic's message and
 stream events. Errors are the OpenAI layer's, in Anthropic's envelope (`error_body`).

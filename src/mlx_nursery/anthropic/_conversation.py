@@ -1,5 +1,5 @@
 """A Messages conversation (system, messages of content blocks) as the chat template's own
-messages (`openai.render_template`'s shape), with its images taken in order.
+messages (`generation.render_served_template`'s shape), with its images taken in order.
 
 How blocks map: text blocks of a message join into its content (parts, when it holds
 images); an assistant's `tool_use` blocks become its `tool_calls`; a user's `tool_result`
@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ..openai import ImageRef, ImageTaker, InvalidRequest
+from ..generation import ImageRef, ImageTaker, InvalidRequest
 from ._schemas import (
     Base64Source,
     ConversationFields,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from ..engine import Usage
-from ..openai import (
+from ..generation import (
     Admitted,
     Finished,
     OpenAIError,

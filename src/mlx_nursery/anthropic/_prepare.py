@@ -1,5 +1,5 @@
 """A Messages request checked and rendered into the engine request every API builds
-(`openai.Prepared`), with the steps chat and Responses use: sampling, tools and
+(`generation.Prepared`), with the steps chat and Responses use: sampling, tools and
 tool_choice (enforced by constrained decoding), output format, the scripted model.
 
 What is Anthropic's own: its fields and their ranges, its tool and tool_choice shapes, its
@@ -15,8 +15,7 @@ from typing import Any
 
 import attrs
 
-from ..openai import (
-    CHAT_WIRE,
+from ..generation import (
     FunctionTool,
     InvalidRequest,
     NamedToolChoice,
@@ -25,6 +24,7 @@ from ..openai import (
     ServedModel,
     TextJsonSchemaFormat,
     answer_only,
+    check_between,
     check_count,
     check_prompt_size,
     common,
@@ -43,6 +43,7 @@ from ..openai import (
     with_script,
     with_tools,
 )
+from ..openai import CHAT_WIRE
 from ._conversation import conversation_texts, template_messages
 from ._schemas import (
     ConversationFields,
@@ -81,10 +82,11 @@ def prepare_messages(request: MessagesRequest, served: ServedModel) -> Prepared:
     field for anything it does not take. Tokenizes and decodes images: a worker thread."""
     served.check(request.model)
     reject_unimplemented(request, _UNIMPLEMENTED)
+    check_between(request.temperature, 0.0, 1.0, "temperature")  # Anthropic's range
     fields = SamplingFields(
         model=request.model,
         stream=request.stream,
-        temperature=_checked_temperature(request.temperature),
+        temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
         user=request.metadata.user_id if request.metadata is not None else None,
@@ -241,14 +243,6 @@ def _check_tool(tool: Any, where: str) -> None:
             param=f"{where}.defer_loading",
             code="unsupported_parameter",
         )
-
-
-def _checked_temperature(temperature: float | None) -> float | None:
-    if temperature is not None and not 0.0 <= temperature <= 1.0:
-        raise InvalidRequest(
-            "temperature must be between 0 and 1", param="temperature", code="invalid_value"
-        )
-    return temperature
 
 
 def _stop_sequences(stops: list[str] | None) -> tuple[str, ...]:

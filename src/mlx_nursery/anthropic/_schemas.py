@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..openai import ScriptSpec, Tagged, register_tagged_union
+from ..generation import ScriptSpec, Tagged, register_tagged_union
 
 
 @attrs.frozen

@@ -1,7 +1,7 @@
 """The built-in scripted model: a tokenizer and a config, no weights.
 
 `--model scripted` serves it. Each request says what it answers and when (its `script`,
-openai/_scripts.py); the engine runs it through the same lanes, queue, deadlines and
+generation/_scripts.py); the engine runs it through the same lanes, queue, deadlines and
 cancellation as any model, with `engine/_scripted.py`'s stepper in place of MLX compute.
 So a test harness measures the real server's behaviour against a model it controls.
 

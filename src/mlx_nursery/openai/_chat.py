@@ -12,63 +12,15 @@ from typing import Any, Literal
 
 import attrs
 
-from ._shared import (
+from ..generation import (
+    ChatMessage,
     FunctionTool,
-    JsonObjectFormat,
     NamedToolChoice,
+    ResponseFormat,
     SamplingFields,
-    TextFormat,
     ToolChoiceMode,
 )
 from ._usage import UsageOut
-
-Role = Literal["system", "developer", "user", "assistant", "tool"]
-
-
-@attrs.define
-class ContentPart:
-    type: str
-    text: str | None = None
-    image_url: Any = None
-    input_audio: Any = None
-    file: Any = None
-    refusal: str | None = None
-
-
-@attrs.define
-class ChatMessage:
-    role: Role
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
-    refusal: str | None = None
-    function_call: Any = None
-    audio: Any = None
-    reasoning_content: str | None = None
-    """An assistant turn's reasoning sent back (a thinking template may render it)."""
-    reasoning: str | None = None
-    """The same, by the name vLLM and OpenRouter use."""
-
-
-@attrs.frozen
-class JsonSchemaSpec:
-    """`response_format.json_schema`."""
-
-    name: str
-    description: str | None = None
-    schema: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-@attrs.frozen
-class JsonSchemaFormat:
-    json_schema: JsonSchemaSpec
-    type: Literal["json_schema"] = "json_schema"
-
-
-ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
-"""A tagged union on `type` (`_converter`)."""
 
 
 @attrs.define(kw_only=True)

@@ -8,7 +8,37 @@ from typing import Any, ClassVar
 
 import attrs
 
-from . import _params as params
+from ..generation import (
+    Finished,
+    InvalidRequest,
+    LogprobEntry,
+    Prepared,
+    ServedModel,
+    ToolCallOut,
+    answer_only,
+    check_count,
+    check_prompt_size,
+    common,
+    ignored_hints,
+    ignored_values,
+    last_user_text,
+    offered_tools,
+    prepared_for,
+    prompt_texts,
+    reject_unimplemented,
+    render_served,
+    require,
+    structure,
+    switchable,
+    thinking_switch,
+    to_json,
+    with_logprobs,
+    with_processors,
+    with_reasoning,
+    with_response_format,
+    with_script,
+    with_tools,
+)
 from ._chat import (
     AssistantMessage,
     ChatChoice,
@@ -20,28 +50,6 @@ from ._chat import (
     FunctionCall,
     ToolCall,
 )
-from ._converter import structure, to_json
-from ._endpoints import (
-    Prepared,
-    answer_only,
-    common,
-    prepared_for,
-    with_logprobs,
-    with_processors,
-    with_reasoning,
-    with_response_format,
-    with_script,
-    with_tools,
-)
-from ._errors import InvalidRequest
-from ._generation import Finished
-from ._logprobs import LogprobEntry
-from ._prompts import check_prompt_size, prompt_texts, render_served
-from ._reasoning import switchable, thinking_switch
-from ._scripts import last_user_text
-from ._served import ServedModel
-from ._tool_choice import offered_tools
-from ._tools import ToolCallOut
 from ._usage import UsageOut
 
 _UNIMPLEMENTED: dict[str, object] = {
@@ -152,10 +160,10 @@ def _logprobs(p: Prepared, entries: Sequence[LogprobEntry]) -> dict[str, Any] | 
 def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     request = structure(body, ChatCompletionRequest)
     served.check(request.model)
-    params.reject_unimplemented(request, _UNIMPLEMENTED)
+    reject_unimplemented(request, _UNIMPLEMENTED)
     thinking = thinking_switch(served.thinking, request.reasoning_effort, "reasoning_effort")
     hints = _THINKING_HINTS if switchable(served.thinking) else _HINTS
-    ignored = params.ignored_hints(request, hints, strict=served.strict_params)
+    ignored = ignored_hints(request, hints, strict=served.strict_params)
     details = [  # the model's image processor decides each image's resolution
         part.image_url.get("detail")
         for message in request.messages
@@ -165,9 +173,9 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     ]
     detail = next((d for d in details if d not in (None, "auto")), None)
     given = {"image_url.detail": detail} if detail is not None else {}
-    ignored = (*ignored, *params.ignored_values(given, strict=served.strict_params))
+    ignored = (*ignored, *ignored_values(given, strict=served.strict_params))
     if request.max_tokens is not None and request.max_completion_tokens is not None:
-        params.require(
+        require(
             request.max_tokens == request.max_completion_tokens,
             "max_completion_tokens",
             "max_tokens and max_completion_tokens disagree; set only one",
@@ -177,7 +185,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         if request.max_completion_tokens is not None
         else (request.max_tokens, "max_tokens")
     )
-    params.check_count(len(request.messages), served.caps.max_messages, "messages")
+    check_count(len(request.messages), served.caps.max_messages, "messages")
     checked = common(request, served)
     tools, forced = offered_tools(request.tools, request.tool_choice, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
@@ -209,8 +217,8 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
 def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:
     """Chat: `logprobs: true` turns them on; `top_logprobs` (0-20) adds alternatives."""
     if request.top_logprobs is not None:
-        params.require(bool(request.logprobs), "top_logprobs", "top_logprobs needs logprobs: true")
-        params.require(
+        require(bool(request.logprobs), "top_logprobs", "top_logprobs needs logprobs: true")
+        require(
             0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20"
         )
     if not request.logprobs:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ._shared import SamplingFields
+from ..generation import SamplingFields
 from ._usage import UsageOut
 
 

@@ -6,15 +6,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from . import _params as params
+from ..generation import (
+    Finished,
+    LogprobEntry,
+    Prepared,
+    ServedModel,
+    ToolCallOut,
+    common,
+    completion_tokens,
+    prepared_for,
+    reject_unimplemented,
+    require,
+    structure,
+    to_json,
+    with_logprobs,
+    with_script,
+)
 from ._completions import Completion, CompletionChoice, CompletionRequest
-from ._converter import structure, to_json
-from ._endpoints import Prepared, common, prepared_for, with_logprobs, with_script
-from ._generation import Finished
-from ._logprobs import LogprobEntry
-from ._prompts import completion_tokens
-from ._served import ServedModel
-from ._tools import ToolCallOut
 from ._usage import UsageOut
 
 _UNIMPLEMENTED: dict[str, object] = {
@@ -101,14 +109,14 @@ def _logprobs(p: Prepared, entries: Sequence[LogprobEntry], offset: int) -> dict
 def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     request = structure(body, CompletionRequest)
     served.check(request.model)
-    params.reject_unimplemented(request, _UNIMPLEMENTED)
+    reject_unimplemented(request, _UNIMPLEMENTED)
     checked = common(request, served)
-    tokens = completion_tokens(served, request)
+    tokens = completion_tokens(served, request.prompt)
     prepared = prepared_for(
         COMPLETION, request, served, tokens, request.max_tokens, "max_tokens", checked
     )
     if request.logprobs is not None:
-        params.require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
+        require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
     prepared = with_script(
         prepared, served, request.script, lambda: served.tokenizer.decode(tokens)
     )

@@ -21,12 +21,17 @@ import numpy as np
 
 from ..engine import (
     Embedder,
-    EmbeddingFailed,
     EmbeddingRequest,
-    EngineOverloaded,
-    EngineUnavailable,
 )
-from ._converter import structure, to_json
+from ..generation import (
+    InvalidRequest,
+    ModelCard,
+    check_prompt_size,
+    engine_errors_as_api_errors,
+    structure,
+    to_json,
+    unknown_model,
+)
 from ._embeddings import (
     Embedding,
     EmbeddingList,
@@ -34,10 +39,6 @@ from ._embeddings import (
     EmbeddingsUsage,
     EncodingFormat,
 )
-from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable
-from ._models import ModelCard
-from ._prompts import check_prompt_size
-from ._served import unknown_model
 
 
 @attrs.frozen
@@ -221,22 +222,8 @@ async def run_embeddings(embedder: Embedder, request: EmbeddingRequest) -> list[
     with Retry-After; not serving), 500 when the model failed on the batch.
 
     Cancellation: as `Embedder.embed`: the compute has stopped when it returns."""
-    try:
+    with engine_errors_as_api_errors():
         return await embedder.embed(request)
-    except EngineOverloaded as exc:
-        raise Overloaded(
-            f"the server is at capacity ({exc.queued} requests waiting); retry later",
-            code="server_overloaded",
-        ) from None
-    except EngineUnavailable:
-        raise Unavailable(
-            "the server is not serving (shutting down or stopped)", code="server_unavailable"
-        ) from None
-    except EmbeddingFailed:
-        raise GenerationFailed(
-            "the model failed on this request's inputs; the server's log says why",
-            code="embedding_failed",
-        ) from None
 
 
 def embeddings_body(prepared: PreparedEmbeddings, vectors: list[np.ndarray]) -> bytes:

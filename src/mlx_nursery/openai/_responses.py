@@ -12,16 +12,33 @@ from typing import Any
 
 import attrs
 
-from . import _params as params
-from ._chat import ChatMessage
-from ._chat_endpoint import CHAT
-from ._checkpoint import checkpoint
-from ._converter import structure
-from ._endpoints import (
+from ..generation import (
+    ChatMessage,
+    InvalidRequest,
+    NamedToolChoice,
     Prepared,
+    SamplingFields,
+    ServedModel,
+    ToolChoiceMode,
+    ToolChoiceType,
     answer_only,
+    check_count,
+    check_prompt_size,
+    checkpoint,
     common,
+    ignored_hints,
+    ignored_values,
+    last_user_text,
+    offered_tools,
     prepared_for,
+    prompt_texts,
+    quoted,
+    reject_unimplemented,
+    render_served,
+    require,
+    structure,
+    switchable,
+    thinking_switch,
     with_logprobs,
     with_processors,
     with_reasoning,
@@ -29,15 +46,9 @@ from ._endpoints import (
     with_script,
     with_tools,
 )
-from ._errors import InvalidRequest, quoted
-from ._prompts import check_prompt_size, prompt_texts, render_served
-from ._reasoning import switchable, thinking_switch
+from ._chat_endpoint import CHAT
 from ._responses_items import input_items, item_id, messages_and_origins
 from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
-from ._scripts import last_user_text
-from ._served import ServedModel
-from ._shared import NamedToolChoice, SamplingFields, ToolChoiceMode, ToolChoiceType
-from ._tool_choice import offered_tools
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 REASONING_INCLUDE = "reasoning.encrypted_content"
@@ -65,9 +76,9 @@ def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
     """The request, checked. `input` may hold at most `max_items` items (`--max-messages`),
     counted before anything is built from them."""
     given = body.get("input") if isinstance(body, dict) else None
-    params.check_count(len(given) if isinstance(given, list) else 0, max_items, "input")
+    check_count(len(given) if isinstance(given, list) else 0, max_items, "input")
     request = structure(body, ResponsesRequest)
-    params.reject_unimplemented(request, _UNIMPLEMENTED)
+    reject_unimplemented(request, _UNIMPLEMENTED)
     for i, included in enumerate(request.include or []):
         if included not in _INCLUDABLE:
             raise InvalidRequest(
@@ -76,20 +87,18 @@ def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
                 code="unsupported_parameter",
             )
     if request.max_tool_calls is not None:
-        params.require(
-            request.max_tool_calls >= 1, "max_tool_calls", "max_tool_calls must be at least 1"
-        )
+        require(request.max_tool_calls >= 1, "max_tool_calls", "max_tool_calls must be at least 1")
     if request.stream_options is not None:
-        params.require(
+        require(
             bool(request.stream),
             "stream_options",
             "stream_options is only allowed when stream is true",
         )
     if request.top_logprobs is not None:
-        params.require(
+        require(
             0 <= request.top_logprobs <= 20, "top_logprobs", "top_logprobs must be between 0 and 20"
         )
-        params.require(
+        require(
             LOGPROBS_INCLUDE in (request.include or []),
             "top_logprobs",
             f"top_logprobs needs include: ['{LOGPROBS_INCLUDE}']",
@@ -234,7 +243,7 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
     A thinking model acts on `reasoning.effort`; the rest of `reasoning` (a summary: none
     is made) is named by its own path."""
     thinks = switchable(served.thinking)
-    ignored = params.ignored_hints(
+    ignored = ignored_hints(
         request, _THINKING_HINTS if thinks else _HINTS, strict=served.strict_params
     )
     details = [
@@ -257,7 +266,7 @@ def _ignored_hints(request: ResponsesRequest, served: ServedModel) -> tuple[str,
             {f"reasoning.{k}": v for k, v in (request.reasoning or {}).items() if k != "effort"}
         )
     given = {name: value for name, value in nested.items() if value not in (None, False)}
-    return (*ignored, *params.ignored_values(given, strict=served.strict_params))
+    return (*ignored, *ignored_values(given, strict=served.strict_params))
 
 
 def _truncated(
@@ -288,7 +297,7 @@ def _truncated(
             tokens, _ = render_served(served, kept, tools)
         except InvalidRequest:
             return False
-        return len(tokens) + needed <= served.context_length
+        return served.room(len(tokens)) >= needed
 
     if len(starts) <= 1 or fits(0):
         return messages, 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Literal
 
-from ._errors import InvalidRequest
+from ..generation import InvalidRequest
 from ._responses_schemas import (
     ContentPart,
     FunctionCallItem,

@@ -14,9 +14,13 @@ from typing import Any, Literal
 import attrs
 
 from ..engine import Usage
-from ._logprobs import LogprobEntry
-from ._responses_schemas import TextFormatParam
-from ._shared import NamedToolChoice, ToolChoiceMode, ToolChoiceType
+from ..generation import (
+    LogprobEntry,
+    NamedToolChoice,
+    TextFormatParam,
+    ToolChoiceMode,
+    ToolChoiceType,
+)
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]

@@ -11,10 +11,17 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ..engine import Usage
-from ._converter import to_json
-from ._errors import InvalidRequest, OpenAIError, quoted
-from ._generation import Finished
-from ._logprobs import LogprobEntry
+from ..generation import (
+    Finished,
+    InvalidRequest,
+    LogprobEntry,
+    OpenAIError,
+    TextFormat,
+    ToolCallOut,
+    quoted,
+    strict_tool_names,
+    to_json,
+)
 from ._responses import PreparedResponse
 from ._responses_events import (
     ContentPartAdded,
@@ -52,8 +59,6 @@ from ._responses_objects import (
     ResponseText,
     ResponseUsage,
 )
-from ._shared import TextFormat
-from ._tools import ToolCallOut, strict_tool_names
 
 
 class ResponseBuilder:

@@ -12,12 +12,11 @@ from typing import Any, Literal
 
 import attrs
 
-from ._script_schema import ScriptSpec
-from ._shared import (
+from ..generation import (
     FunctionTool,
-    JsonObjectFormat,
     NamedToolChoice,
-    TextFormat,
+    ScriptSpec,
+    TextFormatParam,
     ToolChoiceMode,
     ToolChoiceType,
 )
@@ -91,21 +90,6 @@ class ReasoningItem:
 
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 """A tagged union on `type` (`_converter`); a missing `type` is a message."""
-
-
-@attrs.frozen
-class TextJsonSchemaFormat:
-    """`text.format` for a JSON schema: chat's `json_schema` object, flattened."""
-
-    name: str
-    schema: dict[str, Any]
-    type: Literal["json_schema"] = "json_schema"
-    description: str | None = None
-    strict: bool | None = None
-
-
-TextFormatParam = TextFormat | JsonObjectFormat | TextJsonSchemaFormat
-"""A tagged union on `type` (`_converter`)."""
 
 
 @attrs.frozen

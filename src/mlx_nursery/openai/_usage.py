@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-import secrets
-import time
-
 import attrs
 
 from ..engine import Usage
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
-
-
-def now() -> int:
-    return int(time.time())
 
 
 @attrs.frozen

@@ -25,20 +25,19 @@ import trio
 
 from ..engine import (
     Engine,
-    EngineOverloaded,
     EngineUnavailable,
     SpeechEngine,
     Transcript,
     TranscriptionRequest,
     Window,
 )
+from ..generation import engine_errors_as_api_errors
 from ..openai import (
     ConnectionDropped,
     Finished,
     GenerationFailed,
     OpenAIError,
     Output,
-    Overloaded,
     Prepared,
     RequestTimeout,
     Unavailable,
@@ -365,26 +364,15 @@ class Jobs:
         early (deadline, shutdown, failure) as the last item once it has started."""
         started = False
         failure: OpenAIError | None = None
-        with job.scope:
-            try:
-                async with engine.transcribe(request) as events:
-                    started = True
-                    task_status.started()
-                    async for event in events:
-                        if isinstance(event, EngineUnavailable):
-                            failure = GenerationFailed(str(event), code="transcription_failed")
-                            break
-                        await send.send(event)
-            except EngineOverloaded as exc:
-                raise Overloaded(
-                    f"the server is at capacity ({exc.queued} requests waiting); retry later",
-                    code="server_overloaded",
-                ) from None
-            except EngineUnavailable:
-                raise Unavailable(
-                    "the server is not serving (shutting down or stopped)",
-                    code="server_unavailable",
-                ) from None
+        with job.scope, engine_errors_as_api_errors():
+            async with engine.transcribe(request) as events:
+                started = True
+                task_status.started()
+                async for event in events:
+                    if isinstance(event, EngineUnavailable):
+                        failure = GenerationFailed(str(event), code="transcription_failed")
+                        break
+                    await send.send(event)
         await self._end(job, send, failure, started, record)
 
     def _cancellation_error(self, job: Job) -> OpenAIError:

@@ -1,4 +1,4 @@
-"""One cattrs converter for the wire schemas, strict about JSON types; every hook is here.
+"""One cattrs converter for the wire schemas of every API, strict about JSON types.
 
 cattrs by default coerces (`int("5")`, `str(5)`); an API must not: a wrong
 type is a 400 naming the parameter. Unions are resolved by the JSON kind of
@@ -6,7 +6,8 @@ the value (string, number, list, object), which is how OpenAI's schemas are
 written; unions of objects by their `type` (tagged unions: `_TAGGED`). Integers are 64-bit,
 as OpenAI's schemas declare them (int64): a larger one is a 400 naming its field, never a
 value that breaks something later. Structuring errors become `InvalidRequest` with the
-parameter's path (`_structuring_errors`).
+parameter's path (`_structuring_errors`). The wire packages register their own tagged unions,
+lenient classes and unstructure hooks here when their schema modules are imported.
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ import cattrs
 from cattrs.cols import list_structure_factory, mapping_structure_factory
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
-from . import _chat as chat
-from . import _responses_objects as ro
-from . import _responses_schemas as rs
-from . import _shared as shared
+from . import _request_parts as parts
 from ._errors import InvalidRequest, quoted
 from ._structuring_errors import KIND_NAMES, STRUCTURING_ERRORS, describe, json_name, translated
 
@@ -126,57 +124,39 @@ class Tagged:
 
 
 _TAGGED: dict[frozenset[type], Tagged] = {
-    frozenset(rs.InputItem.__args__): Tagged(
-        {
-            "message": rs.MessageItem,
-            "function_call": rs.FunctionCallItem,
-            "function_call_output": rs.FunctionCallOutputItem,
-            "reasoning": rs.ReasoningItem,
-        },
-        "input items of type {tag} are not supported",
-        default=rs.MessageItem,
-    ),
-    frozenset(rs.ContentPart.__args__): Tagged(
-        {
-            **{kind: rs.TextPart for kind in ("input_text", "output_text", "text")},
-            "input_image": rs.ImagePart,
-        },
-        "content parts of type {tag} are not supported (text and images only)",
-        code="unsupported_content",
-    ),
-    frozenset({shared.FunctionTool}): Tagged(
-        {"function": shared.FunctionTool},
+    frozenset({parts.FunctionTool}): Tagged(
+        {"function": parts.FunctionTool},
         "tool type {tag} is not supported; only 'function' tools are",
     ),
-    frozenset({shared.NamedToolChoice}): Tagged(
-        {"function": shared.NamedToolChoice},
+    frozenset({parts.NamedToolChoice}): Tagged(
+        {"function": parts.NamedToolChoice},
         "invalid tool_choice type {tag}",
         code="invalid_value",
         param=None,
     ),
-    frozenset({shared.NamedToolChoice, shared.ToolChoiceType}): Tagged(
+    frozenset({parts.NamedToolChoice, parts.ToolChoiceType}): Tagged(
         {
-            "function": shared.NamedToolChoice,
-            "none": shared.ToolChoiceType,
-            "auto": shared.ToolChoiceType,
+            "function": parts.NamedToolChoice,
+            "none": parts.ToolChoiceType,
+            "auto": parts.ToolChoiceType,
         },
         "invalid tool_choice type {tag}",
         code="invalid_value",
         param=None,
     ),
-    frozenset(chat.ResponseFormat.__args__): Tagged(
+    frozenset(parts.ResponseFormat.__args__): Tagged(
         {
-            "text": shared.TextFormat,
-            "json_object": shared.JsonObjectFormat,
-            "json_schema": chat.JsonSchemaFormat,
+            "text": parts.TextFormat,
+            "json_object": parts.JsonObjectFormat,
+            "json_schema": parts.JsonSchemaFormat,
         },
         "response_format type {tag} is not supported",
     ),
-    frozenset(rs.TextFormatParam.__args__): Tagged(
+    frozenset(parts.TextFormatParam.__args__): Tagged(
         {
-            "text": shared.TextFormat,
-            "json_object": shared.JsonObjectFormat,
-            "json_schema": rs.TextJsonSchemaFormat,
+            "text": parts.TextFormat,
+            "json_object": parts.JsonObjectFormat,
+            "json_schema": parts.TextJsonSchemaFormat,
         },
         "text.format type {tag} is not supported",
     ),
@@ -197,19 +177,15 @@ def register_tagged_union(members: Iterable[type], tagged: Tagged) -> None:
         _TAG_OF.update(dict.fromkeys(key, tagged))
 
 
-_LENIENT: frozenset[type] = frozenset(
-    {
-        rs.MessageItem,
-        rs.FunctionCallItem,
-        rs.FunctionCallOutputItem,
-        rs.ReasoningItem,
-        rs.TextPart,
-        rs.ImagePart,
-        rs.ReasoningText,
-    }
-)
-"""Classes whose unknown fields are ignored rather than refused: input items and their parts,
-which clients replay from the output items they received (`status`, `annotations`, ...)."""
+_LENIENT: set[type] = set()
+"""Classes whose unknown fields are ignored rather than refused (`register_lenient`)."""
+
+
+def register_lenient(classes: Iterable[type]) -> None:
+    """Classes whose unknown fields are ignored rather than refused: the Responses API's input
+    items and their parts, which clients replay from the output items they received (`status`,
+    `annotations`, ...). Call it when the schema module is imported, as `register_tagged_union`."""
+    _LENIENT.update(classes)
 
 
 def _attrs_hook(cls: type) -> Callable[[Any, Any], Any]:
@@ -291,47 +267,16 @@ converter.register_structure_hook_func(
 )
 
 
-# -- unstructuring: what OpenAI leaves out ------------------------------------------------------
-def _without_tool_calls_if_none(message: chat.AssistantMessage) -> dict[str, Any]:
-    out = {"content": message.content, "role": message.role, "refusal": message.refusal}
-    if message.tool_calls is not None:
-        out["tool_calls"] = converter.unstructure(message.tool_calls)
-    if message.reasoning_content is not None:
-        out["reasoning_content"] = message.reasoning_content
-    return out
+# -- unstructuring: the wire packages register what they leave out ----------------------------
+def register_unstructure_hook(cls: type[T], hook: Callable[[T], Any]) -> None:
+    """How `to_json` writes `cls` (a wire package's rule: fields left out rather than null)."""
+    converter.register_unstructure_hook(cls, hook)
 
 
-converter.register_unstructure_hook(chat.AssistantMessage, _without_tool_calls_if_none)
-converter.register_unstructure_hook(
-    chat.ChatDelta,
-    # OpenAI leaves unset delta fields out: `{"content": "x"}`, and `{}` on the final chunk.
-    lambda delta: {k: v for k, v in attrs.asdict(delta).items() if v is not None},
-)
-
-
-converter.register_unstructure_hook(
-    ro.ResponseText,
-    # The echoed `text.format` leaves out the fields sent as null: the spec types them as
-    # strings and booleans, not nullable.
-    lambda text: {
-        "format": {k: v for k, v in converter.unstructure(text.format).items() if v is not None}
-    },
-)
-_response_fields = make_dict_unstructure_fn(ro.Response, converter)  # after ResponseText's hook
-
-
-def _response(response: ro.Response) -> dict[str, Any]:
-    """Absent rather than null, in their places: the spec types `top_logprobs`, `user` and
-    `usage` as an integer, a string and an object (cattrs' omit_if_default would move them
-    to the end)."""
-    out = _response_fields(response)
-    for name in ("top_logprobs", "user", "usage"):
-        if out[name] is None:
-            del out[name]
-    return out
-
-
-converter.register_unstructure_hook(ro.Response, _response)
+def unstructure_fields(cls: type[T]) -> Callable[[T], dict[str, Any]]:
+    """`cls`'s fields as `to_json` writes them by default (the hooks registered so far apply),
+    for a hook that edits the result."""
+    return make_dict_unstructure_fn(cls, converter)
 
 
 def to_json(value: Any) -> Any:

@@ -9,7 +9,7 @@ import attrs
 
 from ..engine import SamplingParams
 from ._errors import InvalidRequest, quoted
-from ._shared import SamplingFields
+from ._request_parts import SamplingFields
 
 MAX_STOP_STRINGS = 4
 _TOKEN_ID_DIGITS = 10
@@ -43,6 +43,15 @@ def check_count(count: int, limit: int, param: str) -> None:
 def require(condition: bool, param: str, message: str) -> None:
     if not condition:
         raise InvalidRequest(message, param=param, code="invalid_value")
+
+
+def check_between(value: float | None, low: float, high: float, param: str) -> None:
+    """A sampling field's range, as every API words it (None: not given)."""
+    require(
+        value is None or low <= value <= high,
+        param,
+        f"{param} must be between {low:g} and {high:g}",
+    )
 
 
 def reject_unimplemented(request: Any, fields: dict[str, object]) -> None:
@@ -93,17 +102,16 @@ def ignored_values(given: Mapping[str, object], *, strict: bool) -> tuple[str, .
 
 
 def sampling_from(fields: SamplingFields) -> SamplingParams:
+    check_between(fields.temperature, 0.0, 2.0, "temperature")
     temperature = 1.0 if fields.temperature is None else fields.temperature
-    require(0.0 <= temperature <= 2.0, "temperature", "temperature must be between 0 and 2")
     top_p = 1.0 if fields.top_p is None else fields.top_p
     require(0.0 < top_p <= 1.0, "top_p", "top_p must be greater than 0 and at most 1")
     top_k = fields.top_k or 0
     require(top_k >= 0, "top_k", "top_k must be 0 (disabled) or positive")
+    check_between(fields.min_p, 0.0, 1.0, "min_p")
     min_p = fields.min_p or 0.0
-    require(0.0 <= min_p <= 1.0, "min_p", "min_p must be between 0 and 1")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(fields, name)
-        require(value is None or -2.0 <= value <= 2.0, name, f"{name} must be between -2 and 2")
+    check_between(fields.presence_penalty, -2.0, 2.0, "presence_penalty")
+    check_between(fields.frequency_penalty, -2.0, 2.0, "frequency_penalty")
     if fields.repetition_penalty is not None:
         require(
             fields.repetition_penalty > 0,

@@ -19,10 +19,16 @@ import threading
 from typing import Any
 
 from ..engine import GrammarProcessor
-from ._chat import JsonSchemaFormat, JsonSchemaSpec, ResponseFormat
 from ._errors import InvalidRequest
-from ._responses_schemas import TextFormatParam, TextJsonSchemaFormat
-from ._shared import JsonObjectFormat, TextFormat
+from ._request_parts import (
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    ResponseFormat,
+    TextFormat,
+    TextFormatParam,
+    TextJsonSchemaFormat,
+)
 
 
 class Grammars:

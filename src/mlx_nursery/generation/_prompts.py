@@ -17,11 +17,10 @@ import jinja2
 
 from .. import fault_points
 from ..engine import ImageInputs, VisionProcessor
-from ._chat import ChatMessage
 from ._checkpoint import checkpoint
-from ._completions import CompletionRequest
 from ._errors import InvalidRequest, quoted, shortened
 from ._images import ImageLimits, load_image, too_many_images
+from ._request_parts import ChatMessage
 from ._served import ServedModel
 from ._tools import call_arguments_for_template, fallback_messages
 
@@ -425,8 +424,10 @@ def _unsupported_part(where: str, index: int, kind: str) -> InvalidRequest:
     )
 
 
-def completion_tokens(served: ServedModel, request: CompletionRequest) -> list[int]:
-    prompt = request.prompt
+def completion_tokens(
+    served: ServedModel, prompt: str | list[str] | list[int] | list[list[int]]
+) -> list[int]:
+    """A completion request's `prompt` as token ids (text tokenized; one prompt only)."""
     vocab_size = served.vocab_size
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:

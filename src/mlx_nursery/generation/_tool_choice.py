@@ -6,8 +6,8 @@ from typing import Any
 
 from ._errors import InvalidRequest, quoted
 from ._params import check_count
+from ._request_parts import FunctionTool, NamedToolChoice, ToolChoiceMode
 from ._served import ServedModel
-from ._shared import FunctionTool, NamedToolChoice, ToolChoiceMode
 from ._tools import normalize_tools, strict_tool_names
 
 

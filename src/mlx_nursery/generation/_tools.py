@@ -23,7 +23,7 @@ from .. import fault_points
 from ._converter import structure
 from ._errors import InvalidRequest
 from ._json import TOO_DEEP, parse_json
-from ._shared import FunctionTool
+from ._request_parts import FunctionTool
 
 log = logging.getLogger("mlx_nursery.openai")
 

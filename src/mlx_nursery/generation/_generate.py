@@ -26,7 +26,8 @@ from ..engine import (
     TokenEvent,
     Usage,
 )
-from ._errors import GenerationFailed, InvalidRequest, Overloaded, Unavailable, shortened
+from ._engine_errors import api_error
+from ._errors import GenerationFailed, InvalidRequest, Unavailable, shortened
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._reasoning import AnswerPiece, ReasoningPiece, ReasoningSplitter
 from ._stop import StopMatcher
@@ -157,17 +158,8 @@ async def generate_text(
                         if observe is not None:
                             observe(output)
     # Admission errors: raised before the sequence got a lane, so before `started`.
-    except PromptTooLong as exc:
-        raise context_length_error(exc, prompt_param) from None
-    except EngineOverloaded as exc:
-        raise Overloaded(
-            f"the server is at capacity ({exc.queued} requests waiting); retry later",
-            code="server_overloaded",
-        ) from None
-    except EngineUnavailable:
-        raise Unavailable(
-            "the server is not serving (shutting down or stopped)", code="server_unavailable"
-        ) from None
+    except (PromptTooLong, EngineOverloaded, EngineUnavailable) as exc:
+        raise api_error(exc, prompt_param) from None
 
 
 async def _put(send: trio.MemorySendChannel[Output], output: Output) -> None:
@@ -273,14 +265,3 @@ def _joined(pieces: list[AnswerPiece | ReasoningPiece]) -> tuple[str, str]:
     thought = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece))
     answer = "".join(p.text for p in pieces if isinstance(p, AnswerPiece))
     return thought, answer
-
-
-def context_length_error(exc: PromptTooLong, param: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"This model's maximum context length is {exc.context_length} tokens. However, you "
-        f"requested {exc.prompt_tokens + exc.max_tokens} tokens ({exc.prompt_tokens} in the "
-        f"prompt, {exc.max_tokens} for the completion). Please reduce the prompt or the "
-        "completion length.",
-        param=param,
-        code="context_length_exceeded",
-    )

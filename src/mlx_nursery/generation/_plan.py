@@ -1,8 +1,9 @@
-"""What chat and completions requests become: `Prepared`, and the steps that build it.
+"""What every generation request becomes: the plan `Prepared`, and the steps that build it.
 
-Each endpoint's module (`_chat_endpoint`, `_completions_endpoint`) validates its request and
-builds a `Prepared` with the steps here (Responses too: `_responses`); the `Wire` it names
-renders that endpoint's body and stream chunks.
+Each API's adapter (`openai`'s chat, completions and Responses endpoints; `anthropic`'s
+Messages) validates its request and builds a `Prepared` with the steps here: sampling and its
+ranges, the context fit, tools, reasoning, structured outputs, the scripted model's script.
+The `Wire` it names renders that endpoint's body and stream chunks.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ import attrs
 
 from ..engine import GenerationRequest, GrammarProcessor, ImageInputs, ThinkingGate
 from . import _params as params
-from ._chat import ResponseFormat
 from ._errors import InvalidRequest
-from ._generation import Finished
+from ._generate import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._reasoning import ReasoningSplitter, ThinkingFormat
-from ._responses_schemas import TextFormatParam
+from ._request_parts import ResponseFormat, SamplingFields, TextFormat, TextFormatParam, new_id, now
 from ._script_schema import ScriptSpec
 from ._scripts import (
     check_script,
@@ -31,10 +31,8 @@ from ._scripts import (
     script_for,
 )
 from ._served import ServedModel
-from ._shared import SamplingFields, TextFormat
 from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, ToolFormat
-from ._usage import new_id, now
 
 
 class Wire(Protocol):
@@ -217,7 +215,7 @@ def prepared_for(
 ) -> Prepared:
     """The engine request for a rendered prompt: its token budget checked against the room
     the context leaves."""
-    room = served.context_length - len(tokens)
+    room = served.room(len(tokens))
     max_tokens = params.max_tokens(
         budget, budget_param, served.default_max_tokens, room, served.caps.max_tokens
     )

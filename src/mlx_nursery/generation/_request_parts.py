@@ -1,12 +1,16 @@
-"""Request schemas that chat, completions and the Responses API share: sampling fields, function
-tools, tool_choice objects and the plain output formats.
+"""The request parts every API's plan is built from: sampling fields, function tools,
+tool_choice objects, chat messages (the form a chat template renders), the output formats,
+and the ids and timestamps of generated objects.
 
-Plain attrs classes in the OpenAI docs' field order; `_converter` structures them (the tagged
-unions on `type` are registered there).
+They are written as OpenAI's chat request writes them (field order as its docs), the form the
+Anthropic adapter converts its requests into; `_converter` structures them (the tagged unions
+on `type` are registered there).
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from typing import Any, Literal
 
 import attrs
@@ -104,3 +108,75 @@ class TextFormat:
 @attrs.frozen
 class JsonObjectFormat:
     type: Literal["json_object"] = "json_object"
+
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+@attrs.define
+class ContentPart:
+    type: str
+    text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
+
+
+@attrs.define
+class ChatMessage:
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    function_call: Any = None
+    audio: Any = None
+    reasoning_content: str | None = None
+    """An assistant turn's reasoning sent back (a thinking template may render it)."""
+    reasoning: str | None = None
+    """The same, by the name vLLM and OpenRouter use."""
+
+
+@attrs.frozen
+class JsonSchemaSpec:
+    """`response_format.json_schema`."""
+
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+@attrs.frozen
+class JsonSchemaFormat:
+    json_schema: JsonSchemaSpec
+    type: Literal["json_schema"] = "json_schema"
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+"""A tagged union on `type` (`_converter`)."""
+
+
+@attrs.frozen
+class TextJsonSchemaFormat:
+    """`text.format` for a JSON schema: chat's `json_schema` object, flattened."""
+
+    name: str
+    schema: dict[str, Any]
+    type: Literal["json_schema"] = "json_schema"
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormatParam = TextFormat | JsonObjectFormat | TextJsonSchemaFormat
+"""A tagged union on `type` (`_converter`)."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..engine import Script, Usage
-from ._chat import ChatMessage
 from ._converter import structure, to_json
 from ._errors import FaultStatus, InvalidRequest
+from ._request_parts import ChatMessage
 from ._script_schema import DelayRange, ScriptOutput, ScriptSpec
 
 DEFAULT_TEXT = "This is a scripted reply."

@@ -62,6 +62,11 @@ class ServedModel:
             return self
         return attrs.evolve(self, image_limits=attrs.evolve(self.image_limits, fetched=fetched))
 
+    def room(self, prompt_tokens: int) -> int:
+        """The tokens the context leaves for output after a prompt (negative: it does not fit):
+        the one context-fit rule every API's plan uses."""
+        return self.context_length - prompt_tokens
+
     @property
     def input_modalities(self) -> list[str]:
         return input_modalities("vlm" if self.vision is not None else "lm")

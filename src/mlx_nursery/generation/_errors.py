@@ -1,4 +1,7 @@
-"""Errors of the OpenAI layer, each with the HTTP status and envelope fields OpenAI uses.
+"""The server's one error tree, each error with the HTTP status and envelope fields OpenAI
+uses (named `OpenAIError` for that envelope; the Anthropic API renders the same errors in its
+own, and the HTTP layer raises them for server-wide refusals such as 409 and 503). Engine
+errors become these through one map (`_engine_errors`).
 
 Messages quote client values only through `quoted` (a short prefix), and every message and
 `param` is cut at a bound as well: an error never echoes a large body back.

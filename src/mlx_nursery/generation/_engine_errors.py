@@ -1,0 +1,81 @@
+"""The one map from the engine's errors to the server's API errors, and the messages of the
+errors every request may end with (its deadline passed).
+
+Every caller of an engine (generation, embeddings, transcription) translates through here, so
+one engine failure reads the same on every endpoint: at capacity is 503 with Retry-After, not
+serving is 503, a prompt past the context is a 400 naming the request's prompt parameter, a
+batch the embedding model failed on is a 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..engine import (
+    EmbeddingFailed,
+    EngineOverloaded,
+    EngineUnavailable,
+    PromptTooLong,
+)
+from ._errors import (
+    GenerationFailed,
+    InvalidRequest,
+    OpenAIError,
+    Overloaded,
+    RequestTimeout,
+    Unavailable,
+)
+
+MappedEngineError = PromptTooLong | EngineOverloaded | EngineUnavailable | EmbeddingFailed
+_MAPPED = (PromptTooLong, EngineOverloaded, EngineUnavailable, EmbeddingFailed)
+
+
+def api_error(exc: MappedEngineError, prompt_param: str = "messages") -> OpenAIError:
+    """The API error an engine error means (`prompt_param`: what a prompt-too-long error
+    names)."""
+    if isinstance(exc, PromptTooLong):
+        return context_length_error(exc, prompt_param)
+    if isinstance(exc, EngineOverloaded):
+        return Overloaded(
+            f"the server is at capacity ({exc.queued} requests waiting); retry later",
+            code="server_overloaded",
+        )
+    if isinstance(exc, EngineUnavailable):
+        return Unavailable(
+            "the server is not serving (shutting down or stopped)", code="server_unavailable"
+        )
+    return GenerationFailed(
+        "the model failed on this request's inputs; the server's log says why",
+        code="embedding_failed",
+    )
+
+
+@contextmanager
+def engine_errors_as_api_errors(prompt_param: str = "messages") -> Iterator[None]:
+    """Re-raise an engine error from the block as its API error (`api_error`), the engine's
+    own traceback dropped: the map is the whole story the client gets. Other errors pass
+    through. Not a checkpoint."""
+    try:
+        yield
+    except _MAPPED as exc:
+        raise api_error(exc, prompt_param) from None
+
+
+def context_length_error(exc: PromptTooLong, param: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"This model's maximum context length is {exc.context_length} tokens. However, you "
+        f"requested {exc.prompt_tokens + exc.max_tokens} tokens ({exc.prompt_tokens} in the "
+        f"prompt, {exc.max_tokens} for the completion). Please reduce the prompt or the "
+        "completion length.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def request_timed_out(timeout: float) -> RequestTimeout:
+    """The error of a request whose deadline (`--request-timeout` seconds, queueing included)
+    passed: every endpoint words it so."""
+    return RequestTimeout(
+        f"the request did not complete within {timeout:g} s", code="request_timeout"
+    )
