@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
 from .fault_points import request_label
+from .generation import AudioLimits, MediaFetches, OpenAIError
 from .http import (
     AccessPolicy,
     ConnectionDrops,
@@ -28,7 +29,6 @@ from .http import (
     routes,
     tenant_of,
 )
-from .openai import AudioLimits, MediaFetches, OpenAIError
 from .serving import (
     FaultInjector,
     Generations,

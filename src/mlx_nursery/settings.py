@@ -20,8 +20,8 @@ from attrs import validators as v
 
 from ._units import parse_bytes, parse_seconds
 from .engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig, EngineConfig
+from .generation import AudioLimits, ImageLimits, RequestCaps, parse_media_hosts
 from .logs import LOG_FORMATS
-from .openai import AudioLimits, ImageLimits, RequestCaps, parse_media_hosts
 from .store import StoreLimits
 
 ENV_PREFIX = "MLX_NURSERY_"

@@ -23,17 +23,19 @@ from quart_trio.wrappers import TrioRequest
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..engine import SpeechEngine, SpeechTask, Transcript, Window
-from ..openai import (
+from ..generation import (
     AudioUpload,
     InvalidRequest,
     OpenAIError,
-    PreparedSpeech,
     RequestTooLarge,
     UnsupportedMediaType,
+    quoted,
+)
+from ..openai import (
+    PreparedSpeech,
     delta_event,
     done_event,
     prepare_speech,
-    quoted,
     speech_model_name,
     transcript_body,
 )

@@ -8,7 +8,8 @@ from typing import Any
 
 from quart import Response
 
-from ..openai import PreparedEmbeddings, embeddings_body, parse_json, prepare_embeddings
+from ..generation import parse_json
+from ..openai import PreparedEmbeddings, embeddings_body, prepare_embeddings
 from ..serving import embedding
 from ._generate import parts, request_body
 from ._lifetime import current_record

@@ -25,7 +25,7 @@ import math
 from quart import Response, g, has_request_context
 
 from ..anthropic import error_body, error_status
-from ..openai import OpenAIError, RequestTimeout
+from ..generation import OpenAIError, RequestTimeout
 
 
 def error_response(error: OpenAIError, *, anthropic: bool = False) -> Response:

@@ -12,7 +12,7 @@ import trio
 from quart import Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from ..openai import Prepared, RequestTooLarge, UnsupportedMediaType, quoted
+from ..generation import Prepared, RequestTooLarge, UnsupportedMediaType, quoted
 from ..serving import (
     BodyRenderer,
     Caller,

@@ -20,7 +20,7 @@ import json
 import secrets
 from typing import Any
 
-from ..openai import HeadersTooLarge, OpenAIError, URITooLong
+from ..generation import HeadersTooLarge, OpenAIError, URITooLong
 
 MAX_URL_BYTES = 8 * 1024
 """Path and query string: no route of ours needs more than a few hundred bytes."""

@@ -23,7 +23,7 @@ from ..anthropic import (
     parse_messages_request,
     prepare_messages,
 )
-from ..openai import ImageRef, Prepared, ServedModel
+from ..generation import ImageRef, Prepared, ServedModel
 from ..serving import Recipe
 from ._generate import as_json, generate, parts, request_body, request_id, respond
 from ._renderers import MessageStream, WholeBody

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 from .. import fault_points
-from ..openai import ConnectionDropped, OpenAIError
+from ..generation import ConnectionDropped, OpenAIError
 from ..serving import (
     Job,
     JobItem,

@@ -11,18 +11,17 @@ import attrs
 
 from ..anthropic import MessageEvents
 from ..anthropic import error_body as anthropic_error
-from ..openai import (
+from ..generation import (
     Admitted,
     Finished,
     LogprobEntry,
     OpenAIError,
     Prepared,
-    PreparedResponse,
     ReasoningDelta,
-    ResponseBuilder,
     TextDelta,
     ToolCallOut,
 )
+from ..openai import PreparedResponse, ResponseBuilder
 from ..store import ResponsesStorage, StoredResponse
 from ._sse import DONE, data_event, json_event, named_events
 

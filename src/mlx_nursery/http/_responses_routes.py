@@ -9,20 +9,22 @@ from typing import Any
 import attrs
 from quart import Response, request
 
-from ..openai import (
+from ..generation import (
     ImageRef,
     InvalidRequest,
     Prepared,
-    PreparedResponse,
     ResourceNotFound,
+    ServedModel,
+    quoted,
+    responses_images,
+)
+from ..openai import (
+    PreparedResponse,
     ResponseBuilder,
     ResponsesRequest,
-    ServedModel,
     input_items_page,
     parse_responses_request,
     prepare_response,
-    quoted,
-    responses_images,
 )
 from ..serving import Recipe
 from ..store import StoredResponse

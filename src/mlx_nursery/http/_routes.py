@@ -11,16 +11,8 @@ from typing import Any
 import attrs
 from quart import Blueprint, Response
 
-from ..openai import (
-    ImageRef,
-    ModelList,
-    Prepared,
-    ServedModel,
-    chat_images,
-    prepare_chat,
-    prepare_completion,
-    to_json,
-)
+from ..generation import ImageRef, ModelList, Prepared, ServedModel, chat_images, to_json
+from ..openai import prepare_chat, prepare_completion
 from ..serving import METRICS_CONTENT_TYPE, Recipe
 from ._generate import generate, parts, respond
 from ._renderers import ChunkStream, WholeBody

@@ -19,9 +19,6 @@ from ._embeddings_endpoint import (
     prepare_embeddings,
     run_embeddings,
 )
-
-# moved to generation/: re-exported until http/ imports them from there
-from ._moved import *  # noqa: F403
 from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import attrs
 import trio
 
-from ..openai import ReasoningDelta, TextDelta
+from ..generation import ReasoningDelta, TextDelta
 from ._jobs import JobItem
 
 STREAMS_PER_PIECE = 8

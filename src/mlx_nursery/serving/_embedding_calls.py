@@ -16,7 +16,8 @@ import numpy as np
 import trio
 
 from ..engine import Embedder, EmbeddingRequest
-from ..openai import RequestTimeout, Unavailable, run_embeddings
+from ..generation import Unavailable, request_timed_out
+from ..openai import run_embeddings
 from ._jobs import CancelReason
 from ._metrics import Metrics
 from ._request_log import RequestRecord
@@ -76,10 +77,7 @@ class EmbeddingCalls:
                     "the server is shutting down; the request was cancelled",
                     code="server_shutting_down",
                 )
-            raise RequestTimeout(
-                f"the request did not complete within {self._timeout:g} s",
-                code="request_timeout",
-            )
+            raise request_timed_out(self._timeout or 0)
         except trio.Cancelled:
             self._cancelled(record, "client")
             raise

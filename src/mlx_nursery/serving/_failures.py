@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import traceback
 
+from ..generation import OpenAIError
 from ..logs import Verbatim
-from ..openai import OpenAIError
 
 log = logging.getLogger("mlx_nursery.http")
 

@@ -21,7 +21,7 @@ from typing import Literal
 
 import attrs
 
-from ..openai import FaultStatus, GenerationFailed
+from ..generation import FaultStatus, GenerationFailed
 from ..settings import SettingsError
 
 FaultKind = Literal["status", "error_after", "drop_after"]

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar, cast
 import attrs
 import trio
 
-from ..openai import ImageRef, Prepared, ServedModel, parse_json, with_processors
+from ..generation import ImageRef, Prepared, ServedModel, parse_json, with_processors
 from ._faults import Fault, FaultInjector, injected_failure
 from ._jobs import Job
 from ._metrics import Metrics

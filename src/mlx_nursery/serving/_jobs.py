@@ -31,17 +31,17 @@ from ..engine import (
     TranscriptionRequest,
     Window,
 )
-from ..generation import engine_errors_as_api_errors
-from ..openai import (
+from ..generation import (
     ConnectionDropped,
     Finished,
     GenerationFailed,
     OpenAIError,
     Output,
     Prepared,
-    RequestTimeout,
     Unavailable,
+    engine_errors_as_api_errors,
     generate_text,
+    request_timed_out,
 )
 from ._failures import internal_error, log_failure
 from ._faults import Fault, InjectedBreak
@@ -382,9 +382,7 @@ class Jobs:
                 code="server_shutting_down",
             )
         if job.reason == "timeout":
-            return RequestTimeout(
-                f"the request did not complete within {self._timeout:g} s", code="request_timeout"
-            )
+            return request_timed_out(self._timeout or 0)
         return Unavailable("the request was cancelled", code="cancelled")
 
     def _finished(self, job: Job) -> None:

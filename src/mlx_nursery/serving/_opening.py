@@ -21,8 +21,7 @@ from ..engine import (
     SpeechConfig,
     SpeechEngine,
 )
-from ..models import model_facts
-from ..openai import (
+from ..generation import (
     Grammars,
     ImageLimits,
     ModelCard,
@@ -30,7 +29,6 @@ from ..openai import (
     RequestCaps,
     ScriptSpec,
     SegmentEncoder,
-    ServedEmbedder,
     ServedModel,
     longest_token_bytes,
     parse_media_hosts,
@@ -38,6 +36,8 @@ from ..openai import (
     thinking_format,
     tool_format,
 )
+from ..models import model_facts
+from ..openai import ServedEmbedder
 from ..settings import Settings, SettingsError
 from ._embedding_calls import EmbeddingCalls
 from ._jobs import Jobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..openai import AudioLimits
+from ..generation import AudioLimits
 from ..store import ResponsesStorage
 from ._batching import WritePolicy
 from ._generations import Generations

@@ -14,13 +14,14 @@ from typing import TypeVar
 
 import trio
 
-from ..openai import (
+from ..generation import (
     ImageRef,
     MediaFetches,
     RequestTimeout,
     ServedModel,
     check_before_fetching,
     fetch_images,
+    request_timed_out,
 )
 
 T = TypeVar("T")
@@ -99,7 +100,4 @@ class Preparation:
         return int(self._preparing.borrowed_tokens)
 
     def _timed_out(self) -> RequestTimeout:
-        return RequestTimeout(
-            f"the request did not complete within {self.request_timeout:g} s",
-            code="request_timeout",
-        )
+        return request_timed_out(self.request_timeout or 0)

@@ -33,14 +33,12 @@ import attrs
 import trio
 
 from ..engine import Embedder, Engine, SpeechEngine
-from ..models import ModelFacts, model_facts, resolve_model_path
-from ..openai import (
+from ..generation import (
     Conflict,
     InvalidRequest,
     ModelCard,
     OpenAIError,
     RequestTimeout,
-    ServedEmbedder,
     ServedModel,
     Unavailable,
     card_kind,
@@ -48,6 +46,8 @@ from ..openai import (
     quoted,
     unknown_model,
 )
+from ..models import ModelFacts, model_facts, resolve_model_path
+from ..openai import ServedEmbedder
 from ._embedding_calls import EmbeddingCalls
 from ._jobs import Jobs
 from ._metrics import Metrics

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 import attrs
 
 from .. import fault_points
-from ..openai import Admitted, Finished, OpenAIError, ReasoningDelta, TextDelta, ToolCallOut
+from ..generation import Admitted, Finished, OpenAIError, ReasoningDelta, TextDelta, ToolCallOut
 from ._batching import merged_text
 from ._jobs import Job, JobItem
 

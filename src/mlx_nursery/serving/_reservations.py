@@ -21,8 +21,8 @@ from __future__ import annotations
 import attrs
 
 from ..engine import ModelInfo, kv_budget
+from ..generation import Overloaded
 from ..models import ModelFacts
-from ..openai import Overloaded
 
 
 @attrs.frozen

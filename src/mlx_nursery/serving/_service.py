@@ -19,7 +19,7 @@ from typing import Any, Literal
 import trio
 
 from ..engine import default_memory_budget
-from ..openai import OpenAIError, ServedModel, Unavailable, requested_model
+from ..generation import OpenAIError, ServedModel, Unavailable, requested_model
 from ..settings import Settings
 from ..store import ResponsesStorage
 from ._metrics import Metrics
