@@ -25,7 +25,7 @@ from referencing.jsonschema import DRAFT202012
 
 from mlx_nursery.engine import Engine
 from mlx_nursery.server import Running, serve
-from mlx_nursery.serving._registry import Hosted
+from mlx_nursery.serving._slots import Hosted
 from mlx_nursery.settings import Settings
 
 SPEC = Path(__file__).parent / "reference" / "openai-openapi.yaml"

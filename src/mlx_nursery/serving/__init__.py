@@ -20,7 +20,6 @@ from ._model_sources import ModelSource, model_sources
 from ._opening import ModelOpener, default_script, image_limits
 from ._parts import Parts
 from ._preparation import PREPARE_THREADS, Preparation
-from ._registry import embedding, speaking
 from ._rendering import (
     BodyRenderer,
     PieceRenderer,
@@ -32,6 +31,7 @@ from ._rendering import (
 )
 from ._request_log import RequestRecord
 from ._service import Service
+from ._slots import embedding, speaking
 from ._tenant import ANONYMOUS, Tenant
 
 __all__ = [

@@ -23,9 +23,9 @@ from ._faults import Fault, FaultInjector, injected_failure
 from ._jobs import Job
 from ._metrics import Metrics
 from ._preparation import Preparation
-from ._registry import Hosted
 from ._request_log import RequestRecord
 from ._service import Service
+from ._slots import Hosted
 
 R = TypeVar("R")
 

@@ -43,8 +43,8 @@ from ._embedding_calls import EmbeddingCalls
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource
-from ._registry import AnyHosted, Hosted, HostedEmbedder
 from ._reservations import Reservation, held
+from ._slots import AnyHosted, Hosted, HostedEmbedder
 
 log = logging.getLogger("mlx_nursery.http")
 

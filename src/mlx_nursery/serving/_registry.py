@@ -22,227 +22,38 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Literal
 
-import attrs
 import trio
 
-from ..engine import Embedder, Engine, SpeechEngine
+from ..engine import SpeechEngine
 from ..generation import (
     Conflict,
-    InvalidRequest,
-    ModelCard,
     OpenAIError,
     RequestTimeout,
-    ServedModel,
     Unavailable,
-    card_kind,
-    input_modalities,
-    quoted,
     unknown_model,
 )
-from ..models import ModelFacts, model_facts, resolve_model_path
-from ..openai import ServedEmbedder
-from ._embedding_calls import EmbeddingCalls
-from ._jobs import Jobs
+from ..models import model_facts, resolve_model_path
 from ._metrics import Metrics
 from ._model_sources import ModelSource
 from ._reservations import MemoryPlan, Reservation, insufficient
+from ._slots import AnyHosted, Attempt, ModelSlot, Problem
 
 log = logging.getLogger("mlx_nursery.http")
 
-SlotState = Literal["unloaded", "loading", "ready", "unloading"]
 FailurePolicy = Literal["restart", "exit"]
 """What follows a model's engine thread dying: a new load of the model (at most
 `restart_limit` times per model, then as `exit`), or the server's exit with a non-zero
 status, for a supervisor (systemd, Kubernetes) to start it again."""
 
 
-@attrs.frozen
-class Problem:
-    """Why a model cannot serve now, as /health reports it."""
-
-    model: str
-    component: str
-    since: float
-    """Wall-clock time (seconds since the epoch) it began."""
-    detail: str
-
-
-@attrs.frozen
-class Hosted:
-    """A loaded model: its engine, the model as the API presents it, its jobs.
-
-    A speech model (Whisper) runs on a `SpeechEngine` and has no `served` text model: its
-    requests are transcriptions (`http/_audio_routes.py`), and the text routes refuse it."""
-
-    engine: Engine | SpeechEngine
-    served: ServedModel | None
-    jobs: Jobs
-    reservation: Reservation
-    card: ModelCard
-
-    @property
-    def speech(self) -> SpeechEngine | None:
-        return self.engine if isinstance(self.engine, SpeechEngine) else None
-
-    def text_model(self, name: str) -> ServedModel:
-        """The model as the text APIs present it. Raises the 400 for a speech model."""
-        if self.served is None:
-            raise InvalidRequest(
-                f"the model {quoted(name)} is a speech-to-text model: send its requests to "
-                "/v1/audio/transcriptions or /v1/audio/translations",
-                param="model",
-                code="model_not_supported",
-            )
-        return self.served
-
-
-@attrs.frozen
-class HostedEmbedder:
-    """A loaded embedding model: its engine, the model as the API presents it, the requests
-    computing on it."""
-
-    engine: Embedder
-    served: ServedEmbedder
-    jobs: EmbeddingCalls
-    reservation: Reservation
-
-    @property
-    def card(self) -> ModelCard:
-        return self.served.card()
-
-
-AnyHosted = Hosted | HostedEmbedder
-
-
-ServedKind = Literal["generation", "embedding", "speech"]
-"""What a route serves: text generation (chat, completions, Responses, Messages), embeddings
-(/v1/embeddings), speech (/v1/audio/*)."""
-
-
-def serves(kind: str) -> ServedKind:
-    """What a model of the loader's `kind` serves."""
-    return "embedding" if kind == "embedding" else "speech" if kind == "stt" else "generation"
-
-
-def _serving(hosted: AnyHosted) -> ServedKind:
-    if isinstance(hosted, HostedEmbedder):
-        return "embedding"
-    return "speech" if hosted.speech is not None else "generation"
-
-
-def generating(hosted: AnyHosted) -> Hosted:
-    """`hosted`, a text generation model. Raises the 400 for another kind."""
-    if isinstance(hosted, Hosted) and hosted.speech is None:
-        return hosted
-    raise _wrong_kind(hosted.card.id, "generation", _serving(hosted))
-
-
-def speaking(hosted: AnyHosted) -> tuple[Hosted, SpeechEngine]:
-    """`hosted`, a speech-to-text model, and its engine. Raises the 400 for another kind."""
-    if isinstance(hosted, Hosted) and hosted.speech is not None:
-        return hosted, hosted.speech
-    raise _wrong_kind(hosted.card.id, "speech", _serving(hosted))
-
-
-def embedding(hosted: AnyHosted) -> HostedEmbedder:
-    """`hosted`, an embedding model. Raises the 400 for another kind."""
-    if isinstance(hosted, HostedEmbedder):
-        return hosted
-    raise _wrong_kind(hosted.card.id, "embedding", _serving(hosted))
-
-
-def _wrong_kind(name: str, wanted: ServedKind, actual: ServedKind | None = None) -> InvalidRequest:
-    if actual == "speech":
-        message = (
-            f"The model {name!r} is a speech-to-text model: send its requests to "
-            "/v1/audio/transcriptions or /v1/audio/translations."
-        )
-    elif wanted == "speech":
-        message = (
-            f"The model {name!r} is not a speech-to-text model; /v1/audio/transcriptions and "
-            "/v1/audio/translations serve speech models (listed in /v1/models with kind speech)."
-        )
-    elif wanted == "generation":
-        message = (
-            f"The model {name!r} is an embedding model: it serves /v1/embeddings, "
-            "not text generation."
-        )
-    else:
-        message = (
-            f"The model {name!r} is not an embedding model; /v1/embeddings serves embedding "
-            "models (sentence-transformers checkpoints, BERT-style encoders)."
-        )
-    return InvalidRequest(message, param="model", code="model_not_supported")
-
-
 Opener = Callable[[ModelSource, Path, Reservation, trio.Nursery], Awaitable[AnyHosted]]
 """Starts a model's engine in the nursery given and returns it hosted (`Service`)."""
-
-
-@attrs.define(eq=False)
-class _Attempt:
-    """One load of a model, which every request waiting for the model waits for."""
-
-    done: trio.Event = attrs.Factory(trio.Event)
-    failure: OpenAIError | None = None
-
-
-@attrs.define(eq=False)
-class ModelSlot:
-    """One served model, loaded or not."""
-
-    source: ModelSource
-    state: SlotState = "unloaded"
-    hosted: AnyHosted | None = None
-    facts: ModelFacts | None = None
-    """Read when it first loads (its kind, its own context length)."""
-    context: int | None = None
-    """The context it serves, known before it loads (`MemoryPlan.served_context`) or since
-    it loaded; None: its own, as far as is known."""
-    leases: int = 0
-    last_used: float = -math.inf
-    attempt: _Attempt | None = None
-    release: trio.Event = attrs.Factory(trio.Event)
-    """Set: the hosted model is to be unloaded."""
-    ended: trio.Event = attrs.Factory(trio.Event)
-    """Set once the hosted model's engine thread has ended (a new one per load)."""
-    problem: Problem | None = None
-    """Set while the model is down after its engine died (until a restart serves again)."""
-    restarts: int = 0
-
-    @property
-    def busy(self) -> bool:
-        return self.leases > 0 or (self.hosted is not None and self.hosted.jobs.busy)
-
-    def expect(self, wanted: ServedKind) -> ModelSlot:
-        """This slot, if its model is known to do what a route wants (unknown until its
-        config is read: then the lease's `generating` / `embedding` decides). Raises the
-        400 before anything loads, so a wrong route never unloads another model."""
-        facts = self.facts
-        if facts is not None and serves(facts.kind) != wanted:
-            raise _wrong_kind(self.source.name, wanted, serves(facts.kind))
-        return self
-
-    def card(self) -> ModelCard:
-        if self.hosted is not None and self.state == "ready":
-            return self.hosted.card
-        facts = self.facts
-        kind = facts.kind if facts is not None else "lm"
-        return ModelCard(
-            id=self.source.name,
-            created=0,
-            context_length=self.context or (facts.context_length or 0 if facts else 0),
-            input_modalities=input_modalities(kind),
-            kind=card_kind(kind),
-            loaded=False,
-        )
 
 
 class ModelRegistry:
@@ -393,7 +204,7 @@ class ModelRegistry:
                 await slot.ended.wait()
                 continue
             if slot.state == "unloaded":
-                slot.state, slot.attempt = "loading", _Attempt()
+                slot.state, slot.attempt = "loading", Attempt()
                 assert self._nursery is not None, "the registry is not started"
                 self._nursery.start_soon(self._load, slot, slot.attempt)
             attempt = slot.attempt
@@ -402,7 +213,7 @@ class ModelRegistry:
             if attempt.failure is not None:
                 raise attempt.failure
 
-    async def _load(self, slot: ModelSlot, attempt: _Attempt) -> None:
+    async def _load(self, slot: ModelSlot, attempt: Attempt) -> None:
         name = slot.source.name
         try:
             async with self._one_load:

@@ -24,8 +24,9 @@ from ..settings import Settings
 from ..store import ResponsesStorage
 from ._metrics import Metrics
 from ._model_sources import ModelSource
-from ._registry import Hosted, ModelRegistry, ModelSlot, Opener, Problem, generating
+from ._registry import ModelRegistry, Opener
 from ._reservations import MemoryPlan
+from ._slots import Hosted, ModelSlot, Problem, generating
 
 log = logging.getLogger("mlx_nursery.http")
 
