@@ -13,8 +13,7 @@ import pytest
 import trio
 
 from mlx_nursery.generation import Prepared
-from mlx_nursery.serving import Preparation
-from mlx_nursery.serving._jobs import Job, Jobs
+from mlx_nursery.serving import Job, Jobs, Preparation
 
 from .http_helpers import (
     chat_body,

@@ -13,7 +13,8 @@ from ._embedding_calls import EmbeddingCalls
 from ._failures import internal_error, log_failure
 from ._faults import Fault, FaultInjector, parse_fault
 from ._generations import Caller, Generations, Recipe, RequestProcessors
-from ._jobs import Job, JobItem, Jobs
+from ._job import Job, JobItem
+from ._jobs import Jobs
 from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources

@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from ..generation import ReasoningDelta, TextDelta
-from ._jobs import JobItem
+from ._job import JobItem
 
 STREAMS_PER_PIECE = 8
 """With the adaptive interval: open streams per piece of text in a write (1-8 streams: 1)."""

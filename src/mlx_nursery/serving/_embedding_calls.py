@@ -18,7 +18,7 @@ import trio
 from ..engine import Embedder, EmbeddingRequest
 from ..generation import Unavailable, request_timed_out
 from ..openai import run_embeddings
-from ._jobs import CancelReason
+from ._job import CancelReason
 from ._metrics import Metrics
 from ._request_log import RequestRecord
 

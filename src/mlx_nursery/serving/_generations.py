@@ -20,7 +20,7 @@ import trio
 
 from ..generation import ImageRef, Prepared, ServedModel, parse_json, with_processors
 from ._faults import Fault, FaultInjector, injected_failure
-from ._jobs import Job
+from ._job import Job
 from ._metrics import Metrics
 from ._preparation import Preparation
 from ._request_log import RequestRecord

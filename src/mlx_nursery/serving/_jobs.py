@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Awaitable
 from functools import partial
-from typing import Literal, Protocol
+from typing import Protocol
 
 import attrs
 import trio
@@ -27,9 +27,7 @@ from ..engine import (
     Engine,
     EngineUnavailable,
     SpeechEngine,
-    Transcript,
     TranscriptionRequest,
-    Window,
 )
 from ..generation import (
     ConnectionDropped,
@@ -45,17 +43,11 @@ from ..generation import (
 )
 from ._failures import internal_error, log_failure
 from ._faults import Fault, InjectedBreak
+from ._job import Job, JobItem
 from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
 
 log = logging.getLogger("mlx_nursery.http")
-
-CancelReason = Literal["timeout", "client", "shutdown"]
-"""Why a job was cancelled: its deadline; its request ended first (the client left, or the
-response was cut short: see `_lifetime.py`); the server's drain."""
-JobItem = Output | Window | Transcript | OpenAIError
-"""A generation's outputs, a transcription's (its windows, then its transcript), or the
-error that ends either."""
 _BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
 
 
@@ -69,29 +61,6 @@ class _JobTask(Protocol):
         *,
         task_status: trio.TaskStatus[None],
     ) -> Awaitable[None]: ...
-
-
-@attrs.define(eq=False)
-class Job:
-    receive: trio.MemoryReceiveChannel[JobItem]
-    scope: trio.CancelScope
-    reason: CancelReason = "timeout"
-    ended: trio.Event = attrs.Factory(trio.Event)
-    """Set once the job's task has ended: its model is no longer busy with it."""
-
-    async def settled(self) -> None:
-        """Wait for the job's task to end, which follows its last output at once (bounded:
-        a second). A response waits for it before its last bytes, so that a client that
-        has its whole answer and asks again (another model, an unload) finds this job
-        gone. Cancellation: returns at once, as any wait."""
-        with trio.move_on_after(1):
-            await self.ended.wait()
-
-    def cancel(self, reason: CancelReason) -> None:
-        """Stop the job's compute (within one engine step); idempotent, first reason wins."""
-        if not self.scope.cancel_called:
-            self.reason = reason
-            self.scope.cancel()
 
 
 class Jobs:

@@ -18,7 +18,7 @@ import attrs
 from .. import fault_points
 from ..generation import Admitted, Finished, OpenAIError, ReasoningDelta, TextDelta, ToolCallOut
 from ._batching import merged_text
-from ._jobs import Job, JobItem
+from ._job import Job, JobItem
 
 log = logging.getLogger("mlx_nursery.http")
 

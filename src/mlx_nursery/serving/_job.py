@@ -1,0 +1,42 @@
+"""A job as its request holds it: the channel of its outputs, its cancel scope, why it was
+cancelled, and when its task ended (`_jobs.py` starts and contains the task)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+import trio
+
+from ..engine import Transcript, Window
+from ..generation import OpenAIError, Output
+
+CancelReason = Literal["timeout", "client", "shutdown"]
+"""Why a job was cancelled: its deadline; its request ended first (the client left, or the
+response was cut short: see `_lifetime.py`); the server's drain."""
+JobItem = Output | Window | Transcript | OpenAIError
+"""A generation's outputs, a transcription's (its windows, then its transcript), or the
+error that ends either."""
+
+
+@attrs.define(eq=False)
+class Job:
+    receive: trio.MemoryReceiveChannel[JobItem]
+    scope: trio.CancelScope
+    reason: CancelReason = "timeout"
+    ended: trio.Event = attrs.Factory(trio.Event)
+    """Set once the job's task has ended: its model is no longer busy with it."""
+
+    async def settled(self) -> None:
+        """Wait for the job's task to end, which follows its last output at once (bounded:
+        a second). A response waits for it before its last bytes, so that a client that
+        has its whole answer and asks again (another model, an unload) finds this job
+        gone. Cancellation: returns at once, as any wait."""
+        with trio.move_on_after(1):
+            await self.ended.wait()
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Stop the job's compute (within one engine step); idempotent, first reason wins."""
+        if not self.scope.cancel_called:
+            self.reason = reason
+            self.scope.cancel()
