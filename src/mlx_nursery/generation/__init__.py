@@ -44,6 +44,7 @@ from ._errors import (
     quoted,
 )
 from ._generate import Admitted, Finished, Output, ReasoningDelta, TextDelta, generate_text
+from ._image_taker import ImageTaker, image_taker
 from ._images import ImageLimits
 from ._json import parse_json
 from ._logprobs import LogprobEntry
@@ -79,10 +80,8 @@ from ._plan import (
     with_tools,
 )
 from ._prompts import (
-    ImageTaker,
     check_prompt_size,
     completion_tokens,
-    image_taker,
     longest_token_bytes,
     prompt_texts,
     render_served,
