@@ -1,6 +1,6 @@
 """Settings are the one place defaults are stated: the CLI and README's table must agree.
 
-A default changed in settings.py alone fails the README check; one restated in README alone
+A default changed in settings/ alone fails the README check; one restated in README alone
 fails it too; the CLI has no defaults of its own to drift (a flag not given is None).
 """
 

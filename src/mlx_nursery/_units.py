@@ -2,7 +2,7 @@
 `30 days`; a bare number is bytes, or seconds.
 
 `--help` and README print defaults in these units (`2 GiB`, `30 days`), so whatever they
-print is accepted back, by a flag and an environment variable alike (settings.py). Decimal
+print is accepted back, by a flag and an environment variable alike (settings/). Decimal
 units are powers of 1000 (`GB`), binary ones of 1024 (`GiB`), as the IEC names them; a bare
 `G` or `M` is refused rather than guessed, and `m` is a minute.
 """

@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per Settings field, its help and shown default from the field (settings.py)."""
+    """One flag per Settings field, its help and shown default from the field (settings/)."""
     import attrs
 
     from .settings import (

@@ -1,0 +1,222 @@
+"""The settings of what is served and how: the models, the address, the engine, shutdown,
+engine failures and logging. `Settings` (`_settings.py`) adds the rest to them; the
+fields keep this order in --help and README's table."""
+
+from __future__ import annotations
+
+import attrs
+from attrs import validators as v
+
+from ..engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig
+from ..logs import LOG_FORMATS
+from ._fields import described, engine_default, one_of, optional_positive, strings
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@attrs.frozen
+class ServerSettings:
+    """The first settings: what is served, where, on what engine, and how it logs."""
+
+    model: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=strings,
+        metadata=described(
+            "PATH[=NAME]: a local mlx-lm or mlx-vlm directory, or a repo id already in the HF"
+            " cache (never downloaded), served as NAME; repeat it to serve several",
+            none="the built-in model",
+        ),
+    )
+    """Empty (and no `models_dir`): the built-in default model (models/default.py)."""
+    models_dir: str | None = attrs.field(
+        default=None,
+        metadata=described(
+            "serve every model directory under this folder, each by its folder name"
+        ),
+    )
+    max_loaded_models: int = attrs.field(
+        default=1,
+        validator=v.ge(1),
+        metadata=described(
+            "models loaded at once; a request for another unloads the least recently used idle"
+            " one first"
+        ),
+    )
+    memory_budget: int | None = attrs.field(
+        default=None,
+        validator=v.optional(v.ge(1)),
+        metadata=described(
+            "memory the loaded models may reserve together (weights, KV, prefix cache); each"
+            " model's KV defaults to its share of it",
+            none="80% of device memory",
+            unit="bytes",
+        ),
+    )
+    preload: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=strings,
+        metadata=described(
+            "a served model name to load at startup (repeatable)", none="the only model if one"
+        ),
+    )
+    host: str = attrs.field(default="127.0.0.1", metadata=described("address to bind"))
+    port: int = attrs.field(
+        default=8000, validator=[v.ge(0), v.le(65535)], metadata=described("port to bind")
+    )
+    max_concurrency: int = attrs.field(
+        default=engine_default("max_concurrency"),
+        validator=v.ge(1),
+        metadata=described("sequences on the device at once; 1 serializes, N batches continuously"),
+    )
+    max_queue: int = attrs.field(
+        default=engine_default("max_queue"),
+        validator=v.ge(0),
+        metadata=described("requests waiting for a lane; past it, 503 with Retry-After"),
+    )
+    max_queue_per_key: int | None = attrs.field(
+        default=None,
+        validator=v.optional(v.ge(1)),
+        metadata=described(
+            "of --max-queue, the places one API key may hold (with keys set), so that one"
+            " client filling the queue leaves the others room; past it, 503 for that key",
+            none="half of --max-queue",
+        ),
+    )
+    shared_prefix_cache: bool = attrs.field(
+        default=False,
+        metadata=described(
+            "with API keys set, share cached prompt prefixes across keys (by default each"
+            " key's are its own: a cached-token count could otherwise tell one key what"
+            " another's prompts held)"
+        ),
+    )
+    request_timeout: float | None = attrs.field(
+        default=600.0,
+        validator=optional_positive,
+        metadata=described(
+            "seconds per request, queueing included", none="no limit", unit="seconds"
+        ),
+    )
+    default_max_tokens: int | None = attrs.field(
+        default=None,
+        validator=optional_positive,
+        metadata=described("max_tokens when a request gives none", none="context room"),
+    )
+    """None: up to the model's context length."""
+    served_model_name: str | None = attrs.field(
+        default=None,
+        metadata=described(
+            "the model id clients send as `model`, for a server of one model (several: PATH=NAME)",
+            none="the model's name",
+        ),
+    )
+    prefill_batch_size: int = attrs.field(
+        default=engine_default("prefill_batch_size"),
+        validator=v.ge(1),
+        metadata=described(
+            "prompts prefilled together in one step beside the running batch's decode"
+        ),
+    )
+    prefill_step_size: int = attrs.field(
+        default=engine_default("prefill_step_size"),
+        validator=v.ge(1),
+        metadata=described("prompt tokens per prefill chunk; a cancel is honoured between chunks"),
+    )
+    prefill_chunk_ms: float | None = attrs.field(
+        default=engine_default("prefill_chunk_ms"),
+        validator=v.optional(v.ge(0)),
+        metadata=described(
+            "milliseconds a prefill chunk may hold the streams decoding beside it: chunks shrink"
+            " to fit by the measured cost of a token (by backend: 250 on the CPU, 1000 on a"
+            " GPU); 0: always --prefill-step-size",
+            none="by backend",
+        ),
+    )
+    embedding_batch_size: int = attrs.field(
+        default=attrs.fields_dict(EmbedderConfig)["max_batch_inputs"].default,
+        validator=v.ge(1),
+        metadata=described("inputs in one forward of an embedding model, from every request there"),
+    )
+    embedding_batch_tokens: int = attrs.field(
+        default=attrs.fields_dict(EmbedderConfig)["max_batch_tokens"].default,
+        validator=v.ge(1),
+        metadata=described(
+            "padded tokens in one forward of an embedding model (inputs times the longest)"
+        ),
+    )
+    prompt_cache_bytes: int = attrs.field(
+        default=engine_default("prompt_cache_bytes"),
+        validator=v.ge(0),
+        metadata=described("prefix KV cache budget in bytes; 0 disables it", unit="bytes"),
+    )
+    kv_cache_bytes: int | None = attrs.field(
+        default=engine_default("kv_cache_bytes"),
+        validator=v.optional(v.ge(0)),
+        metadata=described(
+            "memory for the running requests' KV; arrivals wait and the newest request is"
+            " paused rather than outgrow it; it caps the context length served",
+            none="from device memory",
+            unit="bytes",
+        ),
+    )
+    kv_bits: int | None = attrs.field(
+        default=engine_default("kv_bits"),
+        validator=one_of(*KV_BITS),
+        metadata=described(
+            "quantize the KV cache to 4 or 8 bits per value: more tokens in the same memory,"
+            " batched as ever",
+            none="off",
+        ),
+    )
+    kv_group_size: int = attrs.field(
+        default=engine_default("kv_group_size"),
+        validator=one_of(*KV_GROUP_SIZES),
+        metadata=described("values sharing one scale and bias with --kv-bits (32, 64 or 128)"),
+    )
+    stream_interval: int = attrs.field(
+        default=0,
+        validator=v.ge(0),
+        metadata=described(
+            "tokens per streamed chunk after the first; 0: 1, and 1 more per 8 streams beyond 8",
+            zero="by load",
+        ),
+    )
+    """Pieces of text (about one per token) per SSE write after the first, which always goes
+    at once (vLLM's --stream-interval). 0 adapts to load: 1 while up to 8 streams are open,
+    one more per 8 streams beyond (32 streams: 4); see serving/_batching.py."""
+    shutdown_grace: float = attrs.field(
+        default=10.0,
+        validator=v.ge(0),
+        metadata=described("seconds in-flight requests get after SIGTERM/SIGINT", unit="seconds"),
+    )
+    """In-flight requests still running after it are cancelled with a final error event."""
+    on_engine_failure: str = attrs.field(
+        default="restart",
+        validator=v.in_(("restart", "exit")),
+        metadata=described(
+            "when a model's engine thread dies: restart it (load the model again, at most"
+            " --engine-restarts times) or exit non-zero for a supervisor to restart the server"
+        ),
+    )
+    engine_restarts: int = attrs.field(
+        default=3,
+        validator=v.ge(0),
+        metadata=described(
+            "restarts of a dead engine per model before the server exits non-zero"
+            " (--on-engine-failure restart)"
+        ),
+    )
+    log_level: str = attrs.field(
+        default="info",
+        validator=v.in_(LOG_LEVELS),
+        metadata=described(
+            "debug, info, warning or error; prompts and completions are never logged"
+        ),
+    )
+    log_format: str = attrs.field(
+        default="text",
+        validator=v.in_(LOG_FORMATS),
+        metadata=described(
+            "text, or json: one JSON object per line, a request's line with its fields"
+        ),
+    )
