@@ -132,6 +132,7 @@ PUBLIC = {
         "TokenEvent",
         "TokenLogprob",
         "TokenStream",
+        "Tokenizer",
         "Usage",
         "VisionProcessor",
         "WorkerStats",

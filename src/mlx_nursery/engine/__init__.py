@@ -41,6 +41,7 @@ from ._types import (
     SamplingParams,
     Script,
     TokenEvent,
+    Tokenizer,
     TokenLogprob,
     Usage,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "TokenEvent",
     "TokenLogprob",
     "TokenStream",
+    "Tokenizer",
     "Transcript",
     "TranscriptionRequest",
     "Usage",
