@@ -120,6 +120,7 @@ PUBLIC = {
         "GrammarProcessor",
         "ImageInputs",
         "KV_BITS",
+        "LogitsProcessor",
         "KV_GROUP_SIZES",
         "ModelInfo",
         "PrefixCache",

@@ -48,6 +48,10 @@ def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _processors(values: Iterable[LogitsProcessor]) -> tuple[LogitsProcessor, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class SamplingParams:
     """How the next token is chosen. Defaults leave the distribution untouched."""
@@ -135,7 +139,7 @@ class GenerationRequest:
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
     ignore_eos: bool = False
-    logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=tuple)
+    logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=_processors)
     logprobs: int | None = attrs.field(
         default=None, validator=v.optional(v.and_(v.ge(0), v.le(20)))
     )

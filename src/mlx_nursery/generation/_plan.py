@@ -35,7 +35,7 @@ from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, ToolFormat
 
 if TYPE_CHECKING:
-    from ..engine import SamplingParams, Usage
+    from ..engine import LogitsProcessor, SamplingParams, Usage
 
 
 class Wire(Protocol):
@@ -250,7 +250,9 @@ def with_reasoning(prepared: Prepared, served: ServedModel) -> Prepared:
     return attrs.evolve(prepared, thinking=served.thinking, thinking_opened=opened)
 
 
-def answer_only(prepared: Prepared, served: ServedModel, processor: Any) -> Any:
+def answer_only(
+    prepared: Prepared, served: ServedModel, processor: LogitsProcessor | None
+) -> LogitsProcessor | None:
     """A grammar processor (a format, a forced or strict call) for a thinking model's answer:
     gated so that the thinking runs free and the grammar starts after it (`ThinkingGate`).
     Other processors, and any for a model that does not think, are returned as they are.
@@ -271,7 +273,7 @@ def answer_only(prepared: Prepared, served: ServedModel, processor: Any) -> Any:
     )
 
 
-def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
+def with_processors(prepared: Prepared, *processors: LogitsProcessor | None) -> Prepared:
     """Add logits processors to the request (None entries are skipped)."""
     added = tuple(p for p in processors if p is not None)
     if not added:
