@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -54,6 +54,9 @@ from ._schemas import (
     ToolChoiceTool,
 )
 
+if TYPE_CHECKING:
+    from ..engine import GrammarProcessor, ImageInputs
+
 MAX_STOP_SEQUENCES = 16
 """Stop strings are matched on every piece of text generated: a bound keeps that cheap."""
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
@@ -66,9 +69,9 @@ class Rendered:
     """A conversation rendered: its prompt, the tools shown, what tool_choice forces."""
 
     tokens: list[int]
-    images: Any
+    images: ImageInputs | None
     tools: list[dict[str, Any]]
-    forced: Any
+    forced: GrammarProcessor | None
     prefill: bool
     ignored: tuple[str, ...]
 

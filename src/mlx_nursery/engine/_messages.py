@@ -8,13 +8,13 @@ step and the sequences confirmed gone. Nothing here holds an MLX object.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import attrs
 
 from ._detokenizer import TokenTexts
 from ._prefix_cache import PrefixCacheStats
-from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
+from ._types import FinishReason, GenerationRequest, Tokenizer, TokenLogprob, Usage
 from ._vision import VisionProcessor
 
 
@@ -110,7 +110,8 @@ class ModelInfo:
     """What the Trio side may know about the loaded model (no MLX objects)."""
 
     path: str
-    tokenizer: Any
+    tokenizer: Tokenizer
+    """mlx-lm's `TokenizerWrapper` (the engine serves text models only)."""
     context_length: int
     """The longest sequence served: the model's context, capped by the KV budget."""
     eos_token_ids: frozenset[int]

@@ -6,13 +6,32 @@ Plain attrs classes, free of HTTP and OpenAI concepts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import attrs
 from attrs import validators as v
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 LogitsProcessor = Callable[[Any, Any], Any]  # (tokens: mx.array, logits: mx.array) -> mx.array
+
+
+class Tokenizer(Protocol):
+    """What the server calls on a text model's tokenizer: mlx-lm's `TokenizerWrapper`, which
+    forwards them to Hugging Face's tokenizer. A protocol because mypy does not follow mlx-lm
+    (its wrapper would type as Any); what else a tokenizer offers (chat templates, the
+    vocabulary, thinking and tool-call markers) is read where it is needed, from the object
+    as it is."""
+
+    def encode(self, text: str, /, *, add_special_tokens: bool = ...) -> Any:
+        """The token ids (a `list[int]`): typed Any until `completion_tokens`
+        (generation/_prompts.py) narrows a prompt of token ids, which it assigns the same
+        variable."""
+
+    def decode(self, token_ids: list[int], /) -> str: ...
 
 
 def _probability(_: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -26,6 +45,10 @@ def _seed(_: object, attribute: attrs.Attribute[int | None], value: int | None) 
 
 
 def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _processors(values: Iterable[LogitsProcessor]) -> tuple[LogitsProcessor, ...]:
     return tuple(values)
 
 
@@ -51,7 +74,7 @@ class ImageInputs:
     (pixel values, image grids, ...; NumPy, no MLX) by the keyword the model's encoder takes
     them under. The prompt's token ids already hold one placeholder per image token."""
 
-    arrays: Mapping[str, Any]
+    arrays: Mapping[str, npt.NDArray[np.generic]]
     image_tokens: int = attrs.field(validator=v.ge(0))
     digests: tuple[bytes, ...] = attrs.field(validator=v.min_len(1))
     """Each image's identity (a hash of its decoded pixels), in prompt order: what the prefix
@@ -116,7 +139,7 @@ class GenerationRequest:
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
     stop_token_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
     ignore_eos: bool = False
-    logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=tuple)
+    logits_processors: tuple[LogitsProcessor, ...] = attrs.field(default=(), converter=_processors)
     logprobs: int | None = attrs.field(
         default=None, validator=v.optional(v.and_(v.ge(0), v.le(20)))
     )

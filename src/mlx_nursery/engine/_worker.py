@@ -11,7 +11,7 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -36,7 +36,7 @@ from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
 from ._sequence import FAILED_WHILE_SERVING
-from ._types import FinishReason, GenerationRequest
+from ._types import FinishReason, GenerationRequest, Tokenizer
 from ._vision import vision_processor
 from ._warmup import warm_up
 
@@ -155,7 +155,8 @@ class Worker:
             )
             info = ModelInfo(
                 path=str(model.path),
-                tokenizer=model.tokenizer,
+                # A text model's is mlx-lm's wrapper, which mypy sees as Any (it skips mlx-lm).
+                tokenizer=cast(Tokenizer, model.tokenizer),
                 context_length=budget.served_context(model.context_length),
                 kv_budget_tokens=budget.tokens,
                 kv_bytes_per_token=per_token,

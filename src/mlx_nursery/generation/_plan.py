@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -33,6 +33,9 @@ from ._scripts import (
 from ._served import ServedModel
 from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, ToolFormat
+
+if TYPE_CHECKING:
+    from ..engine import LogitsProcessor, SamplingParams, Usage
 
 
 class Wire(Protocol):
@@ -88,14 +91,14 @@ class Prepared:
     """The model's tool-call format (its markup and parser, from mlx-lm), or the fallback."""
     max_tool_calls: int | None = None
     """Generation stops after this many calls (1: parallel_tool_calls false); None: no cap."""
-    token_text: Any = None
+    token_text: Callable[[int], str] | None = None
     """Decodes one token id; set when logprobs were asked for."""
-    token_bytes: Any = None
+    token_bytes: Callable[[int], bytes] | None = None
     """A token id's exact bytes; set when logprobs were asked for."""
     ignored: tuple[str, ...] = ()
-    usage: Any = None
-    """Rewrites the usage reported (`Callable[[Usage], Usage]`: the scripted model's
-    `script.usage`); None: the real counts."""
+    usage: Callable[[Usage], Usage] | None = None
+    """Rewrites the usage reported (the scripted model's `script.usage`); None: the real
+    counts."""
     drop_on_failure: bool = False
     """The scripted model's `drop_after`: a failure of this stream drops its connection
     (`ConnectionDropped`) instead of ending it with an error event."""
@@ -179,7 +182,7 @@ an encoder per call (`dumps` does, given any option)."""
 class Common:
     """The sampling and streaming fields chat, completions and Responses share, checked."""
 
-    sampling: Any
+    sampling: SamplingParams
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
@@ -247,7 +250,9 @@ def with_reasoning(prepared: Prepared, served: ServedModel) -> Prepared:
     return attrs.evolve(prepared, thinking=served.thinking, thinking_opened=opened)
 
 
-def answer_only(prepared: Prepared, served: ServedModel, processor: Any) -> Any:
+def answer_only(
+    prepared: Prepared, served: ServedModel, processor: LogitsProcessor | None
+) -> LogitsProcessor | None:
     """A grammar processor (a format, a forced or strict call) for a thinking model's answer:
     gated so that the thinking runs free and the grammar starts after it (`ThinkingGate`).
     Other processors, and any for a model that does not think, are returned as they are.
@@ -268,7 +273,7 @@ def answer_only(prepared: Prepared, served: ServedModel, processor: Any) -> Any:
     )
 
 
-def with_processors(prepared: Prepared, *processors: Any) -> Prepared:
+def with_processors(prepared: Prepared, *processors: LogitsProcessor | None) -> Prepared:
     """Add logits processors to the request (None entries are skipped)."""
     added = tuple(p for p in processors if p is not None)
     if not added:

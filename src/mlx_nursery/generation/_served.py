@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -13,6 +13,14 @@ from ._models import ModelCard, input_modalities
 from ._params import RequestCaps
 from ._scripts import FaultCounts
 
+if TYPE_CHECKING:
+    from ..engine import Tokenizer, VisionProcessor
+    from ._reasoning import ThinkingFormat
+    from ._script_schema import ScriptSpec
+    from ._structured import Grammars
+    from ._tokenizing import SegmentEncoder
+    from ._tools import ToolFormat
+
 
 @attrs.frozen
 class ServedModel:
@@ -20,39 +28,39 @@ class ServedModel:
     aliases: frozenset[str]
     """Other names a request may use: the model path or repo id as given to the server."""
     created: int
-    tokenizer: Any
+    tokenizer: Tokenizer
     context_length: int
     vocab_size: int
     """The token ids the model takes (its embedding rows, `engine.ModelInfo.vocab_size`): an id
     at or past it is out of range (a 400); one below it that the tokenizer has no text for
     (a hole, a padded row) is served and stands for no text."""
+    tool_format: ToolFormat
+    """The model's own tool-call format, or the fallback convention (`_tools.tool_format`)."""
     default_max_tokens: int | None = None
     max_token_bytes: int = 0
     """The most bytes of text one token stands for (`_prompts.longest_token_bytes`), computed
     once; 0 turns the check of a prompt's size before tokenizing off."""
-    tool_format: Any = None
-    """`_tools.ToolFormat`: the model's own tool-call format, or the fallback convention."""
     strict_params: bool = False
     """Refuse the hints this server ignores (`_params.ignored_hints`) with a 400."""
-    token_bytes: Any = None
+    token_bytes: Callable[[int], bytes] | None = None
     """A token id's exact bytes, for logprobs (`ModelInfo.token_bytes`); None: the UTF-8 of
     its decoded text."""
-    grammars: Any = None
-    """`_structured.Grammars` for this model's tokenizer (None: structured outputs unavailable)."""
-    thinking: Any = None
-    """`_reasoning.ThinkingFormat`: how the model marks its thinking (None: it does not think)."""
-    encoder: Any = None
-    """A `_tokenizing.SegmentEncoder` for rendered prompts (None: the template tokenizes)."""
-    vision: Any = None
-    """A vision-language model's `VisionProcessor` (None: the model takes text only)."""
+    grammars: Grammars | None = None
+    """Structured outputs for this model's tokenizer (None: unavailable)."""
+    thinking: ThinkingFormat | None = None
+    """How the model marks its thinking (None: it does not think)."""
+    encoder: SegmentEncoder | None = None
+    """Encodes rendered prompts piecewise (None: the template tokenizes)."""
+    vision: VisionProcessor | None = None
+    """A vision-language model's processor (None: the model takes text only)."""
     image_limits: ImageLimits = attrs.field(factory=ImageLimits)
     caps: RequestCaps = attrs.field(factory=RequestCaps)
     """What one request may ask for (messages, tools, max_tokens)."""
     scripted: bool = False
     """The scripted model: requests may carry a `script` (`_scripts`); others refuse one."""
-    default_script: Any = None
-    """The scripted model's `_script_schema.ScriptSpec` for requests without one (`--script`;
-    None: `_scripts.DEFAULT_TEXT`)."""
+    default_script: ScriptSpec | None = None
+    """The scripted model's script for requests without one (`--script`; None:
+    `_scripts.DEFAULT_TEXT`)."""
     fault_counts: FaultCounts = attrs.field(factory=FaultCounts)
     """Requests each script with `fault.times` has faulted so far (the scripted model)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidRequest, quoted
 from ._params import check_count
@@ -10,12 +10,15 @@ from ._request_parts import FunctionTool, NamedToolChoice, ToolChoiceMode
 from ._served import ServedModel
 from ._tools import normalize_tools, strict_tool_names
 
+if TYPE_CHECKING:
+    from ..engine import GrammarProcessor
+
 
 def offered_tools(
     raw: list[FunctionTool] | None,
     choice: ToolChoiceMode | NamedToolChoice | None,
     served: ServedModel,
-) -> tuple[list[dict[str, Any]], Any]:
+) -> tuple[list[dict[str, Any]], GrammarProcessor | None]:
     """The tools the model is shown, and the constraint on its calls (or None).
 
     tool_choice: "none" shows no tools; "auto" (default) lets the model choose; "required" and
