@@ -1,6 +1,6 @@
 """The long fuzz and the soak of issue 15, against `mlx-nursery serve` in a process of its own.
 
-fuzz: the strategies of tests/test_fuzz.py (valid, almost-valid and hostile requests for chat,
+fuzz: the strategies of tests/http/test_fuzz.py (valid, almost-valid and hostile requests for chat,
   completions and Responses, streaming and not) for N cases, one at a time. Counts the cases,
   statuses, 5xx, broken streams, error envelopes and engine deaths (/health not 200 after a
   case; the server is then restarted so that the run goes on), and lists each distinct failure
@@ -12,7 +12,7 @@ soak: thousands of mixed requests (chat, completions, Responses; streaming and n
   ~30% of clients leaving at a random moment and some with short timeouts. Measures, from
   /proc, the server's threads, file descriptors and RSS before and after, its CPU once the
   load ends, time to first token before and after, and every status. Lanes and queue are not
-  measured here: no endpoint exposes the engine's statistics (tests/test_soak.py checks them
+  measured here: no endpoint exposes the engine's statistics (tests/http/test_soak.py checks them
   in process).
 
 Usage:
@@ -54,7 +54,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.test_fuzz import (
+from tests.http.test_fuzz import (
     MODEL,
     Case,
     Judge,
@@ -350,7 +350,7 @@ def fuzz(args: argparse.Namespace) -> dict[str, Any]:
         "16",
         "--log-level",
         "warning",
-    )  # as tests/test_fuzz.py
+    )  # as tests/http/test_fuzz.py
     server.start()
     target = Target(server.base_url)
     record = Recorder()

@@ -1,7 +1,8 @@
 """mlx-lm's `BatchGenerator` with a prefill schedule that does not idle prompts between
 their prefill and their first token. The only module that touches `BatchGenerator`'s
-internals (pinned: mlx-lm 0.32.2, whose `_next` this replaces; tests/test_upstream_contract.py
-asserts the internals it reads, and that the `_next` it replaces is unchanged).
+internals (pinned: mlx-lm 0.32.2, whose `_next` this replaces;
+tests/engine/test_upstream_contract.py asserts the internals it reads, and that the `_next`
+it replaces is unchanged).
 
 Each call of mlx-lm's `_next` runs one decode step of the running batch and one prefill
 chunk of the prompt batch, in this order: decode; admit waiting prompts into the prompt

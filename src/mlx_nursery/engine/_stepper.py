@@ -79,7 +79,7 @@ class _RowSamplers:
     just prefilled that samples its first tokens). The caller's frame is that batch
     (mlx-lm 0.32.2's `GenerationBatch._step`, pinned in pyproject.toml): its `uids` name
     the rows (`_upstream.sampler_rows`). A caller without them is a bug to surface, not to
-    guess around; tests/test_upstream_contract.py would catch a change upstream."""
+    guess around; tests/engine/test_upstream_contract.py would catch a change upstream."""
 
     def __init__(self) -> None:
         self.by_uid: dict[int, Sampler] = {}

@@ -2,7 +2,7 @@
 
 Every engine module imports mlx-lm's and mlx-audio's parts from here, so that the engine's
 whole dependency on them, and above all on their private parts, is read in this file.
-`tests/test_upstream_contract.py` asserts, against the pinned versions (pyproject.toml),
+`tests/engine/test_upstream_contract.py` asserts, against the pinned versions (pyproject.toml),
 that each private part exists and behaves as the engine relies on: an upgrade that breaks
 one fails there, by name, rather than somewhere in a batch step.
 

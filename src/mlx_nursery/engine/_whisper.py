@@ -14,7 +14,7 @@ and fallback thresholds), its `add_word_timestamps`. Three things differ, and on
   not MLX's global random state, which other models' threads share.
 
 Not ported: `hallucination_silence_threshold` and `clip_timestamps` (off by default in
-mlx-audio and not in OpenAI's API). `tests/test_speech_engine.py` checks that the
+mlx-audio and not in OpenAI's API). `tests/engine/test_speech_engine.py` checks that the
 segments and text equal `generate`'s on a clip of several windows.
 
 Runs on the thread that owns the model; makes MLX calls. Importing it imports mlx-audio's

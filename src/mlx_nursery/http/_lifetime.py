@@ -4,7 +4,7 @@ Why the ASGI task and not the response body generator's `finally`: Quart-Trio ca
 request when its client leaves, and if that happens before the first body byte (while
 the head is being sent), the generator has never run, so no code of it ever runs, its
 `finally` included. The job then computed on until the engine gave up on it as a consumer
-that stopped reading, about a thousand tokens later (`tests/test_http_lifecycle.py`).
+that stopped reading, about a thousand tokens later (`tests/http/test_http_lifecycle.py`).
 Quart's `teardown_request` is no use either: it runs when the handler returns, before a
 streamed body is sent.
 

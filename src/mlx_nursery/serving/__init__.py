@@ -4,7 +4,7 @@ The model registry (loading, leasing, the memory plan, engine restarts), jobs (a
 tied to its request, drained at shutdown), embedding calls, the models a server offers,
 injected faults (`--fault-rate`), metrics, request-log records, how streams batch their
 writes, the preparation pool, and the one generation choreography every text API plugs
-into. It imports no Quart, Werkzeug or Hypercorn (tests/test_house_rules.py pins it): the
+into. It imports no Quart, Werkzeug or Hypercorn (tests/house/test_house_rules.py pins it): the
 HTTP layer (`http/`) reads requests and writes responses around it.
 """
 

@@ -4,7 +4,7 @@ Every field is settable by a flag (`--max-queue`) or `MLX_NURSERY_<FIELD>`; prec
 command-line flag, then environment variable, then the default here. Sizes and durations
 take units in both (`2GiB`, `90s`: _units.py); `none` or `off` unsets an optional one.
 Each field's metadata holds its help line and how its default reads (`_fields.py`), so
-`mlx-nursery serve --help` is built from it (`_reading.py`) and tests/test_settings.py
+`mlx-nursery serve --help` is built from it (`_reading.py`) and tests/house/test_settings.py
 checks README's options table against it. Defaults the engine has too are read from
 EngineConfig, not restated.
 """

@@ -1,0 +1,147 @@
+"""The direction of the package's layers: each package and top-level module of mlx_nursery
+imports only those of ours its row in ALLOWED names, so data flows down (HTTP -> serving ->
+wire layers -> generation -> engine -> models -> tools) and nothing imports upward.
+
+Rows for packages that do not exist yet (the house plan's) are skipped until they do; a
+unit that exists without a row fails, so a new package is placed in the table on arrival.
+Imports inside functions and under TYPE_CHECKING count: a lazy upward import is still one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.house.test_house_rules import SRC, imported_modules, package_of
+
+LEAVES = frozenset({"_units", "fault_points", "logs"})
+"""Shared leaves: anything may import them; they import none of ours."""
+_RUNTIME = frozenset({"engine", "models", "store", "tools"})
+_WIRE = frozenset({"anthropic", "generation", "openai"})
+_BELOW_HTTP = LEAVES | _RUNTIME | _WIRE | {"serving", "settings"}
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "_units": frozenset(),
+    "fault_points": frozenset(),
+    "logs": frozenset(),
+    "tools": LEAVES,
+    "models": LEAVES | {"tools"},
+    "engine": LEAVES | {"models"},
+    "store": LEAVES,
+    "generation": LEAVES | {"engine", "models", "store"},
+    "openai": LEAVES | {"generation", "engine", "models", "store"},
+    # The Messages adapter reuses the OpenAI layer's pieces today; the two wire layers
+    # stay below serving and http all the same.
+    "anthropic": LEAVES | {"generation", "engine", "models", "store", "openai"},
+    # Not a leaf yet: its defaults and limits records come from the packages they configure.
+    "settings": LEAVES | {"engine", "generation", "models", "openai", "store"},
+    "serving": LEAVES | _RUNTIME | _WIRE | {"settings"},
+    "http": _BELOW_HTTP,
+    "app": _BELOW_HTTP | {"http"},
+    "server": _BELOW_HTTP | {"app", "http"},
+    "asgi": _BELOW_HTTP | {"app", "http", "server"},
+    "testing": _BELOW_HTTP | {"app", "http", "server"},
+    "cli": _BELOW_HTTP | {"app", "http", "server"},
+    "__main__": frozenset({"cli"}),
+}
+"""Each unit (a package, or a top-level module of mlx_nursery) -> the units of ours it imports."""
+
+FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {
+    unit: frozenset({"quart", "quart_trio", "hypercorn", "werkzeug"})
+    for unit in (
+        "tools",
+        "models",
+        "engine",
+        "store",
+        "generation",
+        "openai",
+        "anthropic",
+        "serving",
+    )
+}
+"""The web framework stays in http/ and the composition root (app, server)."""
+
+
+def unit_of(path: Path) -> str:
+    """The unit a source file belongs to: its top-level package, or its module's name."""
+    parts = path.relative_to(SRC).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def existing_units() -> set[str]:
+    return {unit_of(path) for path in SRC.rglob("*.py") if unit_of(path) != "__init__"}
+
+
+def upward_imports(source: str, package: str, unit: str) -> list[tuple[int, str]]:
+    """What `source` (a module of `package`, in `unit`) imports that its row does not allow:
+    units of ours outside ALLOWED[unit], and the web framework where it is forbidden."""
+    allowed = ALLOWED[unit] | {unit}
+    forbidden = FORBIDDEN_THIRD_PARTY.get(unit, frozenset())
+    offences = []
+    for line, target in imported_modules(source, package):
+        parts = target.split(".")
+        if parts[0] == "mlx_nursery":
+            if len(parts) > 1 and parts[1] not in allowed:
+                offences.append((line, target))
+        elif parts[0] in forbidden:
+            offences.append((line, target))
+    return offences
+
+
+def test_every_unit_has_a_row() -> None:
+    assert sorted(existing_units() - ALLOWED.keys()) == []
+
+
+@pytest.mark.parametrize("unit", sorted(ALLOWED))
+def test_no_unit_imports_upward(unit: str) -> None:
+    if unit not in existing_units():
+        pytest.skip(f"{unit} does not exist yet")
+    offences = [
+        f"{path.relative_to(SRC)}:{line} imports {target}"
+        for path in sorted(SRC.rglob("*.py"))
+        if unit_of(path) == unit
+        for line, target in upward_imports(path.read_text(), package_of(path), unit)
+    ]
+    assert offences == []
+
+
+@pytest.mark.parametrize(
+    "source, package, unit, offending",
+    [
+        ("from ..http import routes", "mlx_nursery.engine", "engine", True),
+        ("from ..models import load_model", "mlx_nursery.engine", "engine", False),
+        ("from ..engine import Engine", "mlx_nursery.models", "models", True),
+        ("from ..tools import make_model", "mlx_nursery.models", "models", False),
+        ("from ..models import load_model", "mlx_nursery.tools", "tools", True),
+        ("from ..openai import Prepared", "mlx_nursery.store", "store", True),
+        ("from ..serving import Jobs", "mlx_nursery.generation", "generation", True),
+        ("from ..openai import parse_json", "mlx_nursery.generation", "generation", True),
+        ("from ..http import routes", "mlx_nursery.openai", "openai", True),
+        ("from ..generation import Prepared", "mlx_nursery.openai", "openai", False),
+        ("import mlx_nursery.serving._jobs", "mlx_nursery.anthropic", "anthropic", True),
+        ("from quart import request", "mlx_nursery.serving", "serving", True),
+        ("from ..http import tenant_of", "mlx_nursery.serving", "serving", True),
+        ("from ..serving import Jobs", "mlx_nursery.http", "http", False),
+        ("from .. import cli", "mlx_nursery.testing", "testing", True),
+        ("from . import fault_points", "mlx_nursery", "settings", False),
+        ("from ._jobs import Jobs", "mlx_nursery.serving", "serving", False),
+    ],
+)
+def test_the_rule_tells_downward_from_upward(
+    source: str, package: str, unit: str, offending: bool
+) -> None:
+    assert bool(upward_imports(source, package, unit)) == offending
+
+
+def test_the_table_has_no_cycle() -> None:
+    """Two units allowed to import each other would be one layer in two names."""
+    seen: dict[str, int] = {}
+
+    def depth(unit: str, path: tuple[str, ...]) -> int:
+        assert unit not in path, " -> ".join([*path, unit])
+        if unit not in seen:
+            seen[unit] = 1 + max((depth(u, (*path, unit)) for u in ALLOWED[unit]), default=0)
+        return seen[unit]
+
+    for unit in ALLOWED:
+        depth(unit, ())

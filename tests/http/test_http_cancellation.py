@@ -1,0 +1,195 @@
+"""Disconnects, timeouts, overload and shutdown over a real server: compute stops, lanes free."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import trio
+
+from tests.http_helpers import (
+    chat_body,
+    engine_of,
+    eventually,
+    port_of,
+    post_request,
+    raw_http,
+    read_until,
+    running_server,
+    sdk,
+    spawned_server,
+    sse_events,
+    validate_error,
+)
+
+# Tokens a request would run to if nothing stopped it (the tiny model never emits EOS at T=0).
+LONG = 3000
+
+
+def _generated(server: object) -> int:
+    stats = engine_of(server).statistics().worker  # type: ignore[arg-type]
+    return stats.generated_tokens if stats else 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_disconnect_stops_compute_and_frees_the_lane(tiny_model: Path, stream: bool) -> None:
+    async with running_server(tiny_model, max_concurrency=1) as server:
+        engine = engine_of(server)
+        body = chat_body(max_tokens=LONG, temperature=0, stream=stream)
+        connection = await raw_http(port_of(server), post_request("/v1/chat/completions", body))
+        if stream:
+            await read_until(connection, b"data: ")  # the stream is running
+        else:
+            await eventually(lambda: _generated(server) > 0, "the request is generating")
+        await connection.aclose()
+
+        # The next request is served at once: the first one's lane came back on disconnect.
+        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=4, temperature=0))
+        assert reply.usage.completion_tokens == 4
+        stats = engine.statistics()
+        assert stats.lanes_borrowed == 0 and stats.late_events == 0
+        assert _generated(server) < LONG / 2, "the disconnected request kept generating"
+
+
+async def test_a_client_that_stops_reading_does_not_hold_the_lane(tiny_model: Path) -> None:
+    async with running_server(tiny_model, max_concurrency=1, request_timeout=2.0) as server:
+        body = chat_body(max_tokens=LONG, temperature=0, stream=True)
+        stalled = await raw_http(port_of(server), post_request("/v1/chat/completions", body))
+        await read_until(stalled, b"data: ")
+        # Never read again; the job's own deadline ends the compute though the response is stuck.
+        await eventually(
+            lambda: engine_of(server).statistics().lanes_borrowed == 0, "lane returned"
+        )
+        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2, temperature=0))
+        assert reply.usage.completion_tokens == 2
+        await stalled.aclose()
+
+
+async def test_timeout_while_generating(tiny_model: Path) -> None:
+    async with running_server(tiny_model, max_concurrency=1, request_timeout=0.5) as server:
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            response = await http.post(
+                "/v1/chat/completions", json=chat_body(max_tokens=LONG, temperature=0)
+            )
+            assert response.status_code == 504
+            assert response.headers["x-should-retry"] == "false"
+            validate_error(response.json())
+            assert response.json()["error"]["code"] == "request_timeout"
+            assert engine_of(server).statistics().lanes_borrowed == 0
+
+            body = chat_body(max_tokens=LONG, temperature=0, stream=True)
+            async with http.stream("POST", "/v1/chat/completions", json=body) as streamed:
+                events = await sse_events(streamed)
+            assert "[DONE]" not in events
+            assert events[-1]["error"]["code"] == "request_timeout"
+            validate_error(events[-1])
+
+        # The SDK raises at once: it does not retry a timeout (3 attempts would be 3x the compute).
+        client = sdk(server, max_retries=2)
+        before = _generated(server)
+        with pytest.raises(openai.InternalServerError) as raised:
+            await client.chat.completions.create(**chat_body(max_tokens=LONG, temperature=0))
+        assert raised.value.status_code == 504
+        assert _generated(server) - before < LONG / 2
+        assert engine_of(server).statistics().lanes_borrowed == 0
+
+
+async def test_timeout_while_queued_costs_no_compute(tiny_model: Path) -> None:
+    """The only lane is taken (by the test itself: a request holding it would time out too,
+    and under load could free it before the queued one's deadline), so the request waits in
+    the queue until its deadline: a 504, and not one engine step for it."""
+    async with running_server(tiny_model, max_concurrency=1, request_timeout=1.0) as server:
+        engine = engine_of(server)
+        busy = object()
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            assert (
+                await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            ).status_code == 200
+            await engine.limiter.acquire_on_behalf_of(busy)
+            steps = engine.statistics().worker.steps  # type: ignore[union-attr]
+            queued = await http.post("/v1/chat/completions", json=chat_body("queued", max_tokens=4))
+            assert queued.status_code == 504
+            assert queued.json()["error"]["code"] == "request_timeout"
+            assert engine.statistics().worker.steps == steps  # type: ignore[union-attr]
+            assert engine.statistics().queued == 0
+            engine.limiter.release_on_behalf_of(busy)
+            assert (
+                await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            ).status_code == 200
+
+
+async def test_queue_full_is_503_with_retry_after(tiny_model: Path) -> None:
+    async with running_server(tiny_model, max_concurrency=1, max_queue=0) as server:
+        holder = await raw_http(
+            port_of(server),
+            post_request(
+                "/v1/chat/completions", chat_body(max_tokens=LONG, temperature=0, stream=True)
+            ),
+        )
+        await read_until(holder, b"data: ")
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            response = await http.post("/v1/chat/completions", json=chat_body(max_tokens=4))
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        validate_error(response.json())
+        assert response.json()["error"]["code"] == "server_overloaded"
+        await holder.aclose()
+        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2, temperature=0))
+        assert reply.usage.completion_tokens == 2
+
+
+async def test_idle_keep_alive_connections_are_closed(tiny_model: Path) -> None:
+    async with running_server(tiny_model) as server:
+        connection = await raw_http(
+            port_of(server), b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        await read_until(connection, b'{"status": "ok"}')
+        # Hypercorn's keep_alive_timeout (5 s) must close the idle connection (see _keepalive.py).
+        with trio.fail_after(30):
+            while await connection.receive_some(65536):
+                pass
+
+
+async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path) -> None:
+    flags = ("--served-model-name", "tiny", "--shutdown-grace", "0.5")
+    async with spawned_server(tiny_model, *flags) as (process, port):
+        body = chat_body(max_tokens=LONG, temperature=0, stream=True)
+        running = await raw_http(port, post_request("/v1/chat/completions", body))
+        await read_until(running, b"data: ")
+        process.send_signal(signal.SIGTERM)
+        # The running stream gets a final error event once the grace period is over.
+        tail = await read_until(running, b"server_shutting_down")
+        last = tail.rsplit(b"data: ", 1)[1].split(b"\r\n")[0].split(b"\n")[0]
+        assert json.loads(last)["error"]["code"] == "server_shutting_down"
+        assert b"[DONE]" not in tail
+        # New connections are refused; the process exits 0 after joining the engine thread.
+        with pytest.raises(OSError):
+            await trio.open_tcp_stream("127.0.0.1", port)
+        code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
+        assert code == 0
+        await running.aclose()
+
+
+async def test_sigterm_lets_a_running_request_finish_within_the_grace_period(
+    tiny_model: Path,
+) -> None:
+    async with spawned_server(
+        tiny_model, "--served-model-name", "tiny", "--shutdown-grace", "60"
+    ) as (
+        process,
+        port,
+    ):
+        body = chat_body(max_tokens=400, temperature=0, stream=True)
+        running = await raw_http(port, post_request("/v1/chat/completions", body))
+        await read_until(running, b"data: ")
+        process.send_signal(signal.SIGTERM)
+        tail = await read_until(running, b"data: [DONE]")  # it ran to its end
+        assert b"server_shutting_down" not in tail
+        assert b'"finish_reason":"length"' in tail
+        code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
+        assert code == 0
+        await running.aclose()

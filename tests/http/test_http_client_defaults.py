@@ -1,0 +1,177 @@
+"""What agent clients send by default gets a defined answer: hints this server cannot act on
+are accepted and named in `x-ignored-params` (a 400 with --strict-params); what is cheap and
+real is done (`truncation: "auto"`, `max_tool_calls`, `include: reasoning.encrypted_content`);
+what would change the answer and is not implemented stays a 400."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.http.test_http_tools import SCRIPTS, TIME, WEATHER
+from tests.http_helpers import chat_body, running_server, scripted, sdk, validate, validate_error
+
+CHAT_HINTS = {
+    "reasoning_effort": "low",
+    "verbosity": "low",
+    "prompt_cache_retention": "24h",
+    "store": True,
+    "metadata": {"run": "7"},
+}
+
+
+async def test_chat_hints_are_accepted_and_named(tiny_model: Path) -> None:
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, **CHAT_HINTS
+        )
+        plain = await client.chat.completions.with_raw_response.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, store=False
+        )
+        streamed = await client.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            stream=True,
+            reasoning_effort="high",
+        )
+        chunks = [c async for c in streamed.parse()]  # type: ignore[attr-defined]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2
+            )
+    completion = raw.parse()
+    validate(completion.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
+    assert raw.headers["x-ignored-params"].split(", ") == list(CHAT_HINTS)
+    assert "x-ignored-params" not in plain.headers  # store: false is what this server does anyway
+    assert streamed.headers["x-ignored-params"] == "reasoning_effort"
+    assert chunks[-1].choices[0].finish_reason is not None
+    assert refused.value.body["param"] == "n"  # type: ignore[index]
+
+
+async def test_strict_params_refuses_the_hints(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model, strict_params=True) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        for field, value in CHAT_HINTS.items():
+            response = await http.post(
+                "/v1/chat/completions", json=chat_body("hi", max_tokens=2, **{field: value})
+            )
+            assert response.status_code == 400, field
+            validate_error(response.json())
+            assert response.json()["error"]["param"] == field
+        response = await http.post(
+            "/v1/responses", json={"model": "tiny", "input": "hi", "text": {"verbosity": "low"}}
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == "text.verbosity"
+
+
+async def test_responses_defaults_of_agent_clients(tiny_model: Path) -> None:
+    """A Codex-style request: store false, encrypted reasoning asked for, auto truncation,
+    a tool-call cap, a cache retention, obfuscation and a reasoning effort."""
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        fields = {
+            "model": "tiny",
+            "input": "hi",
+            "max_output_tokens": 4,
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+            "truncation": "auto",
+            "max_tool_calls": 3,
+            "prompt_cache_retention": "in-memory",
+            "reasoning": {"effort": "low"},
+            "text": {"verbosity": "low"},
+        }
+        raw = await client.responses.with_raw_response.create(**fields)
+        streamed = await client.responses.with_raw_response.create(
+            **fields, stream=True, stream_options={"include_obfuscation": True}
+        )
+        events = [e async for e in streamed.parse()]  # type: ignore[attr-defined]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model="tiny", input="hi", background=True)
+    response = raw.parse()
+    body = response.model_dump(exclude_unset=True, mode="json", warnings=False)
+    validate(body, "Response")
+    assert (body["truncation"], body["max_tool_calls"]) == ("auto", 3)
+    assert not [item for item in body["output"] if item["type"] == "reasoning"]
+    assert raw.headers["x-ignored-params"].split(", ") == [
+        "prompt_cache_retention",
+        "reasoning",
+        "text.verbosity",
+    ]
+    assert streamed.headers["x-ignored-params"].split(", ") == [
+        "prompt_cache_retention",
+        "reasoning",
+        "text.verbosity",
+        "stream_options.include_obfuscation",
+    ]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert refused.value.body["param"] == "background"  # type: ignore[index]
+
+
+async def test_auto_truncation_drops_the_oldest_turns_to_fit(tiny_model: Path) -> None:
+    turns = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(400)),
+        }
+        for i in range(13)
+    ]
+    request = {
+        "model": "tiny",
+        "input": turns,
+        "instructions": "Be brief.",
+        "max_output_tokens": 8,
+        "temperature": 0,
+    }
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        refused = await http.post("/v1/responses", json=request)
+        truncated = await http.post("/v1/responses", json={**request, "truncation": "auto"})
+        short = await http.post(
+            "/v1/responses", json={**request, "input": turns[-1:], "truncation": "auto"}
+        )
+        dropped = int(truncated.headers["x-truncated-messages"])
+        # One turn fewer dropped would not fit: only as many turns as needed went.
+        one_more_turn = await http.post(
+            "/v1/responses", json={**request, "input": turns[dropped - 2 :]}
+        )
+    assert (
+        refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    )
+    assert truncated.status_code == 200, truncated.text
+    assert 0 < dropped < len(turns) and turns[dropped]["role"] == "user"  # the rest starts a turn
+    assert truncated.json()["usage"]["input_tokens"] + 8 <= 4096
+    assert (
+        one_more_turn.status_code == 400
+        and one_more_turn.json()["error"]["code"] == "context_length_exceeded"
+    )
+    assert short.status_code == 200 and "x-truncated-messages" not in short.headers
+
+
+async def test_max_tool_calls_caps_the_calls(tiny_model: Path) -> None:
+    tools = [{"type": "function", **WEATHER["function"]}, {"type": "function", **TIME["function"]}]
+    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+        client = sdk(server)
+        both = await client.responses.create(
+            model="tiny", input="go", user="two", tools=tools, temperature=0, max_output_tokens=80
+        )
+        capped = await client.responses.create(
+            model="tiny",
+            input="go",
+            user="two",
+            tools=tools,
+            temperature=0,
+            max_output_tokens=80,
+            max_tool_calls=1,
+        )
+    assert [i.name for i in both.output if i.type == "function_call"] == ["get_weather", "get_time"]
+    assert [i.name for i in capped.output if i.type == "function_call"] == ["get_weather"]

