@@ -125,7 +125,7 @@ async def test_completions_logprobs(tiny_model: Path) -> None:
 
 
 async def test_responses_logprobs(tiny_model: Path) -> None:
-    from .http_helpers import sdk
+    from tests.http_helpers import sdk
 
     async with running_server(tiny_model) as server:
         client = sdk(server)

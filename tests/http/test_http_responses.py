@@ -300,7 +300,7 @@ async def test_a_committed_response_survives_kill_9(tiny_model: Path, tmp_path: 
 
     import trio
 
-    from .test_http_cancellation import spawned_server
+    from tests.http.test_http_cancellation import spawned_server
 
     db = str(tmp_path / "r.db")
     async with spawned_server(tiny_model, "--served-model-name", "tiny", "--responses-db", db) as (
@@ -317,7 +317,7 @@ async def test_a_committed_response_survives_kill_9(tiny_model: Path, tmp_path: 
 
 
 async def test_disconnecting_a_response_stream_frees_the_lane(tiny_model: Path) -> None:
-    from .http_helpers import engine_of, port_of, post_request, raw_http, read_until
+    from tests.http_helpers import engine_of, port_of, post_request, raw_http, read_until
 
     async with running_server(tiny_model, max_concurrency=1) as server:
         body = {
