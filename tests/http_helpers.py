@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import jsonschema
 import openai
@@ -95,8 +96,16 @@ async def running_server(
             shutdown.set()
 
 
+@attrs.frozen
+class ThreadedServer:
+    """A server `server_thread` runs: the server, and the thread its Trio run is on."""
+
+    running: Running
+    trio_thread: int
+
+
 @contextmanager
-def server_thread(model_dir: Path | None, /, **settings: Any) -> Iterator[Running]:
+def server_thread(model_dir: Path | None, /, **settings: Any) -> Iterator[ThreadedServer]:
     """`running_server` on a thread of its own (a Trio run of its own), for a module-scoped
     fixture: one server for many tests, each test in its own Trio run."""
     started: queue.Queue[Running | BaseException] = queue.Queue()
@@ -120,8 +129,9 @@ def server_thread(model_dir: Path | None, /, **settings: Any) -> Iterator[Runnin
     running = started.get(timeout=120)
     if isinstance(running, BaseException):
         raise running
+    assert thread.ident is not None
     try:
-        yield running
+        yield ThreadedServer(running, thread.ident)
     finally:
         token, stopped = stop[0]
         trio.from_thread.run_sync(stopped.set, trio_token=token)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -31,7 +30,7 @@ from mlx_nursery.server import Running
 from tests.http_helpers import (
     chat_body,
     raw_http,
-    running_server,
+    server_thread,
     sse_events,
     validate,
     validate_error,
@@ -60,8 +59,6 @@ class Hold:
 @attrs.frozen
 class Hosted:
     running: Running
-    token: trio.lowlevel.TrioToken
-    stop: trio.Event
     trio_thread: int
     hold: Hold
 
@@ -76,42 +73,11 @@ class Hosted:
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[Hosted]:
-    started: queue.Queue[Hosted | BaseException] = queue.Queue()
     hold = Hold()
-
-    async def host() -> None:
-        stop = trio.Event()
-        async with running_server(
-            tiny_model, extra_processors=hold, max_request_bytes=MAX_REQUEST_BYTES
-        ) as running:
-            started.put(
-                Hosted(
-                    running, trio.lowlevel.current_trio_token(), stop, threading.get_ident(), hold
-                )
-            )
-            await stop.wait()
-
-    def run() -> None:
-        try:
-            trio.run(host)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            started.put(exc)
-
-    thread = threading.Thread(target=run, name="hostile-test-server")
-    thread.start()
-    hosted = started.get(timeout=120)
-    if isinstance(hosted, BaseException):
-        raise hosted
-    try:
-        yield hosted
-    finally:
-        trio.from_thread.run_sync(hosted.stop.set, trio_token=hosted.token)
-        thread.join(60)
-        assert not thread.is_alive()
-    if not started.empty():  # the server's run failed on the way out
-        failure = started.get()
-        assert isinstance(failure, BaseException)
-        raise failure
+    with server_thread(
+        tiny_model, extra_processors=hold, max_request_bytes=MAX_REQUEST_BYTES
+    ) as served:
+        yield Hosted(served.running, served.trio_thread, hold)
 
 
 @pytest.fixture
