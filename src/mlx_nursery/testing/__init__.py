@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._faults import injected_fault
-    from ._live import CancelCause, LiveServer, ServerReport, start_server
+    from ._live import LiveServer, start_server
+    from ._report import CancelCause, ServerReport
 
 __all__ = ["CancelCause", "LiveServer", "ServerReport", "injected_fault", "start_server"]
 
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from . import _faults
 
         return _faults.injected_fault
+    if name in ("CancelCause", "ServerReport"):
+        from . import _report
+
+        return getattr(_report, name)
     if name in __all__:
         from . import _live
 
