@@ -111,12 +111,10 @@ class Access:
             return "allowed"
         if admin and not self.keys:
             return "allowed"
-        scheme, _, given = (authorization or "").partition(" ")
-        bearer = given.strip().encode() if scheme.lower() == "bearer" else b""
-        candidates = (bearer, (api_key or "").strip().encode())
-        if admin and any([_matches(c, self.admin_keys) for c in candidates]):
+        candidates = key_candidates(authorization, api_key)
+        if admin and any([key_held(c, self.admin_keys) for c in candidates]):
             return "allowed"
-        if not any([_matches(c, self.keys) for c in candidates]):  # both, whatever matched
+        if not any([key_held(c, self.keys) for c in candidates]):  # both, whatever matched
             return "unauthorized"
         return "forbidden" if admin else "allowed"
 
@@ -172,7 +170,17 @@ def is_admin_path(path: str) -> bool:
     return bool(sep) and action in ADMIN_ACTIONS and bool(model)
 
 
-def _matches(candidate: bytes, keys: tuple[bytes, ...]) -> bool:
+def key_candidates(authorization: str | None, api_key: str | None) -> tuple[bytes, bytes]:
+    """The keys a request offers: its `Authorization: Bearer KEY` and its `x-api-key`
+    (empty where it sends none)."""
+    scheme, _, given = (authorization or "").partition(" ")
+    bearer = given.strip().encode() if scheme.lower() == "bearer" else b""
+    return bearer, (api_key or "").strip().encode()
+
+
+def key_held(candidate: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Whether `candidate` is one of `keys`: every key compared in constant time, whatever
+    matched, so the time taken says nothing of which key, or how much of one, matched."""
     matched = False
     for key in keys:  # every key, whatever matched: the time says nothing
         matched |= hmac.compare_digest(candidate, key)

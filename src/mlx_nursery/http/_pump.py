@@ -12,7 +12,6 @@ a client gone before the body's first byte, when this generator has never run.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -28,8 +27,6 @@ from ..serving import (
     log_failure,
 )
 from ._drop import DROP_CONNECTION
-
-log = logging.getLogger("mlx_nursery.http")
 
 
 class StreamFormat(Protocol):

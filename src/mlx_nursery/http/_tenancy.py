@@ -12,12 +12,11 @@ must mean the same to every replica that shares the store, so it is not salted p
 from __future__ import annotations
 
 import hashlib
-import hmac
 
 from quart import g
 
 from ..serving import ANONYMOUS, Tenant
-from ._access import Access
+from ._access import Access, key_candidates, key_held
 
 _DOMAIN = b"mlx-nursery tenant\x00"
 
@@ -31,11 +30,9 @@ def tenant_of(access: Access, authorization: str | None, api_key: str | None) ->
     `Access.verdict` reads them). A server with no API key: the anonymous tenant."""
     if access.api_open:
         return ANONYMOUS
-    scheme, _, given = (authorization or "").partition(" ")
-    bearer = given.strip().encode() if scheme.lower() == "bearer" else b""
-    for candidate in (bearer, (api_key or "").strip().encode()):
-        if candidate and _held(candidate, access.keys):
-            return Tenant(tenant_id(candidate), admin=_held(candidate, access.admin_keys))
+    for candidate in key_candidates(authorization, api_key):
+        if candidate and key_held(candidate, access.keys):
+            return Tenant(tenant_id(candidate), admin=key_held(candidate, access.admin_keys))
     return ANONYMOUS  # a route open without a key (/health, /metrics)
 
 
@@ -44,10 +41,3 @@ def current_tenant() -> Tenant:
     tenant = getattr(g, "tenant", ANONYMOUS)
     assert isinstance(tenant, Tenant)
     return tenant
-
-
-def _held(candidate: bytes, keys: tuple[bytes, ...]) -> bool:
-    found = False
-    for key in keys:  # every key, in constant time each: as `Access.verdict` compares
-        found |= hmac.compare_digest(candidate, key)
-    return found

@@ -130,10 +130,6 @@ class Service:
             found += self.models.problems()
         return found
 
-    @property
-    def healthy(self) -> bool:
-        return self.state == "ready" and not self.problems()
-
     def check_open(self) -> ModelRegistry:
         """The registry, while the server takes requests. Raises the 503 otherwise."""
         if self.state == "draining":
