@@ -32,8 +32,10 @@ class PrefixReuse:
     def fetch(self, sequence: LiveSequence, prompt: list[int]) -> CacheHit | None:
         """A private copy of the longest usable cached prefix of `prompt`, covering all of
         its images (None: none). Raises only at the fault seam (the caller's guard)."""
+        if self.cache is None:
+            return None
         key = self._cache_key(sequence, prompt)
-        if self.cache is None or key is None:
+        if key is None:
             return None
         if fault_points.ARMED:
             fault_points.reach("prefix_fetch", sequence.label)
