@@ -70,8 +70,11 @@ class EngineConfig:
     (docs/architecture.md, "Shape compiles"). No effect on other backends. MLX reads the
     switch once per process: the first engine's choice holds."""
     warmup: bool = True
-    """Before reporting ready, run a short prefill, decode and batch on a dummy prompt, so
-    that no request waits for MLX to build kernels on first use (engine/_warmup.py)."""
+    """Before reporting ready, run what serving runs (the fast path, batches up to
+    `max_concurrency`, the sampling variants) on dummy prompts, so that no request waits for
+    MLX to build kernels on first use (engine/_warmup.py)."""
+    warmup_budget_s: float = attrs.field(default=60.0, validator=v.ge(0))
+    """Seconds the warm-up may take; phases left when they have passed are skipped."""
     check_invariants: bool = attrs.field(
         factory=lambda: os.environ.get("MLX_NURSERY_CHECK_INVARIANTS") == "1"
     )

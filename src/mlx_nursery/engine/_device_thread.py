@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Hashable
 from contextlib import suppress
+from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar
 
 import trio
@@ -272,6 +274,7 @@ def run_device_thread(
     A `serve` that raises is the engine's death (`exc`), logged here; the Trio side then
     reports the engine failed instead of raising into its nursery."""
     reason: BaseException | None = None
+    keep_compiled_kernels()
     try:
         try:
             info, model = load()
@@ -291,6 +294,27 @@ def run_device_thread(
     finally:
         release_streams()
         on_exit(reason)
+
+
+def keep_compiled_kernels() -> None:
+    """Keep the kernels MLX's CUDA backend compiles at run time (NVRTC) in this user's cache
+    directory, per MLX version, unless the operator chose a place (`MLX_PTX_CACHE_DIR`).
+
+    Why: MLX keeps them under the system's temporary directory by default, which a reboot or
+    a fresh container empties; compiling them again is most of a first start's time
+    (docs/decisions/0034-warm-up-runs-serving.md). MLX reads the variable at its first
+    compile, so every engine thread sets it before loading; the first one decides. No effect
+    on Metal or the CPU."""
+    import mlx.core as mx
+    import platformdirs
+
+    if "MLX_PTX_CACHE_DIR" not in os.environ:
+        cache = (
+            Path(platformdirs.user_cache_dir("mlx-nursery"))
+            / "cuda-kernels"
+            / str(getattr(mx, "__version__", "unknown"))
+        )
+        os.environ["MLX_PTX_CACHE_DIR"] = str(cache)
 
 
 def release_streams() -> None:

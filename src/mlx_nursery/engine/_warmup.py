@@ -1,73 +1,215 @@
-"""A warm-up before the engine reports ready: the kernels a first request needs, compiled
-before any request waits for them.
+"""A warm-up before the engine reports ready: the kernels real traffic needs, built before
+any request waits for them.
 
-MLX builds kernels on first use: on CUDA it compiles them at run time (NVRTC), and a fresh
-process's first requests waited for that, far longer than any later one
-(docs/benchmarks.md, "Cold start, and the warm-up"). The warm-up runs what serving runs,
-on a dummy prompt: a prefill and decode steps alone (the fast path), then a small batch
-with sampling, prefill chunks of two lengths and a sequence leaving the batch. Shapes of
-real traffic differ (`_shapes`), but the kernels are built per operation and type far more
-than per shape. Engine thread; the server's /health answers 503 until it is done.
+MLX builds kernels on first use. On CUDA it compiles them at run time (NVRTC), one module
+per fused graph, data type and broadcasting pattern, and a fresh machine's first requests
+waited tens of seconds for modules that a small dummy prompt had not needed
+(docs/decisions/0034-warm-up-runs-serving.md). So the warm-up runs what serving runs: the
+engine's own steppers (the fast path, then the batch), sequences built by `build_sequence`
+exactly as requests are, with the sampling a server meets (greedy; temperature with top-p,
+top-k, min-p and seeds; a logit bias; penalties; log-probabilities), prompts longer than a
+prefill chunk, a sequence leaving with its KV kept for the prefix cache, and batches of
+growing size up to the engine's concurrency (a batch of one broadcasts differently from a
+batch of many, and the batch's joins and leaves have kernels of their own).
+
+It is bounded in time: each batch size is one phase, each phase is logged, and once
+`budget_s` has passed the remaining phases are skipped (logged; their kernels are then built
+on first use). Engine thread; the server's /health answers 503 until it is done.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from typing import Any
+from collections.abc import Sequence
 
-import mlx.core as mx
+import attrs
 
+from ..models import LoadedModel
 from ._kv_quant import CacheFactory
-from ._schedule import ServingBatchGenerator
-from ._upstream import make_prompt_cache, make_sampler
+from ._messages import Submit
+from ._sequence import LiveSequence, build_sequence, token_logprob
+from ._solo import SoloStepper
+from ._stepper import BatchStepper, Start, Stepper
+from ._types import GenerationRequest, SamplingParams
 
 log = logging.getLogger("mlx_nursery.engine")
 
 PROMPT_TOKENS = 48
-DECODE_STEPS = 4
-MAX_CALLS = 100
-"""Of the batch's `next()`: more than the warm-up needs, a bound should mlx-lm change."""
+NEW_TOKENS = 3
+MAX_STEPS = 200
+"""Steps of one phase at most: more than a phase needs, a bound should a stepper change."""
+
+VARIANTS: tuple[tuple[SamplingParams, int | None], ...] = (
+    (SamplingParams(temperature=0.0), None),
+    (SamplingParams(temperature=0.7), None),
+    (SamplingParams(temperature=0.7, top_p=0.9, seed=7), None),
+    (SamplingParams(temperature=1.0, top_k=20, min_p=0.05), None),
+    (SamplingParams(temperature=0.0, logit_bias={2: -100.0}), None),
+    (SamplingParams(temperature=0.7, logit_bias={2: -100.0}), None),
+    (SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.5), None),
+    (SamplingParams(temperature=0.0, repetition_penalty=1.1), 2),
+    (SamplingParams(temperature=0.7, logit_bias={2: -100.0}), 0),
+)
+"""The sampling of the warm-up's sequences, with their `logprobs` (None: not asked): each
+variant runs other kernels (a biased draw, a penalty's scatter, top-k's sort, ...)."""
+
+
+@attrs.frozen
+class WarmupPlan:
+    """What the warm-up runs: the fast path if the engine has one (a sequence of each of the
+    first `solo_variants` of `VARIANTS` alone), then a batch of each size in `batch_sizes`
+    (mixing every variant), within `budget_s` seconds."""
+
+    batch_sizes: tuple[int, ...]
+    solo_variants: int
+    prefill_step_size: int
+    prefill_batch_size: int
+    fast_path: bool = True
+    budget_s: float = 60.0
+
+
+def plan_for(
+    *,
+    gpu: bool,
+    max_concurrency: int,
+    prefill_step_size: int,
+    prefill_batch_size: int,
+    fast_path: bool,
+    budget_s: float,
+) -> WarmupPlan:
+    """The warm-up for a backend: on a GPU every variant alone and batches up to
+    `max_concurrency`; on the CPU, which compiles per function rather than per broadcasting
+    pattern and has no per-kernel compiler to wait for, the fast path's two paths (argmax,
+    a keyed draw) and one mixed batch."""
+    return WarmupPlan(
+        batch_sizes=batch_sizes(max_concurrency, gpu=gpu),
+        solo_variants=len(VARIANTS) if gpu else 2,
+        prefill_step_size=prefill_step_size,
+        prefill_batch_size=prefill_batch_size,
+        fast_path=fast_path,
+        budget_s=budget_s,
+    )
+
+
+def batch_sizes(max_concurrency: int, *, gpu: bool) -> tuple[int, ...]:
+    """The batch sizes to warm: on a GPU a ramp to `max_concurrency` (1, 2, 3, 4, 6, 8, 12,
+    16, 24, 32, ...; a new size after the first costs little, a new pattern much); on the
+    CPU, whose compiled kernels do not depend on the batch's size, the sizes that broadcast
+    differently (one row, several rows)."""
+    if max_concurrency < 2:
+        return ()
+    if not gpu:
+        return (min(3, max_concurrency),)
+    sizes = [2, 3]
+    while sizes[-1] < max_concurrency:
+        sizes.append(sizes[-2] * 2)  # 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, ...
+    return (*(s for s in sizes if s < max_concurrency), max_concurrency)
 
 
 def warm_up(
-    model: Any, prefill_step_size: int, make_cache: CacheFactory = make_prompt_cache
+    model: LoadedModel, plan: WarmupPlan, make_cache: CacheFactory, *, kv_quantized: bool
 ) -> float:
-    """Run the warm-up on `model`, in caches as `make_cache` makes them (a quantized cache
-    has kernels of its own); return the seconds it took. Raises what the model raises (the
-    engine then fails to start, as a model that cannot compute should)."""
+    """Run `plan` on `model` (KV caches made by `make_cache`); return the seconds it took.
+    Raises what the model raises (the engine then fails to start, as a model that cannot
+    compute should)."""
     started = time.perf_counter()
-    prompt = [1 + (7 * i) % 255 for i in range(PROMPT_TOKENS)]  # ids every vocabulary has
-    cache = make_cache(model)
-    logits = model(mx.array([prompt]), cache=cache)
-    for _ in range(DECODE_STEPS):
-        token = mx.argmax(logits[:, -1, :], axis=-1)
-        logits = model(token[:, None], cache=cache)
-    mx.eval(logits)
-    del cache, logits
+    eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
+    vocabulary = model.vocab_size
+    seq_ids = itertools.count()
 
-    generator = ServingBatchGenerator(
-        model,
-        completion_batch_size=2,
-        prefill_batch_size=2,
-        prefill_step_size=min(prefill_step_size, PROMPT_TOKENS // 2),
-    )
-    try:
-        uids = generator.insert(
-            [prompt, prompt[: PROMPT_TOKENS // 3]],
-            max_tokens=[DECODE_STEPS, 2 * DECODE_STEPS],
-            caches=[make_cache(model), make_cache(model)],
-            samplers=[make_sampler(temp=0.7), make_sampler(temp=0.7, top_p=0.9)],
-        )
-        running = set(uids)
-        for _ in range(MAX_CALLS):
-            for response in generator.next()[1]:
-                if response.finish_reason is not None:
-                    running.discard(response.uid)
-            if not running:
-                break
-    finally:
-        generator.close()
-    mx.synchronize()
-    mx.clear_cache()
+    def sequences(count: int, offset: int) -> list[LiveSequence]:
+        made = []
+        for i in range(count):
+            params, logprobs = VARIANTS[(offset + i) % len(VARIANTS)]
+            seq_id = next(seq_ids)
+            # Prompts of several lengths, longer than a chunk: chunked prefill, padded rows.
+            length = PROMPT_TOKENS + 5 * (seq_id % 4)
+            prompt = [1 + (7 * j + seq_id) % (min(vocabulary, 256) - 1) for j in range(length)]
+            request = GenerationRequest(
+                prompt_tokens=prompt,
+                max_tokens=NEW_TOKENS + (seq_id % 3),
+                sampling=params,
+                logprobs=logprobs,
+                ignore_eos=True,
+            )
+            made.append(build_sequence(Submit(seq_id, request), eos))
+        return made
+
+    phases: list[tuple[str, int]] = []
+    if plan.fast_path:
+        phases.append(("the fast path", 1))
+    phases += [(f"a batch of {size}", size) for size in plan.batch_sizes]
+    for index, (name, size) in enumerate(phases, 1):
+        elapsed = time.perf_counter() - started
+        if index > 1 and elapsed > plan.budget_s:  # the first phase always runs
+            log.info(
+                "warm-up: %.1f s budget spent; %d of %d phases skipped (their kernels are "
+                "built on first use)",
+                plan.budget_s,
+                len(phases) - index + 1,
+                len(phases),
+            )
+            break
+        log.info("warm-up %d/%d: %s (%.1f s so far)", index, len(phases), name, elapsed)
+        if size == 1:
+            for sequence in sequences(plan.solo_variants, 0):
+                solo = SoloStepper(
+                    model.model,
+                    prefill_step_size=PROMPT_TOKENS // 2,
+                    before_launch=_nothing,
+                    make_cache=make_cache,
+                )
+                _run(solo, [sequence], keep_one=False)
+        else:
+            batch = BatchStepper(
+                model.model,
+                max_concurrency=size,
+                prefill_batch_size=min(plan.prefill_batch_size, size),
+                prefill_step_size=min(plan.prefill_step_size, PROMPT_TOKENS // 2),
+                make_cache=make_cache if kv_quantized else None,
+            )
+            try:
+                _run(batch, sequences(size, index), keep_one=True)
+            finally:
+                batch.close()
     return time.perf_counter() - started
+
+
+def _run(stepper: Stepper, sequences: Sequence[LiveSequence], *, keep_one: bool) -> None:
+    """Insert `sequences`, step until each ends; with `keep_one`, the first leaves after its
+    first token with its KV kept (a cancelled request whose prefix is cached)."""
+    by_uid: dict[int, LiveSequence] = {}
+    for sequence in sequences:
+        start = Start(
+            prompt=list(sequence.request.prompt_tokens),
+            cache=None,
+            cache_tokens=[],
+            max_tokens=sequence.request.max_tokens,
+        )
+        by_uid[stepper.insert(sequence, start)] = sequence
+    leaver = next(iter(by_uid)) if keep_one and len(by_uid) > 1 else None
+    for _ in range(MAX_STEPS):
+        if not by_uid:
+            return
+        for response in stepper.step():
+            live = by_uid.get(response.uid)
+            if live is None:
+                continue
+            if live.request.logprobs is not None:
+                token_logprob(live, response)
+            if response.finish_reason is not None:
+                del by_uid[response.uid]
+            elif response.uid == leaver:
+                stepper.remove([leaver], keep_state=True)
+                del by_uid[leaver]
+                leaver = None
+        failed = [s.seq_id for s in sequences if s.failures]
+        if failed:
+            raise RuntimeError(f"the warm-up's sequences {failed} failed: {sequences[0].failures}")
+    raise RuntimeError(f"the warm-up did not end within {MAX_STEPS} steps")
+
+
+def _nothing() -> None:
+    pass

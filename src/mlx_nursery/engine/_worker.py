@@ -20,7 +20,7 @@ from ..fault_points import request_label
 from ..models import load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenTexts
-from ._device_thread import release_streams
+from ._device_thread import keep_compiled_kernels, release_streams
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import (
@@ -38,7 +38,7 @@ from ._runner import FatalEngineError, Runner
 from ._sequence import FAILED_WHILE_SERVING
 from ._types import FinishReason, GenerationRequest, Tokenizer
 from ._vision import vision_processor
-from ._warmup import warm_up
+from ._warmup import WarmupPlan, plan_for, warm_up
 
 __all__ = ["FatalEngineError", "Worker"]
 
@@ -127,6 +127,7 @@ class Worker:
         try:
             # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
             os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
+            keep_compiled_kernels()
             model = load_model(self._config.model)
             # The scripted model has no weights: no KV to measure, no kernels to warm, no
             # prefix to cache (engine/_scripted.py).
@@ -147,8 +148,12 @@ class Worker:
                 else self._kv_budget(model.model, make_cache, model.context_length)
             )
             if self._config.warmup and not scripted:
-                log.info("warming up the model's kernels")
-                seconds = warm_up(model.model, self._config.prefill_step_size, make_cache)
+                seconds = warm_up(
+                    model,
+                    self._warmup_plan(),
+                    make_cache,
+                    kv_quantized=quantization is not None,
+                )
                 log.info("warm-up done in %.1f s", seconds)
             self._runner = Runner(
                 self._config, model, self._cache, self._outbox, self._ledger, budget
@@ -183,6 +188,17 @@ class Worker:
             self._outbox.post(closing="failed" if reason else "closed")
             self._release_memory()
             self._on_exit(reason)
+
+    def _warmup_plan(self) -> WarmupPlan:
+        config = self._config
+        return plan_for(
+            gpu=mx.default_device().type == mx.DeviceType.gpu,
+            max_concurrency=config.max_concurrency,
+            prefill_step_size=config.prefill_step_size,
+            prefill_batch_size=config.prefill_batch_size,
+            fast_path=config.single_sequence_fast_path,
+            budget_s=config.warmup_budget_s,
+        )
 
     def _kv_budget(
         self, model: Any, make_cache: CacheFactory, context: int

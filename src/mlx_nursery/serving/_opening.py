@@ -89,6 +89,7 @@ class ModelOpener:
             kv_bits=self.settings.kv_bits,
             kv_group_size=self.settings.kv_group_size,
             warmup=not self.settings.skip_warmup,
+            warmup_budget_s=self.settings.warmup_budget,
         )
         engine: Engine = await nursery.start(Engine(config).run)
         token_ids, max_token_bytes = await trio.to_thread.run_sync(

@@ -101,8 +101,17 @@ class Settings(ServerSettings):
     skip_warmup: bool = attrs.field(
         default=False,
         metadata=described(
-            "report ready without first running the model on a dummy prompt (the first "
-            "requests then wait while MLX builds its kernels)"
+            "report ready without first running what serving runs on dummy prompts (the "
+            "first requests then wait while MLX builds its kernels)"
+        ),
+    )
+    warmup_budget: float = attrs.field(
+        default=engine_default("warmup_budget_s"),
+        validator=v.ge(0),
+        metadata=described(
+            "seconds the warm-up may take; its remaining phases (larger batches) are then "
+            "skipped and their kernels built on first use",
+            unit="seconds",
         ),
     )
     max_image_bytes: int = attrs.field(

@@ -1,0 +1,68 @@
+"""The warm-up (engine/_warmup.py) runs what serving runs: the fast path and batches of
+growing size, every sampling variant, within its time budget, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from mlx_nursery.engine._kv_quant import cache_factory
+from mlx_nursery.engine._warmup import VARIANTS, WarmupPlan, batch_sizes, plan_for, warm_up
+from mlx_nursery.models import load_model
+
+
+def test_batch_sizes_ramp_to_the_concurrency() -> None:
+    assert batch_sizes(1, gpu=True) == ()
+    assert batch_sizes(8, gpu=True) == (2, 3, 4, 6, 8)
+    assert batch_sizes(33, gpu=True) == (2, 3, 4, 6, 8, 12, 16, 24, 32, 33)
+    assert batch_sizes(8, gpu=False) == (3,)
+    assert batch_sizes(2, gpu=False) == (2,)
+
+
+def test_the_gpu_plan_runs_every_phase_and_variant(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every phase runs to its end (a sequence that did not end, or whose sampler or
+    processors failed, raises), with every variant alone on the fast path."""
+    model = load_model(tiny_model)
+    plan = plan_for(
+        gpu=True,
+        max_concurrency=6,
+        prefill_step_size=16,
+        prefill_batch_size=4,
+        fast_path=True,
+        budget_s=600,
+    )
+    assert plan.solo_variants == len(VARIANTS)
+    with caplog.at_level(logging.INFO, logger="mlx_nursery.engine"):
+        warm_up(model, plan, cache_factory(None), kv_quantized=False)
+    phases = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up ")]
+    assert [p.split(" (")[0] for p in phases] == [
+        "warm-up 1/5: the fast path",
+        "warm-up 2/5: a batch of 2",
+        "warm-up 3/5: a batch of 3",
+        "warm-up 4/5: a batch of 4",
+        "warm-up 5/5: a batch of 6",
+    ]
+    assert not any("skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_spent_budget_skips_the_remaining_phases(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = load_model(tiny_model)
+    plan = WarmupPlan(
+        batch_sizes=(2, 3),
+        solo_variants=1,
+        prefill_step_size=16,
+        prefill_batch_size=2,
+        budget_s=0.0,
+    )
+    with caplog.at_level(logging.INFO, logger="mlx_nursery.engine"):
+        warm_up(model, plan, cache_factory(None), kv_quantized=False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("warm-up 1/3: the fast path") for m in messages)
+    assert not any(m.startswith("warm-up 2/3") for m in messages)
+    assert any("2 of 3 phases skipped" in m for m in messages)
