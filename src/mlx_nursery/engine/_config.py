@@ -69,6 +69,10 @@ class EngineConfig:
     every request; off, MLX's composed attention builds nothing per shape
     (docs/architecture.md, "Shape compiles"). No effect on other backends. MLX reads the
     switch once per process: the first engine's choice holds."""
+    fuse_weights: bool = True
+    """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
+    with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,
+    the same outputs. Architectures not covered load as they are."""
     warmup: bool = True
     """Before reporting ready, run a short prefill, decode and batch on a dummy prompt, so
     that no request waits for MLX to build kernels on first use (engine/_warmup.py)."""
