@@ -113,7 +113,9 @@ def test_fused_model_computes_the_same_logits(model_type: str, quantized: bool) 
         assert "bias" in attention.qkv_proj
     if quantized:
         assert isinstance(attention.qkv_proj, nn.QuantizedLinear)
-    for expected, got in zip(logits_through_a_cache(model), logits_through_a_cache(fused)):
+    for expected, got in zip(
+        logits_through_a_cache(model), logits_through_a_cache(fused), strict=True
+    ):
         assert mx.allclose(expected, got, rtol=1e-5, atol=1e-5).item()
 
 
@@ -122,7 +124,7 @@ def test_fused_model_with_quantized_kv_cache_computes_the_same_logits() -> None:
     fused = twin(model)
     fuse_projections(fused)
     expected, got = logits_through_a_cache(model, True), logits_through_a_cache(fused, True)
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-5).item()
 
 
@@ -169,7 +171,7 @@ def test_loading_fuses_unless_told_not_to_and_keeps_the_logits(tiny_model: Path)
     assert isinstance(fused.layers[0].mlp.up_proj, FusedPart)
     assert isinstance(plain.layers[0].mlp.up_proj, nn.Linear)
     assert nbytes(fused) == nbytes(plain)
-    for a, b in zip(logits_through_a_cache(plain), logits_through_a_cache(fused)):
+    for a, b in zip(logits_through_a_cache(plain), logits_through_a_cache(fused), strict=True):
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-5).item()
 
 
