@@ -11,10 +11,10 @@ step N's tokens are read). Per step, medians over the steps after the first two:
   - host: build + launch, what the host spends to keep the device fed;
   - wall: one step of the pipelined loop; tok/s is the batch over the mean wall time.
 `first_ms` is the first step's wall time (a compiled block's trace and compile, kernels
-built on first use). `same_tokens` says whether each row's greedy tokens equal the same
-process layout's unfused run with the same cuDNN setting (random bf16 weights tie often:
-compare `max_dlogprob`, the largest difference of the chosen tokens' log-probabilities
-along the baseline's tokens, teacher-forced, for the numerics).
+built on first use). The other variants are fed the unfused run's tokens (same cuDNN
+setting): `same_tokens` says whether their greedy choice agreed at every step, and
+`max_dlogprob` is the largest difference of the log-probability given to the unfused run's
+token (random bf16 weights tie often: compare the log-probabilities for the numerics).
 
 Usage:
   python -P bench/decode_step.py --preset small --batches 1 8 --steps 64          # CPU
