@@ -190,6 +190,28 @@ async def test_the_engine_sets_mlx_cuda_attention_switch_before_loading(
         assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == ("1" if cudnn else "0")
 
 
+async def test_fused_weights_change_no_greedy_token(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An engine on fused projections (the default) answers greedy requests, a lone one
+    (the fast path) and several at once (the batch), with the tokens of one that keeps the
+    checkpoint's projections apart (`fuse_weights=False`), which fuses nothing."""
+    runs: dict[bool, list[list[int]]] = {}
+    for fuse in (True, False):
+        caplog.clear()
+        config = EngineConfig(tiny_model, fuse_weights=fuse, warmup=False)
+        with caplog.at_level(logging.INFO, logger="mlx_nursery.models"):
+            async with open_engine(config) as engine:
+                requests = [request(engine, p, max_tokens=12, ignore_eos=True) for p in PROMPTS]
+                solo = await collect(engine, requests[0])
+                together = await collect_all(engine, requests)
+        runs[fuse] = [solo.tokens, *(run.tokens for run in together)]
+        fused_logs = [r for r in caplog.records if "fused projections" in r.message]
+        assert len(fused_logs) == (1 if fuse else 0)
+    assert runs[True] == runs[False]
+    assert len({tuple(tokens) for tokens in runs[True]}) > 2
+
+
 async def test_the_startup_warm_up_runs_and_changes_no_answer(
     tiny_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -63,12 +63,19 @@ class EngineConfig:
     max_consecutive_step_failures: int = attrs.field(default=3, validator=v.ge(1))
     """Batch steps failing in a row before the engine declares itself dead."""
     cudnn_attention: bool = False
-    """On CUDA, run prefill attention through cuDNN's fused kernel. It is faster on long
-    contexts once a shape has been seen, but builds a graph for every new (query length,
-    key length), tens of milliseconds each, and real traffic brings new lengths with nearly
-    every request; off, MLX's composed attention builds nothing per shape
-    (docs/architecture.md, "Shape compiles"). No effect on other backends. MLX reads the
-    switch once per process: the first engine's choice holds."""
+    """On CUDA, run attention through cuDNN's fused kernel (MLX's `MLX_CUDA_USE_CUDNN_SDPA`,
+    set from this before loading; it covers prefill, and decode over a KV cache past 256
+    tokens). It is faster on long prefills once a shape has been seen, but builds a graph
+    for every new (query length, key length), tens of milliseconds each, and real traffic
+    brings new lengths with nearly every request; its decode steps take longer to launch.
+    Off, prefill runs MLX's composed attention, which builds nothing per shape
+    (docs/architecture.md, "Shape compiles"), and decode MLX's vector kernel. No effect on
+    other backends. MLX reads the switch once per process, at its first attention on the
+    GPU: the first engine's choice holds."""
+    fuse_weights: bool = True
+    """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
+    with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,
+    the same outputs. Architectures not covered load as they are."""
     warmup: bool = True
     """Before reporting ready, run what serving runs (the fast path, batches up to
     `max_concurrency`, the sampling variants) on dummy prompts, so that no request waits for

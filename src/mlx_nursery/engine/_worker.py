@@ -128,7 +128,7 @@ class Worker:
             # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
             os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
             keep_compiled_kernels()
-            model = load_model(self._config.model)
+            model = load_model(self._config.model, fuse_weights=self._config.fuse_weights)
             # The scripted model has no weights: no KV to measure, no kernels to warm, no
             # prefix to cache (engine/_scripted.py).
             scripted = model.kind == "scripted"

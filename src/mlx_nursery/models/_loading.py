@@ -9,6 +9,7 @@ beside both.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from mlx.nn.layers.base import Module
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+log = logging.getLogger("mlx_nursery.models")
 
 ModelKind = Literal["lm", "vlm", "scripted", "stt", "embedding"]
 """A text model (mlx-lm), a vision-language model (mlx-vlm with mlx-lm's text model), the
@@ -249,7 +252,29 @@ _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
 }
 
 
-def load_model(spec: str | Path) -> LoadedModel:
-    """Resolve and load a model. Makes MLX calls: call it on the engine thread."""
+def load_model(spec: str | Path, *, fuse_weights: bool = True) -> LoadedModel:
+    """Resolve and load a model. `fuse_weights`: a text model's (or a VLM's language
+    model's) q/k/v and gate/up projections run as one matmul each (`_fusing`), where its
+    architecture is covered. Makes MLX calls: call it on the engine thread."""
     path = resolve_model_path(spec)
-    return _LOADERS[model_kind(path)](path)
+    loaded = _LOADERS[model_kind(path)](path)
+    if fuse_weights and loaded.model is not None and loaded.kind in ("lm", "vlm"):
+        _fuse(loaded.model, loaded.vision)
+    return loaded
+
+
+def _fuse(model: Module, vision: Vision | None) -> None:
+    from ._fusing import fuse_projections
+
+    if vision is not None:
+        # mlx-vlm's language model (image prefills) holds the same arrays: fused alike.
+        language = model.language_model
+        fusion = fuse_projections(language, shared_with=vision.model.language_model)
+    else:
+        fusion = fuse_projections(model)
+    if fusion.fused:
+        log.info(
+            "fused projections: q/k/v in %d attention blocks, gate/up in %d MLP blocks",
+            fusion.attention,
+            fusion.mlp,
+        )

@@ -88,6 +88,7 @@ class ModelOpener:
             cudnn_attention=self.settings.cudnn_attention,
             kv_bits=self.settings.kv_bits,
             kv_group_size=self.settings.kv_group_size,
+            fuse_weights=not self.settings.no_fuse_weights,
             warmup=not self.settings.skip_warmup,
             warmup_budget_s=self.settings.warmup_budget,
         )

@@ -98,6 +98,13 @@ class Settings(ServerSettings):
             "prompt length builds a graph first (tens of ms)"
         ),
     )
+    no_fuse_weights: bool = attrs.field(
+        default=False,
+        metadata=described(
+            "load a text model's q/k/v and gate/up projections as separate matmuls, as "
+            "the checkpoint has them (fused by default: fewer kernel launches per step)"
+        ),
+    )
     skip_warmup: bool = attrs.field(
         default=False,
         metadata=described(
