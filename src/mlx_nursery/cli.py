@@ -66,6 +66,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         settings = serve_settings(args)
+        if settings.distributed is not None:
+            from .distributed import distributed_settings
+
+            settings = distributed_settings(settings)
         sources = model_sources(settings)
         parse_fault(settings.fault)
         default_script(settings)  # a bad --script file stops the start, as a bad flag does
@@ -85,6 +89,16 @@ def _serve(args: argparse.Namespace) -> int:
     except (ModelNotFoundError, DefaultModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if settings.distributed is not None:  # under mlx.launch: rank 0 serves, the others follow
+        from .distributed import start_rank
+
+        try:
+            status = start_rank(settings)
+        except SettingsError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if status is not None:
+            return status
     return trio.run(serve, settings)
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 from attrs import validators as v
 
 from ._kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
+
+if TYPE_CHECKING:
+    from ._distribution import Distribution
 
 
 @attrs.frozen
@@ -82,6 +86,9 @@ class EngineConfig:
     MLX to build kernels on first use (engine/_warmup.py)."""
     warmup_budget_s: float = attrs.field(default=60.0, validator=v.ge(0))
     """Seconds the warm-up may take; phases left when they have passed are skipped."""
+    distribution: Distribution | None = attrs.field(default=None, eq=False)
+    """Serving one model across devices, as rank 0 of an `mlx.launch` group
+    (engine/_distribution.py, distributed/); None: this device alone."""
     check_invariants: bool = attrs.field(
         factory=lambda: os.environ.get("MLX_NURSERY_CHECK_INVARIANTS") == "1"
     )

@@ -113,7 +113,21 @@ class Engine:
     # -- public surface ----------------------------------------------------------------------
     @property
     def healthy(self) -> bool:
-        return self._device.healthy
+        return self._device.healthy and self.problem is None
+
+    @property
+    def problem(self) -> str | None:
+        """Why a model served across devices cannot serve (its group failed), if it cannot."""
+        distribution = self.config.distribution
+        return None if distribution is None else distribution.failure
+
+    def fail_all(self, detail: str) -> None:
+        """End every request now with an error (`detail`), from outside the engine thread,
+        which cannot: served across devices, it waits on a rank that stalled (the group's
+        watchdog calls this, then exits the process). Lanes are returned at once."""
+        for handle in list(self._handles.values()):
+            self._push(handle, StepEvent(None, None, "error", None, detail))
+            self._confirm(handle)
 
     @property
     def model(self) -> ModelInfo:

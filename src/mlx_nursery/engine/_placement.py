@@ -145,11 +145,14 @@ class Placement:
         if self._scripted:
             config = self._model.config
             return ScriptedStepper(int(config["vocab_size"]), int(config["eos_token_id"][0]))
+        make_cache = self.make_cache if self._config.kv_bits is not None else None
+        if self._config.distribution is not None:
+            return self._config.distribution.batch_stepper(self.shapes, self._config, make_cache)
         return BatchStepper(
             self.shapes,
             max_concurrency=self._config.max_concurrency,
             prefill_batch_size=self._config.prefill_batch_size,
             prefill_step_size=self._config.prefill_step_size,
             chunk_sizer=self.chunks,
-            make_cache=self.make_cache if self._config.kv_bits is not None else None,
+            make_cache=make_cache,
         )

@@ -15,6 +15,7 @@ one: `SoloStepper.handover` gives the `Start` at which the batch continues it id
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import attrs
@@ -29,6 +30,11 @@ from ._upstream import StopSequences, sampler_rows
 
 KVState = tuple[list[Any] | None, list[int] | None]
 """A removed sequence's KV cache and the tokens it holds (None, None: not kept)."""
+
+Draw = Callable[[Sequence[Sampler], mx.array], mx.array]
+"""How a batched step's tokens are drawn from its rows' samplers and logprobs: by
+`sample_batch`, or, served across devices, by rank 0's draw shared with every rank
+(distributed/), so that all ranks feed the same tokens."""
 
 
 @attrs.frozen
@@ -81,14 +87,15 @@ class _RowSamplers:
     the rows (`_upstream.sampler_rows`). A caller without them is a bug to surface, not to
     guess around; tests/engine/test_upstream_contract.py would catch a change upstream."""
 
-    def __init__(self) -> None:
+    def __init__(self, draw: Draw = sample_batch) -> None:
         self.by_uid: dict[int, Sampler] = {}
+        self._draw = draw
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         uids = sampler_rows()  # called here, in the sampler's own frame
         if uids is None or len(uids) != logprobs.shape[0]:
             raise RuntimeError("cannot tell which sequences a batched draw is for")
-        return sample_batch([self.by_uid[uid] for uid in uids], logprobs)
+        return self._draw([self.by_uid[uid] for uid in uids], logprobs)
 
 
 class BatchStepper:
@@ -105,6 +112,7 @@ class BatchStepper:
         prefill_step_size: int,
         chunk_sizer: ChunkSizer | None = None,
         make_cache: CacheFactory | None = None,
+        draw: Draw = sample_batch,
     ) -> None:
         self._model = model
         self._make_cache = make_cache
@@ -116,10 +124,26 @@ class BatchStepper:
             prefill_step_size=prefill_step_size,
             chunk_sizer=chunk_sizer,
         )
-        self._samplers = _RowSamplers()
+        self._samplers = _RowSamplers(draw)
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
+        return self.insert_row(
+            start,
+            sampler=sequence.sampler,
+            processors=sequence.processors,
+            stop_ids=sequence.stop_ids,
+        )
+
+    def insert_row(
+        self,
+        start: Start,
+        *,
+        sampler: Sampler,
+        processors: list[Any],
+        stop_ids: frozenset[int],
+    ) -> int:
+        """`insert` by a sequence's parts (a follower rank has no `LiveSequence`)."""
         cache = start.cache
         if cache is None and self._make_cache is not None:
             cache = self._make_cache(self._model)
@@ -129,10 +153,10 @@ class BatchStepper:
             caches=[cache] if cache is not None else None,
             all_tokens=[start.cache_tokens],
             samplers=[self._samplers],
-            logits_processors=[sequence.processors],
-            stop_sequences=[StopSequences([[t] for t in sorted(sequence.stop_ids)])],
+            logits_processors=[processors],
+            stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
         )
-        self._samplers.by_uid[int(uid)] = sequence.sampler
+        self._samplers.by_uid[int(uid)] = sampler
         return int(uid)
 
     def step(self) -> list[Response]:

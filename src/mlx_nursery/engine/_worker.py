@@ -128,7 +128,12 @@ class Worker:
             # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
             os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
             keep_compiled_kernels()
-            model = load_model(self._config.model, fuse_weights=self._config.fuse_weights)
+            distribution = self._config.distribution
+            model = (
+                load_model(self._config.model, fuse_weights=self._config.fuse_weights)
+                if distribution is None
+                else distribution.load(self._config)
+            )
             # The scripted model has no weights: no KV to measure, no kernels to warm, no
             # prefix to cache (engine/_scripted.py).
             scripted = model.kind == "scripted"
@@ -186,7 +191,7 @@ class Worker:
         finally:
             self._finish_all("error" if reason else "cancelled", reason)
             self._outbox.post(closing="failed" if reason else "closed")
-            self._release_memory()
+            self._release_memory(failed=reason is not None)
             self._on_exit(reason)
 
     def _warmup_plan(self) -> WarmupPlan:
@@ -214,6 +219,8 @@ class Worker:
                 mx.get_active_memory(),
                 self._config.prompt_cache_bytes,
             )
+        if self._config.distribution is not None:  # every rank must hold the batch's KV
+            kv_bytes = self._config.distribution.agree_kv_bytes(kv_bytes)
         if kv_bytes is None or per_token == 0:
             return KVBudget(None), per_token
         if kv_bytes // per_token < MIN_KV_TOKENS:
@@ -229,7 +236,10 @@ class Worker:
     def _loop(self, runner: Runner) -> None:
         ledger = self._ledger
         next_expiry_check = time.monotonic()
+        distribution = self._config.distribution
         while True:
+            if distribution is not None:
+                distribution.tick()
             runner.release_idle_responses()
             if self._apply(runner, self._take_commands(block=ledger.idle())):
                 return
@@ -322,12 +332,14 @@ class Worker:
             held_for_memory=counters.held_for_memory,
         )
 
-    def _release_memory(self) -> None:
+    def _release_memory(self, *, failed: bool) -> None:
         if self._cache is not None:
             self._cache.clear()
         if self._runner is not None:
             self._runner.close()  # synchronize() below lands their steps in flight
             self._runner = None
+        if self._config.distribution is not None:
+            self._config.distribution.close(failed=failed)
         # The batch pipelines one step ahead: that work lands on this thread's stream
         # before the thread (and its stream) goes away.
         release_streams()

@@ -75,13 +75,19 @@ class ModelOpener:
             return await self._open_embedder(source, path, reservation, nursery)
         if facts.kind == "stt":
             return await self._open_speech_model(source, path, reservation, nursery)
+        distribution = None
+        if self.settings.distributed is not None:  # rank 0 of an mlx.launch group
+            from ..distributed import leader
+
+            distribution = leader(self.settings.distributed, self.settings.distributed_timeout)
         config = EngineConfig(
             path,
             max_concurrency=self.settings.max_concurrency,
             max_queue=self.settings.max_queue,
             max_queue_per_tenant=self.settings.max_queue_per_key,
             prompt_cache_bytes=reservation.prefix_cache,
-            kv_cache_bytes=reservation.kv,
+            # Across devices each rank's own memory holds its own share: the ranks agree it.
+            kv_cache_bytes=reservation.kv if distribution is None else self.settings.kv_cache_bytes,
             prefill_batch_size=self.settings.prefill_batch_size,
             prefill_step_size=self.settings.prefill_step_size,
             prefill_chunk_ms=self.settings.prefill_chunk_ms,
@@ -91,8 +97,14 @@ class ModelOpener:
             fuse_weights=not self.settings.no_fuse_weights,
             warmup=not self.settings.skip_warmup,
             warmup_budget_s=self.settings.warmup_budget,
+            single_sequence_fast_path=distribution is None,
+            distribution=distribution,
         )
         engine: Engine = await nursery.start(Engine(config).run)
+        if distribution is not None:
+            from ..distributed import report_to
+
+            report_to(engine, distribution)
         token_ids, max_token_bytes = await trio.to_thread.run_sync(
             _vocabulary, engine.model.tokenizer
         )

@@ -30,7 +30,7 @@ from typing import Literal
 
 import trio
 
-from ..engine import SpeechEngine
+from ..engine import Engine, SpeechEngine
 from ..generation import (
     Conflict,
     OpenAIError,
@@ -130,7 +130,7 @@ class ModelRegistry:
             hosted = slot.hosted
             ready = slot.state == "ready" and hosted is not None and slot.problem is None
             if ready and hosted is not None and not hosted.engine.healthy:
-                detail = "the engine is not running"
+                detail = _problem(hosted) or "the engine is not running"
                 found.append(Problem(slot.source.name, "engine", time.time(), detail))
         return found
 
@@ -290,7 +290,9 @@ class ModelRegistry:
                 task_status.started(hosted)
                 await _first_set(slot.release, hosted.engine.ended)
                 if not slot.release.is_set():
-                    died = "the engine thread stopped; the server's log says why"
+                    died = _problem(hosted) or (
+                        "the engine thread stopped; the server's log says why"
+                    )
                 hosted.engine.close()
         except Exception:  # its jobs contain their own failures: this is the hosting's own
             if not slot.release.is_set():
@@ -377,6 +379,11 @@ async def _first_set(*events: trio.Event) -> None:
 
         for event in events:
             nursery.start_soon(wait, event)
+
+
+def _problem(hosted: AnyHosted) -> str | None:
+    """What a text engine says keeps it from serving (its distributed group failed)."""
+    return hosted.engine.problem if isinstance(hosted.engine, Engine) else None
 
 
 def _resolve(source: ModelSource) -> Path:

@@ -206,6 +206,25 @@ class ServerSettings:
             " (--on-engine-failure restart)"
         ),
     )
+    distributed: str | None = attrs.field(
+        default=None,
+        validator=v.optional(v.in_(("tensor", "pipeline"))),
+        metadata=described(
+            "serve one model across the ranks of an `mlx.launch` group: tensor or pipeline"
+            " parallel; rank 0 serves HTTP, the other ranks follow its steps"
+            " (docs/deployment.md)",
+            none="this device alone",
+        ),
+    )
+    distributed_timeout: float = attrs.field(
+        default=10.0,
+        validator=v.gt(0),
+        metadata=described(
+            "seconds a rank waits on the others (a broadcast, a step) before the group counts"
+            " as failed: /health turns 503 and every rank exits non-zero",
+            unit="seconds",
+        ),
+    )
     log_level: str = attrs.field(
         default="info",
         validator=v.in_(LOG_LEVELS),

@@ -1,0 +1,295 @@
+"""Serving one model across two ranks (`--distributed`), on the CPU over MLX's ring backend
+on the loopback: the real server on rank 0, a real follower on rank 1.
+
+One group, under `mlx.launch` itself, serves the token and cancellation cases and is then
+drained by SIGTERM; the failure cases start groups of their own, rank by rank with the
+environment `mlx.launch --backend ring` gives each (so that the test holds each rank's
+process: its pid to kill, its exit status).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from mlx_nursery.cli import build_parser, serve_settings
+from mlx_nursery.distributed import distributed_settings, start_rank
+from mlx_nursery.engine import EngineConfig, GenerationRequest, SamplingParams, open_engine
+from mlx_nursery.settings import SettingsError
+from mlx_nursery.tools import make_model
+from tests.helpers import collect
+
+PROMPTS = [[5, 17, 42, 99], [7, 8], [300, 301, 302, 303, 304, 305], [1000, 3]]
+MAX_TOKENS = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve_command(model: Path, port: int, *flags: str) -> list[str]:
+    return [
+        sys.executable, "-m", "mlx_nursery", "serve", "--model", str(model),
+        "--port", str(port), "--max-concurrency", "4", *flags,
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+@attrs.frozen
+class Launched:
+    """A group under `mlx.launch --verbose`: its output (every rank's) goes to `log`."""
+
+    launcher: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def rank_pid(self, rank: int) -> int:
+        """The pid of `rank`'s process (a child of the launcher, which execs each rank)."""
+        tasks = Path(f"/proc/{self.launcher.pid}/task")  # its threads start the ranks
+        for pid in (p for t in tasks.iterdir() for p in (t / "children").read_text().split()):
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"MLX_RANK={rank}".encode() in environ:
+                return int(pid)
+        raise AssertionError(f"no process of rank {rank}")
+
+
+async def _until_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        with trio.fail_after(90):
+            while process.poll() is None:
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.1)
+    raise AssertionError("the group ended before it served")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model: Path) -> list[str]:
+    """Each prompt's greedy text from one process, on the whole model (no group)."""
+
+    async def texts() -> list[str]:
+        async with open_engine(EngineConfig(tiny_model, warmup=False)) as engine:
+            runs = [
+                await collect(
+                    engine,
+                    GenerationRequest(
+                        prompt, max_tokens=MAX_TOKENS, sampling=SamplingParams(temperature=0.0)
+                    ),
+                )
+                for prompt in PROMPTS
+            ]
+        return [run.text for run in runs]
+
+    return trio.run(texts)
+
+
+@pytest.fixture(scope="module")
+def group(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("group") / "launch.log"
+    with log.open("wb") as out:
+        launch = [str(Path(sys.executable).parent / "mlx.launch"), "-n", "2", "--verbose"]
+        launcher = subprocess.Popen(
+            [
+                *launch,
+                "--backend",
+                "ring",
+                "--starting-port",
+                str(_free_port()),
+                "--",
+                *_serve_command(
+                    tiny_model, port, "--distributed", "tensor", "--shutdown-grace", "60"
+                ),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+        )
+    launched = Launched(launcher, port, log)
+    try:
+        trio.run(_until_healthy, port, launcher)
+        yield launched
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+async def _complete(client: httpx.AsyncClient, prompt: list[int], **fields: Any) -> str:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+    response = await client.post("/v1/completions", json={**body, **fields})
+    assert response.status_code == 200, response.text
+    return str(response.json()["choices"][0]["text"])
+
+
+async def test_tensor_parallel_gives_one_process_greedy_tokens(
+    group: Launched, reference: list[str]
+) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
+        texts = [await _complete(client, prompt) for prompt in PROMPTS]
+    assert texts == reference
+
+
+async def test_concurrent_requests_keep_their_solo_tokens(
+    group: Launched, reference: list[str]
+) -> None:
+    texts: dict[int, str] = {}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
+
+        async def one(i: int) -> None:
+            texts[i] = await _complete(client, PROMPTS[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(PROMPTS)):
+                nursery.start_soon(one, i)
+    assert [texts[i] for i in range(len(PROMPTS))] == reference
+
+
+async def test_a_dropped_stream_stops_on_both_ranks_and_sigterm_drains_the_group(
+    group: Launched, reference: list[str]
+) -> None:
+    long = 4000
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
+        body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": long, "temperature": 0}
+        async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            chunks = 0
+            async for line in r.aiter_lines():
+                chunks += line.startswith("data: ")
+                if chunks == 3:
+                    break  # the client goes away mid-stream
+        # A request in flight when SIGTERM comes is drained: it finishes whole.
+        drained: list[str] = []
+
+        async def in_flight(task_status: trio.TaskStatus[None]) -> None:
+            async with client.stream(
+                "POST", "/v1/completions", json={**body, "max_tokens": 40, "stream": True}
+            ) as r:
+                task_status.started()
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        event = json.loads(line[6:])
+                        assert "choices" in event, event
+                        drained.append(event["choices"][0]["finish_reason"])
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(in_flight)
+            os.kill(group.rank_pid(0), signal.SIGTERM)
+    status = await trio.to_thread.run_sync(group.launcher.wait, 60)
+    output = group.output()
+    assert status == 0
+    assert "Node with rank 0 completed" in output
+    assert "Node with rank 1 completed" in output
+    assert drained[-1] == "length"
+    match = re.search(r"mlx-nursery follower 1: (\{.*\})", output)
+    assert match is not None, output
+    counters = json.loads(match.group(1))
+    assert counters["active"] == 0
+    # The dropped stream: removed on the follower long before its max_tokens; the drained
+    # one ran to its end there too.
+    (stopped,) = counters["removed"].values()
+    assert 3 <= stopped < long
+    assert counters["finished"] >= 1 + 2 * len(PROMPTS)
+
+
+def _ranks(models: list[Path], port: int, logs: Path, *flags: str) -> list[subprocess.Popen[bytes]]:
+    """A group started rank by rank, each with the environment `mlx.launch --backend ring`
+    gives it (MLX_HOSTFILE, MLX_RANK), rank r serving `models[r]`."""
+    hostfile = logs / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{_free_port()}"] for _ in models]))
+    processes = []
+    for rank, model in enumerate(models):
+        with (logs / f"rank{rank}.log").open("wb") as out:
+            processes.append(
+                subprocess.Popen(
+                    _serve_command(model, port, "--distributed", "tensor", *flags),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**_env(), "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(rank)},
+                )
+            )
+    return processes
+
+
+async def test_a_killed_follower_fails_the_group_fast_not_a_hang(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    port = _free_port()
+    rank0, rank1 = _ranks([tiny_model] * 2, port, tmp_path, "--distributed-timeout", "3")
+    try:
+        await _until_healthy(port, rank0)
+        rank1.kill()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            with trio.fail_after(30):  # the bound: the timeout, and the process's exit
+                while True:
+                    health = await client.get("/health")
+                    if health.status_code == 503:
+                        break
+        (problem,) = health.json()["problems"]
+        assert "rank 1" in problem["detail"]
+        status = await trio.to_thread.run_sync(rank0.wait, 30)
+        assert status != 0
+    finally:
+        for process in (rank0, rank1):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+async def test_a_mismatched_model_is_refused_on_every_rank(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    other = make_model(tmp_path / "other", "tiny", seed=1)  # same shapes, other weights
+    processes = _ranks([tiny_model, other], _free_port(), tmp_path)
+    try:
+        statuses = [await trio.to_thread.run_sync(p.wait, 90) for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    assert all(status != 0 for status in statuses)
+    for rank in (0, 1):
+        assert "differ from rank 0's" in (tmp_path / f"rank{rank}.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("mode", "refusal"),
+    [
+        ("pipeline", r"has no pipeline parallelism; --distributed pipeline serves: .*qwen2"),
+        ("tensor", r"runs under `mlx.launch` with two ranks or more"),
+    ],
+)
+def test_what_cannot_be_split_is_refused_at_startup(
+    tiny_model: Path, mode: str, refusal: str
+) -> None:
+    """The tiny preset (qwen3) has tensor parallelism in mlx-lm, not pipeline; one process
+    alone is no group. (`serve` prints the refusal and exits 2: cli.py.)"""
+    settings = distributed_settings(
+        serve_settings(build_parser().parse_args(["serve", "--model", str(tiny_model),
+                                                  "--distributed", mode]), environ={})
+    )  # fmt: skip
+    with pytest.raises(SettingsError, match=refusal):
+        start_rank(settings)
