@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 import trio
-from mlx_nursery.generation._scripts import script_for
 
 from mlx_nursery.engine import EngineConfig, GenerationRequest, Script, open_engine
 from mlx_nursery.engine._messages import Submit
 from mlx_nursery.engine._scripted import SLICE_SECONDS, ScriptedStepper
 from mlx_nursery.engine._sequence import build_sequence
 from mlx_nursery.engine._stepper import Start
-from mlx_nursery.generation import parse_script
+from mlx_nursery.testing._scripts import parse_script, script_for
 
 EOS = 2
 
