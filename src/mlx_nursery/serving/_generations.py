@@ -138,10 +138,11 @@ class Generations:
         body: Any = None
         request: Any = None
         taken: dict[str, Any] = {}
+        values: dict[str, object] | None = None
         if not recipe.lazy or (
             models.only is None or (recipe.names_images and self._fetches_images and b"http" in raw)
         ):
-            body, request, taken = await self._preparation.prepare(
+            body, request, taken, values = await self._preparation.prepare(
                 lambda: self._parse(recipe, raw, extensions), deadline
             )
             await recipe.resolve(request)
@@ -155,11 +156,12 @@ class Generations:
                         given = parse_json(raw)
                         parsed, fields = extensions.take(given)
                         trio.from_thread.check_cancelled()
-                    values = extensions.parse(fields)
+                    # parsed where the recipe's request is: a lazy one's, as it prepares
+                    found = values if values is not None else extensions.parse(fields)
                     prepared = recipe.prepare(parsed, served)
                     if not to_run or not hosted.plans:
                         return prepared
-                    plan = planned(recipe.plan(prepared), hosted.plans, values, given)
+                    plan = planned(recipe.plan(prepared), hosted.plans, found, given)
                     return recipe.with_plan(prepared, plan)
 
                 prepared = await self._preparation.prepare(work, deadline)
@@ -168,7 +170,10 @@ class Generations:
     @staticmethod
     def _parse(
         recipe: Recipe[R], raw: bytes, extensions: Extensions
-    ) -> tuple[Any, Any, dict[str, Any]]:
+    ) -> tuple[Any, Any, dict[str, Any], dict[str, object] | None]:
+        """The body, the recipe's request from it, the extensions' fields as sent, and
+        parsed after the request (None: a lazy recipe's, parsed as it prepares)."""
         body = parse_json(raw)
         rest, taken = extensions.take(body)
-        return body, recipe.parse(rest), taken
+        request = recipe.parse(rest)
+        return body, request, taken, None if recipe.lazy else extensions.parse(taken)
