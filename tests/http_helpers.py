@@ -28,6 +28,8 @@ from mlx_nursery.engine import Engine
 from mlx_nursery.server import Running, serve
 from mlx_nursery.serving._slots import Hosted
 from mlx_nursery.settings import Settings
+from mlx_nursery.testing import extra_processors as testing_processors
+from mlx_nursery.testing import harness
 
 SPEC = Path(__file__).parent / "reference" / "openai-openapi.yaml"
 SPEC_URI = "urn:openai-openapi"
@@ -68,15 +70,26 @@ def validate_error(body: Any) -> None:
 
 @asynccontextmanager
 async def running_server(
-    model_dir: Path | None, /, *, extra_processors: Any = None, **settings: Any
+    model_dir: Path | None,
+    /,
+    *,
+    extra_processors: Any = None,
+    harnessed: bool = True,
+    **settings: Any,
 ) -> AsyncIterator[Running]:
     """Serve `model` until the block ends, then shut down as SIGTERM would and join everything.
 
-    `model_dir` None serves the built-in default model, or the models `settings` name."""
+    `model_dir` None serves the built-in default model, or the models `settings` name. The
+    server runs with the testing package's harness, as `mlx-nursery serve` does (unless
+    not `harnessed`), and with `extra_processors` (`mlx_nursery.testing.extra_processors`)
+    when given."""
     defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:", "port": 0}
     if model_dir is not None:
         defaults.update(model=str(model_dir), served_model_name="tiny")
     config = Settings(**{**defaults, **settings})
+    extensions = [harness(config)] if harnessed else []
+    if extra_processors is not None:
+        extensions.append(testing_processors(extra_processors))
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
         running: Running = await nursery.start(
@@ -84,7 +97,7 @@ async def running_server(
                 config,
                 shutdown=shutdown,
                 handle_signals=False,
-                extra_processors=extra_processors,
+                extensions=extensions,
                 task_status=task_status,
             )
         )

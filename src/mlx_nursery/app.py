@@ -6,6 +6,7 @@ import contextlib
 import logging
 import re
 import secrets
+from collections.abc import Sequence
 
 from quart import Response, g, request
 from quart_trio import QuartTrio
@@ -15,7 +16,6 @@ from .fault_points import request_label
 from .generation import AudioLimits, MediaFetches, OpenAIError
 from .http import (
     AccessPolicy,
-    ConnectionDrops,
     LifetimeHTTPConnection,
     RequestLimits,
     ShieldFinalBody,
@@ -30,21 +30,19 @@ from .http import (
     tenant_of,
 )
 from .serving import (
-    FaultInjector,
+    Extension,
+    Extensions,
     Generations,
     Metrics,
     ModelOpener,
     Parts,
     Preparation,
-    RequestProcessors,
     Service,
     WritePolicy,
-    default_script,
     image_limits,
     internal_error,
     log_failure,
     model_sources,
-    parse_fault,
 )
 from .settings import Settings
 from .store import responses_store_at
@@ -59,16 +57,17 @@ so a short token that no log reader can take for more than an id (no spaces, no 
 
 def asgi_app(app: QuartTrio) -> RequestLimits:
     """`app` as Hypercorn serves it: the URL and header limits first (http/_limits.py), then
-    the keep-alive fix (http/_keepalive.py), then the scripted connection drops
-    (http/_drop.py)."""
-    return RequestLimits(ShieldFinalBody(ConnectionDrops(app)))
+    the keep-alive fix and the body writes' fault point (http/_keepalive.py), then the
+    extensions' wrappers (serving/_extensions.py)."""
+    parts: Parts = app.extensions["mlx_nursery"]
+    return RequestLimits(ShieldFinalBody(parts.extensions.wrap(app)))
 
 
 def create_app(
-    settings: Settings | None = None, *, extra_processors: RequestProcessors | None = None
+    settings: Settings | None = None, *, extensions: Sequence[Extension] = ()
 ) -> QuartTrio:
-    """The app. `extra_processors` adds logits processors per request (tests force token
-    scripts with it); it is not reachable over HTTP."""
+    """The app. `extensions`: what a test harness adds (serving/_extensions.py; the entry
+    points hand it `mlx_nursery.testing.harness`); none is reachable otherwise."""
     settings = settings or Settings.from_env()
     app = QuartTrio("mlx_nursery")
     app.asgi_http_class = LifetimeHTTPConnection  # a request's jobs end with it (_lifetime.py)
@@ -82,7 +81,7 @@ def create_app(
     app.config["RESPONSE_TIMEOUT"] = None  # non-streaming responses: bounded by the request timeout
     app.config["PACED_BODY_TIMEOUT"] = settings.body_timeout
     app.config["PACED_BODY_MIN_RATE"] = settings.body_min_rate
-    parts = serving_parts(settings, extra_processors)
+    parts = serving_parts(settings, Extensions(tuple(extensions)))
     access = AccessPolicy(settings)
     """API keys and CORS origins in force (reloaded on SIGHUP: server.py)."""
     app.extensions["mlx_nursery"] = parts  # what the routes serve with (http/_generate.py)
@@ -198,24 +197,18 @@ def create_app(
     return app
 
 
-def serving_parts(settings: Settings, extra_processors: RequestProcessors | None) -> Parts:
+def serving_parts(settings: Settings, extensions: Extensions) -> Parts:
     """The composition root: each part of the serving core built once, and handed what it
     needs."""
     metrics = Metrics()
     store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
     images = image_limits(settings)
-    opener = ModelOpener(settings, metrics, images, default_script(settings))
+    opener = ModelOpener(settings, metrics, images, extensions)
     service = Service(settings, model_sources(settings), opener, metrics, store)
     fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
     preparation = Preparation(settings.request_timeout, fetches)
-    faults = FaultInjector(settings.fault_rate, parse_fault(settings.fault), settings.fault_seed)
     generations = Generations(
-        service,
-        preparation,
-        faults,
-        metrics,
-        fetches_images=bool(images.hosts),
-        extra_processors=extra_processors,
+        service, preparation, extensions, metrics, fetches_images=bool(images.hosts)
     )
     return Parts(
         service=service,
@@ -228,6 +221,7 @@ def serving_parts(settings: Settings, extra_processors: RequestProcessors | None
             max_bytes=settings.max_audio_bytes, max_seconds=settings.max_audio_seconds
         ),
         max_input_items=settings.max_messages,
+        extensions=extensions,
     )
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 from .app import asgi_app, create_app
 from .logs import configure_logging
 from .settings import Settings
+from .testing import harness
 
 _settings = Settings.from_env()
 configure_logging(_settings.log_level, _settings.log_format, name="mlx_nursery")
-app = asgi_app(create_app(_settings))
+app = asgi_app(create_app(_settings, extensions=(harness(_settings),)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -61,8 +62,9 @@ def _serve(args: argparse.Namespace) -> int:
     from .models import ModelNotFoundError, resolve_model_path
     from .models.default import DefaultModelError, ensure_default_model
     from .server import serve
-    from .serving import default_script, model_sources, parse_fault
+    from .serving import model_sources
     from .settings import SettingsError
+    from .testing import harness
 
     try:
         settings = serve_settings(args)
@@ -71,8 +73,9 @@ def _serve(args: argparse.Namespace) -> int:
 
             settings = distributed_settings(settings)
         sources = model_sources(settings)
-        parse_fault(settings.fault)
-        default_script(settings)  # a bad --script file stops the start, as a bad flag does
+        # the scripted model's field, --fault-rate, connection drops; a bad --fault or
+        # --script file stops the start, as a bad flag does
+        extensions = (harness(settings),)
         unknown = set(settings.preload) - {source.name for source in sources}
         if unknown:
             raise SettingsError(f"--preload names no served model: {', '.join(sorted(unknown))}")
@@ -99,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
             return 2
         if status is not None:
             return status
-    return trio.run(serve, settings)
+    return trio.run(partial(serve, settings, extensions=extensions))
 
 
 def serve_settings(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:

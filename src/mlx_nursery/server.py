@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+from collections.abc import Sequence
 from typing import cast
 
 import attrs
@@ -33,7 +34,7 @@ from .http import (
     raise_open_files_limit,
     serve_http,
 )
-from .serving import Parts, RequestProcessors, Service
+from .serving import Extension, Parts, Service
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("mlx_nursery.server")
@@ -76,18 +77,18 @@ async def serve(
     *,
     shutdown: trio.Event | None = None,
     handle_signals: bool = True,
-    extra_processors: RequestProcessors | None = None,
+    extensions: Sequence[Extension] = (),
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or `shutdown` is set).
 
     `task_status` reports a `Running` once the port is bound and the model is loaded
-    (or failed to load, which ends the server).
+    (or failed to load, which ends the server). `extensions`: as `create_app`'s.
 
     Returns the exit status: 0 after a shutdown, 1 when the model failed to load or a
     shared part failed for good (`Service.stopped_by_failure`).
     """
-    app = create_app(settings, extra_processors=extra_processors)
+    app = create_app(settings, extensions=extensions)
     parts: Parts = app.extensions["mlx_nursery"]
     service = parts.service
     raise_open_files_limit(settings.max_connections + OPEN_FILES_RESERVE)

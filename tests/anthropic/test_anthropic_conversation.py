@@ -10,6 +10,7 @@ import pytest
 from mlx_nursery.anthropic import MessageEvents, parse_messages_request
 from mlx_nursery.anthropic._conversation import template_messages
 from mlx_nursery.anthropic._output import stop_reason, usage_json
+from mlx_nursery.anthropic._prepare import MESSAGES_WIRE
 from mlx_nursery.engine import GenerationRequest, Usage
 from mlx_nursery.generation import (
     Admitted,
@@ -21,7 +22,6 @@ from mlx_nursery.generation import (
     TextDelta,
     ToolCallOut,
 )
-from mlx_nursery.openai import CHAT_WIRE
 
 
 def rendered(messages: list[dict[str, Any]], **fields: Any) -> tuple[list[dict[str, Any]], bool]:
@@ -110,7 +110,8 @@ def test_blocks_out_of_place_are_400s_naming_them(messages: list[Any], param: st
 
 
 def prepared() -> Prepared:
-    return Prepared(CHAT_WIRE, GenerationRequest([1, 2, 3], 8), (), True, False, "m", id="msg_x")
+    request = GenerationRequest([1, 2, 3], 8)
+    return Prepared(MESSAGES_WIRE, request, (), True, False, "m", id="msg_x")
 
 
 def test_a_streams_events_open_and_close_each_block() -> None:

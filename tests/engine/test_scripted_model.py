@@ -14,8 +14,7 @@ from mlx_nursery.engine._messages import Submit
 from mlx_nursery.engine._scripted import SLICE_SECONDS, ScriptedStepper
 from mlx_nursery.engine._sequence import build_sequence
 from mlx_nursery.engine._stepper import Start
-from mlx_nursery.generation import parse_script
-from mlx_nursery.generation._scripts import script_for
+from mlx_nursery.testing._scripts import parse_script, script_for
 
 EOS = 2
 
@@ -133,8 +132,8 @@ async def test_the_engine_serves_the_scripted_model_without_compute() -> None:
 
 
 def test_a_bad_script_file_stops_the_start(tmp_path: Path) -> None:
-    from mlx_nursery.serving import default_script
     from mlx_nursery.settings import Settings, SettingsError
+    from mlx_nursery.testing._harness import default_script
 
     path = tmp_path / "script.json"
     path.write_text('{"output": {"text": "ok"}, "ttft": -1}')

@@ -30,21 +30,27 @@ ALLOWED: dict[str, frozenset[str]] = {
     "store": LEAVES,
     "generation": LEAVES | {"engine", "models", "store"},
     "openai": LEAVES | {"generation", "engine", "models", "store"},
-    # The Messages adapter reuses the OpenAI layer's pieces today; the two wire layers
-    # stay below serving and http all the same.
-    "anthropic": LEAVES | {"generation", "engine", "models", "store", "openai"},
+    # The two wire layers side by side: what both need is in generation.
+    "anthropic": LEAVES | {"generation", "engine", "models", "store"},
     # Not a leaf yet: its defaults and limits records come from the packages they configure.
     "settings": LEAVES | {"engine", "generation", "models", "openai", "store"},
     "serving": LEAVES | _RUNTIME | _WIRE | {"settings"},
     "http": _BELOW_HTTP,
     "app": _BELOW_HTTP | {"http"},
     "server": _BELOW_HTTP | {"app", "http"},
-    "asgi": _BELOW_HTTP | {"app", "http", "server"},
+    "asgi": _BELOW_HTTP | {"app", "http", "server", "testing"},
+    # The harness (the scripted model's field, --fault-rate, connection drops) is the
+    # testing package's: the entry points hand it to the app (HARNESS_ENTRY_POINTS).
     "testing": _BELOW_HTTP | {"app", "http", "server"},
-    "cli": _BELOW_HTTP | {"app", "http", "server"},
+    "cli": _BELOW_HTTP | {"app", "http", "server", "testing"},
     "__main__": frozenset({"cli"}),
 }
 """Each unit (a package, or a top-level module of mlx_nursery) -> the units of ours it imports."""
+
+HARNESS_ENTRY_POINTS = frozenset({"cli", "asgi"})
+"""The units outside the testing package that import it: the entry points that serve users,
+which hand its harness to the app. They import its public `harness` and nothing else of it."""
+HARNESS_NAMES = frozenset({"mlx_nursery.testing", "mlx_nursery.testing.harness"})
 
 FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {
     unit: frozenset({"quart", "quart_trio", "hypercorn", "werkzeug"})
@@ -119,6 +125,11 @@ def test_no_unit_imports_upward(unit: str) -> None:
         ("from ..http import routes", "mlx_nursery.openai", "openai", True),
         ("from ..generation import Prepared", "mlx_nursery.openai", "openai", False),
         ("import mlx_nursery.serving._jobs", "mlx_nursery.anthropic", "anthropic", True),
+        ("from ..openai import prepare_chat", "mlx_nursery.anthropic", "anthropic", True),
+        ("from ..generation import WireTraits", "mlx_nursery.anthropic", "anthropic", False),
+        ("from ..testing import harness", "mlx_nursery.serving", "serving", True),
+        ("from .testing import harness", "mlx_nursery", "app", True),
+        ("from .testing import harness", "mlx_nursery", "cli", False),
         ("from quart import request", "mlx_nursery.serving", "serving", True),
         ("from ..http import tenant_of", "mlx_nursery.serving", "serving", True),
         ("from ..serving import Jobs", "mlx_nursery.http", "http", False),
@@ -145,3 +156,46 @@ def test_the_table_has_no_cycle() -> None:
 
     for unit in ALLOWED:
         depth(unit, ())
+
+
+def harness_imports(source: str, package: str, unit: str) -> list[tuple[int, str]]:
+    """What `source` imports of the testing package (its harness: the scripted model's wire
+    field, the fault-rate hook, the connection-drop wrapper) that its unit may not: anything,
+    outside the testing package and the entry points; more than `harness`, in those."""
+    if unit == "testing":
+        return []
+    return [
+        (line, target)
+        for line, target in imported_modules(source, package)
+        if target.split(".")[:2] == ["mlx_nursery", "testing"]
+        and (unit not in HARNESS_ENTRY_POINTS or target not in HARNESS_NAMES)
+    ]
+
+
+def test_the_server_knows_the_harness_only_through_the_seam() -> None:
+    """The serving core, the wire layers, HTTP and the composition root import nothing of
+    the harness: they consult `serving.Extension` (serving/_extensions.py), which the entry
+    points fill with `mlx_nursery.testing.harness`."""
+    offences = [
+        f"{path.relative_to(SRC)}:{line} imports {target}"
+        for path in sorted(SRC.rglob("*.py"))
+        for line, target in harness_imports(path.read_text(), package_of(path), unit_of(path))
+    ]
+    assert offences == []
+
+
+@pytest.mark.parametrize(
+    "source, package, unit, offending",
+    [
+        ("from .testing import harness", "mlx_nursery", "cli", False),
+        ("from .testing._scripts import parse_field", "mlx_nursery", "cli", True),
+        ("from .testing import start_server", "mlx_nursery", "asgi", True),
+        ("from .testing import harness", "mlx_nursery", "app", True),
+        ("from ..testing._drops import ConnectionDrops", "mlx_nursery.http", "http", True),
+        ("from ._fault_rate import parse_fault", "mlx_nursery.testing", "testing", False),
+    ],
+)
+def test_the_harness_rule_tells_entry_points_from_the_rest(
+    source: str, package: str, unit: str, offending: bool
+) -> None:
+    assert bool(harness_imports(source, package, unit)) == offending

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mlx_nursery.serving import parse_fault
 from mlx_nursery.settings import SettingsError
+from mlx_nursery.testing._fault_rate import parse_fault
 from tests.http.test_http_metrics import samples, value
 from tests.http_helpers import chat_body, engine_of, eventually, running_server, validate_error
 

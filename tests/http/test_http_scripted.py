@@ -370,6 +370,20 @@ async def test_a_script_sent_to_a_real_model_is_refused(tiny_model: Path) -> Non
             assert response.json()["error"]["param"] == "script"
 
 
+async def test_without_the_harness_a_server_knows_no_script() -> None:
+    """The field is the testing package's harness's (serving/_extensions.py): a server
+    given no extension refuses it as any unknown field, the scripted model included."""
+    async with (
+        running_server(None, **SCRIPTED, harnessed=False) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        response = await http.post("/v1/chat/completions", json=body_of(script={}))
+        assert response.status_code == 400, response.text
+        validate_error(response.json())
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("script", "unknown_parameter")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_disconnect_while_waiting_for_the_first_token_stops_the_request(
     stream: bool,

@@ -1,6 +1,6 @@
 """A Messages request checked and rendered into the engine request every API builds
 (`generation.Prepared`), with the steps chat and Responses use: sampling, tools and
-tool_choice (enforced by constrained decoding), output format, the scripted model.
+tool_choice (enforced by constrained decoding), output format.
 
 What is Anthropic's own: its fields and their ranges, its tool and tool_choice shapes, its
 conversation of content blocks (`_conversation`), prefill, and the `msg_` id. The engine
@@ -23,6 +23,7 @@ from ..generation import (
     SamplingFields,
     ServedModel,
     TextJsonSchemaFormat,
+    WireTraits,
     answer_only,
     check_between,
     check_count,
@@ -40,10 +41,8 @@ from ..generation import (
     with_processors,
     with_reasoning,
     with_response_format,
-    with_script,
     with_tools,
 )
-from ..openai import CHAT_WIRE
 from ._conversation import conversation_texts, template_messages
 from ._schemas import (
     ConversationFields,
@@ -57,6 +56,8 @@ from ._schemas import (
 if TYPE_CHECKING:
     from ..engine import GrammarProcessor, ImageInputs
 
+MESSAGES_WIRE = WireTraits(prompt_param="messages", id_prefix="msg", trims_leading_space=True)
+"""What a Messages plan needs of its wire; its objects are rendered by `_output`."""
 MAX_STOP_SEQUENCES = 16
 """Stop strings are matched on every piece of text generated: a bound keeps that cheap."""
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
@@ -97,8 +98,8 @@ def prepare_messages(request: MessagesRequest, served: ServedModel) -> Prepared:
     checked = attrs.evolve(common(fields, served), stops=_stop_sequences(request.stop_sequences))
     rendered = _render(request, served)
     prepared = prepared_for(
-        CHAT_WIRE, fields, served, rendered.tokens, request.max_tokens, "max_tokens", checked,
-        images=rendered.images,
+        MESSAGES_WIRE, fields, served, rendered.tokens, request.max_tokens, "max_tokens", checked,
+        images=rendered.images, user_text=lambda: _last_user_text(request),
     )  # fmt: skip
     prepared = with_reasoning(prepared, served)  # thinking blocks apart from the text
     # A stream's message_start states the prompt's usage as its end does: the engine tells
@@ -125,7 +126,6 @@ def prepare_messages(request: MessagesRequest, served: ServedModel) -> Prepared:
     )
     prepared = with_processors(prepared, answer_only(prepared, served, rendered.forced))
     prepared = attrs.evolve(prepared, ignored=(*rendered.ignored, *_ignored(request, served)))
-    prepared = with_script(prepared, served, request.script, lambda: _last_user_text(request))
     choice = request.tool_choice
     single = (
         not isinstance(choice, ToolChoiceNone)
@@ -291,7 +291,7 @@ def _block_breakpoints(request: ConversationFields) -> Iterator[bool]:
 
 
 def _last_user_text(request: MessagesRequest) -> str:
-    """The scripted model's echo: the last user message's text."""
+    """The last user message's text (`Prepared.user_text`)."""
     for message in reversed(request.messages):
         if message.role != "user":
             continue

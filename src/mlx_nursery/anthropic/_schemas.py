@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..generation import ScriptSpec, Tagged, register_tagged_union
+from ..generation import Tagged, register_tagged_union
 
 
 @attrs.frozen
@@ -216,8 +216,6 @@ class MessagesRequest(ConversationFields):
     """Unsupported (no code execution here): a 400 unless null, as the next two."""
     diagnostics: Any = None
     inference_geo: Any = None
-    script: ScriptSpec | None = None
-    """This server's extension: the scripted model's script (as chat's); others refuse it."""
 
 
 register_tagged_union(

@@ -26,7 +26,8 @@ SLICE_SECONDS = 0.02
 """The longest one step sleeps: the scripted model's bound on a cancel's latency."""
 
 _END = Script()
-"""A request without a script ends at once (the OpenAI layer always gives one)."""
+"""A request without a script ends at once (the testing package's harness gives one to every
+request to a scripted model)."""
 
 
 class ScriptedFault(RuntimeError):

@@ -153,7 +153,7 @@ class GenerationRequest:
     placeholder ids are the same whatever the image)."""
     script: Script | None = None
     """For the scripted model: its output and timing (None: it ends at once). Other models
-    ignore it; the OpenAI layer gives it to the scripted model only."""
+    ignore it; the testing package's harness gives it to the scripted model only."""
     tenant: str | None = None
     """Whose request (opaque: the server's digest of the API key). Lanes go fairly among
     tenants, and one tenant may hold at most `EngineConfig.max_queue_per_tenant` places in

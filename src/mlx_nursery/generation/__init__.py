@@ -68,7 +68,10 @@ from ._params import (
     require,
 )
 from ._plan import (
+    ChunkWire,
     Prepared,
+    Wire,
+    WireTraits,
     answer_only,
     common,
     prepared_for,
@@ -76,7 +79,6 @@ from ._plan import (
     with_processors,
     with_reasoning,
     with_response_format,
-    with_script,
     with_tools,
 )
 from ._prompts import (
@@ -99,11 +101,10 @@ from ._request_parts import (
     TextJsonSchemaFormat,
     ToolChoiceMode,
     ToolChoiceType,
+    last_user_text,
     new_id,
     now,
 )
-from ._script_schema import ScriptSpec
-from ._scripts import last_user_text, parse_script
 from ._served import ServedModel, requested_model, unknown_model
 from ._structured import Grammars
 from ._tokenizing import SegmentEncoder
@@ -115,6 +116,7 @@ __all__ = [
     "AudioLimits",
     "AudioUpload",
     "ChatMessage",
+    "ChunkWire",
     "Conflict",
     "ConnectionDropped",
     "FaultStatus",
@@ -145,7 +147,6 @@ __all__ = [
     "ResourceNotFound",
     "ResponseFormat",
     "SamplingFields",
-    "ScriptSpec",
     "SegmentEncoder",
     "ServedModel",
     "Tagged",
@@ -159,6 +160,8 @@ __all__ = [
     "URITooLong",
     "Unavailable",
     "UnsupportedMediaType",
+    "Wire",
+    "WireTraits",
     "answer_only",
     "api_error",
     "card_kind",
@@ -186,7 +189,6 @@ __all__ = [
     "offered_tools",
     "parse_json",
     "parse_media_hosts",
-    "parse_script",
     "prepared_for",
     "prompt_texts",
     "quoted",
@@ -215,6 +217,5 @@ __all__ = [
     "with_processors",
     "with_reasoning",
     "with_response_format",
-    "with_script",
     "with_tools",
 ]

@@ -148,8 +148,8 @@ class FaultStatus(OpenAIError):
 
 
 class ConnectionDropped(OpenAIError):
-    """Not sent: the HTTP layer cuts the stream's connection where this would go (the
-    scripted model's `drop_after` fault)."""
+    """Not sent on a stream: the HTTP layer cuts its connection where this would go (a test
+    harness's fault: the scripted model's `drop_after`, `--fault drop_after:N`)."""
 
     status = 500
     type = "server_error"

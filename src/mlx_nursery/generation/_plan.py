@@ -2,8 +2,9 @@
 
 Each API's adapter (`openai`'s chat, completions and Responses endpoints; `anthropic`'s
 Messages) validates its request and builds a `Prepared` with the steps here: sampling and its
-ranges, the context fit, tools, reasoning, structured outputs, the scripted model's script.
-The `Wire` it names renders that endpoint's body and stream chunks.
+ranges, the context fit, tools, reasoning, structured outputs. The `Wire` it names says what
+the plan needs of its endpoint; a `ChunkWire` (chat's, completions') also renders the body and
+the stream's chunks.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -22,14 +23,6 @@ from ._generate import Finished
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._reasoning import ReasoningSplitter, ThinkingFormat
 from ._request_parts import ResponseFormat, SamplingFields, TextFormat, TextFormatParam, new_id, now
-from ._script_schema import ScriptSpec
-from ._scripts import (
-    check_script,
-    drops_connection,
-    refuse_script,
-    reported_usage,
-    script_for,
-)
 from ._served import ServedModel
 from ._structured import response_format_processor
 from ._tools import ToolCallExtractor, ToolCallOut, ToolFormat
@@ -39,7 +32,7 @@ if TYPE_CHECKING:
 
 
 class Wire(Protocol):
-    """One endpoint's objects on the wire: its non-streaming body and its stream's chunks."""
+    """What a plan needs of its endpoint, whoever renders the endpoint's objects."""
 
     @property
     def prompt_param(self) -> str:
@@ -51,6 +44,21 @@ class Wire(Protocol):
     @property
     def trims_leading_space(self) -> bool:
         """A chat reply drops one leading space; a completion is the exact continuation."""
+
+
+@attrs.frozen
+class WireTraits:
+    """A `Wire` whose objects its API renders itself (Messages: `anthropic`)."""
+
+    prompt_param: str
+    id_prefix: str
+    trims_leading_space: bool
+
+
+@runtime_checkable
+class ChunkWire(Wire, Protocol):
+    """One endpoint's objects on the wire: its non-streaming body and its stream's chunks
+    (chat's, completions'), which `Prepared`'s rendering methods ask of it."""
 
     def body(
         self,
@@ -75,6 +83,10 @@ class Wire(Protocol):
     def closing_chunks(self, p: Prepared, finished: Finished) -> list[dict[str, Any]]: ...
 
 
+def _no_user_text() -> str:
+    return ""
+
+
 @attrs.frozen(slots=False)  # slots off: cached_property needs a __dict__
 class Prepared:
     wire: Wire
@@ -97,11 +109,14 @@ class Prepared:
     """A token id's exact bytes; set when logprobs were asked for."""
     ignored: tuple[str, ...] = ()
     usage: Callable[[Usage], Usage] | None = None
-    """Rewrites the usage reported (the scripted model's `script.usage`); None: the real
-    counts."""
+    """Rewrites the usage reported (an extension's, e.g. the scripted model's); None: the
+    real counts."""
     drop_on_failure: bool = False
-    """The scripted model's `drop_after`: a failure of this stream drops its connection
-    (`ConnectionDropped`) instead of ending it with an error event."""
+    """A failure of this stream drops its connection (`ConnectionDropped`) instead of ending
+    it with an error event (an extension's, e.g. the scripted model's `drop_after`)."""
+    user_text: Callable[[], str] = _no_user_text
+    """The text of the request's last user turn (completions: the prompt), when asked: for
+    an extension that answers with it (the scripted model's echo)."""
     thinking: ThinkingFormat | None = None
     """A thinking model's markers: its reasoning is split from its answer (None: no split)."""
     thinking_opened: bool = False
@@ -128,6 +143,13 @@ class Prepared:
     def prompt_param(self) -> str:
         return self.wire.prompt_param
 
+    @functools.cached_property
+    def _chunks(self) -> ChunkWire:
+        """The wire as a renderer of chunks; a TypeError for one that renders none."""
+        if not isinstance(self.wire, ChunkWire):
+            raise TypeError(f"{type(self.wire).__name__} renders no body or chunks")
+        return self.wire
+
     # -- the wire objects, as the endpoint's `Wire` renders them ------------------------------
     def body(
         self,
@@ -138,25 +160,25 @@ class Prepared:
         reasoning: str | None = None,
     ) -> dict[str, Any]:
         """`reasoning`: a thinking model's (None for a model that does not think)."""
-        return self.wire.body(self, text, finished, calls, logprobs, reasoning)
+        return self._chunks.body(self, text, finished, calls, logprobs, reasoning)
 
     def opening_chunks(self) -> list[dict[str, Any]]:
-        return self.wire.opening_chunks(self)
+        return self._chunks.opening_chunks(self)
 
     def reasoning_chunk(self, text: str) -> dict[str, Any]:
-        return self.wire.reasoning_chunk(self, text)
+        return self._chunks.reasoning_chunk(self, text)
 
     def delta_chunk(
         self, text: str, logprobs: Sequence[LogprobEntry] = (), offset: int = 0
     ) -> dict[str, Any]:
         """A chunk of content; `offset` is where it starts in the content (for text_offset)."""
-        return self.wire.delta_chunk(self, text, logprobs, offset)
+        return self._chunks.delta_chunk(self, text, logprobs, offset)
 
     def tool_call_chunks(self, call: ToolCallOut) -> list[dict[str, Any]]:
-        return self.wire.tool_call_chunks(self, call)
+        return self._chunks.tool_call_chunks(self, call)
 
     def closing_chunks(self, finished: Finished) -> list[dict[str, Any]]:
-        return self.wire.closing_chunks(self, finished)
+        return self._chunks.closing_chunks(self, finished)
 
     def delta_json(self, text: str) -> str:
         """`delta_chunk(text)` as JSON, from a template: the hot path runs once per token per
@@ -215,9 +237,10 @@ def prepared_for(
     checked: Common,
     cache_key: str | None = None,
     images: ImageInputs | None = None,
+    user_text: Callable[[], str] | None = None,
 ) -> Prepared:
     """The engine request for a rendered prompt: its token budget checked against the room
-    the context leaves."""
+    the context leaves. `user_text`: the request's last user turn (`Prepared.user_text`)."""
     room = served.room(len(tokens))
     max_tokens = params.max_tokens(
         budget, budget_param, served.default_max_tokens, room, served.caps.max_tokens
@@ -238,6 +261,7 @@ def prepared_for(
         checked.include_usage,
         request.model,
         id=new_id(wire.id_prefix),
+        user_text=user_text or _no_user_text,
     )
 
 
@@ -314,36 +338,6 @@ def with_tools(
     if max_calls is not None:
         limit = min(limit or max_calls, max_calls)
     return attrs.evolve(prepared, tools=tools, tool_format=served.tool_format, max_tool_calls=limit)
-
-
-def with_script(
-    prepared: Prepared, served: ServedModel, spec: ScriptSpec | None, echo: Callable[[], str]
-) -> Prepared:
-    """The scripted model's script for this request (its own, or the default); a script sent
-    to any other model is a 400. Raises the script's HTTP fault (`FaultStatus`) here,
-    before the request is queued. Tokenizes: preparation thread."""
-    if not served.scripted:
-        if spec is not None:
-            raise refuse_script()
-        return prepared
-    if spec is not None:
-        check_script(spec)
-        if spec.fault is not None and spec.fault.drop_after is not None and not prepared.stream:
-            raise InvalidRequest(
-                "drop_after cuts a stream: it needs stream: true",
-                param="script.fault.drop_after",
-                code="invalid_value",
-            )
-    script = script_for(
-        spec, served.default_script, served.tokenizer, echo=echo, counts=served.fault_counts
-    )
-    chosen = spec if spec is not None else served.default_script
-    return attrs.evolve(
-        prepared,
-        generation=attrs.evolve(prepared.generation, script=script),
-        drop_on_failure=drops_connection(chosen, script) and prepared.stream,
-        usage=reported_usage(chosen),
-    )
 
 
 def with_response_format(

@@ -15,8 +15,6 @@ from typing import Any, Literal
 
 import attrs
 
-from ._script_schema import ScriptSpec
-
 ToolChoiceMode = Literal["none", "auto", "required"]
 
 
@@ -46,8 +44,6 @@ class SamplingFields:
     stop: str | list[str] | None = None
     n: int | None = None
     user: str | None = None
-    script: ScriptSpec | None = None
-    """This server's extension: the scripted model's script (`_scripts`); other models refuse it."""
 
 
 @attrs.frozen
@@ -137,6 +133,17 @@ class ChatMessage:
     """An assistant turn's reasoning sent back (a thinking template may render it)."""
     reasoning: str | None = None
     """The same, by the name vLLM and OpenRouter use."""
+
+
+def last_user_text(messages: list[ChatMessage]) -> str:
+    """The text of the last user message (its text parts joined): `Prepared.user_text`."""
+    for message in reversed(messages):
+        if message.role != "user":
+            continue
+        if isinstance(message.content, str):
+            return message.content
+        return "".join(part.text or "" for part in message.content or [] if part.type == "text")
+    return ""
 
 
 @attrs.frozen

@@ -11,12 +11,10 @@ from ._errors import InvalidRequest, ModelNotFound, quoted
 from ._images import ImageLimits
 from ._models import ModelCard, input_modalities
 from ._params import RequestCaps
-from ._scripts import FaultCounts
 
 if TYPE_CHECKING:
     from ..engine import Tokenizer, VisionProcessor
     from ._reasoning import ThinkingFormat
-    from ._script_schema import ScriptSpec
     from ._structured import Grammars
     from ._tokenizing import SegmentEncoder
     from ._tools import ToolFormat
@@ -57,12 +55,8 @@ class ServedModel:
     caps: RequestCaps = attrs.field(factory=RequestCaps)
     """What one request may ask for (messages, tools, max_tokens)."""
     scripted: bool = False
-    """The scripted model: requests may carry a `script` (`_scripts`); others refuse one."""
-    default_script: ScriptSpec | None = None
-    """The scripted model's script for requests without one (`--script`; None:
-    `_scripts.DEFAULT_TEXT`)."""
-    fault_counts: FaultCounts = attrs.field(factory=FaultCounts)
-    """Requests each script with `fault.times` has faulted so far (the scripted model)."""
+    """The scripted model: no weights; each request's `engine.Script` says its output and
+    timing (the testing package's harness makes one from the request)."""
 
     def with_fetched(self, fetched: Mapping[str, bytes]) -> ServedModel:
         """This model for one request whose remote images were fetched (`_media_fetch`)."""

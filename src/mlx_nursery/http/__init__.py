@@ -20,7 +20,6 @@ from ._connections import (
     raise_open_files_limit,
     serve_http,
 )
-from ._drop import ConnectionDrops
 from ._errors import (
     body_left_unread,
     envelope_response,
@@ -31,15 +30,16 @@ from ._keepalive import ShieldFinalBody
 from ._lifetime import LifetimeHTTPConnection, current_record
 from ._limits import HYPERCORN_HEAD_BYTES, RequestLimits
 from ._messages_routes import is_messages_route  # registers /v1/messages on `routes`
+from ._pump import DROP_CONNECTION
 from ._routes import routes
 from ._tenancy import tenant_of
 
 __all__ = [
+    "DROP_CONNECTION",
     "HYPERCORN_HEAD_BYTES",
     "OPEN_FILES_RESERVE",
     "AccessPolicy",
     "ConnectionCap",
-    "ConnectionDrops",
     "LifetimeHTTPConnection",
     "RequestLimits",
     "ShieldFinalBody",

@@ -6,6 +6,9 @@ still inside the last body send, which is where it re-arms its idle timer.
 The timer is then never re-armed: `keep_alive_timeout` is ignored and an idle
 keep-alive client holds a graceful shutdown for its whole grace period.
 Shielding that one final send lets it complete.
+
+Every body write passes here, so the `sse_write` fault point (`fault_points`) is here too:
+a test's failure while the body is written.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+
+from .. import fault_points
 
 ASGIApp = Any
 
@@ -30,6 +35,8 @@ class ShieldFinalBody:
             return
 
         async def send_shielding_last(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                fault_points.reach("sse_write")  # a test's failure while writing the body
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 with trio.CancelScope(shield=True):
                     await send(message)

@@ -26,7 +26,12 @@ from ..serving import (
     internal_error,
     log_failure,
 )
-from ._drop import DROP_CONNECTION
+
+DROP_CONNECTION = b"\x00mlx-nursery: drop the connection\x00"
+"""Yielded by a stream's body where its connection is to be cut (a job ended with a
+`ConnectionDropped`: an extension's fault, `serving/_extensions.py`). The extension that
+makes such faults wraps the app in the ASGI wrapper that cuts the connection there. SSE
+events are JSON text: no event holds a NUL byte."""
 
 
 class StreamFormat(Protocol):

@@ -8,7 +8,6 @@ or a `generation.OpenAIError` that carries its status and envelope.
 from . import _wire_hooks  # noqa: F401  (the converter's OpenAI rules, before any structuring)
 from ._audio import RESPONSE_FORMATS, PreparedSpeech, prepare_speech, speech_model_name
 from ._audio_output import delta_event, done_event, transcript_body
-from ._chat_endpoint import CHAT as CHAT_WIRE
 from ._chat_endpoint import prepare_chat
 from ._completions_endpoint import prepare_completion
 from ._embeddings_endpoint import (
@@ -25,7 +24,6 @@ from ._responses_output import ResponseBuilder, input_items_page
 from ._responses_schemas import ResponsesRequest
 
 __all__ = [
-    "CHAT_WIRE",
     "RESPONSE_FORMATS",
     "EmbeddingLimits",
     "PreparedEmbeddings",

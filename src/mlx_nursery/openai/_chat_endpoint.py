@@ -36,7 +36,6 @@ from ..generation import (
     with_processors,
     with_reasoning,
     with_response_format,
-    with_script,
     with_tools,
 )
 from ._chat import (
@@ -200,6 +199,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         checked,
         cache_key=request.prompt_cache_key,
         images=images,
+        user_text=lambda: last_user_text(request.messages),
     )
     prepared = with_reasoning(prepared, served)
     prepared = with_response_format(
@@ -208,9 +208,6 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     prepared = with_processors(prepared, answer_only(prepared, served, forced))
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     prepared = attrs.evolve(prepared, ignored=ignored)
-    prepared = with_script(
-        prepared, served, request.script, lambda: last_user_text(request.messages)
-    )
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 

@@ -20,7 +20,6 @@ from ..generation import (
     structure,
     to_json,
     with_logprobs,
-    with_script,
 )
 from ._completions import Completion, CompletionChoice, CompletionRequest
 from ._usage import UsageOut
@@ -113,11 +112,9 @@ def prepare_completion(body: Any, served: ServedModel) -> Prepared:
     checked = common(request, served)
     tokens = completion_tokens(served, request.prompt)
     prepared = prepared_for(
-        COMPLETION, request, served, tokens, request.max_tokens, "max_tokens", checked
-    )
+        COMPLETION, request, served, tokens, request.max_tokens, "max_tokens", checked,
+        user_text=lambda: served.tokenizer.decode(tokens),
+    )  # fmt: skip
     if request.logprobs is not None:
         require(0 <= request.logprobs <= 5, "logprobs", "logprobs must be between 0 and 5")
-    prepared = with_script(
-        prepared, served, request.script, lambda: served.tokenizer.decode(tokens)
-    )
     return with_logprobs(prepared, served, request.logprobs)

@@ -43,7 +43,6 @@ from ..generation import (
     with_processors,
     with_reasoning,
     with_response_format,
-    with_script,
     with_tools,
 )
 from ._chat_endpoint import CHAT
@@ -187,6 +186,7 @@ def prepare_response(
         checked,
         cache_key=request.prompt_cache_key,
         images=images,
+        user_text=lambda: last_user_text(messages),
     )
     prepared = with_reasoning(prepared, served)
     prepared = with_response_format(
@@ -206,7 +206,6 @@ def prepare_response(
             )
         prepared = with_logprobs(prepared, served, request.top_logprobs or 0)
     prepared = attrs.evolve(prepared, ignored=ignored)
-    prepared = with_script(prepared, served, request.script, lambda: last_user_text(messages))
     prepared = with_tools(
         prepared,
         served,

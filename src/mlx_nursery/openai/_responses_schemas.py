@@ -15,7 +15,6 @@ import attrs
 from ..generation import (
     FunctionTool,
     NamedToolChoice,
-    ScriptSpec,
     TextFormatParam,
     ToolChoiceMode,
     ToolChoiceType,
@@ -133,5 +132,3 @@ class ResponsesRequest:
     prompt: Any = None
     conversation: Any = None
     prompt_cache_retention: str | None = None
-    script: ScriptSpec | None = None
-    """This server's extension: the scripted model's script (`_scripts`); other models refuse it."""

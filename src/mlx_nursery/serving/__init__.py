@@ -2,23 +2,24 @@
 
 The model registry (loading, leasing, the memory plan, engine restarts), jobs (a generation
 tied to its request, drained at shutdown), embedding calls, the models a server offers,
-injected faults (`--fault-rate`), metrics, request-log records, how streams batch their
-writes, the preparation pool, and the one generation choreography every text API plugs
-into. It imports no Quart, Werkzeug or Hypercorn (tests/house/test_house_rules.py pins it): the
-HTTP layer (`http/`) reads requests and writes responses around it.
+the seam a test harness plugs into (`Extension`, `_extensions.py`), metrics, request-log
+records, how streams batch their writes, the preparation pool, and the one generation
+choreography every text API plugs into. It imports no Quart, Werkzeug or Hypercorn
+(tests/house/test_house_rules.py pins it): the HTTP layer (`http/`) reads requests and
+writes responses around it.
 """
 
 from ._batching import WriteBatcher, WritePolicy, merged_text
 from ._embedding_calls import EmbeddingCalls
+from ._extensions import ASGIApp, Extension, Extensions, OutputHook, PlanHook
 from ._failures import internal_error, log_failure
-from ._faults import Fault, FaultInjector, parse_fault
-from ._generations import Caller, Generations, Recipe, RequestProcessors
+from ._generations import Caller, Generations, Recipe
 from ._job import Job, JobItem
 from ._jobs import Jobs
 from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources
-from ._opening import ModelOpener, default_script, image_limits
+from ._opening import ModelOpener, image_limits
 from ._parts import Parts
 from ._preparation import PREPARE_THREADS, Preparation
 from ._rendering import (
@@ -39,11 +40,12 @@ __all__ = [
     "ANONYMOUS",
     "METRICS_CONTENT_TYPE",
     "PREPARE_THREADS",
+    "ASGIApp",
     "BodyRenderer",
     "Caller",
     "EmbeddingCalls",
-    "Fault",
-    "FaultInjector",
+    "Extension",
+    "Extensions",
     "Generations",
     "Job",
     "JobItem",
@@ -51,12 +53,13 @@ __all__ = [
     "Metrics",
     "ModelOpener",
     "ModelSource",
+    "OutputHook",
     "Parts",
     "PieceRenderer",
+    "PlanHook",
     "Preparation",
     "Recipe",
     "RenderedStream",
-    "RequestProcessors",
     "RequestRecord",
     "Service",
     "StreamRenderer",
@@ -64,7 +67,6 @@ __all__ = [
     "WriteBatcher",
     "WritePolicy",
     "collect",
-    "default_script",
     "embedding",
     "ended_early",
     "image_limits",
@@ -72,7 +74,6 @@ __all__ = [
     "log_failure",
     "merged_text",
     "model_sources",
-    "parse_fault",
     "render_piece",
     "speaking",
 ]

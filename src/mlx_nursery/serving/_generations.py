@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar, cast
 import attrs
 import trio
 
-from ..generation import ImageRef, Prepared, ServedModel, parse_json, with_processors
-from ._faults import Fault, FaultInjector, injected_failure
+from ..generation import ImageRef, Prepared, ServedModel, parse_json
+from ._extensions import Extensions, planned
 from ._job import Job
 from ._metrics import Metrics
 from ._preparation import Preparation
@@ -28,10 +28,6 @@ from ._service import Service
 from ._slots import Hosted
 
 R = TypeVar("R")
-
-RequestProcessors = Callable[[Any], tuple[Any, ...]]
-"""Extra logits processors for a request, given its JSON body. For tests: they make the real
-model emit a chosen token script through the real engine and streaming path."""
 
 
 class Recipe(Generic[R]):
@@ -67,7 +63,7 @@ class Recipe(Generic[R]):
         return prepared
 
     def with_plan(self, prepared: R, plan: Prepared) -> R:
-        """`prepared` running `plan` instead (the tests' extra logits processors)."""
+        """`prepared` running `plan` instead (the extensions' plan hooks)."""
         assert isinstance(prepared, Prepared)
         return cast(R, plan)
 
@@ -79,7 +75,6 @@ class Caller:
     raw: bytes
     arrived: float
     deadline: float
-    fault: Fault | None
     record: RequestRecord | None
     tenant: str | None
     note: Callable[[Any], None]
@@ -95,35 +90,24 @@ class Generations:
         self,
         service: Service,
         preparation: Preparation,
-        faults: FaultInjector,
+        extensions: Extensions,
         metrics: Metrics,
         *,
         fetches_images: bool,
-        extra_processors: RequestProcessors | None = None,
     ) -> None:
         self._service = service
         self._preparation = preparation
-        self._faults = faults
+        self._extensions = extensions
         self._metrics = metrics
         self._fetches_images = fetches_images
-        self._extra_processors = extra_processors
-
-    def draw_fault(self) -> Fault | None:
-        """This generation request's injected fault (`--fault-rate`), if any; a status fault
-        is raised here, before any work. Not a checkpoint."""
-        fault = self._faults.draw()
-        if fault is None:
-            return None
-        self._metrics.faults_injected.labels(fault.kind).inc()
-        if fault.kind == "status":
-            raise injected_failure(fault.value)
-        return fault
 
     async def start(self, recipe: Recipe[R], caller: Caller) -> tuple[R, Job]:
         """The request prepared and its job started (owned by the caller's request).
-        Raises the 503 of a server not taking work, the request's 4xx, RequestTimeout past
-        the deadline, what leasing and starting a job raise. Cancellation: nothing is left
-        running but an abandoned preparation thread (`Preparation.prepare`)."""
+        Raises what an extension answers the request with on arrival, the 503 of a server
+        not taking work, the request's 4xx, RequestTimeout past the deadline, what leasing
+        and starting a job raise. Cancellation: nothing is left running but an abandoned
+        preparation thread (`Preparation.prepare`)."""
+        hook = self._extensions.on_request(self._metrics)
         async with self._prepared(recipe, caller.raw, caller.deadline, True) as (hosted, prepared):
             caller.note(prepared)
             job = await hosted.jobs.start(
@@ -131,7 +115,7 @@ class Generations:
                 caller.deadline,
                 caller.arrived,
                 caller.record,
-                caller.fault,
+                hook,
                 caller.tenant,
             )
             return prepared, caller.own(job)
@@ -146,16 +130,20 @@ class Generations:
     async def _prepared(
         self, recipe: Recipe[R], raw: bytes, deadline: float, to_run: bool
     ) -> AsyncIterator[tuple[Hosted, R]]:
-        """The request prepared (`to_run`: with the tests' extra processors), its model
-        leased for the block."""
+        """The request prepared, its model leased for the block. `to_run`: the extensions'
+        fields are taken off the body and their hooks adapt the plan (a request only counted
+        takes no field beyond its API's)."""
         models = self._service.check_open()
+        extensions = self._extensions if to_run else Extensions()
         body: Any = None
         request: Any = None
+        taken: dict[str, Any] = {}
+        values: dict[str, object] | None = None
         if not recipe.lazy or (
             models.only is None or (recipe.names_images and self._fetches_images and b"http" in raw)
         ):
-            body, request = await self._preparation.prepare(
-                lambda: self._parse(recipe, raw), deadline
+            body, request, taken, values = await self._preparation.prepare(
+                lambda: self._parse(recipe, raw, extensions), deadline
             )
             await recipe.resolve(request)
         async with self._service.text_model(body, deadline) as (hosted, served):
@@ -163,22 +151,29 @@ class Generations:
             async with self._preparation.fetched(served, images, deadline) as served:
 
                 def work() -> R:
-                    given, parsed = body, request
+                    given, parsed, fields = body, request, taken
                     if given is None:  # a lazy recipe's body, parsed on this thread
-                        given = parsed = parse_json(raw)
+                        given = parse_json(raw)
+                        parsed, fields = extensions.take(given)
                         trio.from_thread.check_cancelled()
+                    # parsed where the recipe's request is: a lazy one's, as it prepares
+                    found = values if values is not None else extensions.parse(fields)
                     prepared = recipe.prepare(parsed, served)
-                    if not to_run or self._extra_processors is None:
+                    if not to_run or not hosted.plans:
                         return prepared
-                    extra = self._extra_processors(given)
-                    return recipe.with_plan(
-                        prepared, with_processors(recipe.plan(prepared), *extra)
-                    )
+                    plan = planned(recipe.plan(prepared), hosted.plans, found, given)
+                    return recipe.with_plan(prepared, plan)
 
                 prepared = await self._preparation.prepare(work, deadline)
             yield hosted, prepared
 
     @staticmethod
-    def _parse(recipe: Recipe[R], raw: bytes) -> tuple[Any, Any]:
+    def _parse(
+        recipe: Recipe[R], raw: bytes, extensions: Extensions
+    ) -> tuple[Any, Any, dict[str, Any], dict[str, object] | None]:
+        """The body, the recipe's request from it, the extensions' fields as sent, and
+        parsed after the request (None: a lazy recipe's, parsed as it prepares)."""
         body = parse_json(raw)
-        return body, recipe.parse(body)
+        rest, taken = extensions.take(body)
+        request = recipe.parse(rest)
+        return body, request, taken, None if recipe.lazy else extensions.parse(taken)

@@ -41,8 +41,8 @@ from ..generation import (
     generate_text,
     request_timed_out,
 )
+from ._extensions import OutputHook
 from ._failures import internal_error, log_failure
-from ._faults import Fault, InjectedBreak
 from ._job import Job, JobItem
 from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
@@ -98,7 +98,7 @@ class Jobs:
         deadline: float | None = None,
         arrived: float | None = None,
         record: RequestRecord | None = None,
-        fault: Fault | None = None,
+        hook: OutputHook | None = None,
         tenant: str | None = None,
     ) -> Job:
         """Admit and start a job; returns once its sequence holds a lane.
@@ -106,8 +106,8 @@ class Jobs:
         `deadline`: when the request started earlier (its preparation); default now plus the
         request timeout. `arrived`: when the request arrived (its latencies count from
         there, in the metrics); default now. `record`: the request's log record, which the
-        job fills in (tokens, finish, cancel cause) and holds open until it ends. `fault`:
-        an injected `error_after` / `drop_after` (`_faults.py`). `tenant`: whose request
+        job fills in (tokens, finish, cancel cause) and holds open until it ends. `hook`: an
+        extension's, called with each output first (`_extensions.py`). `tenant`: whose request
         (`_tenancy.py`): the engine shares lanes fairly among tenants, and each tenant's
         prompts are cached apart unless the jobs share prefixes across tenants.
 
@@ -128,7 +128,7 @@ class Jobs:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
         arrived = trio.current_time() if arrived is None else arrived
         prepared = self._for_tenant(prepared, tenant)
-        run = partial(self._run, prepared=prepared, arrived=arrived, record=record, fault=fault)
+        run = partial(self._run, prepared=prepared, arrived=arrived, record=record, hook=hook)
         return await self._launch(run, deadline, record)
 
     def _for_tenant(self, prepared: Prepared, tenant: str | None) -> Prepared:
@@ -242,19 +242,15 @@ class Jobs:
         prepared: Prepared,
         arrived: float,
         record: RequestRecord | None,
-        fault: Fault | None,
+        hook: OutputHook | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
         started = False
         observer = self._metrics.observer(self._model_name, arrived) if self._metrics else None
-        outputs = 0
 
         def observe(output: Output) -> None:
-            nonlocal outputs
-            if fault is not None and not isinstance(output, Finished):
-                outputs += 1
-                if outputs == fault.value:  # raised out of the generation: its compute stops
-                    raise InjectedBreak(fault)
+            if hook is not None:  # what it raises leaves the generation: its compute stops
+                hook(output)
             now = trio.current_time()
             if isinstance(output, Finished):
                 usage = output.usage
@@ -290,7 +286,7 @@ class Jobs:
                     tools=prepared.tool_extractor(),
                     logprobs=prepared.logprob_aligner(),
                     reasoning=prepared.reasoning_splitter(),
-                    observe=observe if observer or record or fault else None,
+                    observe=observe if observer or record or hook else None,
                     usage=prepared.usage,
                     task_status=_Started(mark_started),
                 )
@@ -298,10 +294,10 @@ class Jobs:
                 if not started:
                     raise
                 failure = exc
-                drops = isinstance(exc, InjectedBreak) and exc.drops and prepared.stream
-                if prepared.drop_on_failure or drops:  # drop_after: scripted, injected
+                drops = prepared.drop_on_failure or isinstance(exc, ConnectionDropped)
+                if drops and prepared.stream:  # an extension's cut (`_extensions.py`)
                     failure = ConnectionDropped(
-                        "the script dropped the connection", code="connection_dropped"
+                        "the stream's connection is cut on purpose", code="connection_dropped"
                     )
         await self._end(job, send, failure, started, record, observer)
 

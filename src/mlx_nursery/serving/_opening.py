@@ -4,7 +4,6 @@ The model registry (`_registry.py`) calls the opener when a model is to load."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -25,21 +24,19 @@ from ..generation import (
     Grammars,
     ImageLimits,
     ModelCard,
-    OpenAIError,
     RequestCaps,
-    ScriptSpec,
     SegmentEncoder,
     ServedModel,
     longest_token_bytes,
     parse_media_hosts,
-    parse_script,
     thinking_format,
     tool_format,
 )
 from ..models import model_facts
 from ..openai import ServedEmbedder
-from ..settings import Settings, SettingsError
+from ..settings import Settings
 from ._embedding_calls import EmbeddingCalls
+from ._extensions import Extensions
 from ._jobs import Jobs
 from ._metrics import Metrics
 from ._model_sources import ModelSource
@@ -57,8 +54,8 @@ class ModelOpener:
     settings: Settings
     metrics: Metrics
     image_limits: ImageLimits
-    default_script: ScriptSpec | None
-    """The scripted model's script for requests without one (`--script`)."""
+    extensions: Extensions
+    """Their hooks on each text model's plans (`_extensions.py`)."""
 
     async def __call__(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
@@ -135,7 +132,6 @@ class ModelOpener:
                 max_tokens=self.settings.max_tokens_ceiling,
             ),
             scripted=engine.model.scripted,
-            default_script=self.default_script if engine.model.scripted else None,
         )
         jobs = Jobs(
             nursery,
@@ -146,7 +142,8 @@ class ModelOpener:
             share_prefixes=self.settings.shared_prefix_cache,
         )
         kept = held(reservation, engine.model, prefix_cache=not engine.model.scripted)
-        return Hosted(engine, served, jobs, kept, served.card())
+        plans = self.extensions.for_model(served)
+        return Hosted(engine, served, jobs, kept, served.card(), plans)
 
     async def _open_speech_model(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
@@ -202,23 +199,6 @@ def _vocabulary(tokenizer: Any) -> tuple[int, int]:
     vocabulary = tokenizer.get_vocab()
     tokenizer.encode("warm up")
     return max(vocabulary.values(), default=-1) + 1, longest_token_bytes(vocabulary)
-
-
-def default_script(settings: Settings) -> ScriptSpec | None:
-    """The script in `--script`'s file (None without one). Raises SettingsError for a file
-    that cannot be read or is not a valid script. Reads a file: startup only."""
-    if settings.script is None:
-        return None
-    path = Path(settings.script).expanduser()
-    try:
-        value = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SettingsError(f"--script {path}: {exc}") from None
-    try:
-        return parse_script(value, "--script")
-    except OpenAIError as exc:
-        where = f" (at {exc.param})" if exc.param and exc.param not in exc.message else ""
-        raise SettingsError(f"--script {path}: {exc.message}{where}") from None
 
 
 def image_limits(settings: Settings) -> ImageLimits:

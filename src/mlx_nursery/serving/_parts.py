@@ -7,6 +7,7 @@ import attrs
 from ..generation import AudioLimits
 from ..store import ResponsesStorage
 from ._batching import WritePolicy
+from ._extensions import Extensions
 from ._generations import Generations
 from ._metrics import Metrics
 from ._preparation import Preparation
@@ -29,3 +30,5 @@ class Parts:
     audio_limits: AudioLimits
     max_input_items: int
     """The most items a Responses request's input may hold (`--max-messages`)."""
+    extensions: Extensions = attrs.field(factory=Extensions)
+    """What a test harness adds (`_extensions.py`); the ASGI wrappers among it wrap the app."""

@@ -28,6 +28,7 @@ from ..generation import (
 from ..models import ModelFacts
 from ..openai import ServedEmbedder
 from ._embedding_calls import EmbeddingCalls
+from ._extensions import PlanHook
 from ._jobs import Jobs
 from ._model_sources import ModelSource
 from ._reservations import Reservation
@@ -58,6 +59,8 @@ class Hosted:
     jobs: Jobs
     reservation: Reservation
     card: ModelCard
+    plans: tuple[PlanHook, ...] = ()
+    """The extensions' hooks on this model's generation plans (`_extensions.py`)."""
 
     @property
     def speech(self) -> SpeechEngine | None:

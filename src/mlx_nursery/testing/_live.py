@@ -259,12 +259,20 @@ class _Runner:
 
     async def _serve(self) -> None:
         from ..server import serve
+        from ._harness import harness
 
         self._shutdown = trio.Event()
         self._token = trio.lowlevel.current_trio_token()
+        extensions = (harness(self._settings),)
         async with trio.open_nursery() as nursery:
             self._running = await nursery.start(
-                partial(serve, self._settings, shutdown=self._shutdown, handle_signals=False)
+                partial(
+                    serve,
+                    self._settings,
+                    extensions=extensions,
+                    shutdown=self._shutdown,
+                    handle_signals=False,
+                )
             )
             self._started.set()
 

@@ -7,10 +7,12 @@ would send, and the server's own guarantees hold (a faulted generation stops com
   503 with Retry-After: 1).
 - `error_after:N`: the generation fails after N outputs: a stream ends with an error event,
   a non-streaming request gets a 500.
-- `drop_after:N`: a stream's connection is cut after N outputs (`_drop.py`); a
+- `drop_after:N`: a stream's connection is cut after N outputs (`_drops.py`); a
   non-streaming request gets the 500 of `error_after`.
 
-An output is what the job passes on: a piece of text (about a token) or a tool call.
+An output is what the job passes on: a piece of text (about a token) or a tool call. The
+harness (`_harness.py`) draws for each generation request as it arrives (the seam's
+`on_request`, `serving/_extensions.py`) and counts each fault in the metrics.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Literal
 
 import attrs
 
-from ..generation import FaultStatus, GenerationFailed
+from ..generation import ConnectionDropped, FaultStatus, Finished, GenerationFailed, Output
+from ..serving import Metrics, OutputHook
 from ..settings import SettingsError
 
 FaultKind = Literal["status", "error_after", "drop_after"]
@@ -69,6 +72,17 @@ class FaultInjector:
         with self._lock:
             return self.fault if self._random.random() < self.rate else None
 
+    def on_request(self, metrics: Metrics) -> OutputHook | None:
+        """A generation request arrived: draw its fault. A status fault is raised here,
+        before any work; the others return the hook that fails the job after N outputs."""
+        fault = self.draw()
+        if fault is None:
+            return None
+        metrics.faults_injected.labels(fault.kind).inc()
+        if fault.kind == "status":
+            raise injected_failure(fault.value)
+        return _AfterOutputs(fault).observe
+
 
 def injected_failure(status: int) -> FaultStatus:
     """A `status` fault's answer, sent before any work (429 and 503 with Retry-After: 1)."""
@@ -81,10 +95,31 @@ def injected_failure(status: int) -> FaultStatus:
 
 
 class InjectedBreak(GenerationFailed):
-    """An `error_after` or `drop_after` fault, raised in the job after its N outputs: the
-    generation stops there (its compute with it) and the job ends with this failure, or,
-    for `drop_after` on a stream, with a cut connection."""
+    """An `error_after` fault, raised in the job after its N outputs: the generation stops
+    there (its compute with it) and the job ends with this failure."""
 
     def __init__(self, fault: Fault) -> None:
         super().__init__(f"injected fault: {fault.kind}:{fault.value}", code="injected_fault")
-        self.drops = fault.kind == "drop_after"
+
+
+class InjectedDrop(ConnectionDropped):
+    """A `drop_after` fault, raised as `InjectedBreak` is: a stream's connection is cut there;
+    a non-streaming request gets the 500 `InjectedBreak` would give."""
+
+    def __init__(self, fault: Fault) -> None:
+        super().__init__(f"injected fault: {fault.kind}:{fault.value}", code="injected_fault")
+
+
+@attrs.define
+class _AfterOutputs:
+    """One request's `error_after` or `drop_after`, counting its outputs."""
+
+    fault: Fault
+    outputs: int = 0
+
+    def observe(self, output: Output) -> None:
+        if isinstance(output, Finished):
+            return
+        self.outputs += 1
+        if self.outputs == self.fault.value:  # raised out of the generation: its compute stops
+            raise (InjectedDrop if self.fault.kind == "drop_after" else InjectedBreak)(self.fault)

@@ -1,11 +1,12 @@
 """The `script` extension field: what the scripted model answers a request, and when.
 
-A test harness sets it on chat completions, completions and Responses requests (the openai
-SDK: `extra_body={"script": {...}}`); only the scripted model (`--model scripted`) accepts
-it. It is validated strictly, as the rest of the body is (an unknown key is a 400 naming its
-path), and turned into the engine's `Script` here, on the preparation thread: the output is
-tokenized with the model's tokenizer, the delays drawn. The schema is documented in
-docs/testing-clients.md.
+A test harness sets it on chat completions, completions, Responses and Messages requests
+(the openai SDK: `extra_body={"script": {...}}`); only the scripted model (`--model
+scripted`) accepts it. It is validated strictly, as the rest of the body is (an unknown key
+is a 400 naming its path), and turned into the engine's `Script` here, on the preparation
+thread: the output is tokenized with the model's tokenizer, the delays drawn. The schema is
+documented in docs/testing-clients.md. The harness (`_harness.py`) takes the field off the
+body and runs `ScriptedPlans` on each plan, through the seam (`serving/_extensions.py`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import math
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..engine import Script, Usage
-from ._converter import structure, to_json
-from ._errors import FaultStatus, InvalidRequest
-from ._request_parts import ChatMessage
+import attrs
+
+from ..engine import Script, Tokenizer, Usage
+from ..generation import FaultStatus, InvalidRequest, Prepared, structure, to_json
 from ._script_schema import DelayRange, ScriptOutput, ScriptSpec
 
 DEFAULT_TEXT = "This is a scripted reply."
@@ -202,17 +203,6 @@ def output_pieces(output: ScriptOutput, tokenizer: Any, echo: Callable[[], str])
     return [[token] for token in encode(text)]
 
 
-def last_user_text(messages: list[ChatMessage]) -> str:
-    """The text of the last user message (its text parts joined): what `echo` repeats."""
-    for message in reversed(messages):
-        if message.role != "user":
-            continue
-        if isinstance(message.content, str):
-            return message.content
-        return "".join(part.text or "" for part in message.content or [] if part.type == "text")
-    return ""
-
-
 def refuse_script(param: str = "script") -> InvalidRequest:
     """The 400 for a script sent to a model that is not the scripted one."""
     return InvalidRequest(
@@ -259,3 +249,59 @@ def reported_usage(spec: ScriptSpec | None) -> Callable[[Usage], Usage] | None:
         )
 
     return rewrite
+
+
+@attrs.frozen
+class _ScriptField:
+    """The field as a request body holds it: its errors name `script.…`, as the request's own
+    fields' errors name theirs."""
+
+    script: ScriptSpec | None = None
+
+
+def parse_field(value: Any) -> ScriptSpec | None:
+    """A request's `script` (null: none). Raises InvalidRequest naming the path."""
+    return structure({"script": value}, _ScriptField).script
+
+
+@attrs.frozen
+class ScriptedPlans:
+    """The scripted model's plans: each request's script (its own, or the default) is the
+    engine's `Script`. One per loaded model: its `fault.times` counts are the model's."""
+
+    tokenizer: Tokenizer
+    default: ScriptSpec | None
+    """`--script`'s (None: `DEFAULT_TEXT`)."""
+    counts: FaultCounts = attrs.field(factory=FaultCounts)
+
+    def __call__(self, prepared: Prepared, fields: Mapping[str, object], body: Any) -> Prepared:
+        """The plan running its script. Raises the script's HTTP fault (`FaultStatus`)
+        here, before the request is queued; a 400 for a `drop_after` on a request that does
+        not stream. Tokenizes: preparation thread."""
+        spec = fields.get("script")
+        assert spec is None or isinstance(spec, ScriptSpec)
+        if spec is not None:
+            check_script(spec)
+            if spec.fault is not None and spec.fault.drop_after is not None and not prepared.stream:
+                raise InvalidRequest(
+                    "drop_after cuts a stream: it needs stream: true",
+                    param="script.fault.drop_after",
+                    code="invalid_value",
+                )
+        script = script_for(
+            spec, self.default, self.tokenizer, echo=prepared.user_text, counts=self.counts
+        )
+        chosen = spec if spec is not None else self.default
+        return attrs.evolve(
+            prepared,
+            generation=attrs.evolve(prepared.generation, script=script),
+            drop_on_failure=drops_connection(chosen, script) and prepared.stream,
+            usage=reported_usage(chosen),
+        )
+
+
+def refuse_field(prepared: Prepared, fields: Mapping[str, object], body: Any) -> Prepared:
+    """Any other model's plans: a script is a 400."""
+    if fields.get("script") is not None:
+        raise refuse_script()
+    return prepared
