@@ -96,7 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
         from .distributed import start_rank
 
         try:
-            status = start_rank(settings)
+            (source,) = sources  # distributed_settings allows one model
+            status = start_rank(settings, source.spec)
         except SettingsError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -298,6 +298,7 @@ PUBLIC = {
         "load_speech_model",
         "SpeechModel",
         "model_facts",
+        "model_kind",
         "release_mlx_streams",
         "resolve_model_path",
     ],

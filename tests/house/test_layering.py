@@ -18,7 +18,7 @@ LEAVES = frozenset({"_units", "fault_points", "logs"})
 """Shared leaves: anything may import them; they import none of ours."""
 _RUNTIME = frozenset({"engine", "models", "store", "tools"})
 _WIRE = frozenset({"anthropic", "generation", "openai"})
-_BELOW_HTTP = LEAVES | _RUNTIME | _WIRE | {"serving", "settings"}
+_BELOW_HTTP = LEAVES | _RUNTIME | _WIRE | {"distributed", "serving", "settings"}
 
 ALLOWED: dict[str, frozenset[str]] = {
     "_units": frozenset(),
@@ -34,7 +34,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "anthropic": LEAVES | {"generation", "engine", "models", "store"},
     # Not a leaf yet: its defaults and limits records come from the packages they configure.
     "settings": LEAVES | {"engine", "generation", "models", "openai", "store"},
-    "serving": LEAVES | _RUNTIME | _WIRE | {"settings"},
+    # One model across devices: the engine's batch mirrored (below the serving core, which
+    # opens a model's engine as rank 0 of a group).
+    "distributed": LEAVES | {"engine", "models", "settings"},
+    "serving": LEAVES | _RUNTIME | _WIRE | {"distributed", "settings"},
     "http": _BELOW_HTTP,
     "app": _BELOW_HTTP | {"http"},
     "server": _BELOW_HTTP | {"app", "http"},

@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..engine._upstream import generation_stream
+from ..engine.stepping import generation_stream
 from ._watchdog import Watchdog
 
 FRAME_BYTES = 4096

@@ -19,10 +19,17 @@ from typing import Any
 import attrs
 import mlx.core as mx
 
-from ..engine._kv_quant import KVQuantization, cache_factory, check_quantizable
-from ..engine._memory import derive_kv_bytes, device_memory, kv_bytes_per_token
-from ..engine._sampling import Sampler
-from ..engine._stepper import BatchStepper, Start
+from ..engine.stepping import (
+    BatchStepper,
+    KVQuantization,
+    Sampler,
+    Start,
+    cache_factory,
+    check_quantizable,
+    derive_kv_bytes,
+    device_memory,
+    kv_bytes_per_token,
+)
 from ..models import ModelLoadError
 from ._channel import Channel
 from ._loading import Mode, check_identity, load_shard, model_identity

@@ -45,21 +45,20 @@ def distributed_settings(settings: Settings) -> Settings:
     )
 
 
-def start_rank(settings: Settings) -> int | None:
-    """Join the group: on rank 0 return None (serve HTTP); elsewhere run the follower and
-    return its exit status. Raises SettingsError for a model or group that cannot serve."""
+def start_rank(settings: Settings, spec: str | None) -> int | None:
+    """Join the group serving the model `spec` names (the one model source of `settings`;
+    None: none was given): on rank 0 return None (serve HTTP); elsewhere run the follower
+    and return its exit status. Raises SettingsError for a model or group that cannot serve."""
     import mlx.core as mx
 
     from ..models import ModelLoadError, resolve_model_path
-    from ..serving import model_sources
     from ._follower import run_follower
     from ._loading import check_supported
 
     mode = cast(Mode, settings.distributed)
-    (source,) = model_sources(settings)
-    if source.spec is None:
+    if spec is None:
         raise SettingsError("--distributed needs --model")
-    path = resolve_model_path(source.spec)
+    path = resolve_model_path(spec)
     try:
         check_supported(path, mode)
     except ModelLoadError as exc:

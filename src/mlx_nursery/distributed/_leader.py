@@ -20,10 +20,17 @@ import attrs
 import mlx.core as mx
 
 from ..engine import EngineConfig
-from ..engine._kv_quant import CacheFactory
-from ..engine._sampling import Sampler, sample_batch
-from ..engine._sequence import LiveSequence, Response
-from ..engine._stepper import BatchStepper, KVState, Start, Stepper
+from ..engine.stepping import (
+    BatchStepper,
+    CacheFactory,
+    KVState,
+    LiveSequence,
+    Response,
+    Sampler,
+    Start,
+    Stepper,
+    sample_batch,
+)
 from ..models import LoadedModel, resolve_model_path
 from ._channel import Channel
 from ._loading import Mode, check_identity, load_shard, model_identity

@@ -19,8 +19,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from ..models import LoadedModel, ModelLoadError
-from ..models._loading import model_kind
+from ..models import LoadedModel, ModelLoadError, model_kind
 
 Mode = Literal["tensor", "pipeline"]
 MODES: tuple[Mode, ...] = ("tensor", "pipeline")

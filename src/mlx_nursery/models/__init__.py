@@ -9,6 +9,7 @@ from ._loading import (
     ModelNotFoundError,
     load_model,
     model_facts,
+    model_kind,
     resolve_model_path,
 )
 from ._speech import SpeechModel, load_speech_model
@@ -25,6 +26,7 @@ __all__ = [
     "load_model",
     "load_speech_model",
     "model_facts",
+    "model_kind",
     "release_mlx_streams",
     "resolve_model_path",
 ]
