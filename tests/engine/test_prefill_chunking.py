@@ -18,6 +18,7 @@ from mlx_nursery.engine._chunking import (
     GPU_BUDGET_MS,
     MIN_CHUNK_TOKENS,
     ChunkSizer,
+    GapMeter,
     budget_ms,
     chunk_sizes,
 )
@@ -107,6 +108,41 @@ def test_fed_a_backends_costs_the_chunks_settle_within_the_budget_and_near_it() 
         assert sizes[-4:] == [settled] * 4, sizes
         assert all(cost(rows, size) <= budget for size in sizes), sizes
         assert budget / 2 < cost(rows, settled) <= budget < cost(rows, 2 * settled)
+
+
+def test_a_chunk_beside_decoding_costs_the_excess_of_the_gaps_it_was_in_flight_for() -> None:
+    """Fed the times decode steps' tokens were read: the gaps without a chunk set the
+    average; a chunk launched after one step has landed two steps later, and is observed
+    with the excess of both gaps over that average; a pause forgets what is in flight."""
+    sizer = ChunkSizer(512, budget_ms=None)
+    meter = GapMeter(sizer)
+    meter.decoded(0.0)
+    meter.decoded(0.010)
+    meter.decoded(0.020)
+    assert meter.base_seconds == 0.010
+    meter.launched(100)
+    meter.decoded(0.035)  # in flight: 5 ms over the average
+    assert sizer.seconds_per_token is None  # not landed yet: nothing observed
+    meter.decoded(0.055)  # landed: 10 ms more
+    assert sizer.seconds_per_token == 0.015 / 100
+    assert meter.base_seconds == 0.010  # gaps with a chunk in flight leave the average
+
+    meter.launched(50)
+    meter.paused()  # no decode step: the chunk can no longer be timed
+    meter.decoded(1.0)
+    meter.decoded(1.1)  # a plain gap again, not the chunk's
+    assert sizer.seconds_per_token == 0.015 / 100
+    assert meter.base_seconds is not None and meter.base_seconds > 0.010
+
+
+def test_before_any_plain_gap_a_chunk_is_charged_the_whole_gap() -> None:
+    sizer = ChunkSizer(512, budget_ms=None)
+    meter = GapMeter(sizer)
+    meter.decoded(0.0)
+    meter.launched(10)
+    meter.decoded(0.004)
+    meter.decoded(0.010)
+    assert sizer.seconds_per_token == 0.010 / 10
 
 
 def _request(prompt: list[int], max_tokens: int) -> GenerationRequest:

@@ -14,6 +14,7 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.utils import load
 
+from mlx_nursery.engine._chunking import ChunkSizer
 from mlx_nursery.engine._schedule import ServingBatchGenerator
 
 
@@ -102,3 +103,64 @@ def test_the_schedule_changes_when_tokens_come_never_which(
         return _first_token_calls(generator, prompts, max_tokens=6)[1]
 
     assert run(ServingBatchGenerator) == run(BatchGenerator)
+
+
+class _RecordingSizer(ChunkSizer):
+    """A real sizer that also keeps each observation it is given."""
+
+    def __init__(self, largest: int) -> None:
+        super().__init__(largest, budget_ms=None)
+        self.observed: list[tuple[int, float]] = []
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.observed.append((tokens, seconds))
+        super().observe(tokens, seconds)
+
+
+def test_a_chunk_beside_decoding_is_launched_not_waited_for_and_timed_once_landed(
+    model: Any,
+) -> None:
+    """A prompt prefilled while nothing decodes is timed at once (evaluated in its call); one
+    prefilled beside a decoding sequence is not evaluated in its call: its cost reaches the
+    sizer two decode steps later, from the gaps it widened, while the decoding sequence
+    gets a token in every call. The tokens are mlx-lm's own generator's."""
+    sizer = _RecordingSizer(16)
+    generator = ServingBatchGenerator(
+        model,
+        completion_batch_size=4,
+        prefill_batch_size=4,
+        prefill_step_size=16,
+        chunk_sizer=sizer,
+    )
+    prompts = _prompts(2, 40)
+    (first,) = generator.insert([prompts[0][:10]], max_tokens=[12])
+    generator.next()  # its 9-token chunk, nothing decoding beside it
+    assert [tokens for tokens, _ in sizer.observed] == [9]
+    tokens: dict[int, list[int]] = {first: []}
+    for response in generator.next()[1]:  # its first token
+        tokens[response.uid].append(response.token)
+    (second,) = generator.insert([prompts[1]], max_tokens=[4])
+    tokens[second] = []
+    observed_per_call = []
+    for _ in range(3):  # chunks of 16, 16, 7 launched beside the first sequence's decode
+        responses = generator.next()[1]
+        assert [r.uid for r in responses] == [first]
+        tokens[first].append(responses[0].token)
+        observed_per_call.append([t for t, _ in sizer.observed[1:]])
+    assert observed_per_call == [[], [], [16]]  # the first chunk, two decode steps on
+    while len(tokens[second]) < 4:
+        for response in generator.next()[1]:
+            tokens[response.uid].append(response.token)
+    generator.close()
+
+    upstream = BatchGenerator(
+        model, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+    )
+    expected: dict[int, list[int]] = {}
+    uids = upstream.insert([prompts[0][:10], prompts[1]], max_tokens=[12, 4])
+    while any(len(expected.get(uid, [])) < n for uid, n in zip(uids, (12, 4), strict=True)):
+        for response in upstream.next()[1]:
+            expected.setdefault(response.uid, []).append(response.token)
+    upstream.close()
+    assert tokens[second] == expected[uids[1]]
+    assert tokens[first] == expected[uids[0]][: len(tokens[first])]

@@ -18,9 +18,14 @@ smallest size is given even where it costs more than the budget; until a first p
 has been measured (a chunk, or a lone prompt's forward with its first token), a chunk
 beside decoding sequences gets the smallest size.
 
-The chunk's time as measured includes what is left of the decode step in flight (the
-batch's chunk waits for it on the same stream), so the budget bounds roughly the whole gap
-a running stream sees: as a step's decode takes more of the budget, chunks get smaller.
+A chunk run beside decoding sequences is launched asynchronously, right after the decode
+step (`_schedule.py`): nothing waits for it on its own, so its time is not read from a
+sync of its own. What it costs the running streams is what they see: the wall time between
+two decode steps' tokens. `GapMeter` keeps a moving average of those gaps while no chunk is
+in flight, and gives a chunk the excess of the gaps it was in flight for over that average
+(a chunk launched after step k has landed by the time step k+2's tokens are read: the
+device runs in launch order). A chunk with nothing decoding beside it, and a lone prompt's
+chunk on the fast path, are evaluated synchronously and timed directly.
 """
 
 from __future__ import annotations
@@ -108,3 +113,67 @@ class ChunkSizer:
             return
         self._seconds += SMOOTHING * (seconds - self._seconds)
         self._tokens += SMOOTHING * (tokens - self._tokens)
+
+
+CHUNK_SYNCS = 2
+"""Decode steps whose tokens are read before a chunk launched after a decode step has surely
+landed: the next step was launched before the chunk, the one after it behind it."""
+
+
+class GapMeter:
+    """Measures what asynchronous prefill chunks cost the sequences decoding beside them,
+    from the gaps between decode steps (this module's docstring), and tells a `ChunkSizer`.
+    Engine thread only.
+
+    A gap in which a chunk is in flight counts for the chunks in flight by its excess over
+    the average gap without one (the whole gap until such a gap has been seen: chunks are
+    then sized smaller than they need be, never larger); the excess summed until a chunk has
+    surely landed is observed with that chunk's tokens. Where chunks follow each other, each
+    gap's excess goes to the oldest: over a run of chunks the excess and the tokens both add
+    up, which is what the sizer's ratio of averages reads."""
+
+    def __init__(self, sizer: ChunkSizer) -> None:
+        self._sizer = sizer
+        self._last: float | None = None
+        """When the previous decode step's tokens were read (None: no step since a pause)."""
+        self._base: float | None = None
+        """The moving average of gaps no chunk was in flight for."""
+        self._in_flight: list[list[int]] = []
+        """[tokens, decode steps still to read before it has surely landed], oldest first."""
+        self._excess = 0.0
+
+    @property
+    def base_seconds(self) -> float | None:
+        """The average gap between decode steps with no chunk in flight (None: none yet)."""
+        return self._base
+
+    def launched(self, tokens: int) -> None:
+        """A chunk of `tokens` (rows times length) was launched after this step's decode."""
+        self._in_flight.append([tokens, CHUNK_SYNCS])
+
+    def decoded(self, now: float) -> None:
+        """A decode step's tokens were read at `now` (`time.perf_counter()`)."""
+        last, self._last = self._last, now
+        if last is None:
+            return
+        gap = now - last
+        if not self._in_flight:
+            self._base = gap if self._base is None else self._base + SMOOTHING * (gap - self._base)
+            return
+        self._excess += max(0.0, gap - (self._base or 0.0))
+        landed = 0
+        for chunk in self._in_flight:
+            chunk[1] -= 1
+            if chunk[1] <= 0:
+                landed += chunk[0]
+        if landed:
+            self._in_flight = [chunk for chunk in self._in_flight if chunk[1] > 0]
+            self._sizer.observe(landed, self._excess)
+            self._excess = 0.0
+
+    def paused(self) -> None:
+        """No decode step ran: the gap to the next is no decode gap, and the chunks in
+        flight can no longer be timed (a synchronous chunk's time will include them)."""
+        self._last = None
+        self._in_flight.clear()
+        self._excess = 0.0

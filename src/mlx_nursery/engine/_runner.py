@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 
+import mlx.core as mx
+
 from .. import fault_points
 from ..models import LoadedModel
 from ._admission import Admission
@@ -63,6 +65,7 @@ class Runner:
         self._ledger = ledger
         self.counters = RunCounters()
         counters = self.counters
+        self._stepped_since_flush = False
         self._emitter = Emitter(ledger, outbox, counters)
         self.placement = Placement(config, model, ledger, outbox, self._emitter, counters)
         self._reuse = PrefixReuse(model, cache)
@@ -106,8 +109,15 @@ class Runner:
             ledger.finish(sequence, sequence.final("cancelled"))
 
     def release_idle_responses(self) -> None:
-        if not self._ledger.stepping():
-            self.placement.previous_responses = []  # no next step: nothing to wait for
+        """With nothing to step: drop the last step's responses (no next step to wait for)
+        and, once per idle spell, flush MLX's buffer cache, which the steps' varying shapes
+        grow (mlx-lm flushes it between steps; this engine only where no step waits)."""
+        if self._ledger.stepping():
+            return
+        self.placement.previous_responses = []
+        if self._stepped_since_flush:
+            self._stepped_since_flush = False
+            mx.clear_cache()
 
     def check(self) -> None:
         self._ledger.check(self.placement.current, self.placement.unused)
@@ -143,6 +153,7 @@ class Runner:
             self.recovery.recover(exc)
             return
         self.placement.previous_responses = responses
+        self._stepped_since_flush = True
         counters = self.counters
         counters.steps += 1
         counters.solo_steps += stepper.kind == "solo"

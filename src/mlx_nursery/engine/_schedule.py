@@ -22,7 +22,21 @@ computed with the next decode step). A prompt batch can turn over every call, an
 prompt's first token comes one call after its last chunk.
 
 A chunk's length is `prefill_step_size`, or what a `ChunkSizer` (`_chunking.py`) gives it
-while the running batch decodes; each chunk's measured time goes back to the sizer.
+while the running batch decodes.
+
+Beside a decoding batch a chunk is launched asynchronously, right after the decode step
+(`async_eval`, as the decode step's own): the host goes on to post the step's tokens and
+build the next step while the device runs both, and the next step's tokens are read
+without waiting for the chunk (the device runs in launch order: the chunk lands before the
+step after). mlx-lm's `PromptProcessingBatch.prompt` evaluates each chunk before it
+returns and flushes MLX's buffer cache after it, and `_next` flushes it every 512 steps;
+here neither happens while sequences run (the engine flushes it when it goes idle,
+`Runner.release_idle_responses`). Its cost reaches the sizer through the decode gaps
+(`GapMeter`). A chunk with nothing decoding beside it is evaluated at once and timed
+directly: nobody waits for it, and the time is exact.
+
+Prompts that all end their prefill together leave the prompt batch whole, without the copy
+of its KV that `PromptProcessingBatch.split` makes.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ._chunking import ChunkSizer
+from ._chunking import ChunkSizer, GapMeter
 from ._upstream import BatchGenerator, PromptProcessingBatch
 
 
@@ -41,11 +55,15 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
 
     _currently_processing: list[list[Any]]
     """mlx-lm's record per prompt in the prompt batch: [segments left, done, total]."""
+    _prompt_batch: Any
+    """mlx-lm's `PromptProcessingBatch` of the prompts being prefilled."""
 
     def __init__(self, model: Any, *, chunk_sizer: ChunkSizer | None = None, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.chunk_sizer = chunk_sizer
         """Sizes each chunk and is told its time (None: chunks of `prefill_step_size`)."""
+        self._gaps = GapMeter(chunk_sizer) if chunk_sizer is not None else None
+        """Times the chunks launched beside decoding sequences (None: no sizer to tell)."""
 
     @property
     def prefilled_tokens(self) -> int:
@@ -59,11 +77,14 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         if len(self._generation_batch) > 0:
             tic = time.perf_counter()
             generation_responses = self._generation_batch.next()
-            counters.decode_time += time.perf_counter() - tic
+            toc = time.perf_counter()
+            counters.decode_time += toc - tic
             counters.generation_tokens += len(generation_responses)
             counters.generation_steps += 1
-            if counters.generation_steps % 512 == 0:
-                mx.clear_cache()  # as mlx-lm does: the allocator's cache grows with shapes
+            if self._gaps is not None:
+                self._gaps.decoded(toc)
+        elif self._gaps is not None:
+            self._gaps.paused()
         if len(self._generation_batch) >= self.completion_batch_size:
             return prompt_responses, generation_responses
 
@@ -78,9 +99,9 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         # all but the last) go straight to the running batch.
         self._start_generating(prompt_responses)
 
+        decoding = len(self._generation_batch) > 0
         size = self.prefill_step_size
         if self.chunk_sizer is not None and self._currently_processing:
-            decoding = len(self._generation_batch) > 0
             size = self.chunk_sizer.size(len(self._currently_processing), decoding=decoding)
         chunks: list[list[int]] = []
         for i, processing in enumerate(self._currently_processing):
@@ -97,13 +118,21 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
                     self._prompt_batch.uids[i], (processing[1], processing[2]), ended, False
                 )
             )
-        counters.prompt_tokens += sum(len(chunk) for chunk in chunks)
-        tic = time.perf_counter()
-        self._prompt_batch.prompt(chunks)  # evaluated before it returns: the time is real
-        elapsed = time.perf_counter() - tic
-        counters.prompt_time += elapsed
-        if self.chunk_sizer is not None and chunks:
-            self.chunk_sizer.observe(len(chunks) * max(len(c) for c in chunks), elapsed)
+        if chunks:
+            counters.prompt_tokens += sum(len(chunk) for chunk in chunks)
+            tokens = len(chunks) * max(len(c) for c in chunks)
+            tic = time.perf_counter()
+            states = launch_chunk(self._prompt_batch, chunks)
+            if decoding:
+                if self._gaps is not None:
+                    self._gaps.launched(tokens)
+                counters.prompt_time += time.perf_counter() - tic  # building it: the rest overlaps
+            else:
+                mx.eval(states)  # nobody decodes beside it: its time is exact
+                elapsed = time.perf_counter() - tic
+                counters.prompt_time += elapsed
+                if self.chunk_sizer is not None:
+                    self.chunk_sizer.observe(tokens, elapsed)
 
         self._start_generating(prompt_responses)
         return prompt_responses, generation_responses
@@ -120,10 +149,51 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             return
         last_inputs = [self._currently_processing[i][0][0] for i in ready]
         totals = [self._currently_processing[i][2] for i in ready]
-        self._currently_processing = [
-            p for i, p in enumerate(self._currently_processing) if i not in set(ready)
-        ]
-        started = self._prompt_batch.split(ready).generate(last_inputs)
+        if len(ready) == len(self._currently_processing):
+            # All of them: the batch itself moves on (`split` would copy every row's KV).
+            leaving = self._prompt_batch
+            self._prompt_batch = PromptProcessingBatch.empty(
+                self.model, self.sampler, prefill_step_size=self.prefill_step_size
+            )
+            self._currently_processing = []
+        else:
+            chosen = set(ready)
+            self._currently_processing = [
+                p for i, p in enumerate(self._currently_processing) if i not in chosen
+            ]
+            leaving = self._prompt_batch.split(ready)
+        started = leaving.generate(last_inputs)
         for uid, total in zip(started.uids, totals, strict=True):
             prompt_responses.append(PromptProcessingBatch.Response(uid, (total, total), True, True))
         self._generation_batch.extend(started)
+
+
+def launch_chunk(batch: Any, tokens: list[list[int]]) -> list[Any]:
+    """Run one chunk of `batch`'s prompts (a `PromptProcessingBatch`; row i takes
+    `tokens[i]`) through the model as its `prompt` does, but launched with `async_eval`
+    and without flushing MLX's buffer cache; returns the cache states it computes (to
+    evaluate, where the caller must wait). Every row's chunk must fit one forward pass:
+    `prefill_step_size` tokens at most."""
+    if len(batch.uids) != len(tokens):
+        raise ValueError("the batch length doesn't match the number of inputs")
+    if max(len(t) for t in tokens) > batch.prefill_step_size:
+        raise ValueError("a chunk is longer than the batch's prefill_step_size")
+    for held, chunk in zip(batch.tokens, tokens, strict=True):
+        held += chunk  # the tokens its KV cache holds, as `prompt` keeps them
+    lengths = [len(t) for t in tokens]
+    longest = max(lengths)
+    padding = [longest - length for length in lengths]
+    padded = max(padding) > 0
+    if padded:
+        inputs = mx.array([t + [0] * (longest - len(t)) for t in tokens])
+        for cache in batch.prompt_cache:
+            cache.prepare(lengths=lengths, right_padding=padding)
+    else:
+        inputs = mx.array(tokens)
+    batch.model(inputs, cache=batch.prompt_cache)
+    if padded:
+        for cache in batch.prompt_cache:
+            cache.finalize()
+    states = [cache.state for cache in batch.prompt_cache]
+    mx.async_eval(states)  # type: ignore[no-untyped-call]
+    return states
