@@ -293,4 +293,4 @@ def test_what_cannot_be_split_is_refused_at_startup(
                                                   "--distributed", mode]), environ={})
     )  # fmt: skip
     with pytest.raises(SettingsError, match=refusal):
-        start_rank(settings)
+        start_rank(settings, str(tiny_model))
