@@ -120,6 +120,12 @@ class Follower:
                     if response.finish_reason is not None:
                         del self._tokens[response.uid]
                         counters.finished += 1
+        elif name == "patience":  # the warm-up's first compiles, then the usual bound
+            _, seconds, warming = op
+            watchdog.timeout = float(seconds)
+            if not warming:  # what the warm-up ran is no request's: not counted
+                self.counters = FollowerCounters(self.counters.rank)
+                counters = self.counters
         elif name == "shutdown":
             return bool(op[1])
         else:

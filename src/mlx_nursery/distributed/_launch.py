@@ -28,8 +28,8 @@ before it exits."""
 
 def distributed_settings(settings: Settings) -> Settings:
     """`settings` as distributed serving runs them: one model, no prefix cache (a hit is KV
-    on rank 0 alone), no warm-up (its forwards would be rank 0's alone), no restart of a
-    dead engine (the group restarts together). Raises SettingsError for what it refuses."""
+    on rank 0 alone), no restart of a dead engine (the group restarts together). Raises
+    SettingsError for what it refuses."""
     if settings.distributed is None:
         return settings
     if len(settings.model) != 1 or settings.models_dir is not None:
@@ -39,7 +39,6 @@ def distributed_settings(settings: Settings) -> Settings:
     return attrs.evolve(
         settings,
         prompt_cache_bytes=0,
-        skip_warmup=True,
         on_engine_failure="exit",
         max_loaded_models=1,
     )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import attrs
@@ -119,6 +120,19 @@ class Leader:
             self.failure = f"{peer_ranks(self.group)} failed: a broadcast failed ({exc})"
             raise
         self._last_sent = time.monotonic()
+
+    @contextmanager
+    def patient(self, seconds: float) -> Iterator[None]:
+        """Every rank waits up to `seconds` for the others in the block (the warm-up, whose
+        first steps compile kernels), then the usual bound again."""
+        usual = self.watchdog.timeout
+        self.record(["patience", seconds, True])
+        self.watchdog.timeout = seconds
+        try:
+            yield
+        finally:
+            self.watchdog.timeout = usual
+            self.record(["patience", usual, False])
 
     def watching(self, what: str) -> Any:
         return self.watchdog.watching(what)

@@ -9,6 +9,7 @@ exit). Without one (the default) none of this runs: one device costs nothing mor
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ class Distribution(Protocol):
         self, model: Any, config: EngineConfig, make_cache: CacheFactory | None
     ) -> Stepper:
         """A batch stepper whose every operation every rank applies in the same order."""
+
+    def patient(self, seconds: float) -> AbstractContextManager[None]:
+        """Within the block every rank waits up to `seconds` for the others (the warm-up,
+        whose first steps compile kernels on every rank)."""
 
     def tick(self) -> None:
         """Once per loop iteration: a heartbeat when nothing was sent for a while."""

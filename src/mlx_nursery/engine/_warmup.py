@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -38,6 +38,9 @@ log = logging.getLogger("mlx_nursery.engine")
 
 PROMPT_TOKENS = 48
 NEW_TOKENS = 3
+WARMUP_PATIENCE_S = 300.0
+"""Distributed, how long beyond its budget every rank waits for the others in the warm-up:
+one step's first compiles, every kernel at once on a machine that never built them."""
 MAX_STEPS = 200
 """Steps of one phase at most: more than a phase needs, a bound should a stepper change."""
 
@@ -109,9 +112,16 @@ def batch_sizes(max_concurrency: int, *, gpu: bool) -> tuple[int, ...]:
 
 
 def warm_up(
-    model: LoadedModel, plan: WarmupPlan, make_cache: CacheFactory, *, kv_quantized: bool
+    model: LoadedModel,
+    plan: WarmupPlan,
+    make_cache: CacheFactory,
+    *,
+    kv_quantized: bool,
+    make_batch: Callable[[], Stepper] | None = None,
 ) -> float:
     """Run `plan` on `model` (KV caches made by `make_cache`); return the seconds it took.
+    `make_batch` makes the batch stepper of every batch phase (the engine's own, which
+    every rank mirrors when distributed); None: one per phase, as wide as the phase.
     Raises what the model raises (the engine then fails to start, as a model that cannot
     compute should)."""
     started = time.perf_counter()
@@ -163,12 +173,16 @@ def warm_up(
                 )
                 _run(solo, [sequence], keep_one=False)
         else:
-            batch = BatchStepper(
-                model.model,
-                max_concurrency=size,
-                prefill_batch_size=min(plan.prefill_batch_size, size),
-                prefill_step_size=min(plan.prefill_step_size, PROMPT_TOKENS // 2),
-                make_cache=make_cache if kv_quantized else None,
+            batch = (
+                make_batch()
+                if make_batch is not None
+                else BatchStepper(
+                    model.model,
+                    max_concurrency=size,
+                    prefill_batch_size=min(plan.prefill_batch_size, size),
+                    prefill_step_size=min(plan.prefill_step_size, PROMPT_TOKENS // 2),
+                    make_cache=make_cache if kv_quantized else None,
+                )
             )
             try:
                 _run(batch, sequences(size, index), keep_one=True)

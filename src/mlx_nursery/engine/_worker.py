@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from .. import fault_points
 from ..fault_points import request_label
-from ..models import load_model
+from ..models import LoadedModel, load_model
 from ._config import EngineConfig
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels, release_streams
@@ -38,7 +38,7 @@ from ._runner import FatalEngineError, Runner
 from ._sequence import FAILED_WHILE_SERVING
 from ._types import FinishReason, GenerationRequest, Tokenizer
 from ._vision import vision_processor
-from ._warmup import WarmupPlan, plan_for, warm_up
+from ._warmup import WARMUP_PATIENCE_S, WarmupPlan, plan_for, warm_up
 
 __all__ = ["FatalEngineError", "Worker"]
 
@@ -153,12 +153,7 @@ class Worker:
                 else self._kv_budget(model.model, make_cache, model.context_length)
             )
             if self._config.warmup and not scripted:
-                seconds = warm_up(
-                    model,
-                    self._warmup_plan(),
-                    make_cache,
-                    kv_quantized=quantization is not None,
-                )
+                seconds = self._warm_up(model, make_cache, quantization is not None)
                 log.info("warm-up done in %.1f s", seconds)
             self._runner = Runner(
                 self._config, model, self._cache, self._outbox, self._ledger, budget
@@ -193,6 +188,25 @@ class Worker:
             self._outbox.post(closing="failed" if reason else "closed")
             self._release_memory(failed=reason is not None)
             self._on_exit(reason)
+
+    def _warm_up(self, model: LoadedModel, make_cache: CacheFactory, kv_quantized: bool) -> float:
+        """The warm-up; distributed, on the engine's own mirrored batch stepper, every rank
+        compiling as rank 0 does (each first step may take long: every rank waits)."""
+        plan = self._warmup_plan()
+        distribution = self._config.distribution
+        if distribution is None:
+            return warm_up(model, plan, make_cache, kv_quantized=kv_quantized)
+        mirrored_cache = make_cache if kv_quantized else None
+        with distribution.patient(WARMUP_PATIENCE_S + plan.budget_s):
+            return warm_up(
+                model,
+                plan,
+                make_cache,
+                kv_quantized=kv_quantized,
+                make_batch=lambda: distribution.batch_stepper(
+                    model.model, self._config, mirrored_cache
+                ),
+            )
 
     def _warmup_plan(self) -> WarmupPlan:
         config = self._config
