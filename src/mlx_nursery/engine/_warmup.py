@@ -41,6 +41,8 @@ NEW_TOKENS = 3
 WARMUP_PATIENCE_S = 300.0
 """Distributed, how long beyond its budget every rank waits for the others in the warm-up:
 one step's first compiles, every kernel at once on a machine that never built them."""
+SOLO_COMMON = 2
+"""The fast path's variants warmed before the batches (greedy, a temperature draw)."""
 MAX_STEPS = 200
 """Steps of one phase at most: more than a phase needs, a bound should a stepper change."""
 
@@ -147,11 +149,17 @@ def warm_up(
             made.append(build_sequence(Submit(seq_id, request), eos))
         return made
 
-    phases: list[tuple[str, int]] = []
+    # (name, batch size; 1: the fast path, with the variants from..to). The fast path's
+    # common variants first, then the batches, then its rarer variants: where the budget runs
+    # out (a machine compiling every kernel for the first time), what most requests need is built.
+    phases: list[tuple[str, int, int, int]] = []
+    common = min(SOLO_COMMON, plan.solo_variants)
     if plan.fast_path:
-        phases.append(("the fast path", 1))
-    phases += [(f"a batch of {size}", size) for size in plan.batch_sizes]
-    for index, (name, size) in enumerate(phases, 1):
+        phases.append(("the fast path", 1, 0, common))
+    phases += [(f"a batch of {size}", size, 0, 0) for size in plan.batch_sizes]
+    if plan.fast_path and plan.solo_variants > common:
+        phases.append(("the fast path's other sampling", 1, common, plan.solo_variants))
+    for index, (name, size, first, last) in enumerate(phases, 1):
         elapsed = time.perf_counter() - started
         if index > 1 and elapsed > plan.budget_s:  # the first phase always runs
             log.info(
@@ -164,7 +172,7 @@ def warm_up(
             break
         log.info("warm-up %d/%d: %s (%.1f s so far)", index, len(phases), name, elapsed)
         if size == 1:
-            for sequence in sequences(plan.solo_variants, 0):
+            for sequence in sequences(last - first, first):
                 solo = SoloStepper(
                     model.model,
                     prefill_step_size=PROMPT_TOKENS // 2,
