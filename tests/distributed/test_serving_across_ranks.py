@@ -3,9 +3,10 @@ on the loopback: the real server on rank 0, a real follower on rank 1.
 
 One group per mode, under `mlx.launch` itself, serves the token and cancellation cases and
 is then drained by SIGTERM: tensor parallel on the tiny preset (qwen3), pipeline parallel on
-`tiny-qwen2` (mlx-lm splits qwen3 by tensor only), two layers a rank. The failure cases
-start groups of their own, rank by rank with the environment `mlx.launch --backend ring`
-gives each (so that the test holds each rank's process: its pid to kill, its exit status).
+`tiny-qwen2` (mlx-lm splits qwen3 by tensor only), two layers a rank, with 8-bit KV. The
+failure cases start groups of their own, rank by rank with the environment `mlx.launch
+--backend ring` gives each (so that the test holds each rank's process: its pid to kill, its
+exit status).
 """
 
 from __future__ import annotations
@@ -101,9 +102,11 @@ class Served:
     """What a token's KV costs in the whole model, in one process."""
 
 
-def _one_process(model: Path) -> tuple[list[str], int]:
+def _one_process(model: Path, kv_bits: int | None) -> tuple[list[str], int]:
+    config = EngineConfig(model, warmup=False, kv_bits=kv_bits, kv_group_size=32)  # heads of 32
+
     async def run() -> tuple[list[str], int]:
-        async with open_engine(EngineConfig(model, warmup=False)) as engine:
+        async with open_engine(config) as engine:
             runs = [
                 await collect(
                     engine,
@@ -122,14 +125,17 @@ def _one_process(model: Path) -> tuple[list[str], int]:
 def served(
     request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
-    """One group per mode, one after the other (the last test of each drains it)."""
+    """One group per mode, one after the other (the last test of each drains it). The
+    pipeline group quantizes its KV: the ranks but 0 hold their last layer's keys as
+    `mx.depends` leaves them (the tensor group covers plain KV)."""
     mode: str = request.param
-    model = (
-        tiny_model
-        if mode == "tensor"
-        else make_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", "tiny-qwen2")
-    )
-    reference, kv_bytes_per_token = _one_process(model)
+    if mode == "tensor":
+        model, kv_bits = tiny_model, None
+    else:
+        model = make_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", "tiny-qwen2")
+        kv_bits = 8
+    reference, kv_bytes_per_token = _one_process(model, kv_bits)
+    kv_flags = [] if kv_bits is None else ["--kv-bits", str(kv_bits), "--kv-group-size", "32"]
     port = _free_port()
     log = tmp_path_factory.mktemp("group") / "launch.log"
     with log.open("wb") as out:
@@ -143,6 +149,7 @@ def served(
                 str(_free_port()),
                 "--",
                 *_serve_command(model, port, "--distributed", mode, "--shutdown-grace", "60"),
+                *kv_flags,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -89,7 +89,7 @@ PRESETS: dict[str, Preset] = {
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
             "hidden_act": "silu",
-            "hidden_size": 64,
+            "hidden_size": 128,  # heads of 32: its KV quantizes (`tiny`'s 16 do not)
             "num_hidden_layers": 4,
             "intermediate_size": 128,
             "num_attention_heads": 4,
