@@ -1,10 +1,12 @@
 """Serving one model across two ranks (`--distributed`), on the CPU over MLX's ring backend
 on the loopback: the real server on rank 0, a real follower on rank 1.
 
-One group, under `mlx.launch` itself, serves the token and cancellation cases and is then
-drained by SIGTERM; the failure cases start groups of their own, rank by rank with the
-environment `mlx.launch --backend ring` gives each (so that the test holds each rank's
-process: its pid to kill, its exit status).
+One group per mode, under `mlx.launch` itself, serves the token and cancellation cases and
+is then drained by SIGTERM: tensor parallel on the tiny preset (qwen3), pipeline parallel on
+`tiny-qwen2` (mlx-lm splits qwen3 by tensor only), two layers a rank, with 8-bit KV. The
+failure cases start groups of their own, rank by rank with the environment `mlx.launch
+--backend ring` gives each (so that the test holds each rank's process: its pid to kill, its
+exit status).
 """
 
 from __future__ import annotations
@@ -87,12 +89,24 @@ async def _until_healthy(port: int, process: subprocess.Popen[bytes]) -> None:
     raise AssertionError("the group ended before it served")
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model: Path) -> list[str]:
-    """Each prompt's greedy text from one process, on the whole model (no group)."""
+@attrs.frozen
+class Served:
+    """A group serving `model`, and what one process makes of the whole model."""
 
-    async def texts() -> list[str]:
-        async with open_engine(EngineConfig(tiny_model, warmup=False)) as engine:
+    group: Launched
+    model: str
+    """Its name in requests."""
+    reference: list[str]
+    """Each prompt's greedy text from one process, on the whole model (no group)."""
+    kv_bytes_per_token: int
+    """What a token's KV costs in the whole model, in one process."""
+
+
+def _one_process(model: Path, kv_bits: int | None) -> tuple[list[str], int]:
+    config = EngineConfig(model, warmup=False, kv_bits=kv_bits, kv_group_size=32)  # heads of 32
+
+    async def run() -> tuple[list[str], int]:
+        async with open_engine(config) as engine:
             runs = [
                 await collect(
                     engine,
@@ -102,13 +116,26 @@ def reference(tiny_model: Path) -> list[str]:
                 )
                 for prompt in PROMPTS
             ]
-        return [run.text for run in runs]
+            return [run.text for run in runs], engine.model.kv_bytes_per_token
 
-    return trio.run(texts)
+    return trio.run(run)
 
 
-@pytest.fixture(scope="module")
-def group(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
+@pytest.fixture(scope="module", params=["tensor", "pipeline"])
+def served(
+    request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """One group per mode, one after the other (the last test of each drains it). The
+    pipeline group quantizes its KV: the ranks but 0 hold their last layer's keys as
+    `mx.depends` leaves them (the tensor group covers plain KV)."""
+    mode: str = request.param
+    if mode == "tensor":
+        model, kv_bits = tiny_model, None
+    else:
+        model = make_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", "tiny-qwen2")
+        kv_bits = 8
+    reference, kv_bytes_per_token = _one_process(model, kv_bits)
+    kv_flags = [] if kv_bits is None else ["--kv-bits", str(kv_bits), "--kv-group-size", "32"]
     port = _free_port()
     log = tmp_path_factory.mktemp("group") / "launch.log"
     with log.open("wb") as out:
@@ -121,9 +148,8 @@ def group(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "--starting-port",
                 str(_free_port()),
                 "--",
-                *_serve_command(
-                    tiny_model, port, "--distributed", "tensor", "--shutdown-grace", "60"
-                ),
+                *_serve_command(model, port, "--distributed", mode, "--shutdown-grace", "60"),
+                *kv_flags,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -132,49 +158,57 @@ def group(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     launched = Launched(launcher, port, log)
     try:
         trio.run(_until_healthy, port, launcher)
-        yield launched
+        yield Served(launched, model.name, reference, kv_bytes_per_token)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
 
 
-async def _complete(client: httpx.AsyncClient, prompt: list[int], **fields: Any) -> str:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+async def _complete(client: httpx.AsyncClient, model: str, prompt: list[int], **fields: Any) -> str:
+    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
     response = await client.post("/v1/completions", json={**body, **fields})
     assert response.status_code == 200, response.text
     return str(response.json()["choices"][0]["text"])
 
 
-async def test_tensor_parallel_gives_one_process_greedy_tokens(
-    group: Launched, reference: list[str]
-) -> None:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
-        texts = [await _complete(client, prompt) for prompt in PROMPTS]
-    assert texts == reference
+async def test_the_group_gives_one_process_greedy_tokens(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.group.port}") as client:
+        texts = [await _complete(client, served.model, prompt) for prompt in PROMPTS]
+    assert texts == served.reference
 
 
-async def test_concurrent_requests_keep_their_solo_tokens(
-    group: Launched, reference: list[str]
-) -> None:
+def test_each_rank_budgets_only_its_own_share_of_the_kv(served: Served) -> None:
+    """Tensor ranks hold half of every layer's KV heads, pipeline ranks half the layers: on
+    both ranks a token's KV costs half of the whole model's (the KV budget counts that)."""
+    output = served.group.output()
+    leader = re.search(r"KV budget: \d+ tokens \((\d+) bytes per token\)", output)
+    follower = re.search(r"rank 1: following rank 0 \(\w+ parallel; (\d+) bytes of KV", output)
+    assert leader is not None and follower is not None, output
+    half = served.kv_bytes_per_token // 2
+    assert (int(leader.group(1)), int(follower.group(1))) == (half, half)
+
+
+async def test_concurrent_requests_keep_their_solo_tokens(served: Served) -> None:
     texts: dict[int, str] = {}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.group.port}") as client:
 
         async def one(i: int) -> None:
-            texts[i] = await _complete(client, PROMPTS[i])
+            texts[i] = await _complete(client, served.model, PROMPTS[i])
 
         async with trio.open_nursery() as nursery:
             for i in range(len(PROMPTS)):
                 nursery.start_soon(one, i)
-    assert [texts[i] for i in range(len(PROMPTS))] == reference
+    assert [texts[i] for i in range(len(PROMPTS))] == served.reference
 
 
 async def test_a_dropped_stream_stops_on_both_ranks_and_sigterm_drains_the_group(
-    group: Launched, reference: list[str]
+    served: Served,
 ) -> None:
     long = 4000
+    group = served.group
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
-        body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": long, "temperature": 0}
+        body = {"model": served.model, "prompt": PROMPTS[0], "max_tokens": long, "temperature": 0}
         async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             chunks = 0
             async for line in r.aiter_lines():

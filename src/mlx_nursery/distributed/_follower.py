@@ -33,7 +33,7 @@ from ..engine.stepping import (
 from ..models import ModelLoadError
 from ._channel import Channel
 from ._loading import Mode, check_identity, load_shard, model_identity
-from ._ops import Hello, Op, shared_tokens
+from ._ops import Hello, Op, kv_offer, shared_tokens
 from ._watchdog import Watchdog
 
 log = logging.getLogger("mlx_nursery.distributed")
@@ -158,12 +158,14 @@ def run_follower(path: Path, mode: Mode, timeout: float) -> int:
     follower = Follower(model.model, hello, group)
     if hello.kv_bits is not None:
         check_quantizable(model.model, KVQuantization(hello.kv_bits, hello.kv_group_size))
-    kv_bytes_per_token(model.model, follower.make_cache)
+    per_token = kv_bytes_per_token(model.model, follower.make_cache)  # its own layers' KV
     kv_bytes = hello.kv_cache_bytes
     if kv_bytes is None:
         kv_bytes = derive_kv_bytes(device_memory(mx.device_info()), mx.get_active_memory(), 0)
-    channel.gather([-1 if kv_bytes is None else kv_bytes], "the KV budget")
-    log.info("rank %d: following rank 0 (%s parallel)", rank, mode)
+    channel.gather(kv_offer(kv_bytes, per_token), "the KV budget")
+    log.info(
+        "rank %d: following rank 0 (%s parallel; %d bytes of KV a token)", rank, mode, per_token
+    )
     failed: bool | None = None
     try:
         while failed is None:

@@ -35,7 +35,7 @@ from ..engine.stepping import (
 from ..models import LoadedModel, resolve_model_path
 from ._channel import Channel
 from ._loading import Mode, check_identity, load_shard, model_identity
-from ._ops import Hello, Op, share_tokens
+from ._ops import Hello, Op, agreed_kv_bytes, kv_offer, share_tokens
 from ._watchdog import Watchdog
 
 log = logging.getLogger("mlx_nursery.distributed")
@@ -84,10 +84,8 @@ class Leader:
         log.info("serving across %d ranks (%s parallel)", self.group.size(), self.mode)
         return model
 
-    def agree_kv_bytes(self, kv_bytes: int | None) -> int | None:
-        rows = self._channel.gather([-1 if kv_bytes is None else kv_bytes], "the KV budget")
-        limits = [row[0] for row in rows if row[0] >= 0]
-        return min(limits) if limits else None
+    def agree_kv_bytes(self, kv_bytes: int | None, per_token: int) -> int | None:
+        return agreed_kv_bytes(self._channel.gather(kv_offer(kv_bytes, per_token), "the KV budget"))
 
     def batch_stepper(
         self, model: Any, config: EngineConfig, make_cache: CacheFactory | None

@@ -48,6 +48,21 @@ class Hello:
         )
 
 
+def kv_offer(kv_bytes: int | None, per_token: int) -> list[int]:
+    """What a rank tells rank 0 of its KV memory: its bytes (-1: no limit) and what a token
+    costs in its own caches (tensor ranks hold a slice of every layer's, pipeline ranks
+    their layers')."""
+    return [-1 if kv_bytes is None else kv_bytes, per_token]
+
+
+def agreed_kv_bytes(offers: list[list[int]]) -> int | None:
+    """From every rank's `kv_offer` (rank 0's first): the KV bytes, at rank 0's cost a
+    token, for the fewest tokens any rank can hold (None: no rank has a limit; a rank
+    whose KV does not grow with tokens limits none)."""
+    tokens = [kv_bytes // cost for kv_bytes, cost in offers if kv_bytes >= 0 and cost > 0]
+    return min(tokens) * offers[0][1] if tokens else None
+
+
 def share_tokens(tokens: mx.array, group: mx.distributed.Group) -> mx.array:
     """Rank 0's sampled tokens on every rank, inside the step's graph (others add zeros)."""
     return mx.distributed.all_sum(tokens.astype(mx.uint32), group=group)

@@ -27,9 +27,10 @@ class Distribution(Protocol):
         """Load this rank's shard and check that every rank serves the same model (raises
         if not). Engine thread; the first of its collectives."""
 
-    def agree_kv_bytes(self, kv_bytes: int | None) -> int | None:
-        """The KV memory every rank can hold (the least of each rank's own; None: no limit
-        on any)."""
+    def agree_kv_bytes(self, kv_bytes: int | None, per_token: int) -> int | None:
+        """The KV memory, in this rank's bytes (`per_token` a token), for as many tokens as
+        every rank can hold: each rank's own memory at its own cost a token (a pipeline
+        rank holds only its layers' KV), the fewest of any (None: no limit on any)."""
 
     def batch_stepper(
         self, model: Any, config: EngineConfig, make_cache: CacheFactory | None

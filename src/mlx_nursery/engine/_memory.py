@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -95,10 +95,13 @@ def kv_bytes_per_token(model: Any, make_cache: Callable[[Any], list[Any]] | None
     return math.ceil(per_token)
 
 
-def _parts(stored: mx.array | tuple[mx.array, ...]) -> tuple[mx.array, ...]:
+def _parts(stored: mx.array | Sequence[mx.array]) -> tuple[mx.array, ...]:
     """A cache's keys (or values): one array, or a quantized one's packed values, scales
-    and biases."""
-    return stored if isinstance(stored, tuple) else (stored,)
+    and biases: a tuple, or a list on pipeline ranks but rank 0, where mlx-lm's pipelined
+    models replace the last layer's keys with what `mx.depends` returns."""
+    if isinstance(stored, mx.array):
+        return (stored,)
+    return tuple(stored)
 
 
 def device_memory(info: Mapping[str, Any]) -> int | None:

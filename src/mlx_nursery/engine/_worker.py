@@ -234,7 +234,7 @@ class Worker:
                 self._config.prompt_cache_bytes,
             )
         if self._config.distribution is not None:  # every rank must hold the batch's KV
-            kv_bytes = self._config.distribution.agree_kv_bytes(kv_bytes)
+            kv_bytes = self._config.distribution.agree_kv_bytes(kv_bytes, per_token)
         if kv_bytes is None or per_token == 0:
             return KVBudget(None), per_token
         if kv_bytes // per_token < MIN_KV_TOKENS:

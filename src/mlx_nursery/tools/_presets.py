@@ -1,11 +1,12 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `tiny-thinking`, `small`, `tiny-vlm`, `tiny-embedding` and `tiny-whisper` are
-for tests; `qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base` (an embedding
-model) carry the real architecture configs (random weights) so benchmarks run at real
-shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose
+`tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding` and
+`tiny-whisper` are for tests; `qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base`
+(an embedding model) carry the real architecture configs (random weights) so benchmarks run
+at real shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose
 `<think>` / `</think>` are added tokens and a Qwen3-style template that honours
-`enable_thinking`.
+`enable_thinking`. `tiny-qwen2` is an architecture mlx-lm splits by layers (pipeline
+parallel; `tiny`'s qwen3 splits by tensor only), with two layers for each of two ranks.
 """
 
 from __future__ import annotations
@@ -81,6 +82,27 @@ PRESETS: dict[str, Preset] = {
             max_position_embeddings=16384,
         ),
         trained_vocab=4096,
+    ),
+    "tiny-qwen2": Preset(
+        "tiny-qwen2",
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "hidden_act": "silu",
+            "hidden_size": 128,  # heads of 32: its KV quantizes (`tiny`'s 16 do not)
+            "num_hidden_layers": 4,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": 2048,
+            "rope_theta": 1_000_000.0,
+            "max_position_embeddings": 4096,
+            # Its own output head: a random model whose head is its embedding mostly repeats
+            # its input's last token, and greedy tokens would hardly depend on the layers.
+            "tie_word_embeddings": False,
+        },
+        trained_vocab=2048,
     ),
     "qwen3-0.6b": Preset(
         "qwen3-0.6b",
