@@ -4,6 +4,7 @@ growing size, every sampling variant, within its time budget, and leaves nothing
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,29 @@ def test_a_spent_budget_skips_the_remaining_phases(
     assert any(m.startswith("warm-up 1/3: the fast path") for m in messages)
     assert not any(m.startswith("warm-up 2/3") for m in messages)
     assert any("2 of 3 phases skipped" in m for m in messages)
+
+
+def test_compiled_kernels_are_kept_in_the_users_cache_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlx.core as mx
+
+    from mlx_nursery.engine._device_thread import keep_compiled_kernels
+
+    monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    keep_compiled_kernels()
+    kept = Path(os.environ["MLX_PTX_CACHE_DIR"])
+    assert kept == tmp_path / "cache" / "mlx-nursery" / "cuda-kernels" / mx.__version__
+    assert kept.is_dir()
+
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", "/operator/choice")
+    keep_compiled_kernels()
+    assert os.environ["MLX_PTX_CACHE_DIR"] == "/operator/choice"
+
+    # A cache directory that cannot be made: MLX's own default stays.
+    monkeypatch.delenv("MLX_PTX_CACHE_DIR")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    keep_compiled_kernels()
+    assert "MLX_PTX_CACHE_DIR" not in os.environ

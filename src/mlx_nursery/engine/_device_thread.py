@@ -308,13 +308,15 @@ def keep_compiled_kernels() -> None:
     import mlx.core as mx
     import platformdirs
 
-    if "MLX_PTX_CACHE_DIR" not in os.environ:
-        cache = (
-            Path(platformdirs.user_cache_dir("mlx-nursery"))
-            / "cuda-kernels"
-            / str(getattr(mx, "__version__", "unknown"))
-        )
-        os.environ["MLX_PTX_CACHE_DIR"] = str(cache)
+    if "MLX_PTX_CACHE_DIR" in os.environ:
+        return
+    version = str(getattr(mx, "__version__", "unknown"))
+    cache = Path(platformdirs.user_cache_dir("mlx-nursery")) / "cuda-kernels" / version
+    try:  # a home that cannot be written to: MLX's own place (the temporary directory) then
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    os.environ["MLX_PTX_CACHE_DIR"] = str(cache)
 
 
 def release_streams() -> None:
