@@ -268,14 +268,20 @@ def _ranks(models: list[Path], port: int, logs: Path, *flags: str) -> list[subpr
     return processes
 
 
-async def test_a_killed_follower_fails_the_group_fast_not_a_hang(
-    tiny_model: Path, tmp_path: Path
+@pytest.mark.parametrize("fault", ["killed", "stalled"])
+async def test_a_failed_follower_fails_the_group_fast_not_a_hang(
+    tiny_model: Path, tmp_path: Path, fault: str
 ) -> None:
+    """A killed follower (its connection lost) and a stalled one (alive, stopped: only the
+    bound on rank 0's wait can tell) both turn /health 503 and end the group non-zero."""
     port = _free_port()
     rank0, rank1 = _ranks([tiny_model] * 2, port, tmp_path, "--distributed-timeout", "3")
     try:
         await _until_healthy(port, rank0)
-        rank1.kill()
+        if fault == "killed":
+            rank1.kill()
+        else:
+            os.kill(rank1.pid, signal.SIGSTOP)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             with trio.fail_after(30):  # the bound: the timeout, and the process's exit
                 while True:
