@@ -74,14 +74,20 @@ class NgramIndex:
             context.append(token)
 
     def draft(self, most: int) -> list[int]:
-        """Up to `most` tokens that followed the latest earlier occurrence of the context's
-        last n-gram, the longest n that occurred; none if none did."""
+        """`most` tokens that followed the latest earlier occurrence of the context's last
+        n-gram, the longest n that occurred; none if none did. A copy that reaches the
+        context's end goes on from its own start (an overlapping copy, as LZ77's): a
+        repeating pattern is drafted on."""
         context = self._tokens
         for n in self._longest_first:
             if len(context) >= n:
                 start = self._after.get(tuple(context[-n:]))
                 if start is not None:
-                    return context[start : start + most]
+                    drafted = context[start : start + most]
+                    period = len(context) - start
+                    while len(drafted) < most:
+                        drafted.append(drafted[len(drafted) - period])
+                    return drafted
         return []
 
 
