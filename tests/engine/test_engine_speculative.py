@@ -23,6 +23,7 @@ from mlx_nursery.engine import (
 )
 from mlx_nursery.engine._drafting import (
     FIRST_PAUSE,
+    LONGEST_PAUSE,
     DraftControl,
     NgramIndex,
     VerifyCosts,
@@ -186,7 +187,7 @@ def test_ngram_lookup_takes_the_longest_suffix_and_its_latest_occurrence() -> No
 def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:
     costs = VerifyCosts()
     control = DraftControl(8, costs)
-    assert control.drafts() == 2  # costs unknown: a short try, to measure
+    assert control.drafts() == 1  # costs unknown: a short try, to measure
     costs.plain(0.010)
     costs.verify(4, 0.012)  # cheap drafts (a GPU): 0.5 ms each
     for _ in range(20):
@@ -202,8 +203,18 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
     linear = VerifyCosts()  # each draft costs a whole step (this CPU): only certainty pays
     linear.plain(0.010)
     linear.verify(4, 0.050)
+    assert not linear.promising(8)
     control = DraftControl(8, linear)
     control.verified(4, 0)
+    assert control.drafts() == 0  # starts a pause: the longest, as nothing could pay much
+    assert [control.drafts() for _ in range(LONGEST_PAUSE + 1)] == [0] * LONGEST_PAUSE + [1]
+
+    sublinear = VerifyCosts()  # drafts cost a fifth of a step: worth retrying soon
+    sublinear.plain(0.010)
+    sublinear.verify(4, 0.018)
+    control = DraftControl(8, sublinear)
+    for _ in range(20):
+        control.verified(4, 0)
     pauses = []
     for _ in range(3):
         assert control.drafts() == 0  # starts a pause
@@ -211,5 +222,5 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
         while control.drafts() == 0:
             plain += 1
         pauses.append(plain)
-        control.verified(2, 0)  # the try after the pause did not pay either
+        control.verified(1, 0)  # the try after the pause did not pay either
     assert pauses == [FIRST_PAUSE + 1, 2 * FIRST_PAUSE + 1, 4 * FIRST_PAUSE + 1]

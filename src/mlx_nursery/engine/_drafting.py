@@ -93,13 +93,17 @@ class NgramIndex:
 
 _EMA = 0.2
 """Weight of a new observation in the moving averages."""
-FIRST_PAUSE = 4
+FIRST_PAUSE = 8
 """Plain steps before drafting again after the first try that did not pay."""
 LONGEST_PAUSE = 256
-"""The pause doubles after each try that did not pay, up to this many plain steps."""
-EXPLORE_DRAFTS = 2
-"""Drafts of a try made to measure (a verify's cost unknown, or after a pause): few, so that a
-try that fails costs little where each drafted position costs a step's time."""
+"""The pause doubles after each try that did not pay, up to this many plain steps; a backend
+where drafts could not pay much even if all were accepted waits this long at once."""
+EXPLORE_DRAFTS = 1
+"""Drafts of a try made to measure (a verify's cost unknown, or after a pause): one, so that
+a try that fails costs little where each drafted position costs a step's time."""
+PROMISING_GAIN = 1.25
+"""The speed-up drafting must promise on this backend with every draft accepted for a
+sequence to try again soon after a pause."""
 
 
 def _average(old: float | None, new: float) -> float:
@@ -120,6 +124,17 @@ class VerifyCosts:
     def verify(self, drafts: int, seconds: float) -> None:
         if self.plain_s is not None and drafts > 0:
             self.per_draft_s = _average(self.per_draft_s, max(0.0, seconds - self.plain_s) / drafts)
+
+    def promising(self, most: int) -> bool:
+        """Whether drafting up to `most` tokens, all accepted, would be `PROMISING_GAIN`
+        times as fast as plain decoding by the costs measured (True while unknown)."""
+        plain = self.step_seconds(0)
+        if plain is None or self.per_draft_s is None:
+            return True
+        return any(
+            (k + 1) * plain >= PROMISING_GAIN * (plain + k * self.per_draft_s)
+            for k in range(1, most + 1)
+        )
 
     def step_seconds(self, drafts: int) -> float | None:
         if self.plain_s is None or self.per_draft_s is None:
@@ -158,7 +173,8 @@ class DraftControl:
             self._explore = False
             return min(self._most, max(best or 0, EXPLORE_DRAFTS))
         if best == 0:
-            self._pause = self._next_pause
+            promising = self._costs.promising(self._most)
+            self._pause = self._next_pause if promising else LONGEST_PAUSE
             self._next_pause = min(2 * self._next_pause, LONGEST_PAUSE)
         return best
 
