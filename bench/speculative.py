@@ -74,15 +74,34 @@ def describe(settings):
     return "\\n".join(lines)
 '''
 
-WORKLOADS = {
+EDITOR = (
+    "You are a code editor. Reply with the complete edited file in one Python code block,"
+    " nothing else."
+)
+WORKLOADS: dict[str, tuple[list[dict[str, str]], float]] = {
     "code-edit": (
-        "Here is a Python file:\n\n```python\n"
-        + CODE
-        + "```\n\nRename the function `merge_settings` to `combine_settings` and write out"
-        " the whole file again, changed only there."
+        [
+            {"role": "system", "content": EDITOR},
+            {
+                "role": "user",
+                "content": "Rename `merge_settings` to `combine_settings` in this file:\n\n"
+                f"```python\n{CODE}```",
+            },
+        ],
+        2.5,
     ),
-    "chat": "Give me three tips for sleeping better, in a few sentences each.",
+    "chat": (
+        [
+            {
+                "role": "user",
+                "content": "Give me three tips for sleeping better, in a few sentences.",
+            }
+        ],
+        1.0,
+    ),
 }
+"""name -> (messages, the share of `--tokens` generated): the edit needs room to reach the
+file's copy past the small model's preamble."""
 
 VARIANTS: dict[str, Speculation | None] = {
     "off": None,
@@ -127,20 +146,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             engines[name] = await nursery.start(Engine(attrs.evolve(base, speculation=spec)).run)
         tokenizer: Any = engines["off"].model.tokenizer
         prompts = {
-            w: list(
-                tokenizer.apply_chat_template(
-                    [{"role": "user", "content": text}], add_generation_prompt=True
-                )
-            )
-            for w, text in WORKLOADS.items()
+            w: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            for w, (messages, _) in WORKLOADS.items()
         }
         for engine in engines.values():  # shapes and kernels, off the clock
             await one(engine, prompts["chat"], 8)
         for round_ in range(args.rounds):
             for workload, prompt in prompts.items():
                 names = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
+                tokens = int(args.tokens * WORKLOADS[workload][1])
                 for name in names:
-                    results[name][workload].append(await one(engines[name], prompt, args.tokens))
+                    results[name][workload].append(await one(engines[name], prompt, tokens))
         nursery.cancel_scope.cancel()
     return summarize(results)
 

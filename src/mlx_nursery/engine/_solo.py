@@ -140,7 +140,9 @@ class SoloSequence:
         drafts = speculator.drafts(self._room() - 1, ahead=False) if speculator else []
         first = mx.array([token], dtype=mx.uint32)
         if speculator is not None and drafts:
-            self._verify = speculator.launch(self._cache, first, drafts, self._before_launch)
+            self._verify = speculator.launch(
+                self._cache, first, drafts, self._before_launch, ahead=False
+            )
             self._verify.first = token
         else:
             self._in_flight = self._forward(first)
@@ -159,13 +161,13 @@ class SoloSequence:
             drafts = speculator.drafts(self._room() - 1, ahead=True) if speculator else []
             if speculator is not None and drafts:
                 self._verify = speculator.launch(
-                    self._cache, token_array, drafts, self._before_launch
+                    self._cache, token_array, drafts, self._before_launch, ahead=True
                 )
             else:
                 self._in_flight = self._forward(token_array)
         token = int(token_array.item())  # type: ignore[arg-type]  # a token id is an int
         if speculator is not None:
-            speculator.plain_read()
+            speculator.plain_read(timed=self._verify is None)
             speculator.index.extend((token,))
         reason = (
             "stop"
@@ -178,8 +180,6 @@ class SoloSequence:
             self._cache_tokens.append(token)
         elif self._verify is not None:
             self._verify.first = token  # fed by the verify: in the cache once it resolves
-            assert speculator is not None and speculator.last_read is not None
-            self._verify.started = speculator.last_read
         elif reason is None:
             self._pending = [token]  # not fed yet: the next step feeds it
         if reason is None:

@@ -49,7 +49,10 @@ class Verify:
     logprobs: mx.array
     """(positions, vocabulary): each position's log-probabilities."""
     started: float
-    """When the device began it, as near as the engine thread knows (for `VerifyCosts`)."""
+    """When the engine thread last waited for a token before launching it: from then to its
+    read the device ran it, and, `ahead`, the step of its first input before it."""
+    ahead: bool
+    """Launched while its first input was still computing (read since)."""
 
     @property
     def positions(self) -> int:
@@ -124,10 +127,12 @@ class Speculator:
             return self.index.draft(most + 1)[1:]
         return self.index.draft(most)
 
-    def plain_read(self) -> None:
-        """A plain token was read: the time since the last read is a plain step's."""
+    def plain_read(self, *, timed: bool) -> None:
+        """A plain token was read; `timed`: the time since the last read is its step's alone
+        (not when a verify launched before the read ran meanwhile: waiting for a token waits
+        for the work launched after it on the stream too, on MLX's CPU backend at least)."""
         now = time.perf_counter()
-        if self.last_read is not None:
+        if self.last_read is not None and timed:
             self.costs.plain(now - self.last_read)
         self.last_read = now
 
@@ -137,8 +142,10 @@ class Speculator:
         first: mx.array,
         drafts: list[int],
         before_launch: Callable[[], None] | None,
+        *,
+        ahead: bool,
     ) -> Verify:
-        """Start the verify forward of `first` (a 1-element token array, maybe still
+        """Start the verify forward of `first` (a 1-element token array; `ahead`: still
         computing) and `drafts`."""
         inputs = mx.concatenate([first.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
         with mx.stream(generation_stream):
@@ -149,14 +156,17 @@ class Speculator:
             before_launch()
         mx.async_eval(tokens, logprobs)  # type: ignore[no-untyped-call]
         started = self.last_read if self.last_read is not None else time.perf_counter()
-        return Verify(None, drafts, tokens, logprobs, started)
+        return Verify(None, drafts, tokens, logprobs, started, ahead)
 
     def resolve(self, verify: Verify, cache: list[Any], room: int, stop: frozenset[int]) -> Outcome:
         """Read a verify, keep its tokens up to the first stop token, at most `room`, and trim
         the KV of the rest; the control and the counters learn how it went."""
         drawn: list[int] = verify.tokens.tolist()  # type: ignore[assignment]
         now = time.perf_counter()
-        self.costs.verify(len(verify.drafts), now - verify.started)
+        seconds = now - verify.started
+        if verify.ahead:  # the plain step of its first input ran in that time too
+            seconds -= self.costs.plain_s if self.costs.plain_s is not None else seconds
+        self.costs.verify(len(verify.drafts), seconds)
         self.last_read = now
         drafts = verify.drafts
         accepted = 0
