@@ -216,7 +216,7 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
         stop_tokens=frozenset(),
         prefill_step_size=16,
     )
-    assert solo.step() is None and solo.step() is None  # two prefill chunks, no token yet
+    assert solo.step() == [] and solo.step() == []  # two prefill chunks, no token yet
     handover = solo.handover()
     start = handover.start
     assert handover.response is None and start.cache_tokens == prompt[:32]

@@ -16,7 +16,7 @@ import mlx.core as mx
 import pytest
 import trio
 
-from mlx_nursery.engine import Engine, EngineConfig, SamplingParams, open_engine
+from mlx_nursery.engine import Engine, EngineConfig, SamplingParams, Speculation, open_engine
 from mlx_nursery.engine._kv_quant import (
     KVQuantization,
     KVQuantizationError,
@@ -278,3 +278,18 @@ async def test_a_head_dimension_the_group_size_does_not_divide_fails_the_load(
         async with open_engine(EngineConfig(tiny_model, kv_bits=8, warmup=False)):
             pass
     assert failure.group_contains(KVQuantizationError, match=r"head dimension \(16\)")
+
+
+async def test_quantized_kv_speculates_with_plain_decodings_tokens(small_model: Path) -> None:
+    """Speculation's verify steps write and trim quantized KV rows as they do plain ones."""
+    text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 3
+    runs = []
+    for speculation in (None, Speculation(tokens=4, adaptive=False)):
+        async with open_engine(_config(small_model, 8, speculation=speculation)) as engine:
+            runs.append(
+                await collect(engine, request(engine, text, max_tokens=24, ignore_eos=True))
+            )
+    plain, speculated = runs
+    assert speculated.tokens == plain.tokens
+    usage = speculated.final.usage
+    assert usage is not None and usage.draft_tokens > 0 and usage.accepted_draft_tokens > 0

@@ -111,3 +111,23 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
         "kv": 8 * 4608 * 512,
     }
     assert kv_tokens == 8 * 4608
+
+
+async def test_speculation_is_reported_in_usage_and_metrics(tiny_model: Path) -> None:
+    async with (
+        running_server(tiny_model, request_timeout=30, speculative="ngram") as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        body = chat_body("Repeat: one two three, one two three.", max_tokens=30, temperature=0)
+        reply = await http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200
+        details = reply.json()["usage"]["completion_tokens_details"]
+        m = samples((await http.get("/metrics")).text)
+    accepted = details["accepted_prediction_tokens"]
+    drafted = accepted + details["rejected_prediction_tokens"]
+    assert drafted > 0  # the tiny model repeats itself: its first steps find drafts
+    assert value(m, "mlx_nursery:spec_decode_num_draft_tokens_total", model_name="tiny") == drafted
+    assert value(m, "mlx_nursery:spec_decode_num_accepted_tokens_total", model_name="tiny") == (
+        accepted
+    )
+    assert value(m, "mlx_nursery:spec_decode_num_drafts_total", model_name="tiny") >= 1

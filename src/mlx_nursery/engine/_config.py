@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 from attrs import validators as v
 
+from ._drafting import Speculation
 from ._kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
 
 if TYPE_CHECKING:
@@ -64,6 +65,10 @@ class EngineConfig:
     """Longest a cancelled request waits (shielded) for the engine to confirm its stop."""
     single_sequence_fast_path: bool = True
     """Run a lone sequence outside BatchGenerator (faster at batch 1; same tokens)."""
+    speculation: Speculation | None = None
+    """Speculative decoding by prompt lookup for a lone sequence on the fast path (None:
+    off): the same tokens, several per step where its context repeats itself
+    (engine/_speculating.py, `_drafting.py`)."""
     max_consecutive_step_failures: int = attrs.field(default=3, validator=v.ge(1))
     """Batch steps failing in a row before the engine declares itself dead."""
     cudnn_attention: bool = False

@@ -24,3 +24,7 @@ class RunCounters:
     replays: int = 0
     preemptions: int = 0
     held_for_memory: int = 0
+    verify_steps: int = 0
+    """Speculation's verify steps (each a forward of drafted tokens)."""
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0

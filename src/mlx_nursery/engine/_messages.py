@@ -74,6 +74,12 @@ class WorkerStats:
     prefill_seconds_per_token: float | None = None
     """The moving average of a prefilled token's measured cost that sizes those chunks
     (None: no chunk measured yet)."""
+    verify_steps: int = 0
+    """Speculation's verify steps: forwards of a sequence's next token and drafted tokens."""
+    draft_tokens: int = 0
+    """Tokens speculation drafted (vLLM's `spec_decode_num_draft_tokens`)."""
+    accepted_draft_tokens: int = 0
+    """Of those, tokens accepted and kept (vLLM's `spec_decode_num_accepted_tokens`)."""
 
 
 class StepEvent(NamedTuple):

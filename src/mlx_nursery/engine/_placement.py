@@ -61,12 +61,19 @@ class Placement:
             before_launch=outbox.post_at_launch,
             make_cache=self.make_cache,
             chunk_timed=self.chunks.observe,
+            speculation=config.speculation,
+            verified=self._verified,
         )
         self.current: Stepper = self.batch
         self.previous_responses: list[Response] = []
         """The last step's responses (MLX arrays), released only once the next step has run,
         as a `generate_step` loop releases them: releasing them while the next step is in
         flight cost a lone stream markedly on CUDA (docs/architecture.md)."""
+
+    def _verified(self, sequence: LiveSequence, drafted: int, accepted: int) -> None:
+        self._counters.verify_steps += 1
+        self._counters.draft_tokens += drafted
+        self._counters.accepted_draft_tokens += accepted
 
     @property
     def unused(self) -> Stepper:

@@ -172,19 +172,27 @@ def sample_rows(
     rows: Sequence[KeyedSampler | None],
     logprobs: mx.array,
     biases: Sequence[LogitBias | None] = (),
+    *,
+    draws: Sequence[int] | None = None,
 ) -> mx.array:
     """Sample every row of `logprobs` (B, V) in one computation: row i by `rows[i]` (None:
     the argmax), after its bias `biases[i]` (if any). Each keyed row's draw counter advances
     only once the whole computation is built, so a failure leaves every sampler where it
-    was."""
+    was. With `draws`, row i is drawn as its sampler's `draws[i]`-th token and no counter
+    advances (speculation's verify: one sequence's positions as rows)."""
     if any(bias is not None for bias in biases):
         logprobs = _biased(logprobs, biases)
     keyed = [row for row in rows if row is not None]
     if not keyed:
         return mx.argmax(logprobs, axis=-1)
     vocabulary = logprobs.shape[-1]
+    indexes = draws if draws is not None else [r.draws if r is not None else 0 for r in rows]
     keys = mx.array(
-        [key_words(r.seed, r.draws) if r is not None else (0, 0) for r in rows], dtype=mx.uint32
+        [
+            key_words(r.seed, i) if r is not None else (0, 0)
+            for r, i in zip(rows, indexes, strict=True)
+        ],
+        dtype=mx.uint32,
     )
     inverse_temperature = mx.array([[r.inverse_temperature if r else 1.0] for r in rows])
     x = logprobs
@@ -204,9 +212,48 @@ def sample_rows(
     if len(keyed) < len(rows):
         greedy = mx.array([row is None for row in rows])
         drawn = mx.where(greedy, mx.argmax(logprobs, axis=-1).astype(mx.uint32), drawn)
-    for row in keyed:
-        row.draws += 1
+    if draws is None:
+        for row in keyed:
+            row.draws += 1
     return drawn
+
+
+class PositionDraws:
+    """Draws the tokens of several positions of one sequence, each exactly as its sampler
+    would draw that position's token alone (the same key, filters and bias): what a verify
+    step compares drafted tokens with (`_speculating.py`). Its sampler's counter advances
+    only by `advance`, once the tokens kept are known."""
+
+    def __init__(self, keyed: KeyedSampler | None, bias: LogitBias | None) -> None:
+        self._keyed = keyed
+        self._bias = bias
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        """Tokens for the rows of `logprobs` (L, V): row i as the sampler's next draw plus i."""
+        length = logprobs.shape[0]
+        keyed = self._keyed
+        first = keyed.draws if keyed is not None else 0
+        return sample_rows(
+            [keyed] * length,
+            logprobs,
+            [self._bias] * length,
+            draws=range(first, first + length),
+        )
+
+    def advance(self, tokens: int) -> None:
+        if self._keyed is not None:
+            self._keyed.draws += tokens
+
+
+def position_draws(sampler: Sampler) -> PositionDraws | None:
+    """`sampler` as `PositionDraws`, if it is one of ours (greedy, keyed or biased greedy,
+    its guard not failed); None for any other (a test's faulting sampler): it decodes
+    without drafts."""
+    row = _batch_row(sampler)
+    if row is _UNBATCHABLE or (isinstance(sampler, GuardedSampler) and sampler.failures):
+        return None
+    assert isinstance(row, tuple)
+    return PositionDraws(row[0], row[1])
 
 
 class GuardedSampler:

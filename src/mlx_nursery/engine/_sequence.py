@@ -74,9 +74,18 @@ class LiveSequence:
     """The request's label (`Submit.label`), for the fault seam."""
     prefill: Any = None
     """Its image prefill while one runs (`_vision.ImagePrefill`), before any stepper holds it."""
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    """Tokens drafted for it by speculation, and those of them it kept (`_speculating`)."""
 
     def usage(self) -> Usage:
-        return Usage(len(self.request.prompt_tokens), self.generated, self.cached_tokens)
+        return Usage(
+            len(self.request.prompt_tokens),
+            self.generated,
+            self.cached_tokens,
+            self.drafted_tokens,
+            self.accepted_tokens,
+        )
 
     def final(self, reason: FinishReason, error: str | None = None) -> StepEvent:
         return StepEvent(None, None, reason, self.usage(), error)

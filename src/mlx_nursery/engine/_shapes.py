@@ -32,6 +32,8 @@ class ShapeWatch:
 
     def __init__(self, model: Any) -> None:
         self._model = model
+        self.unwatched = model
+        """The model itself, for forwards that are not prefill (speculation's verify steps)."""
         self._seen: set[tuple[int, int, int | None]] = set()
         """(batch, query length, key length; None where the cache's length is unreadable)."""
         self.prefill_forwards = 0

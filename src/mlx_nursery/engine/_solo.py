@@ -27,10 +27,15 @@ from typing import Any, Literal
 import attrs
 import mlx.core as mx
 
+from ._drafting import Speculation, VerifyCosts
 from ._kv_quant import CacheFactory
 from ._sequence import LiveSequence, Response
+from ._speculating import Speculator, Verify
 from ._stepper import KVState, Start
 from ._upstream import generation_stream, make_prompt_cache
+
+SpeculatorFactory = Callable[[list[Any], list[int]], Speculator | None]
+"""A sequence's speculator, given its KV cache and its context (None: it does not draft)."""
 
 
 @attrs.frozen
@@ -68,6 +73,7 @@ class SoloSequence:
         before_launch: Callable[[], None] | None = None,
         make_cache: CacheFactory = make_prompt_cache,
         chunk_timed: Callable[[int, float], None] | None = None,
+        speculate: SpeculatorFactory | None = None,
     ) -> None:
         self.uid = uid
         self._model = model
@@ -86,45 +92,83 @@ class SoloSequence:
         """Told the tokens and seconds of each prefill chunk and of the prompt's last forward,
         which gives the first token (the chunk sizer learns from them)."""
         self._in_flight: tuple[mx.array, mx.array] | None = None
+        self._verify: Verify | None = None
+        """A verify step in flight (speculation): its inputs are not in `_cache_tokens` yet."""
+        self._speculator = (
+            speculate(self._cache, self._cache_tokens + self._pending) if speculate else None
+        )
         self._returned = 0
         self.prefilled = 0
         """Prompt tokens run by prefill chunks (the last prompt token is run by the first step)."""
 
-    def step(self) -> SoloResponse | None:
-        """Advance by one prefill chunk (returns None) or by one token.
+    def step(self) -> list[SoloResponse]:
+        """Advance by one prefill chunk (returns nothing), by one token, or, speculating, by
+        the tokens of one verify step.
 
         The prompt's last chunk and its first token are one forward pass, as in
         `generate_step`. The first token comes straight back (time to first token);
         from the second on, each token is returned while the next one computes.
         """
-        if self._in_flight is None:
+        if self._in_flight is None and self._verify is None:
             if len(self._pending) > self._step_size:
                 self._prefill_chunk()
-                return None
+                return []
             fed = self._pending
-            started = time.perf_counter()
-            self._in_flight = self._forward(mx.array(fed, dtype=mx.uint32))
-            self._cache_tokens.extend(fed)
-            self._pending = []
             if self._returned == 0:
+                started = time.perf_counter()
+                self._in_flight = self._forward(mx.array(fed, dtype=mx.uint32))
+                self._cache_tokens.extend(fed)
+                self._pending = []
                 self.prefilled += len(fed) - 1  # counted as the batch counts: the last is decode's
                 response = self._take_in_flight(launch_next=False)  # read: the time is real
                 if self._chunk_timed is not None:
                     self._chunk_timed(len(fed), time.perf_counter() - started)
-                return response
-        return self._take_in_flight(launch_next=True)
+                return [response]
+            self._pending = []
+            self._launch_after(fed[0])
+        if self._verify is not None:
+            return self._take_verify()
+        return [self._take_in_flight(launch_next=True)]
+
+    def _room(self) -> int:
+        """Tokens this sequence may still return."""
+        return self._max_tokens - self._returned
+
+    def _launch_after(self, token: int) -> None:
+        """Launch the step after `token` (read, not fed): a verify if drafts are found."""
+        speculator = self._speculator
+        drafts = speculator.drafts(self._room() - 1, ahead=False) if speculator else []
+        first = mx.array([token], dtype=mx.uint32)
+        if speculator is not None and drafts:
+            self._verify = speculator.launch(
+                self._cache, first, drafts, self._before_launch, ahead=False
+            )
+            self._verify.first = token
+        else:
+            self._in_flight = self._forward(first)
+            self._cache_tokens.append(token)
 
     def _take_in_flight(self, *, launch_next: bool) -> SoloResponse:
         assert self._in_flight is not None
         token_array, logprobs = self._in_flight
         self._in_flight = None
         self._returned += 1
+        speculator = self._speculator
         if launch_next and self._returned < self._max_tokens:
             # Launch the next token before reading this one: the device keeps busy while Python
             # handles this token (generate_step's pipelining). A stop token wastes that step,
             # as it does in generate_step and BatchGenerator.
-            self._in_flight = self._forward(token_array)
+            drafts = speculator.drafts(self._room() - 1, ahead=True) if speculator else []
+            if speculator is not None and drafts:
+                self._verify = speculator.launch(
+                    self._cache, token_array, drafts, self._before_launch, ahead=True
+                )
+            else:
+                self._in_flight = self._forward(token_array)
         token = int(token_array.item())  # type: ignore[arg-type]  # a token id is an int
+        if speculator is not None:
+            speculator.plain_read(timed=self._verify is None)
+            speculator.index.extend((token,))
         reason = (
             "stop"
             if token in self._stop
@@ -134,14 +178,54 @@ class SoloSequence:
         )
         if self._in_flight is not None:
             self._cache_tokens.append(token)
+        elif self._verify is not None:
+            self._verify.first = token  # fed by the verify: in the cache once it resolves
         elif reason is None:
             self._pending = [token]  # not fed yet: the next step feeds it
         if reason is None:
             return SoloResponse(self.uid, token, logprobs, None, None, None)
+        if self._verify is not None:
+            assert speculator is not None
+            speculator.discard(self._verify, self._cache)  # its inputs leave the cache
+            self._verify = None
         self._in_flight = None
         return SoloResponse(
             self.uid, token, logprobs, reason, self._cache, list(self._cache_tokens)
         )
+
+    def _take_verify(self) -> list[SoloResponse]:
+        """Read the verify in flight; launch the next step unless this one ended; return
+        its tokens."""
+        verify, speculator = self._verify, self._speculator
+        assert verify is not None and speculator is not None
+        self._verify = None
+        outcome = speculator.resolve(verify, self._cache, self._room(), self._stop)
+        self._cache_tokens.append(outcome.first)
+        self._cache_tokens.extend(outcome.tokens[: outcome.accepted])
+        speculator.index.extend(outcome.tokens)
+        responses: list[SoloResponse] = []
+        for i, token in enumerate(outcome.tokens[:-1]):
+            responses.append(SoloResponse(self.uid, token, verify.logprobs[i], None, None, None))
+        last = outcome.tokens[-1]
+        self._returned += len(outcome.tokens)
+        logprobs = verify.logprobs[len(outcome.tokens) - 1]
+        reason = (
+            "stop"
+            if last in self._stop
+            else "length"
+            if self._returned >= self._max_tokens
+            else None
+        )
+        if reason is None:
+            self._launch_after(last)
+            responses.append(SoloResponse(self.uid, last, logprobs, None, None, None))
+        else:
+            responses.append(
+                SoloResponse(
+                    self.uid, last, logprobs, reason, self._cache, list(self._cache_tokens)
+                )
+            )
+        return responses
 
     def _prefill_chunk(self) -> None:
         chunk = self._pending[: self._step_size]
@@ -184,16 +268,29 @@ class SoloSequence:
 
     @property
     def token_in_flight(self) -> bool:
-        """A next token is computing: the next `step` launches another before it returns."""
+        """A next token is computing that the next `step` launches another before it waits
+        for (a verify in flight is waited for first: its step's tokens are posted at once)."""
         return self._in_flight is not None
+
+    def _drop_verify(self) -> None:
+        """Discard a verify in flight: the cache back to the tokens it held before, the
+        verify's first input (emitted already) pending again, as before a plain launch."""
+        if self._verify is not None:
+            assert self._speculator is not None and self._verify.first is not None
+            self._speculator.discard(self._verify, self._cache)
+            self._pending = [self._verify.first]
+            self._verify = None
 
     def handover(self) -> Handover:
         """Stop stepping here; return what the batch needs to continue identically.
 
         A token in flight was sampled already (its draw is spent): it is returned now, in
-        `response`, and the batch continues from it.
+        `response`, and the batch continues from it. A verify in flight is discarded (its
+        draws were not spent): the batch continues from its first input, no draft left in
+        the KV cache.
         """
         response = None
+        self._drop_verify()
         if self._in_flight is not None:
             response = self._take_in_flight(launch_next=False)  # leaves its token in _pending
         start = Start(
@@ -206,6 +303,7 @@ class SoloSequence:
 
     def cancel(self) -> tuple[list[Any], list[int]]:
         """Stop; return the KV cache and the tokens it holds (for the prefix cache)."""
+        self._drop_verify()
         if self._in_flight is not None:
             mx.eval(self._in_flight[0])  # let the step in flight land before the cache is kept
             self._in_flight = None
@@ -225,8 +323,15 @@ class SoloStepper:
         before_launch: Callable[[], None],
         make_cache: CacheFactory = make_prompt_cache,
         chunk_timed: Callable[[int, float], None] | None = None,
+        speculation: Speculation | None = None,
+        verified: Callable[[LiveSequence, int, int], None] | None = None,
     ) -> None:
         self._model = model
+        self._speculation = speculation
+        self._verified = verified
+        """Told each verify step's drafted and accepted tokens, with its sequence."""
+        self.costs = VerifyCosts()
+        """What steps cost here, learned by every sequence that drafts (`_drafting`)."""
         self._make_cache = make_cache
         self._chunk_timed = chunk_timed
         self._step_size = prefill_step_size
@@ -247,20 +352,47 @@ class SoloStepper:
             before_launch=self._before_launch,
             make_cache=self._make_cache,
             chunk_timed=self._chunk_timed,
+            speculate=self._speculator_factory(sequence),
         )
         return self._solo.uid
+
+    def _speculator_factory(self, sequence: LiveSequence) -> SpeculatorFactory | None:
+        spec = self._speculation
+        if spec is None:
+            return None
+        # Verify forwards are decode steps: the shape statistics count prefill forwards only.
+        model = getattr(self._model, "unwatched", self._model)
+        report = self._verified
+
+        def verified(drafted: int, accepted: int) -> None:
+            sequence.drafted_tokens += drafted
+            sequence.accepted_tokens += accepted
+            if report is not None:
+                report(sequence, drafted, accepted)
+
+        def speculate(cache: list[Any], context: list[int]) -> Speculator | None:
+            return Speculator.build(
+                spec,
+                model,
+                cache,
+                context,
+                sequence.sampler,
+                sequence.processors,
+                self.costs,
+                verified,
+            )
+
+        return speculate
 
     def step(self) -> list[Response]:
         if self._solo is None:
             return []
         before = self._solo.prefilled
-        response = self._solo.step()
+        responses = self._solo.step()
         self._prefilled += self._solo.prefilled - before
-        if response is None:
-            return []
-        if response.finish_reason is not None:
+        if responses and responses[-1].finish_reason is not None:
             self._solo = None
-        return [response]
+        return list(responses)
 
     def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
         solo = self._solo

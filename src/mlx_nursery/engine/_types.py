@@ -177,6 +177,11 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    draft_tokens: int = 0
+    """Tokens speculation drafted for the sequence (none unless it is on)."""
+    accepted_draft_tokens: int = 0
+    """Of `draft_tokens`, those in the completion (counted in `completion_tokens` too); the
+    others were computed and dropped, and are not."""
 
     @property
     def total_tokens(self) -> int:

@@ -344,6 +344,9 @@ class Worker:
             prefill_seconds_per_token=runner.chunks.seconds_per_token,
             preemptions=counters.preemptions,
             held_for_memory=counters.held_for_memory,
+            verify_steps=counters.verify_steps,
+            draft_tokens=counters.draft_tokens,
+            accepted_draft_tokens=counters.accepted_draft_tokens,
         )
 
     def _release_memory(self, *, failed: bool) -> None:

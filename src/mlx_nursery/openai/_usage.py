@@ -15,6 +15,12 @@ class PromptTokensDetails:
 @attrs.frozen
 class CompletionTokensDetails:
     reasoning_tokens: int
+    accepted_prediction_tokens: int = 0
+    """Tokens drafted by speculative decoding (`--speculative`) that the completion kept.
+    OpenAI reports a Predicted Output's tokens here; ours are the server's own drafts."""
+    rejected_prediction_tokens: int = 0
+    """Drafted tokens that were computed and dropped. Unlike OpenAI's, they are not counted
+    in `completion_tokens`: the completion's tokens are those generated."""
 
 
 @attrs.frozen
@@ -33,5 +39,9 @@ class UsageOut:
             usage.completion_tokens,
             usage.total_tokens,
             PromptTokensDetails(usage.cached_tokens),
-            CompletionTokensDetails(reasoning_tokens),
+            CompletionTokensDetails(
+                reasoning_tokens,
+                usage.accepted_draft_tokens,
+                usage.draft_tokens - usage.accepted_draft_tokens,
+            ),
         )

@@ -95,6 +95,7 @@ class ModelOpener:
             warmup=not self.settings.skip_warmup,
             warmup_budget_s=self.settings.warmup_budget,
             single_sequence_fast_path=distribution is None,
+            speculation=self.settings.speculation,
             distribution=distribution,
         )
         engine: Engine = await nursery.start(Engine(config).run)

@@ -4,14 +4,21 @@ fields keep this order in --help and README's table."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 from attrs import validators as v
 
-from ..engine import KV_BITS, KV_GROUP_SIZES, EmbedderConfig
+from ..engine import KV_BITS, KV_GROUP_SIZES, SPECULATION_METHODS, EmbedderConfig, Speculation
 from ..logs import LOG_FORMATS
-from ._fields import described, engine_default, one_of, optional_positive, strings
+from ._fields import SettingsError, described, engine_default, one_of, optional_positive, strings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _speculation_default(name: str) -> Any:
+    """Speculation's default for `name`: stated once, in the engine."""
+    return attrs.fields_dict(Speculation)[name].default
 
 
 @attrs.frozen
@@ -173,6 +180,54 @@ class ServerSettings:
         validator=one_of(*KV_GROUP_SIZES),
         metadata=described("values sharing one scale and bias with --kv-bits (32, 64 or 128)"),
     )
+    speculative: str | None = attrs.field(
+        default=None,
+        validator=v.optional(v.in_(SPECULATION_METHODS)),
+        metadata=described(
+            "speculative decoding for a request running alone: ngram drafts the next tokens"
+            " from its own context (prompt lookup) and verifies them in one forward; the same"
+            " output, faster where the answer repeats the prompt",
+            none="off",
+        ),
+    )
+    speculative_tokens: int = attrs.field(
+        default=_speculation_default("tokens"),
+        validator=[v.ge(1), v.le(32)],
+        metadata=described("most tokens drafted for one step with --speculative"),
+    )
+    speculative_ngram_max: int = attrs.field(
+        default=_speculation_default("ngram_max"),
+        validator=[v.ge(1), v.le(16)],
+        metadata=described("longest context suffix --speculative ngram looks up, tried first"),
+    )
+    speculative_ngram_min: int = attrs.field(
+        default=_speculation_default("ngram_min"),
+        validator=v.ge(1),
+        metadata=described(
+            "shortest context suffix --speculative ngram looks up (at most --speculative-ngram-max)"
+        ),
+    )
+
+    @speculative_ngram_min.validator
+    def _check_ngram_min(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value > self.speculative_ngram_max:
+            raise SettingsError(
+                f"speculative_ngram_min ({value}) must not exceed speculative_ngram_max"
+                f" ({self.speculative_ngram_max})"
+            )
+
+    @property
+    def speculation(self) -> Speculation | None:
+        """The engine's speculation settings (None: off)."""
+        if self.speculative is None:
+            return None
+        return Speculation(
+            self.speculative,
+            tokens=self.speculative_tokens,
+            ngram_max=self.speculative_ngram_max,
+            ngram_min=self.speculative_ngram_min,
+        )
+
     stream_interval: int = attrs.field(
         default=0,
         validator=v.ge(0),

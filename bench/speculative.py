@@ -1,0 +1,223 @@
+"""Speculative decoding by prompt lookup (`--speculative ngram`): decode rate, one stream.
+
+The built-in default model (SmolLM2-135M-Instruct), greedy, one stream on the fast path, two
+workloads in its chat template:
+  - code-edit: the prompt holds a file of code and asks for it back with one function
+    renamed, so the answer repeats long spans of the prompt;
+  - chat: a question whose answer repeats little of it.
+Each variant is an engine of its own in this process: off, the adaptive default, and fixed
+draft lengths (`adaptive=False`: every step drafts that many tokens when a draft is found),
+which show what a verify step costs and gives on this backend. Rounds interleave the
+variants, each request once per round. The decode rate is tokens after the first over the
+time from the first to the last; the acceptance, drafted tokens accepted. Outputs must equal
+the `off` variant's (greedy): a difference is reported.
+
+Usage:
+  python -P bench/speculative.py --rounds 2 --tokens 128 --out bench/results/spec-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import trio
+
+from mlx_nursery.engine import (
+    Engine,
+    EngineConfig,
+    GenerationRequest,
+    SamplingParams,
+    Speculation,
+)
+from mlx_nursery.models import release_mlx_streams
+from mlx_nursery.models.default import ensure_default_model
+
+CODE = '''import json
+from pathlib import Path
+
+
+def load_settings(path):
+    """Read the settings file, or the defaults when it is missing."""
+    file = Path(path)
+    if not file.exists():
+        return {"host": "127.0.0.1", "port": 8000, "debug": False}
+    with file.open() as handle:
+        return json.load(handle)
+
+
+def save_settings(path, settings):
+    with Path(path).open("w") as handle:
+        json.dump(settings, handle, indent=2)
+
+
+def merge_settings(base, overrides):
+    merged = dict(base)
+    for key, value in overrides.items():
+        if value is not None:
+            merged[key] = value
+    return merged
+
+
+def describe(settings):
+    lines = []
+    for key in sorted(settings):
+        lines.append(f"{key} = {settings[key]}")
+    return "\\n".join(lines)
+'''
+
+EDITOR = (
+    "You are a code editor. Reply with the complete edited file in one Python code block,"
+    " nothing else."
+)
+WORKLOADS: dict[str, tuple[list[dict[str, str]], float]] = {
+    "code-edit": (
+        [
+            {"role": "system", "content": EDITOR},
+            {
+                "role": "user",
+                "content": "Rename `merge_settings` to `combine_settings` in this file:\n\n"
+                f"```python\n{CODE}```",
+            },
+        ],
+        2.5,
+    ),
+    "chat": (
+        [
+            {
+                "role": "user",
+                "content": "Give me three tips for sleeping better, in a few sentences.",
+            }
+        ],
+        1.0,
+    ),
+}
+"""name -> (messages, the share of `--tokens` generated): the edit needs room to reach the
+file's copy past the small model's preamble."""
+
+VARIANTS: dict[str, Speculation | None] = {
+    "off": None,
+    "ngram (adaptive, 4)": Speculation(tokens=4),
+    "ngram fixed 2": Speculation(tokens=2, adaptive=False),
+    "ngram fixed 4": Speculation(tokens=4, adaptive=False),
+    "ngram fixed 8": Speculation(tokens=8, adaptive=False),
+}
+
+
+async def one(engine: Engine, prompt: list[int], tokens: int) -> dict[str, Any]:
+    request = GenerationRequest(prompt, tokens, SamplingParams(temperature=0.0))
+    stamps: list[float] = []
+    out: list[int] = []
+    usage = None
+    async with engine.generate(request) as stream:
+        async for event in stream:
+            if event.token_id is not None:
+                stamps.append(time.perf_counter())
+                out.append(event.token_id)
+            if event.usage is not None:
+                usage = event.usage
+    assert usage is not None
+    span = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
+    return {
+        "tokens": out,
+        "decode_tok_s": (len(stamps) - 1) / span,
+        "drafted": usage.draft_tokens,
+        "accepted": usage.accepted_draft_tokens,
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    model = ensure_default_model()
+    base = EngineConfig(model, max_concurrency=1, prompt_cache_bytes=0, warmup=False)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {
+        v: {w: [] for w in WORKLOADS} for v in VARIANTS
+    }
+    async with trio.open_nursery() as nursery:
+        engines: dict[str, Engine] = {}
+        for name, spec in VARIANTS.items():
+            engines[name] = await nursery.start(Engine(attrs.evolve(base, speculation=spec)).run)
+        tokenizer: Any = engines["off"].model.tokenizer
+        prompts = {
+            w: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+            for w, (messages, _) in WORKLOADS.items()
+        }
+        for engine in engines.values():  # shapes and kernels, off the clock
+            await one(engine, prompts["chat"], 8)
+        for round_ in range(args.rounds):
+            for workload, prompt in prompts.items():
+                names = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
+                tokens = int(args.tokens * WORKLOADS[workload][1])
+                for name in names:
+                    results[name][workload].append(await one(engines[name], prompt, tokens))
+        nursery.cancel_scope.cancel()
+    return summarize(results)
+
+
+def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    table = []
+    for workload in WORKLOADS:
+        reference = results["off"][workload]
+        off_rate = statistics.median(r["decode_tok_s"] for r in reference)
+        for name, by_workload in results.items():
+            runs = by_workload[workload]
+            rate = statistics.median(r["decode_tok_s"] for r in runs)
+            drafted = sum(r["drafted"] for r in runs)
+            accepted = sum(r["accepted"] for r in runs)
+            table.append(
+                {
+                    "workload": workload,
+                    "variant": name,
+                    "decode_tok_s": rate,
+                    "ratio": rate / off_rate,
+                    "rates": [r["decode_tok_s"] for r in runs],
+                    "drafted": drafted,
+                    "acceptance": accepted / drafted if drafted else None,
+                    "same_output": all(
+                        r["tokens"] == ref["tokens"] for r, ref in zip(runs, reference, strict=True)
+                    ),
+                    "tokens": len(runs[0]["tokens"]),
+                }
+            )
+    return {"rows": table}
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    try:
+        report = trio.run(main, args)
+    finally:
+        release_mlx_streams()
+    report.update(
+        date=time.strftime("%Y-%m-%d"),
+        commit=_commit(),
+        machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        device=str(mx.default_device()),
+        args=vars(args) | {"out": str(args.out) if args.out else None},
+    )
+    for row in report["rows"]:
+        acceptance = "-" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
+        print(
+            f"{row['workload']:10} {row['variant']:22} {row['decode_tok_s']:7.2f} tok/s"
+            f"  x{row['ratio']:.2f}  drafted {row['drafted']:4}  acceptance {acceptance}"
+            f"  same output {row['same_output']}"
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))

@@ -1,0 +1,203 @@
+"""Prompt-lookup (n-gram) drafting, and how much a lone sequence drafts.
+
+Speculative decoding on the single-sequence fast path (`_speculating.py`) needs, before each
+step, a guess at the tokens that follow: `NgramIndex` copies them from the sequence's own
+context, after the most recent earlier occurrence of its last n tokens (longest n first).
+No second model runs. Agents' traffic repeats its prompt (a file read, then rewritten), which
+is where such guesses hold.
+
+Whether a guess pays depends on the backend: a forward of k+1 positions costs about one
+position's time where decoding is bound by reading the weights (a GPU), but k+1 times it
+where it is bound by arithmetic (MLX's CPU backend). `DraftControl` therefore measures both
+(shared by every sequence of the engine: `VerifyCosts`) and each sequence's acceptance, and
+drafts the length that maximizes the expected tokens per second, none when decoding plainly
+is faster; then it waits before trying again, twice as long after each try that did not pay,
+so that speculation costs a request little where it never helps. Engine thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+from attrs import validators as v
+
+SPECULATION_METHODS = ("ngram",)
+
+
+@attrs.frozen
+class Speculation:
+    """Speculative decoding's settings (`EngineConfig.speculation`)."""
+
+    method: str = attrs.field(default="ngram", validator=v.in_(SPECULATION_METHODS))
+    tokens: int = attrs.field(default=4, validator=[v.ge(1), v.le(32)])
+    """The most tokens drafted for one step (the control may draft fewer)."""
+    ngram_max: int = attrs.field(default=3, validator=[v.ge(1), v.le(16)])
+    """The longest context suffix looked up, tried first."""
+    ngram_min: int = attrs.field(default=1, validator=v.ge(1))
+    """The shortest context suffix looked up before giving up."""
+    adaptive: bool = True
+    """Let `DraftControl` choose each step's draft length by measured costs and acceptance;
+    False drafts `tokens` whenever a draft is found (tests, and benchmarks of a fixed
+    length)."""
+
+    @ngram_min.validator
+    def _check_min(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value > self.ngram_max:
+            raise ValueError(f"ngram_min ({value}) must not exceed ngram_max ({self.ngram_max})")
+
+
+class NgramIndex:
+    """A sequence's context, and where each of its n-grams last occurred with a follower.
+
+    `_after[g]` is the position right after the most recent occurrence of g that has a token
+    after it, so the context's own last n-gram (which has none yet) finds an earlier one.
+    """
+
+    def __init__(self, spec: Speculation, tokens: Iterable[int] = ()) -> None:
+        self._sizes = range(spec.ngram_min, spec.ngram_max + 1)
+        self._longest_first = tuple(reversed(self._sizes))
+        self._tokens: list[int] = []
+        self._after: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        context, after = self._tokens, self._after
+        for token in tokens:
+            end = len(context)
+            for n in self._sizes:
+                if end >= n:
+                    after[tuple(context[end - n : end])] = end
+            context.append(token)
+
+    def draft(self, most: int) -> list[int]:
+        """`most` tokens that followed the latest earlier occurrence of the context's last
+        n-gram, the longest n that occurred; none if none did. A copy that reaches the
+        context's end goes on from its own start (an overlapping copy, as LZ77's): a
+        repeating pattern is drafted on."""
+        context = self._tokens
+        for n in self._longest_first:
+            if len(context) >= n:
+                start = self._after.get(tuple(context[-n:]))
+                if start is not None:
+                    drafted = context[start : start + most]
+                    period = len(context) - start
+                    while len(drafted) < most:
+                        drafted.append(drafted[len(drafted) - period])
+                    return drafted
+        return []
+
+
+_EMA = 0.2
+"""Weight of a new observation in the moving averages."""
+FIRST_PAUSE = 8
+"""Plain steps before drafting again after the first try that did not pay."""
+LONGEST_PAUSE = 256
+"""The pause doubles after each try that did not pay, up to this many plain steps; a backend
+where drafts could not pay much even if all were accepted waits this long at once."""
+EXPLORE_DRAFTS = 1
+"""Drafts of a try made to measure (a verify's cost unknown, or after a pause): one, so that
+a try that fails costs little where each drafted position costs a step's time."""
+PROMISING_GAIN = 1.25
+"""The speed-up drafting must promise on this backend with every draft accepted for a
+sequence to try again soon after a pause."""
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + _EMA * (new - old)
+
+
+class VerifyCosts:
+    """What a step costs on this engine's backend and model, measured on the fast path and
+    shared by its sequences: a plain decode step, and each drafted position beyond it."""
+
+    def __init__(self) -> None:
+        self.plain_s: float | None = None
+        self.per_draft_s: float | None = None
+
+    def plain(self, seconds: float) -> None:
+        self.plain_s = _average(self.plain_s, seconds)
+
+    def verify(self, drafts: int, seconds: float) -> None:
+        if self.plain_s is not None and drafts > 0:
+            self.per_draft_s = _average(self.per_draft_s, max(0.0, seconds - self.plain_s) / drafts)
+
+    def promising(self, most: int) -> bool:
+        """Whether drafting up to `most` tokens, all accepted, would be `PROMISING_GAIN`
+        times as fast as plain decoding by the costs measured (True while unknown)."""
+        plain = self.step_seconds(0)
+        if plain is None or self.per_draft_s is None:
+            return True
+        return any(
+            (k + 1) * plain >= PROMISING_GAIN * (plain + k * self.per_draft_s)
+            for k in range(1, most + 1)
+        )
+
+    def step_seconds(self, drafts: int) -> float | None:
+        if self.plain_s is None or self.per_draft_s is None:
+            return None
+        return self.plain_s + drafts * self.per_draft_s
+
+
+class DraftControl:
+    """How many tokens one sequence drafts for its next step."""
+
+    def __init__(self, most: int, costs: VerifyCosts, *, adaptive: bool = True) -> None:
+        self._most = most
+        self._adaptive = adaptive
+        self._costs = costs
+        self._acceptance = 0.5
+        """Moving average of the share of drafted tokens accepted (an unknown sequence starts
+        halfway, so that its first tries are short ones)."""
+        self._pause = 0
+        self._next_pause = FIRST_PAUSE
+        self._explore = False
+
+    @property
+    def acceptance(self) -> float:
+        return self._acceptance
+
+    def drafts(self) -> int:
+        """The drafts the next step may carry (0: decode plainly). Called once per step."""
+        if not self._adaptive:
+            return self._most
+        if self._pause:
+            self._pause -= 1
+            self._explore = self._pause == 0
+            return 0
+        best = self.best()
+        if best is None or self._explore:
+            self._explore = False
+            return min(self._most, max(best or 0, EXPLORE_DRAFTS))
+        if best == 0:
+            promising = self._costs.promising(self._most)
+            self._pause = self._next_pause if promising else LONGEST_PAUSE
+            self._next_pause = min(2 * self._next_pause, LONGEST_PAUSE)
+        return best
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """A step drafted `drafted` tokens, of which the first `accepted` were right."""
+        if drafted:
+            self._acceptance = _average(self._acceptance, accepted / drafted)
+        if self.best():
+            self._next_pause = FIRST_PAUSE
+
+    def best(self) -> int | None:
+        """The draft length with the most expected tokens per second (0: plain decoding), by
+        the measured costs and this sequence's acceptance; None while a cost is unknown."""
+        plain = self._costs.step_seconds(0)
+        if plain is None or self._costs.step_seconds(1) is None:
+            return None
+        best, best_rate = 0, 1.0 / plain
+        expected, term = 1.0, 1.0
+        for k in range(1, self._most + 1):
+            term *= self._acceptance
+            expected += term  # 1 + a + ... + a^k: tokens a step gives with k drafts
+            seconds = self._costs.step_seconds(k)
+            assert seconds is not None
+            if expected / seconds > best_rate:
+                best, best_rate = k, expected / seconds
+        return best

@@ -1,0 +1,192 @@
+"""Speculative decoding on the single-sequence fast path: a lone sequence's verify steps.
+
+A verify step feeds the sequence's next input token and the tokens drafted after it
+(`_drafting.NgramIndex`) in one forward on its KV cache, draws the token of every position
+exactly as plain decoding would draw it there (`_sampling.PositionDraws`: the same key, the
+same filters), and keeps the drafts up to the first that differs from its position's draw,
+then that position's draw. The KV of the rejected drafts is trimmed away at once, so the
+cache never holds a token the sequence did not keep.
+
+Why drawing by position is exact: plain decoding's token at each position is a function of
+the context and that position's key. The drafts kept are those equal to it, and the token
+after them is it, so the output is the one plain decoding gives, greedy or seeded, token for
+token (to floating point: a forward of several positions may round differently). For a
+sampled row this is the standard accept/resample rule for a deterministic draft: a draft d
+is kept with probability p(d), and when it is not the token drawn follows p without d,
+renormalized; the key that draws the position decides both at once.
+
+Rows with logits processors (penalties, a grammar, logit bias kept as a processor for
+logprobs) decode without drafts: a processor sees the context token by token. Caches other
+than mlx-lm's `KVCache` and `QuantizedKVCache` (a rotating window, recurrent state) decode
+without drafts too: they cannot be trimmed back exactly. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import mlx.core as mx
+
+from ._drafting import DraftControl, NgramIndex, Speculation, VerifyCosts
+from ._sampling import PositionDraws, Sampler, position_draws
+from ._upstream import KVCache, QuantizedKVCache, generation_stream, trim_prompt_cache
+
+Verified = Callable[[int, int], None]
+"""Told each verify step's drafted tokens and the accepted ones that the sequence kept."""
+
+
+@attrs.define
+class Verify:
+    """A verify forward in flight: its inputs and, lazily, each position's drawn token."""
+
+    first: int | None
+    """The first input token (None until it is read: it was itself still computing)."""
+    drafts: list[int]
+    tokens: mx.array
+    logprobs: mx.array
+    """(positions, vocabulary): each position's log-probabilities."""
+    started: float
+    """When the engine thread last waited for a token before launching it: from then to its
+    read the device ran it, and, `ahead`, the step of its first input before it."""
+    ahead: bool
+    """Launched while its first input was still computing (read since)."""
+
+    @property
+    def positions(self) -> int:
+        return len(self.drafts) + 1
+
+
+@attrs.frozen
+class Outcome:
+    """A resolved verify: the tokens it gives (drafts kept, then one drawn) and how many of
+    them were drafts."""
+
+    tokens: list[int]
+    accepted: int
+    first: int
+
+
+def speculable(cache: list[Any]) -> bool:
+    """Every layer's cache can be trimmed back exactly (mlx-lm's plain and quantized ones)."""
+    return all(isinstance(layer, KVCache | QuantizedKVCache) for layer in cache)
+
+
+class Speculator:
+    """One sequence's drafting: its context's n-grams, its draft control, its draws."""
+
+    def __init__(
+        self,
+        spec: Speculation,
+        model: Any,
+        context: list[int],
+        draws: PositionDraws,
+        costs: VerifyCosts,
+        verified: Verified,
+    ) -> None:
+        self._model = model
+        self.index = NgramIndex(spec, context)
+        self.control = DraftControl(spec.tokens, costs, adaptive=spec.adaptive)
+        self.costs = costs
+        self._draws = draws
+        self._verified = verified
+        self.last_read: float | None = None
+        """When the engine thread last waited for a token (a plain one or a verify's)."""
+
+    @classmethod
+    def build(
+        cls,
+        spec: Speculation | None,
+        model: Any,
+        cache: list[Any],
+        context: list[int],
+        sampler: Sampler,
+        processors: list[Any],
+        costs: VerifyCosts,
+        verified: Verified,
+    ) -> Speculator | None:
+        """A speculator for a sequence that may draft, else None (why not: the module's
+        docstring)."""
+        if spec is None or processors or not speculable(cache):
+            return None
+        draws = position_draws(sampler)
+        if draws is None:
+            return None
+        return cls(spec, model, context, draws, costs, verified)
+
+    def drafts(self, room: int, *, ahead: bool) -> list[int]:
+        """Drafts for the next step, at most `room`. `ahead`: the context lacks the next
+        input token (still computing), so the draft is looked up one token earlier and its
+        first token, the guess at that input, is dropped."""
+        most = min(self.control.drafts(), room)
+        if most <= 0:
+            return []
+        if ahead:
+            return self.index.draft(most + 1)[1:]
+        return self.index.draft(most)
+
+    def plain_read(self, *, timed: bool) -> None:
+        """A plain token was read; `timed`: the time since the last read is its step's alone
+        (not when a verify launched before the read ran meanwhile: waiting for a token waits
+        for the work launched after it on the stream too, on MLX's CPU backend at least)."""
+        now = time.perf_counter()
+        if self.last_read is not None and timed:
+            self.costs.plain(now - self.last_read)
+        self.last_read = now
+
+    def launch(
+        self,
+        cache: list[Any],
+        first: mx.array,
+        drafts: list[int],
+        before_launch: Callable[[], None] | None,
+        *,
+        ahead: bool,
+    ) -> Verify:
+        """Start the verify forward of `first` (a 1-element token array; `ahead`: still
+        computing) and `drafts`."""
+        inputs = mx.concatenate([first.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
+        with mx.stream(generation_stream):
+            logits = self._model(inputs[None], cache=cache)[0]
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            tokens = self._draws(logprobs)
+        if before_launch is not None:
+            before_launch()
+        mx.async_eval(tokens, logprobs)  # type: ignore[no-untyped-call]
+        started = self.last_read if self.last_read is not None else time.perf_counter()
+        return Verify(None, drafts, tokens, logprobs, started, ahead)
+
+    def resolve(self, verify: Verify, cache: list[Any], room: int, stop: frozenset[int]) -> Outcome:
+        """Read a verify, keep its tokens up to the first stop token, at most `room`, and trim
+        the KV of the rest; the control and the counters learn how it went."""
+        drawn: list[int] = verify.tokens.tolist()  # type: ignore[assignment]
+        now = time.perf_counter()
+        seconds = now - verify.started
+        if verify.ahead:  # the plain step of its first input ran in that time too
+            seconds -= self.costs.plain_s if self.costs.plain_s is not None else seconds
+        self.costs.verify(len(verify.drafts), seconds)
+        self.last_read = now
+        drafts = verify.drafts
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == drawn[accepted]:
+            accepted += 1
+        self.control.verified(len(drafts), accepted)
+        tokens = [*drafts[:accepted], drawn[accepted]][:room]
+        for i, token in enumerate(tokens):
+            if token in stop:
+                del tokens[i + 1 :]
+                break
+        kept = min(accepted, len(tokens))  # drafts whose KV stays: those emitted
+        trim_prompt_cache(cache, len(drafts) - kept)
+        self._draws.advance(len(tokens))
+        self._verified(len(drafts), kept)
+        assert verify.first is not None
+        return Outcome(tokens, kept, verify.first)
+
+    def discard(self, verify: Verify, cache: list[Any]) -> None:
+        """Drop a verify in flight (a handover, a cancel): its KV goes, its draws were never
+        counted."""
+        mx.eval(verify.tokens)  # let it land before the cache is trimmed and kept
+        trim_prompt_cache(cache, verify.positions)

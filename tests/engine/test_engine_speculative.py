@@ -1,0 +1,226 @@
+"""Speculative decoding by prompt lookup on the fast path: the tokens of plain decoding.
+
+Each request runs on an engine without speculation and on one that drafts a fixed number of
+tokens whenever its context offers some (`adaptive=False`, so that verify steps run however
+their cost compares on this machine); the tokens, usage and logprobs must agree.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+from mlx_nursery.engine import (
+    Engine,
+    EngineConfig,
+    GenerationRequest,
+    SamplingParams,
+    Speculation,
+    open_engine,
+)
+from mlx_nursery.engine._drafting import (
+    FIRST_PAUSE,
+    LONGEST_PAUSE,
+    DraftControl,
+    NgramIndex,
+    VerifyCosts,
+)
+from tests.helpers import Run, collect
+
+# The tiny model repeats itself on this prompt: drafts are found and most are accepted.
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 3
+SPECULATING = Speculation(tokens=4, adaptive=False)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _config(tiny_model: Path, **changes: object) -> EngineConfig:
+    config = EngineConfig(tiny_model, max_concurrency=4, prefill_step_size=64, warmup=False)
+    return attrs.evolve(config, **changes)
+
+
+def _drafts(engine: Engine) -> tuple[int, int, int]:
+    worker = engine.statistics().worker
+    assert worker is not None
+    return worker.verify_steps, worker.draft_tokens, worker.accepted_draft_tokens
+
+
+async def _both(
+    tiny_model: Path, requests: list[GenerationRequest], **changes: object
+) -> tuple[list[Run], list[Run], tuple[int, int, int]]:
+    async with open_engine(_config(tiny_model, **changes)) as plain:
+        reference = [await collect(plain, r) for r in requests]
+        assert _drafts(plain) == (0, 0, 0)
+    async with open_engine(_config(tiny_model, speculation=SPECULATING, **changes)) as fast:
+        runs = [await collect(fast, r) for r in requests]
+        stats = fast.statistics()
+        assert stats.lanes_borrowed == 0 and stats.late_events == 0
+        return reference, runs, _drafts(fast)
+
+
+def _tokenized(text: str, tiny_model: Path) -> tuple[int, ...]:
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    return tuple(load_tokenizer(tiny_model).encode(text))
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9, seed=11)],
+    ids=["greedy", "seeded"],
+)
+async def test_speculation_gives_plain_decodings_tokens(
+    tiny_model: Path, sampling: SamplingParams
+) -> None:
+    prompt = _tokenized(PROMPT, tiny_model)
+    asked = GenerationRequest(prompt, 40, sampling, ignore_eos=True, logprobs=2)
+    (reference,), (run,), (steps, drafted, accepted) = await _both(tiny_model, [asked])
+    assert run.tokens == reference.tokens and len(run.tokens) == 40
+    assert steps > 0 and drafted > 0
+    usage = run.final.usage
+    assert usage is not None and usage.completion_tokens == 40
+    assert (usage.draft_tokens, usage.accepted_draft_tokens) == (drafted, accepted)
+    if sampling.temperature == 0.0:
+        assert accepted > 0  # several tokens per step, not only drafts tried
+    for ours, theirs in zip(run.events, reference.events, strict=True):
+        assert ours.logprob is not None and theirs.logprob is not None
+        assert ours.logprob.logprob == pytest.approx(theirs.logprob.logprob, abs=1e-4)
+        assert [t for t, _ in ours.logprob.top] == [t for t, _ in theirs.logprob.top]
+
+
+async def test_the_accepted_run_is_cut_at_a_stop_token_and_at_max_tokens(
+    tiny_model: Path,
+) -> None:
+    # The tiny model answers this with one token repeated, then another: drafts of the first
+    # are accepted until the second, which ends the run as a stop token.
+    greedy = GenerationRequest(_tokenized("Hello world", tiny_model), 40, GREEDY, ignore_eos=True)
+    async with open_engine(_config(tiny_model)) as plain:
+        free = await collect(plain, greedy)
+    stop = free.tokens[-1]
+    assert free.tokens.index(stop) >= 5
+    cut = [
+        attrs.evolve(greedy, stop_token_ids=frozenset({stop})),
+        attrs.evolve(greedy, max_tokens=7),
+        attrs.evolve(greedy, max_tokens=1),
+    ]
+    reference, runs, (_, drafted, _) = await _both(tiny_model, cut)
+    assert drafted > 0
+    for ours, theirs in zip(runs, reference, strict=True):
+        assert ours.tokens == theirs.tokens
+        assert ours.final.finish_reason == theirs.final.finish_reason
+        assert ours.final.usage is not None and theirs.final.usage is not None
+        assert ours.final.usage.completion_tokens == theirs.final.usage.completion_tokens
+    assert runs[0].final.finish_reason == "stop" and len(runs[1].tokens) == 7
+
+
+async def test_rows_with_logits_processors_decode_without_drafts(tiny_model: Path) -> None:
+    prompt = _tokenized(PROMPT, tiny_model)
+    penalized = SamplingParams(temperature=0.0, repetition_penalty=1.2)
+    (reference,), (run,), drafts = await _both(
+        tiny_model, [GenerationRequest(prompt, 12, penalized, ignore_eos=True)]
+    )
+    assert run.tokens == reference.tokens and drafts == (0, 0, 0)
+
+
+async def test_handover_and_cancel_while_speculating(tiny_model: Path) -> None:
+    """Company arriving mid-stream moves the lone sequence into the batch with its KV as
+    plain decoding leaves it; a cancel stops it within a step. The invariant checker runs."""
+    prompt = _tokenized(PROMPT, tiny_model)
+    first = GenerationRequest(prompt, 40, GREEDY, ignore_eos=True)
+    second = GenerationRequest(prompt[:20], 10, GREEDY, ignore_eos=True)
+    async with open_engine(_config(tiny_model, single_sequence_fast_path=False)) as batch:
+        reference = await collect(batch, first)
+        reference_second = await collect(batch, second)
+    config = _config(tiny_model, speculation=SPECULATING, prompt_cache_bytes=0)
+    async with open_engine(config) as engine:
+        runs: dict[str, Run] = {}
+        company = trio.Event()
+
+        async def run_second() -> None:
+            await company.wait()
+            runs["second"] = await collect(engine, second)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_second)
+            async with engine.generate(first) as stream:
+                events = []
+                async for event in stream:
+                    events.append(event)
+                    if len(events) == 12:  # verify steps have run (asserted below)
+                        company.set()
+        verifies_before_company, _, _ = _drafts(engine)
+        assert verifies_before_company > 0
+        assert [e.token_id for e in events if e.token_id is not None] == reference.tokens
+        assert runs["second"].tokens == reference_second.tokens
+        worker = engine.statistics().worker
+        assert worker is not None and worker.handovers == 1
+
+        with trio.CancelScope() as scope:
+            async with engine.generate(attrs.evolve(first, max_tokens=400)) as stream:
+                count = 0
+                async for _ in stream:
+                    count += 1
+                    if count == 10:
+                        scope.cancel()
+        assert stream.steps_in_flight_at_cancel is not None
+        assert stream.steps_in_flight_at_cancel <= 1
+        stats = engine.statistics()
+        assert stats.lanes_borrowed == 0 and stats.late_events == 0
+        assert stats.worker is not None and stats.worker.generated_tokens < 40 + 10 + 60
+
+
+def test_ngram_lookup_takes_the_longest_suffix_and_its_latest_occurrence() -> None:
+    index = NgramIndex(Speculation(ngram_max=3, ngram_min=1), [1, 2, 3, 9, 2, 3, 7, 1, 2, 3])
+    assert index.draft(2) == [9, 2]  # (1, 2, 3) occurred at the start, before 9
+    index = NgramIndex(Speculation(ngram_max=3, ngram_min=1), [5, 2, 3, 9, 2, 3, 7, 8, 3])
+    assert index.draft(3) == [7, 8, 3]  # no (7, 8, 3) or (8, 3) before: (3,) latest, at 5
+    index.extend([4])
+    assert index.draft(3) == []  # 4 never occurred before
+    index = NgramIndex(Speculation(ngram_max=2, ngram_min=1), [6, 7, 6, 7])
+    assert index.draft(5) == [6, 7, 6, 7, 6]  # the copy reaching the end goes on from its start
+    index = NgramIndex(Speculation(ngram_max=2, ngram_min=2), [1, 2, 1, 3, 1])
+    assert index.draft(4) == []  # (3, 1) never occurred before; a lone 1 is too short
+
+
+def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:
+    costs = VerifyCosts()
+    control = DraftControl(8, costs)
+    assert control.drafts() == 1  # costs unknown: a short try, to measure
+    costs.plain(0.010)
+    costs.verify(4, 0.012)  # cheap drafts (a GPU): 0.5 ms each
+    for _ in range(20):
+        control.verified(4, 4)
+    assert control.drafts() == 8
+    for _ in range(20):
+        control.verified(4, 1)
+    assert 1 <= control.drafts() < 8  # a quarter accepted: short drafts still pay
+    for _ in range(20):
+        control.verified(4, 0)
+    assert control.drafts() == 0  # nothing accepted: not even cheap drafts pay
+
+    linear = VerifyCosts()  # each draft costs a whole step (this CPU): only certainty pays
+    linear.plain(0.010)
+    linear.verify(4, 0.050)
+    assert not linear.promising(8)
+    control = DraftControl(8, linear)
+    control.verified(4, 0)
+    assert control.drafts() == 0  # starts a pause: the longest, as nothing could pay much
+    assert [control.drafts() for _ in range(LONGEST_PAUSE + 1)] == [0] * LONGEST_PAUSE + [1]
+
+    sublinear = VerifyCosts()  # drafts cost a fifth of a step: worth retrying soon
+    sublinear.plain(0.010)
+    sublinear.verify(4, 0.018)
+    control = DraftControl(8, sublinear)
+    for _ in range(20):
+        control.verified(4, 0)
+    pauses = []
+    for _ in range(3):
+        assert control.drafts() == 0  # starts a pause
+        plain = 1
+        while control.drafts() == 0:
+            plain += 1
+        pauses.append(plain)
+        control.verified(1, 0)  # the try after the pause did not pay either
+    assert pauses == [FIRST_PAUSE + 1, 2 * FIRST_PAUSE + 1, 4 * FIRST_PAUSE + 1]
