@@ -14,6 +14,10 @@ in chunks of at most `prefill_step_size` so that a cancel is honoured between ch
 lone prompt's chunks are never shrunk: nothing decodes beside them; their times still
 teach the chunk sizer, `_chunking.py`, what a token costs).
 
+With speculation on (`EngineConfig.speculation`), a step may instead verify tokens drafted
+by prompt lookup, and return several (`_speculating.py`); a step without drafts is the one
+above, pipelined as ever.
+
 We do not call `generate_step` itself: a generator can't hand its KV cache and its
 in-flight token over to the batch, and the handover is what keeps behaviour identical.
 """
@@ -30,12 +34,9 @@ import mlx.core as mx
 from ._drafting import Speculation, VerifyCosts
 from ._kv_quant import CacheFactory
 from ._sequence import LiveSequence, Response
-from ._speculating import Speculator, Verify
+from ._speculating import SpeculatorFactory, Verify, speculator_factory
 from ._stepper import KVState, Start
 from ._upstream import generation_stream, make_prompt_cache
-
-SpeculatorFactory = Callable[[list[Any], list[int]], Speculator | None]
-"""A sequence's speculator, given its KV cache and its context (None: it does not draft)."""
 
 
 @attrs.frozen
@@ -352,37 +353,11 @@ class SoloStepper:
             before_launch=self._before_launch,
             make_cache=self._make_cache,
             chunk_timed=self._chunk_timed,
-            speculate=self._speculator_factory(sequence),
+            speculate=speculator_factory(
+                self._speculation, self._model, sequence, self.costs, self._verified
+            ),
         )
         return self._solo.uid
-
-    def _speculator_factory(self, sequence: LiveSequence) -> SpeculatorFactory | None:
-        spec = self._speculation
-        if spec is None:
-            return None
-        # Verify forwards are decode steps: the shape statistics count prefill forwards only.
-        model = getattr(self._model, "unwatched", self._model)
-        report = self._verified
-
-        def verified(drafted: int, accepted: int) -> None:
-            sequence.drafted_tokens += drafted
-            sequence.accepted_tokens += accepted
-            if report is not None:
-                report(sequence, drafted, accepted)
-
-        def speculate(cache: list[Any], context: list[int]) -> Speculator | None:
-            return Speculator.build(
-                spec,
-                model,
-                cache,
-                context,
-                sequence.sampler,
-                sequence.processors,
-                self.costs,
-                verified,
-            )
-
-        return speculate
 
     def step(self) -> list[Response]:
         if self._solo is None:

@@ -32,10 +32,13 @@ import mlx.core as mx
 
 from ._drafting import DraftControl, NgramIndex, Speculation, VerifyCosts
 from ._sampling import PositionDraws, Sampler, position_draws
+from ._sequence import LiveSequence
 from ._upstream import KVCache, QuantizedKVCache, generation_stream, trim_prompt_cache
 
 Verified = Callable[[int, int], None]
 """Told each verify step's drafted tokens and the accepted ones that the sequence kept."""
+SpeculatorFactory = Callable[[list[Any], list[int]], "Speculator | None"]
+"""A sequence's speculator, given its KV cache and its context (None: it does not draft)."""
 
 
 @attrs.define
@@ -190,3 +193,31 @@ class Speculator:
         counted."""
         mx.eval(verify.tokens)  # let it land before the cache is trimmed and kept
         trim_prompt_cache(cache, verify.positions)
+
+
+def speculator_factory(
+    spec: Speculation | None,
+    model: Any,
+    sequence: LiveSequence,
+    costs: VerifyCosts,
+    report: Callable[[LiveSequence, int, int], None] | None,
+) -> SpeculatorFactory | None:
+    """How the fast path makes `sequence`'s speculator (None: speculation is off). Its verify
+    steps count on the sequence (its usage) and are reported to `report` (the engine's)."""
+    if spec is None:
+        return None
+    # Verify forwards are decode steps: the shape statistics count prefill forwards only.
+    unwatched = getattr(model, "unwatched", model)
+
+    def verified(drafted: int, accepted: int) -> None:
+        sequence.drafted_tokens += drafted
+        sequence.accepted_tokens += accepted
+        if report is not None:
+            report(sequence, drafted, accepted)
+
+    def speculate(cache: list[Any], context: list[int]) -> Speculator | None:
+        return Speculator.build(
+            spec, unwatched, cache, context, sequence.sampler, sequence.processors, costs, verified
+        )
+
+    return speculate
