@@ -28,3 +28,9 @@ class RunCounters:
     """Speculation's verify steps (each a forward of drafted tokens)."""
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+
+    def verified(self, sequence: object, drafted: int, accepted: int) -> None:
+        """A verify step of `sequence` ran `drafted` drafts and kept `accepted` of them."""
+        self.verify_steps += 1
+        self.draft_tokens += drafted
+        self.accepted_draft_tokens += accepted

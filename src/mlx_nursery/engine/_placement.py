@@ -62,18 +62,16 @@ class Placement:
             make_cache=self.make_cache,
             chunk_timed=self.chunks.observe,
             speculation=config.speculation,
-            verified=self._verified,
+            # The counters' method, not one of this object's: the fast path it is handed to
+            # is this object's, and a cycle through it would keep the model's weights alive
+            # past an unload until the garbage collector ran.
+            verified=self._counters.verified,
         )
         self.current: Stepper = self.batch
         self.previous_responses: list[Response] = []
         """The last step's responses (MLX arrays), released only once the next step has run,
         as a `generate_step` loop releases them: releasing them while the next step is in
         flight cost a lone stream markedly on CUDA (docs/architecture.md)."""
-
-    def _verified(self, sequence: LiveSequence, drafted: int, accepted: int) -> None:
-        self._counters.verify_steps += 1
-        self._counters.draft_tokens += drafted
-        self._counters.accepted_draft_tokens += accepted
 
     @property
     def unused(self) -> Stepper:
