@@ -60,7 +60,7 @@ async def test_speculation_gives_the_default_models_greedy_tokens() -> None:
             prompt = tokenizer.apply_chat_template(
                 [{"role": "user", "content": ask}], add_generation_prompt=True
             )
-            request = GenerationRequest(prompt, 32, SamplingParams(temperature=0.0))
+            request = GenerationRequest(prompt, 20, SamplingParams(temperature=0.0))
             async with engine.generate(request) as stream:
                 runs.append([event async for event in stream])
     plain, speculated = ([e.token_id for e in run if e.token_id is not None] for run in runs)
