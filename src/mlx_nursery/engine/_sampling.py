@@ -1,4 +1,4 @@
-"""Samplers and logits processors for one request.
+"""Samplers for one request (their logits processors: `_processors.py`).
 
 Where ours differ from mlx-lm's, and why:
 - `KeyedSampler` draws every token from a key of its own, seeded or not. mlx-lm's
@@ -17,11 +17,10 @@ Where ours differ from mlx-lm's, and why:
   bias to normalized log-probabilities rather than to logits shifts each row by a constant,
   which no filter or draw here depends on. A request that wants logprobs keeps the bias as
   a processor, so that the log-probabilities it is told are the biased ones.
-- `GuardedProcessor` / `GuardedSampler`: mlx-lm applies every row's processors and
+- `GuardedSampler` (and `_processors.GuardedProcessor`): mlx-lm applies every row's processors and
   samplers inside one batched step, so one request's exception would fail the whole
   batch; these record the error on the request and leave its row usable, and the worker
   then fails that request alone.
-Presence/frequency penalties see only generated tokens (OpenAI semantics), not the prompt.
 """
 
 from __future__ import annotations
@@ -29,17 +28,15 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import mlx.core as mx
 
-from ._types import LogitsProcessor, SamplingParams
-from ._upstream import greedy_sampler, make_logits_processors
+from ._types import SamplingParams
+from ._upstream import greedy_sampler
 
 Sampler = Callable[[mx.array], mx.array]
 log = logging.getLogger("mlx_nursery.engine")
 
-_WHOLE_SEQUENCE = 1 << 30
 _MASK64 = (1 << 64) - 1
 
 
@@ -347,65 +344,3 @@ def rewind_sampler(sampler: Sampler, draws: int) -> None:
     rewind = getattr(sampler, "rewind", None)
     if rewind is not None:
         rewind(draws)
-
-
-class GeneratedOnly:
-    """Apply `processor` to the generated tokens only (the context minus the prompt)."""
-
-    def __init__(self, processor: LogitsProcessor, prompt_length: int) -> None:
-        self._processor = processor
-        self._prompt_length = prompt_length
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        generated = tokens[self._prompt_length :]
-        if generated.size == 0:
-            return logits
-        processed: mx.array = self._processor(generated, logits)
-        return processed
-
-
-class GuardedProcessor:
-    """Run `processor`; on an exception, record it in `failures` and pass the logits through."""
-
-    def __init__(self, processor: LogitsProcessor, failures: list[BaseException]) -> None:
-        self._processor = processor
-        self._failures = failures
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self._failures:
-            return logits
-        try:
-            result = self._processor(tokens, logits)
-            if not isinstance(result, mx.array) or result.shape != logits.shape:
-                raise TypeError(
-                    f"logits processor returned {type(result).__name__} "
-                    f"{getattr(result, 'shape', '')}, expected an array of shape {logits.shape}"
-                )
-            return result
-        except Exception as exc:  # noqa: BLE001 - isolated per request by design
-            self._failures.append(exc)
-            return logits
-
-
-def make_request_processors(
-    params: SamplingParams,
-    extra: tuple[LogitsProcessor, ...],
-    prompt_length: int,
-    failures: list[BaseException],
-    *,
-    bias_as_processor: bool = True,
-) -> list[Any]:
-    processors: list[LogitsProcessor] = []
-    if params.logit_bias and bias_as_processor:
-        processors += make_logits_processors(logit_bias=dict(params.logit_bias))
-    if params.repetition_penalty not in (None, 1.0):
-        processors += make_logits_processors(repetition_penalty=params.repetition_penalty)
-    penalties = make_logits_processors(
-        presence_penalty=params.presence_penalty or None,
-        presence_context_size=_WHOLE_SEQUENCE,
-        frequency_penalty=params.frequency_penalty or None,
-        frequency_context_size=_WHOLE_SEQUENCE,
-    )
-    processors += [GeneratedOnly(p, prompt_length) for p in penalties]
-    processors += list(extra)
-    return [GuardedProcessor(p, failures) for p in processors]

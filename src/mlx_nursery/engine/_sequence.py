@@ -14,14 +14,8 @@ import mlx.core as mx
 
 from .. import fault_points
 from ._messages import StepEvent, Submit
-from ._sampling import (
-    GuardedProcessor,
-    GuardedSampler,
-    Sampler,
-    make_request_processors,
-    make_request_sampler,
-    rewind_sampler,
-)
+from ._processors import GuardedProcessor, make_request_processors
+from ._sampling import GuardedSampler, Sampler, make_request_sampler, rewind_sampler
 from ._types import FinishReason, GenerationRequest, TokenLogprob, Usage
 
 COULD_NOT_START = "the engine could not start this request"
