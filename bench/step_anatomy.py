@@ -1,0 +1,251 @@
+"""Where a batched engine step's time goes, under arrivals: a probe, kept out of the engine.
+
+Runs the real engine in this process under closed-loop clients (varied prompt and output
+lengths, temperature sampling, EOS ignored, as `bench/serving.py` loads a server) and wraps
+the engine thread's phases to time them:
+
+  decode     the running batch's step (`GenerationBatch.next`: build, launch, read tokens)
+  first      a prefilled group's first-token step (`GenerationBatch.__init__`)
+  join       moving prefilled rows into the running batch (`GenerationBatch.extend`)
+  leave      removing rows from a batch (`GenerationBatch.filter`, `PromptProcessingBatch
+             .filter`/`split`, `BatchKVCache.filter`)
+  extract    copying a finished row's KV out (`GenerationBatch.extract_cache`)
+  chunk      launching a prefill chunk (`_schedule.launch_chunk`)
+  admit      taking a request in (`Admission._admit`, the prefix cache's lookup included)
+  rest       the engine loop's other work (settling, posting, detokenizing)
+
+`--mode host` times the host alone (MLX runs asynchronously: a phase's time is what the
+engine thread spent in it, waits included). `--mode sync` synchronizes the device before and
+after each phase, so each phase's time includes its device work: the step is serialized
+(slower overall), but the split says what each phase costs the device. Exclusive times: a
+phase nested in another is subtracted from it.
+
+Usage:
+  python -P bench/step_anatomy.py --preset tiny --clients 8 --duration 20
+  python -P bench/step_anatomy.py --model /tmp/l8b --clients 32 --input-len 500:1000 \
+      --output-len 64:192 --duration 40 --mode sync
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import trio
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
+from mlx_lm.models.cache import BatchKVCache
+
+from mlx_nursery.engine import (
+    EngineConfig,
+    GenerationRequest,
+    SamplingParams,
+    _admission,
+    _schedule,
+    open_engine,
+)
+from mlx_nursery.tools import make_model
+
+
+class Phases:
+    """Exclusive time per phase on the engine thread (others are not timed)."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[list[Any]] = []  # [name, start, nested seconds]
+        self.thread: int | None = None
+
+    def _synchronize(self) -> None:
+        mx.synchronize()
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != self.thread:
+                return fn(*args, **kwargs)
+            if self.sync and not self._stack:
+                self._synchronize()
+            frame = [name, time.perf_counter(), 0.0]
+            self._stack.append(frame)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.sync and len(self._stack) == 1:
+                    self._synchronize()
+                self._stack.pop()
+                elapsed = time.perf_counter() - frame[1]
+                self.seconds[name] += elapsed - frame[2]
+                self.calls[name] += 1
+                if self._stack:
+                    self._stack[-1][2] += elapsed
+
+        return timed
+
+
+def install(phases: Phases) -> None:
+    targets: list[tuple[Any, str, str]] = [
+        (GenerationBatch, "next", "decode"),
+        (GenerationBatch, "__init__", "first"),
+        (GenerationBatch, "extend", "join"),
+        (GenerationBatch, "filter", "leave"),
+        (GenerationBatch, "extract_cache", "extract"),
+        (PromptProcessingBatch, "filter", "leave"),
+        (PromptProcessingBatch, "split", "leave"),
+        (BatchKVCache, "filter", "leave"),
+        (_admission.Admission, "_admit", "admit"),
+    ]
+    for owner, attr, name in targets:
+        setattr(owner, attr, phases.wrap(name, getattr(owner, attr)))
+    _schedule.launch_chunk = phases.wrap("chunk", _schedule.launch_chunk)  # type: ignore[assignment]
+
+
+def prompt(n: int, rng: random.Random, vocab: int) -> list[int]:
+    return [rng.randrange(10, min(vocab, 4000)) for _ in range(n)]
+
+
+async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    phases = Phases(sync=False)
+    install(phases)
+    config = EngineConfig(model, max_concurrency=args.clients, max_queue=4 * args.clients)
+    results = {}
+    async with open_engine(config) as engine:
+        # The engine thread is the one that runs the steps: learn it from a first request.
+        seen: list[int] = []
+        original = GenerationBatch.next
+
+        def spy(self: Any) -> Any:
+            if not seen:
+                seen.append(threading.get_ident())
+            return original(self)
+
+        GenerationBatch.next = spy  # type: ignore[method-assign]
+        warm = [
+            GenerationRequest(prompt(64, random.Random(i), vocab), max_tokens=8, ignore_eos=True)
+            for i in range(2)
+        ]
+        async with trio.open_nursery() as nursery:
+            for request in warm:
+
+                async def drain(r: GenerationRequest = request) -> None:
+                    async with engine.generate(r) as stream:
+                        async for _ in stream:
+                            pass
+
+                nursery.start_soon(drain)
+        GenerationBatch.next = original  # type: ignore[method-assign]
+        phases.thread = seen[0] if seen else None
+        for mode in ("host", "sync") if args.mode == "both" else (args.mode,):
+            phases.sync = mode == "sync"
+            results[mode] = await measure(args, engine, phases, vocab)
+    return results
+
+
+async def measure(
+    args: argparse.Namespace, engine: Any, phases: Phases, vocab: int
+) -> dict[str, Any]:
+    tokens = 0
+    requests = 0
+    phases.seconds.clear()
+    phases.calls.clear()
+    stats0 = engine.statistics().worker
+    start = time.perf_counter()
+    deadline = start + args.duration
+
+    async def client(index: int) -> None:
+        nonlocal tokens, requests
+        rng = random.Random(index)
+        while time.perf_counter() < deadline:
+            request = GenerationRequest(
+                prompt(rng.randint(*args.input_len), rng, vocab),
+                max_tokens=rng.randint(*args.output_len),
+                sampling=SamplingParams(temperature=args.temperature, seed=rng.randrange(1 << 30)),
+                ignore_eos=True,
+            )
+            async with engine.generate(request) as stream:
+                async for event in stream:
+                    if event.usage is not None:
+                        tokens += event.usage.completion_tokens
+            requests += 1
+
+    async with trio.open_nursery() as nursery:
+        for i in range(args.clients):
+            nursery.start_soon(client, i)
+    wall = time.perf_counter() - start
+    stats1 = engine.statistics().worker
+    steps = (stats1.steps if stats1 else 0) - (stats0.steps if stats0 else 0)
+    timed = sum(phases.seconds.values())
+    table = {
+        name: {
+            "seconds": round(seconds, 3),
+            "share": round(seconds / wall, 3),
+            "calls": phases.calls[name],
+            "ms_per_step": round(1000 * seconds / max(steps, 1), 2),
+        }
+        for name, seconds in sorted(phases.seconds.items(), key=lambda kv: -kv[1])
+    }
+    table["rest"] = {
+        "seconds": round(wall - timed, 3),
+        "share": round((wall - timed) / wall, 3),
+        "calls": 0,
+        "ms_per_step": round(1000 * (wall - timed) / max(steps, 1), 2),
+    }
+    return {
+        "mode": "sync" if phases.sync else "host",
+        "wall_s": round(wall, 2),
+        "requests": requests,
+        "tokens": tokens,
+        "tok_per_s": round(tokens / wall, 1),
+        "steps": steps,
+        "ms_per_step": round(1000 * wall / max(steps, 1), 2),
+        "phases": table,
+    }
+
+
+def lengths(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    return int(low), int(high or low)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", type=Path)
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--input-len", type=lengths, default=(100, 300))
+    p.add_argument("--output-len", type=lengths, default=(64, 128))
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--duration", type=float, default=20)
+    p.add_argument("--mode", choices=("host", "sync", "both"), default="both")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if model is None:
+            model = Path(tmp) / args.preset
+            make_model(model, preset=args.preset)
+        result = trio.run(run, args, model)
+    result = {
+        "device": str(mx.default_device()),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        **result,
+    }
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
