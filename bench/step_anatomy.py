@@ -179,9 +179,12 @@ async def measure(
                         tokens += event.usage.completion_tokens
             requests += 1
 
+    kernels: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
         for i in range(args.clients):
             nursery.start_soon(client, i)
+        if args.kernels and not phases.sync:
+            nursery.start_soon(profile_kernels, args.duration, kernels)
     wall = time.perf_counter() - start
     stats1 = engine.statistics().worker
     steps = (stats1.steps if stats1 else 0) - (stats0.steps if stats0 else 0)
@@ -210,7 +213,46 @@ async def measure(
         "steps": steps,
         "ms_per_step": round(1000 * wall / max(steps, 1), 2),
         "phases": table,
+        "kernels": kernels,
     }
+
+
+async def profile_kernels(duration: float, into: dict[str, Any]) -> None:
+    """CUDA kernels' device time over a window in the middle of the run, grouped by name
+    (CUPTI through torch.profiler, which sees MLX's kernels too): what the device spends a
+    step on. Only where torch with CUDA is installed (the GPU machine)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        into["error"] = "no torch.profiler"
+        return
+    await trio.sleep(duration / 3)
+    window = min(3.0, duration / 3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        await trio.sleep(window)
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    spans = []
+    for e in events:
+        us = e.time_range.end - e.time_range.start
+        by_name[e.name[:90]][0] += us
+        by_name[e.name[:90]][1] += 1
+        spans.append((e.time_range.start, e.time_range.end))
+    spans.sort()
+    busy = 0.0
+    end = -1.0
+    for a, b in spans:
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    into["window_s"] = window
+    into["busy_share"] = round(busy / (window * 1e6), 3)
+    into["kernels"] = len(events)
+    into["top"] = [
+        {"name": name, "ms": round(t / 1000, 2), "count": n}
+        for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:40]
+    ]
 
 
 def lengths(text: str) -> tuple[int, int]:
@@ -228,6 +270,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--duration", type=float, default=20)
     p.add_argument("--mode", choices=("host", "sync", "both"), default="both")
+    p.add_argument("--kernels", action="store_true", help="CUDA kernel times (torch.profiler)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
