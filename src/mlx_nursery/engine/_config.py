@@ -85,6 +85,10 @@ class EngineConfig:
     """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
     with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,
     the same outputs. Architectures not covered load as they are."""
+    ragged_attention: bool = True
+    """On CUDA, a batch's decode attention by this server's kernel, each row reading only its
+    own keys (`_decode_attention.py`) rather than MLX's masked fallback over every row's
+    padded length. No effect on other backends."""
     warmup: bool = True
     """Before reporting ready, run what serving runs (the fast path, batches up to
     `max_concurrency`, the sampling variants) on dummy prompts, so that no request waits for

@@ -23,10 +23,11 @@ import mlx.core as mx
 
 from ._chunking import ChunkSizer
 from ._kv_quant import CacheFactory
+from ._ragged import ragged_rows
 from ._sampling import Sampler, sample_batch
 from ._schedule import ServingBatchGenerator
 from ._sequence import LiveSequence, Response
-from ._upstream import StopSequences, sampler_rows
+from ._upstream import StopSequences, make_prompt_cache, sampler_rows
 
 KVState = tuple[list[Any] | None, list[int] | None]
 """A removed sequence's KV cache and the tokens it holds (None, None: not kept)."""
@@ -145,12 +146,13 @@ class BatchStepper:
     ) -> int:
         """`insert` by a sequence's parts (a follower rank has no `LiveSequence`)."""
         cache = start.cache
-        if cache is None and self._make_cache is not None:
-            cache = self._make_cache(self._model)
+        if cache is None:
+            cache = (self._make_cache or make_prompt_cache)(self._model)
+        cache = ragged_rows(cache)
         (uid,) = self._generator.insert(
             [start.prompt],
             max_tokens=[start.max_tokens],
-            caches=[cache] if cache is not None else None,
+            caches=[cache],
             all_tokens=[start.cache_tokens],
             samplers=[self._samplers],
             logits_processors=[processors],

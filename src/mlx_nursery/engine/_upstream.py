@@ -22,6 +22,9 @@ Private parts relied on, and where:
   language detection (`detect_language`). They are imported on first use (this module's
   `__getattr__`): importing mlx-audio's speech models takes a while, and only the speech
   thread needs them, not the server's start.
+- `mlx_lm_attention` (mlx-lm's `models/base.py` `scaled_dot_product_attention`), which each
+  model module imports by name: `_decode_attention.install` replaces that name in the
+  module of a loaded model's layers with a router that takes a ragged batch's decode step.
 mlx-lm's public parts are re-exported as they are.
 """
 
@@ -39,7 +42,9 @@ from mlx_lm.generate import (
     generation_stream,
 )
 from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import (
+    BatchKVCache,
     KVCache,
     PromptTrie,
     QuantizedKVCache,
@@ -88,6 +93,7 @@ __all__ = [
     "BPEStreamingDetokenizer",
     "BaseCache",
     "BatchGenerator",
+    "BatchKVCache",
     "DecodingOptions",
     "DecodingTask",
     "GreedyDecoder",
@@ -110,6 +116,7 @@ __all__ = [
     "make_logits_processors",
     "make_prompt_cache",
     "make_sampler",
+    "mlx_lm_attention",
     "pad_or_trim",
     "sampler_rows",
     "trim_prompt_cache",

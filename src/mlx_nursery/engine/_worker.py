@@ -19,6 +19,7 @@ from .. import fault_points
 from ..fault_points import request_label
 from ..models import LoadedModel, load_model
 from ._config import EngineConfig
+from ._decode_attention import install as install_ragged_attention
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels, release_streams
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
@@ -134,6 +135,8 @@ class Worker:
                 if distribution is None
                 else distribution.load(self._config)
             )
+            if self._config.ragged_attention and model.kind == "lm":
+                install_ragged_attention(model.model)
             # The scripted model has no weights: no KV to measure, no kernels to warm, no
             # prefix to cache (engine/_scripted.py).
             scripted = model.kind == "scripted"

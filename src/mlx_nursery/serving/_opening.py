@@ -92,6 +92,7 @@ class ModelOpener:
             kv_bits=self.settings.kv_bits,
             kv_group_size=self.settings.kv_group_size,
             fuse_weights=not self.settings.no_fuse_weights,
+            ragged_attention=not self.settings.no_ragged_attention,
             warmup=not self.settings.skip_warmup,
             warmup_budget_s=self.settings.warmup_budget,
             single_sequence_fast_path=distribution is None,

@@ -105,6 +105,13 @@ class Settings(ServerSettings):
             "the checkpoint has them (fused by default: fewer kernel launches per step)"
         ),
     )
+    no_ragged_attention: bool = attrs.field(
+        default=False,
+        metadata=described(
+            "on CUDA, decode a batch with MLX's masked attention over every row's padded "
+            "length (by default a kernel of this server reads each row's own keys)"
+        ),
+    )
     skip_warmup: bool = attrs.field(
         default=False,
         metadata=described(

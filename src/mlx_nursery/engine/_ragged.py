@@ -1,0 +1,173 @@
+"""The running batch's KV cache: mlx-lm's `BatchKVCache` without host syncs or gathers on
+leave, and with each row's start known on the host.
+
+mlx-lm's `BatchKVCache` (left-padded rows sharing one write index) is what `BatchGenerator`
+decodes with. Two of its methods cost every stream of a busy server, measured on an H100
+under arrivals (`bench/step_anatomy.py`, docs/benchmarks.md):
+
+- `filter` (a row leaves) reads the rows' left padding back to the host (`tolist`), which
+  waits for every step in flight, and copies the kept rows' KV with a gather, one element
+  at a time, at a fraction of the memory bandwidth a contiguous copy reaches;
+- `extract` (a finished row's KV, for the prefix cache) evaluates the padding first, once
+  per layer: another wait for everything in flight.
+
+`RaggedBatchKVCache` keeps the same layout, arrays and invariants (so every mlx-lm code path
+that uses a `BatchKVCache` works unchanged), plus `padding`: each row's left padding as a
+host list, kept in step by every method that changes it. `filter` then copies the kept
+rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
+`left_padding` from the host (`offset` is always the write index less the row's padding);
+`extract` slices without a sync. The host list is also what the decode attention
+(`_decode_attention.py`) does not need: it reads the padding on the device.
+
+`RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
+every row it takes one (`ragged_rows`). Engine thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from ._upstream import BatchKVCache, KVCache
+
+
+class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyped
+    """`BatchKVCache` with its rows' left padding mirrored on the host (module docstring)."""
+
+    keys: mx.array | None
+    values: mx.array | None
+    offset: mx.array
+    left_padding: mx.array
+    _idx: int
+
+    def __init__(self, left_padding: list[int]) -> None:
+        super().__init__(left_padding)
+        self.padding: list[int] = [int(p) for p in left_padding]
+        """Each row's left padding, as `left_padding` holds it on the device."""
+        self._right_host: list[int] | None = None
+
+    def prepare(
+        self,
+        *,
+        left_padding: list[int] | None = None,
+        lengths: list[int] | None = None,
+        right_padding: list[int] | None = None,
+    ) -> None:
+        super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
+        if left_padding is not None:
+            self.padding = [p + int(q) for p, q in zip(self.padding, left_padding, strict=True)]
+        if right_padding is not None and max(right_padding) > 0:
+            self._right_host = [int(q) for q in right_padding]
+
+    def finalize(self) -> None:
+        right = self._right_host
+        super().finalize()
+        if right is not None:
+            self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
+            self._right_host = None
+
+    def filter(self, batch_indices: Any) -> None:
+        """Keep the rows `batch_indices` (ascending, as mlx-lm passes them): contiguous
+        copies, no host sync; the padding common to all kept rows is dropped."""
+        keep = [int(i) for i in batch_indices]
+        padding = [self.padding[i] for i in keep]
+        shift = min(padding) if padding else 0
+        if self.keys is not None and self.values is not None:
+            self.keys = _rows(self.keys, keep, shift)
+            self.values = _rows(self.values, keep, shift)
+        self._idx -= shift
+        self.padding = [p - shift for p in padding]
+        self._sync_device_padding()
+
+    def extend(self, other: Any) -> None:
+        if self.keys is None and other.keys is None:  # nothing stored: no row moves
+            theirs = getattr(other, "padding", None)
+            if theirs is None:
+                theirs = _host_list(other.left_padding)
+            super().extend(other)
+            self.padding = self.padding + list(theirs)
+            return
+        own = [p + max(other._idx - self._idx, 0) for p in self.padding]
+        theirs = (
+            other.padding
+            if isinstance(other, RaggedBatchKVCache)
+            else _host_list(other.left_padding)  # another class: read once
+        )
+        theirs = [p + max(self._idx - other._idx, 0) for p in theirs]
+        super().extend(other)
+        self.padding = own + theirs
+
+    def extract(self, idx: int) -> KVCache:
+        """Row `idx`'s KV as a lone `RowKVCache` (a copy), without waiting for the device."""
+        if self.keys is None or self.values is None:
+            raise ValueError("no KV to extract: the cache holds no tokens")
+        cache = RowKVCache()
+        start = self.padding[idx]
+        cache.keys = mx.contiguous(self.keys[idx : idx + 1, :, start : self._idx])
+        cache.values = mx.contiguous(self.values[idx : idx + 1, :, start : self._idx])
+        cache.offset = self._idx - start
+        return cache
+
+    @classmethod
+    def merge(cls, caches: list[Any]) -> RaggedBatchKVCache:
+        if all(c.size() == 0 for c in caches):  # mlx-lm builds its own class for this one
+            return cls([0] * len(caches))
+        merged = super().merge(caches)
+        if not isinstance(merged, RaggedBatchKVCache):  # pragma: no cover - mlx-lm uses cls
+            raise TypeError("BatchKVCache.merge did not build this class")
+        return merged
+
+    @property
+    def state(self) -> Any:
+        return self.keys, self.values, self.offset, self.left_padding, self._idx
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.keys, self.values, self.offset, self.left_padding, self._idx = value
+        self.padding = _host_list(self.left_padding)
+
+    def _sync_device_padding(self) -> None:
+        """Set `left_padding` and `offset` from the host list (no device reads)."""
+        self.left_padding = mx.array(self.padding, dtype=mx.int32)
+        self.offset = mx.array([self._idx - p for p in self.padding], dtype=mx.int32)
+
+
+class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
+    """mlx-lm's `KVCache`, batched as a `RaggedBatchKVCache`."""
+
+    def merge(self, caches: list[Any]) -> RaggedBatchKVCache:
+        return RaggedBatchKVCache.merge(caches)
+
+
+def ragged_rows(cache: list[Any]) -> list[Any]:
+    """`cache` (one sequence's, per layer) with each plain `KVCache` made a `RowKVCache` in
+    place (the same object and arrays: only how it batches changes); other kinds (rotating
+    windows, quantized rows, recurrent state) are left as they are."""
+    for layer in cache:
+        if type(layer) is KVCache:
+            layer.__class__ = RowKVCache
+    return cache
+
+
+def _rows(buffer: mx.array, keep: list[int], shift: int) -> mx.array:
+    """Rows `keep` of `buffer` (B, H, L, D) from position `shift` on, as contiguous slices."""
+    runs: list[tuple[int, int]] = []
+    for i in keep:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    if not runs:
+        return buffer[:0]
+    if runs == [(0, buffer.shape[0])] and shift == 0:
+        return buffer
+    parts = [buffer[a:b, :, shift:, :] for a, b in runs]
+    return mx.concatenate(parts, axis=0) if len(parts) > 1 else mx.contiguous(parts[0])
+
+
+def _host_list(values: mx.array) -> list[int]:
+    """A small int array's values on the host (waits for the device to compute them)."""
+    listed = values.tolist()
+    assert isinstance(listed, list)
+    return [int(v) for v in listed]  # type: ignore[arg-type]
