@@ -50,7 +50,12 @@ from mlx_nursery.engine import (
     GenerationRequest,
     SamplingParams,
     _admission,
+    _emitting,
+    _ragged,
+    _reuse,
+    _runner,
     _schedule,
+    _worker,
     open_engine,
 )
 from mlx_nursery.tools import make_model
@@ -104,6 +109,14 @@ def install(phases: Phases) -> None:
         (PromptProcessingBatch, "split", "leave"),
         (BatchKVCache, "filter", "leave"),
         (_admission.Admission, "_admit", "admit"),
+        (_admission.Admission, "make_room", "admit"),
+        (_runner.Runner, "settle", "settle"),
+        (_runner.Runner, "_detach", "detach"),
+        (_reuse.PrefixReuse, "store", "store"),
+        (_emitting.Emitter, "checked", "emit"),
+        (_worker.Worker, "_take_commands", "commands"),
+        (_ragged.RaggedBatchKVCache, "merge", "merge"),
+        (_ragged.RaggedBatchKVCache, "extend", "join"),
     ]
     for owner, attr, name in targets:
         setattr(owner, attr, phases.wrap(name, getattr(owner, attr)))
