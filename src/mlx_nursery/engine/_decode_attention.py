@@ -221,8 +221,8 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
             cache.keys,
             cache.values,
             cache.left_padding,
-            mx.array([cache._idx], dtype=mx.int32),
-            mx.array([scale], dtype=mx.float32),
+            _scalar(cache._idx, mx.int32),
+            _scalar(scale, mx.float32),
         ],
         template=[("REP", rep), ("D", dim), ("WARPS", _WARPS)],
         grid=(splits * _THREADS, kv_heads, batch),
@@ -240,6 +240,21 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
     )
     result: mx.array = out
     return result
+
+
+_scalars: dict[tuple[float, mx.Dtype], mx.array] = {}
+
+
+def _scalar(value: float, dtype: mx.Dtype) -> mx.array:
+    """`value` as a one-element array, made once: every layer of a step passes the same
+    write index and scale, and each new array costs the host an allocation and a copy."""
+    key = (value, dtype)
+    array = _scalars.get(key)
+    if array is None:
+        if len(_scalars) > 64:  # write indexes move on: keep only the recent ones
+            _scalars.clear()
+        array = _scalars[key] = mx.array([value], dtype=dtype)
+    return array
 
 
 Attention = Callable[..., mx.array]

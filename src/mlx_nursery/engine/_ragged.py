@@ -128,9 +128,24 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         self.padding = _host_list(self.left_padding)
 
     def _sync_device_padding(self) -> None:
-        """Set `left_padding` and `offset` from the host list (no device reads)."""
-        self.left_padding = mx.array(self.padding, dtype=mx.int32)
-        self.offset = mx.array([self._idx - p for p in self.padding], dtype=mx.int32)
+        """Set `left_padding` and `offset` from the host list (no device reads). Every layer
+        of a batch filters to the same rows: the arrays are made once and shared (MLX
+        arrays are immutable, and the cache only ever rebinds them)."""
+        key = (self._idx, tuple(self.padding))
+        if _last_padding[0] != key:
+            _last_padding[0] = key
+            _last_padding[1] = (
+                mx.array(self.padding, dtype=mx.int32),
+                mx.array([self._idx - p for p in self.padding], dtype=mx.int32),
+            )
+        arrays = _last_padding[1]
+        assert arrays is not None
+        self.left_padding, self.offset = arrays
+
+
+_last_padding: list[Any] = [None, None]
+"""The last (write index, padding) a cache filtered to, and its device arrays (engine thread
+only, as the caches)."""
 
 
 class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped

@@ -1,0 +1,168 @@
+"""The running batch's KV cache (`_ragged.py`) and the decode attention over it
+(`_decode_attention.py`).
+
+`RaggedBatchKVCache` must hold exactly what mlx-lm's `BatchKVCache` holds after the same
+operations (the batch generator's whole life: merge, decode, filter, extend, a padded
+chunk, extract), with its host copy of the padding always equal to the device's. The
+CUDA kernel is compared with MLX's masked attention where CUDA runs; elsewhere the router
+must leave every call to mlx-lm's function.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
+
+from mlx_nursery.engine._decode_attention import available, ragged_decode_attention, routed
+from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows
+
+HEADS, DIM = 2, 8
+
+
+def rows(lengths: list[int], seed: int, row_class: type) -> list[Any]:
+    out = []
+    for i, n in enumerate(lengths):
+        cache = row_class()
+        key = mx.random.key(seed * 100 + i)
+        k, v = mx.random.normal((2, 1, HEADS, n, DIM), key=key)
+        cache.update_and_fetch(k, v)
+        out.append(cache)
+    return out
+
+
+def pair(lengths: list[int], seed: int) -> tuple[RaggedBatchKVCache, BatchKVCache]:
+    ours = RaggedBatchKVCache.merge(rows(lengths, seed, RowKVCache))
+    theirs = BatchKVCache.merge(rows(lengths, seed, KVCache))
+    return ours, theirs
+
+
+def assert_same(ours: RaggedBatchKVCache, theirs: BatchKVCache) -> None:
+    assert ours._idx == theirs._idx
+    assert ours.padding == theirs.left_padding.tolist() == ours.left_padding.tolist()
+    assert ours.offset.tolist() == theirs.offset.tolist()
+    assert ours.offset.tolist() == [ours._idx - p for p in ours.padding]
+    k_ours, v_ours = ours.keys_and_values()
+    k_theirs, v_theirs = theirs.keys_and_values()
+    for row, start in enumerate(ours.padding):  # what a row holds: from its padding on
+        assert mx.array_equal(k_ours[row, :, start:], k_theirs[row, :, start:])
+        assert mx.array_equal(v_ours[row, :, start:], v_theirs[row, :, start:])
+
+
+def decode(caches: list[Any], rows_: int, seed: int) -> None:
+    k, v = mx.random.normal((2, rows_, HEADS, 1, DIM), key=mx.random.key(seed))
+    for cache in caches:
+        cache.update_and_fetch(k, v)
+
+
+def test_a_batch_lives_as_mlx_lms_does() -> None:
+    ours, theirs = pair([5, 9, 3, 7], seed=1)
+    assert isinstance(ours, RaggedBatchKVCache)
+    assert_same(ours, theirs)
+    for step in range(3):
+        decode([ours, theirs], 4, seed=10 + step)
+    assert_same(ours, theirs)
+
+    ours.filter([0, 2, 3])  # the longest row leaves: the common padding goes too
+    theirs.filter(mx.array([0, 2, 3]))
+    assert_same(ours, theirs)
+    ours.filter([1, 2])
+    theirs.filter(mx.array([1, 2]))
+    assert_same(ours, theirs)
+
+    joining_ours, joining_theirs = pair([4, 20], seed=2)  # longer than the batch: it pads
+    ours.extend(joining_ours)
+    theirs.extend(joining_theirs)
+    assert_same(ours, theirs)
+    decode([ours, theirs], 4, seed=20)
+    assert_same(ours, theirs)
+
+    for row in range(4):
+        mine, upstream = ours.extract(row), theirs.extract(row)
+        assert isinstance(mine, RowKVCache)
+        assert mine.offset == upstream.offset
+        assert mx.array_equal(mine.keys, upstream.keys)
+        assert mx.array_equal(mine.values, upstream.values)
+
+
+def test_a_padded_prefill_chunk_moves_the_padding_as_mlx_lm_does() -> None:
+    ours, theirs = pair([6, 2, 4], seed=3)
+    chunk = [3, 1, 2]  # tokens each row prefills in this chunk
+    padding = [max(chunk) - n for n in chunk]
+    k, v = mx.random.normal((2, 3, HEADS, max(chunk), DIM), key=mx.random.key(4))
+    for cache in (ours, theirs):
+        cache.prepare(lengths=chunk, right_padding=padding)
+        cache.update_and_fetch(k, v)
+        cache.finalize()
+    assert_same(ours, theirs)
+    ours.filter([1])
+    theirs.filter(mx.array([1]))
+    assert_same(ours, theirs)
+
+
+def test_everyone_leaving_and_empty_batches() -> None:
+    ours = RaggedBatchKVCache.merge(rows([0, 0], seed=5, row_class=RowKVCache))
+    assert ours.padding == [0, 0] and ours.keys is None
+    other, _ = pair([3], seed=6)
+    ours.extend(other)
+    assert ours.padding == [3, 3, 0]
+    ours.filter([])
+    assert ours.padding == [] and ours.keys is not None and ours.keys.shape[0] == 0
+
+
+def test_only_plain_kv_caches_become_ragged_rows() -> None:
+    plain, rotating = KVCache(), RotatingKVCache(max_size=8)
+    cache = ragged_rows([plain, rotating])
+    assert type(cache[0]) is RowKVCache and cache[0] is plain
+    assert type(cache[1]) is RotatingKVCache
+
+
+def test_the_router_leaves_every_other_call_to_mlx_lm() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def original(q: mx.array, k: mx.array, v: mx.array, **kwargs: Any) -> mx.array:
+        calls.append((q.shape, kwargs["cache"], kwargs["mask"]))
+        return q
+
+    attend = routed(original)
+    ours, _ = pair([3, 5], seed=7)
+    q = mx.zeros((2, 4, 2, DIM))  # a two-token query: a prefill chunk, not a decode step
+    k, v = ours.keys_and_values()
+    assert attend(q, k, v, cache=ours, scale=1.0, mask=None) is q
+    plain = KVCache()
+    q1 = mx.zeros((1, 4, 1, DIM))
+    assert attend(q1, k, v, cache=plain, scale=1.0, mask="causal") is q1
+    sinks = mx.zeros((4,))
+    q2 = mx.zeros((2, 4, 1, DIM))
+    assert attend(q2, k, v, cache=ours, scale=1.0, mask=None, sinks=sinks) is q2
+    assert [c[1] for c in calls] == [ours, plain, ours]
+
+
+@pytest.mark.skipif(not available(), reason="the kernel is CUDA's; MLX runs elsewhere here")
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "dim", "dtype"),
+    [(1, 32, 8, 128, mx.bfloat16), (7, 28, 4, 128, mx.float16), (5, 8, 8, 64, mx.float32)],
+)
+def test_the_kernel_equals_masked_attention(
+    batch: int, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype
+) -> None:
+    rng = random.Random(batch)
+    caches = []
+    for i in range(batch):
+        cache = RowKVCache()
+        n = rng.randint(1, 700)
+        k, v = mx.random.normal((2, 1, kv_heads, n, dim), key=mx.random.key(i))
+        cache.update_and_fetch(k.astype(dtype), v.astype(dtype))
+        caches.append(cache)
+    batch_cache = RaggedBatchKVCache.merge(caches)
+    mask = batch_cache.make_mask(1)
+    k, v = mx.random.normal((2, batch, kv_heads, 1, dim), key=mx.random.key(99))
+    keys, values = batch_cache.update_and_fetch(k.astype(dtype), v.astype(dtype))
+    q = mx.random.normal((batch, heads, 1, dim)).astype(dtype)
+    want = mx.fast.scaled_dot_product_attention(q, keys, values, scale=dim**-0.5, mask=mask)
+    got = ragged_decode_attention(q, batch_cache, dim**-0.5)
+    tolerance = 1e-4 if dtype == mx.float32 else 2e-2
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=tolerance).item()
