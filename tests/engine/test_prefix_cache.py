@@ -184,3 +184,46 @@ def test_inserting_an_extension_drops_its_prefix_entries() -> None:
     cache.insert("m", [1, 2, 3, 4], kv(4))
     stats = cache.stats()
     assert stats.entries == 1 and stats.nbytes == sum(c.nbytes for c in kv(4))
+
+
+def test_the_trie_search_finds_what_mlx_lms_finds() -> None:
+    """`PrefixTrie.search` answers as mlx-lm's `PromptTrie.search` (exact, shorter, the
+    shared prefix), and its `longer` is a stored sequence past that prefix (any serves the
+    same reuse; mlx-lm's is the shortest, found by walking everything stored below)."""
+    import random
+
+    from mlx_lm.models.cache import PromptTrie
+
+    from mlx_nursery.engine._prefix_cache import PrefixTrie
+
+    rng = random.Random(3)
+    template = [1, 2, 3, 4]
+    stored = [
+        template + [rng.randrange(5, 9) for _ in range(rng.randint(1, 12))] for _ in range(30)
+    ]
+    ours, theirs = PrefixTrie(), PromptTrie()
+    assert ours.search("m", [1, 2]).common_prefix == 0  # nothing stored in this namespace yet
+    for tokens in stored:
+        ours.add("m", tokens, None)
+        theirs.add("m", tokens, None)
+    prompts = [
+        *stored[:5],  # exact
+        *(s[: len(s) // 2 + 1] for s in stored[5:10]),  # prefixes of stored ones
+        *(s + [rng.randrange(5, 9) for _ in range(3)] for s in stored[10:15]),  # extensions
+        *(template + [rng.randrange(5, 9) for _ in range(8)] for _ in range(20)),
+        [9, 9, 9],  # shares nothing
+        [],
+    ]
+    stored_set = {tuple(s) for s in stored}
+    for prompt in prompts:
+        mine, upstream = ours.search("m", prompt), theirs.search("m", prompt)
+        assert mine.exact == upstream.exact
+        assert mine.shorter == upstream.shorter
+        assert mine.common_prefix == upstream.common_prefix
+        assert (mine.longer is None) == (upstream.longer is None)
+        if mine.longer is not None:
+            assert tuple(mine.longer) in stored_set
+            assert mine.longer[: mine.common_prefix] == prompt[: mine.common_prefix]
+            assert len(mine.longer) >= mine.common_prefix
+            if len(upstream.longer) == upstream.common_prefix:  # the shared prefix is stored
+                assert mine.longer == upstream.longer

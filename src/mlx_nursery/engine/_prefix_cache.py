@@ -1,8 +1,8 @@
 """Prefix KV cache: reuse the KV state of earlier sequences that share a prefix.
 
-Built from mlx-lm's parts (`PromptTrie` for the token-prefix search,
-`trim_prompt_cache` / `can_trim_prompt_cache` for cutting a longer entry back
-to the shared prefix), with the policies mlx-lm's `LRUPromptCache` lacks:
+Built from mlx-lm's parts (`PromptTrie` for the token-prefix search, with our own
+`search`, below; `trim_prompt_cache` / `can_trim_prompt_cache` for cutting a longer
+entry back to the shared prefix), with the policies mlx-lm's `LRUPromptCache` lacks:
 recency refreshed on every hit, a byte budget enforced on every insert, and an
 idle TTL. Runs on the engine thread only (it holds MLX arrays); not thread-safe.
 """
@@ -21,6 +21,58 @@ import mlx.core as mx
 from ._upstream import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
 _Key = tuple[Hashable, tuple[int, ...]]
+
+
+@attrs.frozen
+class TrieMatch:
+    """What a prompt shares with the stored sequences (mlx-lm's `PromptTrieResult`'s
+    fields): `exact` the prompt itself if stored; `shorter` the longest stored prefix of
+    it; `longer` a stored sequence that goes on past `common_prefix`, the prompt's longest
+    prefix that any stored sequence shares."""
+
+    exact: list[int] | None
+    shorter: list[int] | None
+    longer: list[int] | None
+    common_prefix: int
+
+
+class PrefixTrie(PromptTrie):  # type: ignore[misc]  # mlx-lm is untyped
+    """mlx-lm's `PromptTrie` with a search whose cost follows the prompt's length, not the
+    cache's size.
+
+    mlx-lm's `search` finds the *shortest* stored sequence past the shared prefix by a
+    depth-first walk of everything stored below it, copying the path at every node: with
+    chat prompts (a shared template or system prompt, then different text) it walks every
+    entry, quadratically in their lengths, on the engine thread, at every admission (tens
+    of milliseconds with a full cache, every stream waiting). Any stored sequence past the
+    shared prefix serves the same reuse (its KV is trimmed back to that prefix), so this
+    one follows one branch down to the first stored sequence."""
+
+    def search(self, model: Hashable, tokens: list[int]) -> TrieMatch:
+        current = self._trie.get(model)
+        if current is None:
+            return TrieMatch(None, None, None, 0)
+        if not tokens and "__value__" in current:
+            return TrieMatch([], None, None, 0)
+        last = -1
+        index = 0
+        while index < len(tokens) and tokens[index] in current:
+            current = current[tokens[index]]
+            if "__value__" in current:
+                last = index
+            index += 1
+        if last == len(tokens) - 1 >= 0:
+            return TrieMatch(tokens, None, None, 0)
+        shorter = tokens[: last + 1] if last > 0 else None
+        longer = None
+        if index > 0:
+            extra: list[int] = []
+            while "__value__" not in current:  # every leaf holds a value (`pop` prunes)
+                token = next(iter(current))
+                extra.append(token)
+                current = current[token]
+            longer = tokens[:index] + extra
+        return TrieMatch(None, shorter, longer, index)
 
 
 @attrs.define
@@ -62,7 +114,7 @@ class PrefixCache:
         self.max_entries = max_entries
         self.ttl = ttl
         self._clock = clock
-        self._trie = PromptTrie()
+        self._trie = PrefixTrie()
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
         self._nbytes = 0
         self._hits = self._misses = self._reused = self._failures = self._evictions = 0
@@ -78,7 +130,9 @@ class PrefixCache:
         self._reused += hit.cached_tokens
         return hit
 
-    def _hit_from(self, namespace: Hashable, prompt: list[int], found: Any) -> CacheHit | None:
+    def _hit_from(
+        self, namespace: Hashable, prompt: list[int], found: TrieMatch
+    ) -> CacheHit | None:
         if found.exact is not None:
             entry = self._touch(namespace, found.exact)
             if can_trim_prompt_cache(entry.cache) and len(prompt) > 1:
@@ -90,7 +144,7 @@ class PrefixCache:
                 keep = min(len(prompt) - 1, found.common_prefix)
                 if keep > 0:
                     return self._trimmed_copy(entry, len(found.longer), keep)
-        if shorter > 0:
+        if found.shorter is not None and shorter > 0:
             entry = self._touch(namespace, found.shorter)
             return CacheHit(copy.deepcopy(entry.cache), shorter)
         return None
