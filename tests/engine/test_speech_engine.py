@@ -94,14 +94,30 @@ async def test_cancelled_between_windows_the_compute_stops_and_the_lane_returns(
 
 
 async def test_cancelled_while_queued_costs_no_compute(tiny_whisper: Path) -> None:
+    """A transcription cancelled while it waits for the lane (another one holds it) never
+    reaches the speech thread: the lane is the only way there. (Cancelled once submitted,
+    it stops within a decoder step: the thread may have taken it already, so that case is
+    not "no compute".)"""
     async with trio.open_nursery() as nursery:
         engine: SpeechEngine = await nursery.start(SpeechEngine(SpeechConfig(tiny_whisper)).run)
-        with trio.CancelScope() as scope:
-            async with engine.transcribe(TranscriptionRequest(clip(2))):
-                scope.cancel()  # before the thread has taken it
-        stats = engine.statistics()
-        assert stats.tokens_decoded == 0 and stats.windows_decoded == 0
-        assert stats.lanes_borrowed == 0
+        scope = trio.CancelScope()
+        entered: list[bool] = []
+
+        async def queued() -> None:
+            with scope:
+                async with engine.transcribe(TranscriptionRequest(clip(2), temperatures=GREEDY)):
+                    entered.append(True)
+
+        async with engine.transcribe(TranscriptionRequest(clip(65), temperatures=GREEDY)):
+            nursery.start_soon(queued)
+            await trio.testing.wait_all_tasks_blocked()
+            assert engine.statistics().queued == 1
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            stats = engine.statistics()
+            assert stats.queued == 0 and stats.lanes_borrowed == 1  # only the running one
+        assert entered == []
+        assert engine.statistics().lanes_borrowed == 0
         engine.close()
 
 
