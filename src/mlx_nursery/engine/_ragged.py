@@ -16,8 +16,8 @@ that uses a `BatchKVCache` works unchanged), plus `padding`: each row's left pad
 host list, kept in step by every method that changes it. `filter` then copies the kept
 rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
 `left_padding` from the host (`offset` is always the write index less the row's padding);
-`extract` slices without a sync. The host list is also what the decode attention
-(`_decode_attention.py`) does not need: it reads the padding on the device.
+`extract` slices without a sync. The decode attention on CUDA (`_decode_attention.py`)
+reads the rows' starts from `left_padding` on the device, not from the host list.
 
 `RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
 every row it takes one (`ragged_rows`). Engine thread only.
