@@ -36,6 +36,7 @@ detokenizers and token bytes that give an id without text no text and no bytes.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 from typing import Any
 
@@ -61,7 +62,7 @@ class TokenTexts:
             _every_id(tokenizer, detokenizer.tokenmap) if bpe else None
         )
         """Byte-level BPE: each id's token string (None: a hole), up to the tokenizer's last."""
-        self._byte_of: dict[str, int] = byte_decoder() if byte_decoder is not None and bpe else {}
+        self._byte_of: dict[str, int] = _byte_table() if bpe else {}
         self._whole: dict[int, str | None] = {}
         """Each token id seen so far -> its text when its bytes are whole UTF-8 on their own
         (None when they are not: held back, or a lone space): `LinearBPEDetokenizer`'s."""
@@ -179,7 +180,7 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         self._tokenmap = tokenmap
         self._trim_space = trim_space
         assert byte_decoder is not None, "made only where mlx-lm's byte table is"
-        self._byte_of: dict[str, int] = byte_decoder()
+        self._byte_of: dict[str, int] = _byte_table()
         self._whole = known if known is not None else {}
         self.reset()
 
@@ -275,3 +276,10 @@ class LinearBPEDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyp
         self._held_chars = []
         self._held_text = []
         self._decoder.reset()
+
+
+@functools.cache
+def _byte_table() -> dict[str, int]:
+    """mlx-lm's GPT-2 byte table, built once: every request's detokenizer reads it (and
+    never writes it)."""
+    return byte_decoder() if byte_decoder is not None else {}
