@@ -136,7 +136,8 @@ class Worker:
                 else distribution.load(self._config)
             )
             if self._config.ragged_attention and model.kind == "lm":
-                install_ragged_attention(model.model)
+                if install_ragged_attention(model.model):
+                    log.info("batched decode attention: the ragged kernel (CUDA)")
             # The scripted model has no weights: no KV to measure, no kernels to warm, no
             # prefix to cache (engine/_scripted.py).
             scripted = model.kind == "scripted"
