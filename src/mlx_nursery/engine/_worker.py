@@ -135,9 +135,9 @@ class Worker:
                 if distribution is None
                 else distribution.load(self._config)
             )
-            if self._config.ragged_attention and model.kind == "lm":
-                if install_ragged_attention(model.model):
-                    log.info("batched decode attention: the ragged kernel (CUDA)")
+            ragged = self._config.ragged_attention and model.kind == "lm"
+            if ragged and install_ragged_attention(model.model):
+                log.info("batched decode attention: the ragged kernel (CUDA)")
             # The scripted model has no weights: no KV to measure, no kernels to warm, no
             # prefix to cache (engine/_scripted.py).
             scripted = model.kind == "scripted"
