@@ -261,8 +261,8 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
 
 async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None:
     """--prefill-step-size, --prefill-batch-size, --prefill-chunk-ms, --cudnn-attention,
-    --no-fuse-weights and --skip-warmup configure the engine a server runs: a prompt longer
-    than the step is prefilled in chunks of that size."""
+    --no-fuse-weights, --no-ragged-attention and --skip-warmup configure the engine a server
+    runs: a prompt longer than the step is prefilled in chunks of that size."""
     async with (
         running_server(
             tiny_model,
@@ -272,6 +272,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
             cudnn_attention=True,
             prompt_cache_bytes=0,
             no_fuse_weights=True,
+            no_ragged_attention=True,
             skip_warmup=True,
         ) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
@@ -283,6 +284,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
         assert config.prefill_chunk_ms == 40.0
         assert config.cudnn_attention
         assert not config.fuse_weights  # --no-fuse-weights; on by default
+        assert not config.ragged_attention  # --no-ragged-attention; on by default
         assert not config.warmup  # --skip-warmup; on by default
         prompt = " ".join(["waves"] * 60)
         reply = await http.post(
