@@ -81,20 +81,16 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         self._sync_device_padding()
 
     def extend(self, other: Any) -> None:
-        if self.keys is None and other.keys is None:  # nothing stored: no row moves
-            theirs = getattr(other, "padding", None)
-            if theirs is None:
-                theirs = _host_list(other.left_padding)
-            super().extend(other)
-            self.padding = self.padding + list(theirs)
-            return
-        own = [p + max(other._idx - self._idx, 0) for p in self.padding]
+        own = self.padding
         theirs = (
             other.padding
             if isinstance(other, RaggedBatchKVCache)
             else _host_list(other.left_padding)  # another class: read once
         )
-        theirs = [p + max(self._idx - other._idx, 0) for p in theirs]
+        if self.keys is not None or other.keys is not None:  # rows align on the later index
+            index = max(self._idx, other._idx)
+            own = [p + index - self._idx for p in own]
+            theirs = [p + index - other._idx for p in theirs]
         super().extend(other)
         self.padding = own + theirs
 
@@ -132,20 +128,19 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         of a batch filters to the same rows: the arrays are made once and shared (MLX
         arrays are immutable, and the cache only ever rebinds them)."""
         key = (self._idx, tuple(self.padding))
-        if _last_padding[0] != key:
-            _last_padding[0] = key
-            _last_padding[1] = (
+        arrays = _padding_arrays.get(key)
+        if arrays is None:
+            _padding_arrays.clear()  # only the latest filter's are shared
+            arrays = _padding_arrays[key] = (
                 mx.array(self.padding, dtype=mx.int32),
                 mx.array([self._idx - p for p in self.padding], dtype=mx.int32),
             )
-        arrays = _last_padding[1]
-        assert arrays is not None
         self.left_padding, self.offset = arrays
 
 
-_last_padding: list[Any] = [None, None]
-"""The last (write index, padding) a cache filtered to, and its device arrays (engine thread
-only, as the caches)."""
+_padding_arrays: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}
+"""The device arrays (`left_padding`, `offset`) of the last (write index, padding) a cache
+filtered to (engine thread only, as the caches)."""
 
 
 class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
