@@ -14,6 +14,10 @@ the engine thread's phases to time them:
   admit      taking a request in (`Admission._admit`, the prefix cache's lookup included)
   rest       the engine loop's other work (settling, posting, detokenizing)
 
+`--graph` also counts the primitives each phase hands MLX to evaluate (`mx.eval`,
+`mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
+kernels a GPU step launches.
+
 `--mode host` times the host alone (MLX runs asynchronously: a phase's time is what the
 engine thread spent in it, waits included). `--mode sync` synchronizes the device before and
 after each phase, so each phase's time includes its device work: the step is serialized
@@ -32,10 +36,12 @@ import argparse
 import functools
 import json
 import random
+import sys
+import re
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,6 +77,9 @@ class Phases:
         self._stack: list[list[Any]] = []  # [name, start, nested seconds]
         self.thread: int | None = None
 
+    def current(self) -> str:
+        return str(self._stack[-1][0]) if self._stack else "rest"
+
     def _synchronize(self) -> None:
         mx.synchronize()
 
@@ -96,6 +105,55 @@ class Phases:
                     self._stack[-1][2] += elapsed
 
         return timed
+
+
+class Graphs:
+    """Primitives per evaluation, by the phase that asked for it (sampled: the first
+    `limit` evaluations of each phase, since exporting a graph costs far more than running it
+    on a small model)."""
+
+    def __init__(self, phases: Phases, limit: int) -> None:
+        self.phases = phases
+        self.limit = limit
+        self.by_phase: dict[str, list[Counter[str]]] = defaultdict(list)
+        self._path = Path(tempfile.mkdtemp()) / "step.dot"
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def counted(*args: Any) -> Any:
+            if threading.get_ident() == self.phases.thread:
+                phase = self.phases.current()
+                if len(self.by_phase[phase]) < self.limit:
+                    arrays = [a for a in _flat(args) if isinstance(a, mx.array)]
+                    mx.export_to_dot(str(self._path), *arrays)
+                    labels = re.findall(r'label ="([^"]+)"', self._path.read_text())
+                    if labels:  # an evaluation of what is already computed: nothing to count
+                        self.by_phase[phase].append(Counter(labels))
+            return fn(*args)
+
+        return counted
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for phase, graphs in self.by_phase.items():
+            total: Counter[str] = Counter()
+            for graph in graphs:
+                total.update(graph)
+            n = len(graphs)
+            out[phase] = {
+                "evaluations": n,
+                "primitives_mean": round(sum(total.values()) / n, 1),
+                "top": {k: round(v / n, 1) for k, v in total.most_common(25)},
+            }
+        return out
+
+
+def _flat(values: Any) -> list[Any]:
+    if isinstance(values, (list, tuple)):
+        return [leaf for v in values for leaf in _flat(v)]
+    if isinstance(values, dict):
+        return [leaf for v in values.values() for leaf in _flat(v)]
+    return [values]
 
 
 def install(phases: Phases) -> None:
@@ -131,6 +189,10 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     phases = Phases(sync=False)
     install(phases)
+    graphs = Graphs(phases, limit=args.graph)
+    if args.graph:
+        mx.eval = graphs.wrap(mx.eval)
+        mx.async_eval = graphs.wrap(mx.async_eval)
     config = EngineConfig(model, max_concurrency=args.clients, max_queue=4 * args.clients)
     results = {}
     async with open_engine(config) as engine:
@@ -162,6 +224,8 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         for mode in ("host", "sync") if args.mode == "both" else (args.mode,):
             phases.sync = mode == "sync"
             results[mode] = await measure(args, engine, phases, vocab)
+    if args.graph:
+        results["graphs"] = graphs.report()
     return results
 
 
@@ -173,6 +237,7 @@ async def measure(
     phases.seconds.clear()
     phases.calls.clear()
     stats0 = engine.statistics().worker
+    print(f"measuring: {'sync' if phases.sync else 'host'}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     deadline = start + args.duration
 
@@ -199,6 +264,11 @@ async def measure(
         if args.kernels and not phases.sync:
             nursery.start_soon(profile_kernels, args.duration, kernels)
     wall = time.perf_counter() - start
+    memory = {
+        "active_gb": round(mx.get_active_memory() / 2**30, 2),
+        "cache_gb": round(mx.get_cache_memory() / 2**30, 2),
+        "peak_gb": round(mx.get_peak_memory() / 2**30, 2),
+    }
     stats1 = engine.statistics().worker
     steps = (stats1.steps if stats1 else 0) - (stats0.steps if stats0 else 0)
     timed = sum(phases.seconds.values())
@@ -226,6 +296,7 @@ async def measure(
         "steps": steps,
         "ms_per_step": round(1000 * wall / max(steps, 1), 2),
         "phases": table,
+        "memory": memory,
         "kernels": kernels,
     }
 
@@ -284,8 +355,14 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=20)
     p.add_argument("--mode", choices=("host", "sync", "both"), default="both")
     p.add_argument("--kernels", action="store_true", help="CUDA kernel times (torch.profiler)")
+    p.add_argument(
+        "--graph", type=int, default=0, metavar="N", help="count primitives of N evaluations per phase"
+    )
+    p.add_argument("--cache-limit-gb", type=float, help="MLX's buffer cache limit (mx.set_cache_limit)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.cache_limit_gb is not None:
+        mx.set_cache_limit(int(args.cache_limit_gb * 2**30))
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
