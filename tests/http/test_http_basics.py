@@ -261,7 +261,7 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
 
 async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None:
     """--prefill-step-size, --prefill-batch-size, --prefill-chunk-ms, --cudnn-attention,
-    --no-fuse-weights, --no-ragged-attention and --skip-warmup configure the engine a server
+    --cuda-graphs, --no-fuse-weights, --no-ragged-attention and --skip-warmup configure the engine a server
     runs: a prompt longer than the step is prefilled in chunks of that size."""
     async with (
         running_server(
@@ -270,6 +270,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
             prefill_batch_size=2,
             prefill_chunk_ms=40.0,
             cudnn_attention=True,
+            cuda_graphs=True,
             prompt_cache_bytes=0,
             no_fuse_weights=True,
             no_ragged_attention=True,
@@ -283,6 +284,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
         assert (config.prefill_step_size, config.prefill_batch_size) == (16, 2)
         assert config.prefill_chunk_ms == 40.0
         assert config.cudnn_attention
+        assert config.cuda_graphs  # --cuda-graphs; off by default
         assert not config.fuse_weights  # --no-fuse-weights; on by default
         assert not config.ragged_attention  # --no-ragged-attention; on by default
         assert not config.warmup  # --skip-warmup; on by default

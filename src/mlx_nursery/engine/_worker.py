@@ -128,6 +128,8 @@ class Worker:
         try:
             # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
             os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
+            # Read by MLX's CUDA backend at its first command buffer (`EngineConfig.cuda_graphs`).
+            os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if self._config.cuda_graphs else "0"
             keep_compiled_kernels()
             distribution = self._config.distribution
             model = (

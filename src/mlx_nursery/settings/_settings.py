@@ -98,6 +98,13 @@ class Settings(ServerSettings):
             "prompt length builds a graph first (tens of ms)"
         ),
     )
+    cuda_graphs: bool = attrs.field(
+        default=engine_default("cuda_graphs"),
+        metadata=described(
+            "on CUDA, let MLX record its command buffers as CUDA graphs: fewer launches for "
+            "a steady step, but a serving batch's changing shapes make it build new ones"
+        ),
+    )
     no_fuse_weights: bool = attrs.field(
         default=False,
         metadata=described(
