@@ -80,6 +80,31 @@ class CallSignal:
         return logits
 
 
+class Gate:
+    """A logits processor that holds the engine thread at its n-th call until `open()`: while
+    it is shut no step runs, so what the Trio side does meanwhile (requests lined up, commands
+    queued) reaches the engine together, between two known steps. `reached` is set (from the
+    engine thread) when it shuts."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken, at_call: int) -> None:
+        self.reached = trio.Event()
+        self.calls = 0
+        self._token = token
+        self._at = at_call
+        self._open = threading.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        self.calls += 1
+        if self.calls == self._at:
+            trio.from_thread.run_sync(self.reached.set, trio_token=self._token)
+            if not self._open.wait(timeout=60):  # a bound for a broken test, not a wait
+                raise RuntimeError("the gate was never opened")
+        return logits
+
+
 def raising_processor(after_calls: int, exc: Callable[[], BaseException]) -> Any:
     calls = 0
 

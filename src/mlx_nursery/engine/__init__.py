@@ -20,6 +20,7 @@ from ._kv_quant import KV_BITS, KV_GROUP_SIZES
 from ._memory import default_memory_budget, kv_budget, memory_in_cache, memory_in_use
 from ._messages import ModelInfo, WorkerStats
 from ._prefix_cache import PrefixCache, PrefixCacheStats
+from ._priority import WAIT_BUCKETS, WaitStatistics
 from ._speech import SPEECH_THREAD_NAME, SpeechConfig, SpeechEngine, SpeechEvent
 from ._speech_types import (
     DEFAULT_TEMPERATURES,
@@ -36,6 +37,7 @@ from ._speech_types import (
 from ._statistics import CancelStatistics
 from ._stream import TokenStream
 from ._types import (
+    PRIORITY_LIMIT,
     FinishReason,
     GenerationRequest,
     ImageInputs,
@@ -54,10 +56,12 @@ __all__ = [
     "EMBEDDING_THREAD_NAME",
     "KV_BITS",
     "KV_GROUP_SIZES",
+    "PRIORITY_LIMIT",
     "SAMPLE_RATE",
     "SPECULATION_METHODS",
     "SPEECH_THREAD_NAME",
     "THREAD_NAME",
+    "WAIT_BUCKETS",
     "CancelStatistics",
     "Embedder",
     "EmbedderConfig",
@@ -98,6 +102,7 @@ __all__ = [
     "TranscriptionRequest",
     "Usage",
     "VisionProcessor",
+    "WaitStatistics",
     "Window",
     "Word",
     "WorkerStats",

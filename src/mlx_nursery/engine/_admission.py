@@ -1,10 +1,12 @@
 """Admission within the KV budget: submissions in, held, preempted and replayed.
 
-A submission is admitted if the KV budget takes every sequence's KV with room to grow;
-from the first that it cannot take, the rest are held, in order. Before each step the
-newest sequences are preempted while the step's KV would outgrow the budget; each is
-replayed (its prompt and tokens so far prefilled again, its sampler rewound: the same
-tokens follow) once it fits, before any held submission is admitted. Engine thread only.
+A submission is admitted if the KV budget takes every sequence's KV with room to grow, or
+if taking active sequences of a worse priority out of the batch makes it fit (`_yielding`);
+from the first that it cannot take, the rest are held, by priority, then in order. Before
+each step sequences are preempted, the worst priority's newest first, while the step's KV
+would outgrow the budget; each is replayed (its prompt and tokens so far prefilled again,
+or read back from the prefix cache; its sampler rewound: the same tokens follow) once it
+fits, before any held submission of its priority or worse is admitted. Engine thread only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 from .. import fault_points
 from ._counters import RunCounters
 from ._imaging import Imaging
-from ._ledger import Ledger
+from ._ledger import Ledger, SeqState
 from ._memory import KV_STEP, KVBudget
 from ._messages import StepEvent, Submit
 from ._outbox import Outbox
@@ -23,6 +25,7 @@ from ._recovery import Recovery
 from ._reuse import PrefixReuse
 from ._sequence import COULD_NOT_START, LiveSequence, build_sequence
 from ._stepper import Start, Stepper
+from ._yielding import Yielding
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -41,6 +44,7 @@ class Admission:
         counters: RunCounters,
         eos: frozenset[int],
         outbox: Outbox,
+        yielding: Yielding,
     ) -> None:
         self._ledger = ledger
         self._budget = budget
@@ -51,6 +55,7 @@ class Admission:
         self._counters = counters
         self._eos = eos
         self._outbox = outbox
+        self._yielding = yielding
 
     def admit_all(self, commands: list[Submit], *, arriving: bool = True) -> None:
         """A lone sequence takes the fast path; any company moves everyone into the batch.
@@ -59,10 +64,15 @@ class Admission:
         lengths = self._lengths()
         admitted: list[Submit] = []
         for i, command in enumerate(commands):
-            lengths.append(len(command.request.prompt_tokens))
-            if not self._budget.fits(lengths, growth=KV_STEP):
-                self.hold(commands[i:], count=arriving)
-                break
+            length = len(command.request.prompt_tokens)
+            if not self._budget.fits([*lengths, length], growth=KV_STEP):
+                rank = self._ledger.rank(command.seq_id, command.request.priority)
+                room = self._room_for(rank, lengths, length)
+                if room is None:
+                    self.hold(commands[i:], count=arriving)
+                    break
+                lengths = room
+            lengths.append(length)
             admitted.append(command)
         if not admitted:
             return
@@ -82,24 +92,35 @@ class Admission:
         self._counters.held_for_memory += count * len(commands)
 
     def admit_waiting(self) -> None:
-        """Replay the preempted sequences that fit again, oldest preemption first, then admit
-        held submissions; nothing overtakes a sequence that does not fit yet."""
-        lengths = self._lengths()
-        while (sequence := self._ledger.next_preempted()) is not None:
+        """Replay the preempted sequences that fit again and admit held submissions, by
+        class (`Ledger.rank`: priority, and aging; a preempted sequence first within its
+        class, oldest preemption first); nothing overtakes one that does not fit yet."""
+        ledger = self._ledger
+        while (sequence := ledger.next_preempted()) is not None:
+            rank = ledger.rank(sequence.seq_id, sequence.request.priority)
+            better = [c for c in ledger.held() if ledger.rank(c.seq_id, c.request.priority) < rank]
+            if better:
+                self.admit_all(better, arriving=False)
+                if any(ledger.state_of(c.seq_id) is SeqState.HELD for c in better):
+                    return
+                continue
             length = len(sequence.request.prompt_tokens) + len(sequence.tokens)
-            if not self._budget.fits([*lengths, length], growth=KV_STEP):
+            lengths = self._lengths()
+            if not self._budget.fits([*lengths, length], growth=KV_STEP) and (
+                self._room_for(rank, lengths, length) is None
+            ):
                 return
             self._placement.hand_over()
             self._recovery.replay(sequence, after_failure=False)
-            lengths.append(length)
-        self.admit_all(self._ledger.held(), arriving=False)
+        self.admit_all(ledger.held(), arriving=False)
 
     def make_room(self) -> None:
-        """Before a step: take the newest sequences out of the batch until the step's KV
-        fits the budget; each waits as preempted and is replayed when it fits."""
+        """Before a step: take sequences out of the batch, the worst priority's newest first,
+        until the step's KV fits the budget; each waits as preempted and is replayed when it
+        fits."""
         ledger = self._ledger
         while ledger.may_be_preempted() and not self._budget.fits(self._lengths(), growth=1):
-            victim = ledger.newest_active()
+            victim = ledger.preemption_victim()
             try:
                 self._placement.current.remove([victim.uid], keep_state=False)
             except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
@@ -108,6 +129,28 @@ class Admission:
             ledger.preempt(victim)
             self._counters.preemptions += 1
             log.info("sequence %d preempted: the batch's KV would outgrow it", victim.seq_id)
+
+    def _room_for(self, rank: int, lengths: list[int], length: int) -> list[int] | None:
+        """Make room for a sequence of `length` tokens and class `rank` beside others of
+        `lengths` (the active ones', and those admitted before it) by taking active sequences
+        of a worse priority that may still yield out of the batch (worst, newest first; each
+        preempted, its lane kept): the lengths left, or None, nothing taken, if that cannot
+        make it fit."""
+        left, victims = list(lengths), []
+        for victim in self._ledger.yielders(rank, self._yielding.limit):
+            if self._budget.fits([*left, length], growth=KV_STEP):
+                break
+            left.remove(len(victim.request.prompt_tokens) + len(victim.tokens))
+            victims.append(victim)
+        if not self._budget.fits([*left, length], growth=KV_STEP):
+            return None
+        for victim in victims:
+            if not self._yielding.take_out(victim):
+                return None  # the batch was recovered: its sequences wait on probation
+            self._yielding.count(victim)
+            self._ledger.preempt(victim)
+            log.info("sequence %d preempted for a request of a better priority", victim.seq_id)
+        return left
 
     def _lengths(self) -> list[int]:
         """Tokens each active sequence's KV holds (or will, once its prompt is prefilled),

@@ -11,6 +11,7 @@ from attrs import validators as v
 
 from ._drafting import Speculation
 from ._kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
+from ._priority import PriorityPolicy
 
 if TYPE_CHECKING:
     from ._distribution import Distribution
@@ -32,6 +33,21 @@ class EngineConfig:
         if self.max_queue_per_tenant is not None:
             return self.max_queue_per_tenant
         return max(1, self.max_queue // 2)
+
+    priority_aging: int = attrs.field(
+        default=attrs.fields(PriorityPolicy).aging.default, validator=v.ge(1)
+    )
+    """Admissions of better-priority requests that improve a waiting request's class by one
+    (`GenerationRequest.priority`; engine/_priority.py): its bound on starvation."""
+    max_preemptions: int = attrs.field(
+        default=attrs.fields(PriorityPolicy).max_preemptions.default, validator=v.ge(0)
+    )
+    """Times one request may be taken off the device (its lane or its KV memory) for a
+    request of a better class; 0: priorities only order the waits."""
+
+    @property
+    def priorities(self) -> PriorityPolicy:
+        return PriorityPolicy(self.priority_aging, self.max_preemptions)
 
     prefill_step_size: int = attrs.field(default=512, validator=v.ge(1))
     """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 
 
@@ -24,6 +26,8 @@ class RunCounters:
     replays: int = 0
     preemptions: int = 0
     held_for_memory: int = 0
+    priority_preemptions: Counter[int] = attrs.field(factory=Counter)
+    """Sequences taken off the device for a request of a better class, by their priority."""
     verify_steps: int = 0
     """Speculation's verify steps (each a forward of drafted tokens)."""
     draft_tokens: int = 0

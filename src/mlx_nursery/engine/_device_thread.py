@@ -37,6 +37,7 @@ import trio
 
 from ._errors import EngineOverloaded, EngineUnavailable
 from ._lanes import FairLanes
+from ._priority import PriorityPolicy
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -66,13 +67,14 @@ class DeviceThread(Generic[InfoT]):
         max_queue: int,
         cancel_ack_timeout: float,
         tenant_share: int | None = None,
+        priorities: PriorityPolicy | None = None,
         what: str = "engine",
     ) -> None:
         self.thread_name = thread_name
         self.what = what
         """The engine, as errors and the log name it."""
         self.state: State = "starting"
-        self.lanes = FairLanes(lanes)
+        self.lanes = FairLanes(lanes, priorities)
         self.max_queue = max_queue
         self.tenant_share = tenant_share
         """Of the queue, the most one tenant may hold (None: no tenants)."""
@@ -167,8 +169,11 @@ class DeviceThread(Generic[InfoT]):
         if tenant is not None and share is not None and lanes.waiting_for(tenant) >= share:
             raise EngineOverloaded(lanes.waiting_for(tenant), share)  # room left for others
 
-    async def acquire_lane(self, borrower: object, tenant: Hashable = None) -> None:
-        """Borrow a lane for `borrower` (FIFO within a tenant, fair across tenants).
+    async def acquire_lane(
+        self, borrower: object, tenant: Hashable = None, priority: int = 0
+    ) -> None:
+        """Borrow a lane for `borrower` (by priority; FIFO within a tenant, fair across
+        tenants).
 
         Raises EngineUnavailable when the engine stops first (at once: `close()` and the
         thread's end wake every waiter) or has stopped when the lane comes. Cancellation: a
@@ -176,7 +181,7 @@ class DeviceThread(Generic[InfoT]):
         with trio.CancelScope() as waiting:
             self._waiting.add(waiting)
             try:
-                await self.lanes.acquire_on_behalf_of(borrower, tenant)
+                await self.lanes.acquire_on_behalf_of(borrower, tenant, priority)
             finally:
                 self._waiting.discard(waiting)
         if waiting.cancelled_caught or self.state != "running":
@@ -185,8 +190,9 @@ class DeviceThread(Generic[InfoT]):
             raise EngineUnavailable(f"the {self.what} is {self.state}")
 
     def release_lane(self, borrower: object) -> None:
-        """Only on the thread's confirmation that `borrower` computes nothing more."""
-        self.lanes.release_on_behalf_of(borrower)
+        """Only on the thread's confirmation that `borrower` computes nothing more: its lane,
+        or its place in line if it waits for one after a preemption (`FairLanes.withdraw`)."""
+        self.lanes.withdraw(borrower)
 
     async def wait_confirmed(self, confirmed: trio.Event, request: str) -> bool:
         """After a cancel: wait, shielded and bounded by `cancel_ack_timeout`, for the

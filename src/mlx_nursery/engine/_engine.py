@@ -1,11 +1,13 @@
 """The text engine's Trio side: admission, delivery, cancellation.
 
 Its thread's lifecycle, lanes, queue bound and posting are every engine's (`DeviceThread`).
-Lanes are `FairLanes` (a capacity limiter fair among tenants): a request borrows
-a token (cancellable) before its sequence is submitted, and the token is returned by
-the engine thread's confirmation that the sequence left the batch, never
+Lanes are `FairLanes` (a capacity limiter ordered by priority, fair among tenants): a
+request borrows a token (cancellable) before its sequence is submitted, and the token is
+returned by the engine thread's confirmation that the sequence left the batch, never
 earlier. So `limiter.borrowed_tokens` is exactly the number of sequences that
-may still be computing.
+may still be computing. A sequence the lanes ask to yield for a better priority gives its
+token up the same way: once the thread confirms it is off the device (`suspended`); it then
+waits for a token again, and is resumed when it has one.
 
 Cancellation contract of `Engine.generate`: when the caller's scope is
 cancelled (or the caller leaves the block early), the sequence is cancelled
@@ -16,9 +18,10 @@ therefore means the compute has stopped.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import attrs
@@ -29,6 +32,7 @@ from ._device_thread import DeviceThread, State
 from ._errors import PromptTooLong
 from ._lanes import FairLanes
 from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
+from ._priority import WaitStatistics
 from ._statistics import CancelRecorder, CancelStatistics
 from ._stream import Handle, TokenStream
 from ._types import FinishReason, GenerationRequest
@@ -48,6 +52,10 @@ class EngineStatistics:
     """Events that arrived for a sequence already confirmed gone: always 0 unless a bug."""
     cancellations: CancelStatistics
     """Cancel-to-confirmation latencies and steps in flight, for every cancelled sequence."""
+    suspended: int = 0
+    """Sequences taken off the device for a better priority, waiting for a lane again."""
+    queue_waits: Mapping[int, WaitStatistics] = attrs.field(factory=dict)
+    """Requests' waits for a lane, by priority (`FairLanes.waits`)."""
 
 
 class Engine:
@@ -63,7 +71,9 @@ class Engine:
             max_queue=config.max_queue,
             cancel_ack_timeout=config.cancel_ack_timeout,
             tenant_share=config.tenant_queue_share,
+            priorities=config.priorities,
         )
+        self._device.lanes.preempt = self._ask_to_yield
         self._ids = itertools.count()
         self._handles: dict[int, Handle] = {}
         self._stats: WorkerStats | None = None
@@ -139,14 +149,17 @@ class Engine:
 
     def statistics(self) -> EngineStatistics:
         lanes = self._device.lanes
+        waiting = lanes.statistics()
         return EngineStatistics(
             state=self._device.state,
             lanes_total=lanes.total_tokens,
             lanes_borrowed=lanes.borrowed_tokens,
-            queued=lanes.statistics().tasks_waiting,
+            queued=waiting.tasks_waiting,
             worker=self._stats,
             late_events=self._late_events,
             cancellations=self._cancellations.snapshot(),
+            suspended=waiting.suspended_waiting,
+            queue_waits=lanes.waits(),
         )
 
     @asynccontextmanager
@@ -159,7 +172,7 @@ class Engine:
         """
         self._check_admissible(request)
         handle = self._new_handle(request)
-        await self._device.acquire_lane(handle, request.tenant)
+        await self._device.acquire_lane(handle, request.tenant, request.priority)
         # From here the lane belongs to the sequence; only the engine's confirmation returns it.
         self._handles[handle.seq_id] = handle
         assert self._worker is not None
@@ -186,6 +199,17 @@ class Engine:
     def confirmation_seen(self) -> None:
         if self._worker is not None:
             self._worker.confirmation_seen()
+
+    def _ask_to_yield(self, borrower: object) -> None:
+        """The lanes ask for `borrower`'s sequence to give up its lane for a better priority;
+        the thread answers in a delivery (`suspended` or `kept`). Not a checkpoint."""
+        assert isinstance(borrower, Handle) and self._worker is not None
+        self._worker.suspend(borrower.seq_id)
+
+    def _resumer(self, handle: Handle) -> Callable[[], None]:
+        worker = self._worker
+        assert worker is not None
+        return functools.partial(worker.resume, handle.seq_id)
 
     def _check_admissible(self, request: GenerationRequest) -> None:
         self._device.check_running()
@@ -221,6 +245,15 @@ class Engine:
                         handle.confirmed_step - (handle.cancel_requested_step or 0),
                     )
                 self._confirm(handle)
+        lanes = self._device.lanes
+        for seq_id in delivery.suspended:  # off the device: its lane may go to another
+            handle = self._handles.get(seq_id)
+            if handle is not None:
+                lanes.suspended(handle, self._resumer(handle))
+        for seq_id in delivery.kept:
+            handle = self._handles.get(seq_id)
+            if handle is not None:
+                lanes.kept(handle)
 
     def _push(self, handle: Handle, event: StepEvent) -> None:
         if handle.stalled:

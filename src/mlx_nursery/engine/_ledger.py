@@ -39,8 +39,11 @@ class SeqState(enum.Enum):
     PROBATION = "probation"
     """In a step that failed: held by no stepper until replayed (`_recovery`)."""
     PREEMPTED = "preempted"
-    """Taken out of the batch to stay within the KV budget: held by no stepper until
-    replayed, once it fits."""
+    """Taken out of the batch to stay within the KV budget, or for a request of a better
+    priority, or resumed after a suspension: held by no stepper until replayed, once it fits."""
+    SUSPENDED = "suspended"
+    """Taken off the device for a request of a better class, its lane given up: held by no
+    stepper, and not running, until its request has a lane again (then preempted)."""
     DETACHING = "detaching"
     """Ended (its final event is out); still in its stepper until the next settle."""
     STORING = "storing"
@@ -53,9 +56,12 @@ _NOT_ENDED = (
     SeqState.ACTIVE,
     SeqState.PROBATION,
     SeqState.PREEMPTED,
+    SeqState.SUSPENDED,
 )
-"""The states of sequences that are running or waiting to (`Ledger.running` counts them):
-none of them may hold a sequence that has ended."""
+"""The states of sequences that are running or waiting to (`Ledger.running` counts them, but
+the suspended, which wait for a lane): none of them may hold a sequence that has ended."""
+_WAITING_FOR_MEMORY = (SeqState.HELD, SeqState.PREEMPTED)
+_KV_HOLDING = (SeqState.ACTIVE, SeqState.IMAGING)
 
 
 class InvariantViolation(RuntimeError):
@@ -65,9 +71,12 @@ class InvariantViolation(RuntimeError):
 class Ledger:
     """Every sequence's state, and the only code that changes it. Engine thread only."""
 
-    def __init__(self, outbox: Outbox, *, checking: bool) -> None:
+    def __init__(self, outbox: Outbox, *, checking: bool, aging: int = 8) -> None:
         self._outbox = outbox
         self._checking = checking
+        self._aging = aging
+        self._passed: Counter[int] = Counter()
+        """seq_id -> sequences of a better priority that started while it waited for memory."""
         self._state: dict[int, SeqState] = {}
         """seq_id -> its one state: the truth; the containers below index it."""
         self._held: dict[int, Submit] = {}
@@ -81,6 +90,7 @@ class Ledger:
         self._imaging = self._sequences[SeqState.IMAGING]
         self._probation = self._sequences[SeqState.PROBATION]
         self._preempted = self._sequences[SeqState.PREEMPTED]
+        self._suspended = self._sequences[SeqState.SUSPENDED]
         self._detaching = self._sequences[SeqState.DETACHING]
         self._storing = self._sequences[SeqState.STORING]
         self._by_uid: dict[int, LiveSequence] = {}
@@ -149,8 +159,9 @@ class Ledger:
         return self._held[seq_id]
 
     def held(self) -> list[Submit]:
-        """The held submissions, in the order they are to be admitted."""
-        return list(self._held.values())
+        """The held submissions, in the order they are to be admitted: by class, then in the
+        order they came."""
+        return sorted(self._held.values(), key=lambda c: self.rank(c.seq_id, c.request.priority))
 
     def imaging(self) -> list[LiveSequence]:
         """The image prompts being prefilled, oldest first."""
@@ -170,13 +181,35 @@ class Ledger:
         nothing would be left to make progress)."""
         return len(self._active) > 1
 
-    def newest_active(self) -> LiveSequence:
-        """The active sequence submitted last (the first to preempt). Raises if none is."""
-        return max(self._active.values(), key=lambda s: s.seq_id)
+    def rank(self, seq_id: int, priority: int) -> int:
+        """The class of a sequence of `priority` waiting for KV memory (held or preempted):
+        less one for every `aging` sequences of a better priority that started while it
+        waited (the lanes' aging, `_priority`, for the wait for memory)."""
+        return priority - self._passed.get(seq_id, 0) // self._aging
+
+    def preemption_victim(self) -> LiveSequence:
+        """The active sequence to preempt first: of the worst priority, the one submitted
+        last. Raises if none is active."""
+        return max(self._active.values(), key=lambda s: (s.request.priority, s.seq_id))
+
+    def yielders(self, worse_than: int, limit: int) -> list[LiveSequence]:
+        """Active sequences of a priority worse than `worse_than` that have yielded fewer than
+        `limit` times, in the order to take them off: worst priority, newest first."""
+        return sorted(
+            (
+                s
+                for s in self._active.values()
+                if s.request.priority > worse_than and s.yielded < limit
+            ),
+            key=lambda s: (s.request.priority, s.seq_id),
+            reverse=True,
+        )
 
     def next_preempted(self) -> LiveSequence | None:
-        """The sequence preempted first, to be replayed first."""
-        return next(iter(self._preempted.values()), None)
+        """The preempted sequence to replay first: of the best class, preempted first."""
+        if not self._preempted:
+            return None
+        return min(self._preempted.values(), key=lambda s: self.rank(s.seq_id, s.request.priority))
 
     def next_suspect(self) -> LiveSequence | None:
         """The next sequence on probation to replay, once no newcomer is active (each suspect
@@ -186,12 +219,10 @@ class Ledger:
         return next(iter(self._probation.values()), None)
 
     def started(self) -> list[LiveSequence]:
-        """Every sequence built and not ended: active, on probation, preempted, imaging."""
-        return [
-            s
-            for state in (SeqState.ACTIVE, SeqState.PROBATION, SeqState.PREEMPTED)
-            for s in self._sequences[state].values()
-        ] + self.imaging()
+        """Every sequence built and not ended: active, on probation, preempted, suspended,
+        imaging."""
+        states = (SeqState.ACTIVE, SeqState.PROBATION, SeqState.PREEMPTED, SeqState.SUSPENDED)
+        return [s for state in states for s in self._sequences[state].values()] + self.imaging()
 
     # -- moves -------------------------------------------------------------------------------
     def hold(self, commands: list[Submit]) -> None:
@@ -218,8 +249,12 @@ class Ledger:
         self._move(sequence, SeqState.PROBATION)
 
     def preempt(self, sequence: LiveSequence) -> None:
-        """`sequence`, taken out of its stepper, waits for KV memory."""
+        """`sequence`, taken out of its stepper (or resumed), waits for KV memory."""
         self._move(sequence, SeqState.PREEMPTED)
+
+    def suspend(self, sequence: LiveSequence) -> None:
+        """`sequence`, held by no stepper (any more), gives up its lane."""
+        self._move(sequence, SeqState.SUSPENDED)
 
     def remove(
         self,
@@ -289,12 +324,23 @@ class Ledger:
 
     def _move(self, sequence: LiveSequence, to: SeqState) -> None:
         """The one move: out of its state (if any), into `to`, at the end of its order."""
+        if self._state.get(sequence.seq_id) in _WAITING_FOR_MEMORY and to in _KV_HOLDING:
+            self._pass(sequence.request.priority)
         self._leave(sequence.seq_id)
         self._state[sequence.seq_id] = to
         self._sequences[to][sequence.seq_id] = sequence
 
+    def _pass(self, priority: int) -> None:
+        """A sequence of `priority` starts after waiting for memory: it passed the worse ones."""
+        waiting: list[tuple[int, Submit | LiveSequence]] = [
+            *self._held.items(),
+            *self._preempted.items(),
+        ]
+        self._passed.update(i for i, s in waiting if s.request.priority > priority)
+
     def _leave(self, seq_id: int) -> None:
         """Out of its state (a no-op if it has none), and of that state's indexes."""
+        self._passed.pop(seq_id, None)
         state = self._state.pop(seq_id, None)
         if state is None:
             return

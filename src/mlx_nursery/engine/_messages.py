@@ -32,11 +32,26 @@ class Cancel:
 
 
 @attrs.frozen
+class Suspend:
+    """Take the sequence off the device for a request of a better class: it gives up its
+    lane (answered in `Delivery.suspended`, or `Delivery.kept` if it cannot)."""
+
+    seq_id: int
+
+
+@attrs.frozen
+class Resume:
+    """A suspended sequence has a lane again: replay it once its KV fits."""
+
+    seq_id: int
+
+
+@attrs.frozen
 class Stop:
     pass
 
 
-Command = Submit | Cancel | Stop
+Command = Submit | Cancel | Suspend | Resume | Stop
 
 
 @attrs.frozen
@@ -80,6 +95,9 @@ class WorkerStats:
     """Tokens speculation drafted (vLLM's `spec_decode_num_draft_tokens`)."""
     accepted_draft_tokens: int = 0
     """Of those, tokens accepted and kept (vLLM's `spec_decode_num_accepted_tokens`)."""
+    priority_preemptions: Mapping[int, int] = attrs.field(factory=dict)
+    """Sequences taken off the device for a request of a better class (their lane or their
+    KV memory), by their priority; each resumed later with its tokens."""
 
 
 class StepEvent(NamedTuple):
@@ -109,6 +127,11 @@ class Delivery:
     finished: list[int]
     stats: WorkerStats
     closing: Literal["closed", "failed"] | None = None  # set on the thread's last delivery
+    suspended: list[int] = attrs.field(factory=list)
+    """Sequences taken off the device (`Suspend`): they compute nothing and hold no KV, so
+    their lanes may go to others; each waits for a lane again (then `Resume`)."""
+    kept: list[int] = attrs.field(factory=list)
+    """Sequences a `Suspend` could not take off (ended, or not running): they keep going."""
 
 
 @attrs.frozen

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
+import attrs
+
 from ._messages import Delivery, StepEvent, WorkerStats
 
 CALLER_HEADSTART_SECONDS = 0.002
@@ -36,6 +38,8 @@ class Outbox:
         self._stats = stats
         self._events: list[tuple[int, StepEvent]] = []
         self._finished: list[int] = []
+        self._suspended: list[int] = []
+        self._kept: list[int] = []
         self._caller_saw_end = threading.Event()
 
     def token(self, seq_id: int, event: StepEvent) -> None:
@@ -47,6 +51,15 @@ class Outbox:
         self._events.append((seq_id, event))
         self._finished.append(seq_id)
 
+    def suspended(self, seq_id: int) -> None:
+        """A sequence is off the device (its lane may go to another): posted after the events
+        it had pending, never held back."""
+        self._suspended.append(seq_id)
+
+    def kept(self, seq_id: int) -> None:
+        """A suspension could not be done (the sequence ended, or is not running)."""
+        self._kept.append(seq_id)
+
     @property
     def confirming(self) -> bool:
         """Confirmations are pending (the posting rule never holds them back)."""
@@ -54,7 +67,7 @@ class Outbox:
 
     def post_due(self, *, token_in_flight: bool) -> None:
         """Post what is pending unless the posting rule defers it to the next launch."""
-        if token_in_flight and not self._finished:
+        if token_in_flight and not (self._finished or self._suspended or self._kept):
             return
         self.post()
 
@@ -66,9 +79,13 @@ class Outbox:
         self, *, force: bool = False, closing: Literal["closed", "failed"] | None = None
     ) -> None:
         """Post everything pending (with fresh statistics if `force`, and on the last post)."""
-        if not (self._events or self._finished or force or closing):
+        answers = self._suspended or self._kept
+        if not (self._events or self._finished or answers or force or closing):
             return
         delivery = Delivery(self._events, self._finished, self._stats(), closing)
+        if answers:
+            delivery = attrs.evolve(delivery, suspended=self._suspended, kept=self._kept)
+            self._suspended, self._kept = [], []
         if self._finished:
             self._caller_saw_end.clear()  # only confirmations are waited for
         self._events, self._finished = [], []

@@ -32,6 +32,7 @@ from ._counters import RunCounters
 from ._imaging import Imaging
 from ._ledger import Ledger
 from ._placement import Placement
+from ._reuse import PrefixReuse
 from ._sampling import rewind_sampler
 from ._sequence import COULD_NOT_CONTINUE, FAILED_WHILE_SERVING, LiveSequence
 from ._stepper import Start
@@ -97,8 +98,10 @@ class Recovery:
         placement: Placement,
         imaging: Imaging,
         counters: RunCounters,
+        reuse: PrefixReuse,
     ) -> None:
         self._config = config
+        self._reuse = reuse
         self._model = model
         self._ledger = ledger
         self._placement = placement
@@ -144,13 +147,18 @@ class Recovery:
 
     def replay(self, sequence: LiveSequence, *, after_failure: bool = True) -> None:
         """Insert `sequence` into the batch afresh: its prompt and posted tokens are prefilled
-        again; its sampler's next draw is its next token's."""
+        again (a preempted one's read back from the prefix cache as far as it holds them: its
+        KV went there when it left, `_yielding`); its sampler's next draw is its next
+        token's. After a failure nothing is read from the cache: the failed batch's states
+        are suspect."""
         self._counters.replays += after_failure
         rewind_sampler(sequence.sampler, len(sequence.tokens))
         prompt = [*sequence.request.prompt_tokens, *sequence.tokens]
         remaining = sequence.request.max_tokens - sequence.generated
         images = sequence.request.images
         try:
+            if not after_failure and self._replay_cached(sequence, prompt, remaining):
+                return
             if images is not None:  # its images go through the vision tower again
                 self._imaging.begin(sequence, prompt, images)
             else:
@@ -159,3 +167,18 @@ class Recovery:
         except Exception:  # fails this request only
             log.exception("could not replay sequence %d", sequence.seq_id)
             self._ledger.finish(sequence, sequence.final("error", COULD_NOT_CONTINUE))
+
+    def _replay_cached(self, sequence: LiveSequence, prompt: list[int], remaining: int) -> bool:
+        """Insert `sequence` into the batch at the longest cached prefix of `prompt` (its own
+        tokens' KV, kept when it was taken off); False if none, or it will not merge."""
+        hit = self._reuse.fetch(sequence, prompt)
+        if hit is None:
+            return False
+        cached = hit.cached_tokens
+        start = Start(prompt[cached:], hit.cache, prompt[:cached], remaining)
+        try:
+            self._placement.insert(self._placement.batch, sequence, start)
+        except Exception:  # noqa: BLE001 - a cached state that will not merge: prefill afresh
+            self._reuse.record_failure()
+            return False
+        return True

@@ -7,6 +7,7 @@ worker's docstring:
 - `Ledger` (`_ledger.py`): each sequence's one state, moved only there;
 - `Placement` (`_placement.py`): the two steppers, which one is in use, the handover;
 - `Admission` (`_admission.py`): submissions in as the KV budget allows, held, preempted;
+- `Yielding` (`_yielding.py`): sequences taken off the device for better priorities;
 - `Imaging` (`_imaging.py`): image prompts' prefill, a chunk per iteration;
 - `Recovery` (`_recovery.py`): failed steps and replays;
 - `PrefixReuse` (`_reuse.py`): the prefix cache's fetches and stores;
@@ -39,10 +40,18 @@ from ._recovery import FatalEngineError, Recovery
 from ._reuse import PrefixReuse
 from ._scripted import ScriptedFault
 from ._shapes import ShapeWatch
+from ._yielding import Yielding
 
 __all__ = ["FatalEngineError", "Runner"]
 
 log = logging.getLogger("mlx_nursery.engine")
+
+_HELD_BY_NO_STEPPER = (
+    SeqState.PROBATION,
+    SeqState.PREEMPTED,
+    SeqState.SUSPENDED,
+    SeqState.IMAGING,
+)
 
 MAX_REASON_CHARS = 500
 """Of an exception's text kept in logs and error events (a grammar's may quote all of it)."""
@@ -70,7 +79,13 @@ class Runner:
         self.placement = Placement(config, model, ledger, outbox, self._emitter, counters)
         self._reuse = PrefixReuse(model, cache)
         self.imaging = Imaging(model, ledger, self.placement)
-        self.recovery = Recovery(config, model, ledger, self.placement, self.imaging, counters)
+        self.recovery = Recovery(
+            config, model, ledger, self.placement, self.imaging, counters, self._reuse
+        )
+        self.yielding = Yielding(
+            ledger, self.placement, self._reuse, self.recovery, counters, outbox,
+            config.max_preemptions,
+        )  # fmt: skip
         eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
         self.admission = Admission(
             ledger,
@@ -82,6 +97,7 @@ class Runner:
             counters,
             eos,
             outbox,
+            self.yielding,
         )
 
     @property
@@ -104,7 +120,7 @@ class Runner:
             ledger.remove(ledger.sequence(seq_id), self.placement.current, "cancelled")
         elif state is SeqState.HELD:
             ledger.end_unstarted(ledger.submission(seq_id), "cancelled")
-        elif state in (SeqState.PROBATION, SeqState.PREEMPTED, SeqState.IMAGING):
+        elif state in _HELD_BY_NO_STEPPER:
             sequence = ledger.sequence(seq_id)  # held by no stepper
             ledger.finish(sequence, sequence.final("cancelled"))
 

@@ -64,6 +64,8 @@ class LiveSequence:
     """Inserted since its last token: a suspect if a step fails now (see `_recovery`)."""
     strikes: int = 0
     """Failed steps in which it was the one suspect."""
+    yielded: int = 0
+    """Times it was taken off the device for a request of a better class (`_yielding`)."""
     label: str | None = None
     """The request's label (`Submit.label`), for the fault seam."""
     prefill: Any = None

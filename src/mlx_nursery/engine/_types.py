@@ -44,6 +44,17 @@ def _seed(_: object, attribute: attrs.Attribute[int | None], value: int | None) 
         raise ValueError(f"seed must be a 64-bit integer (signed or not), got {value}")
 
 
+PRIORITY_LIMIT = 100
+"""A request's `priority` is within [-PRIORITY_LIMIT, PRIORITY_LIMIT]: a bounded range keeps
+aging's bound on a wait finite and small, and the per-priority metrics few
+(docs/decisions/0044-priorities.md)."""
+
+
+def _priority(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not -PRIORITY_LIMIT <= value <= PRIORITY_LIMIT:
+        raise ValueError(f"priority must be within [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}]")
+
+
 def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
@@ -158,6 +169,12 @@ class GenerationRequest:
     """Whose request (opaque: the server's digest of the API key). Lanes go fairly among
     tenants, and one tenant may hold at most `EngineConfig.max_queue_per_tenant` places in
     the queue; None is one tenant among the others, without the queue share."""
+    priority: int = attrs.field(default=0, validator=_priority)
+    """Lower runs first (vLLM's convention; 0 by default). It orders the wait for a lane and
+    for KV memory, and a request may take the lane or the memory of a running one of a worse
+    priority, which is taken off the device and resumed later with the tokens it had
+    (`_lanes`, `_yielding`; aging and a bound keep it starvation-free). Within a priority,
+    lanes go fairly among tenants as before."""
     report_admission: bool = False
     """Send a first event when the sequence is admitted, before its prefill: no token, no
     finish reason, and its `usage` (the prompt's tokens, those read from the prefix cache;

@@ -32,7 +32,17 @@ from ._memory import (
     kv_budget,
     kv_bytes_per_token,
 )
-from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, WorkerStats
+from ._messages import (
+    Cancel,
+    Command,
+    Delivery,
+    ModelInfo,
+    Resume,
+    Stop,
+    Submit,
+    Suspend,
+    WorkerStats,
+)
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
@@ -57,7 +67,8 @@ class Worker:
          to the outbox, and an active one is detaching), then submissions (held while a failed
          step's sequences are on probation or others wait for memory; cancelled if a stop
          came with them; else settled past the cancels, then admitted as the KV budget
-         allows, the rest held);
+         allows, the rest held); then, in order, suspensions (a sequence taken off the
+         device for a better priority gives up its lane) and resumptions (`_yielding`);
       3. settle: post what is due, then detach what ended from its stepper, then keep its
          KV state in the prefix cache;
       4. replay the next sequence on probation; or else replay the preempted sequences
@@ -101,7 +112,9 @@ class Worker:
         self._on_exit = on_exit
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._outbox = Outbox(post, self._stats)
-        self._ledger = Ledger(self._outbox, checking=config.check_invariants)
+        self._ledger = Ledger(
+            self._outbox, checking=config.check_invariants, aging=config.priority_aging
+        )
         self._cache: PrefixCache | None = None
         self._runner: Runner | None = None
 
@@ -115,6 +128,12 @@ class Worker:
 
     def cancel(self, seq_id: int) -> None:
         self._commands.put(Cancel(seq_id))
+
+    def suspend(self, seq_id: int) -> None:
+        self._commands.put(Suspend(seq_id))
+
+    def resume(self, seq_id: int) -> None:
+        self._commands.put(Resume(seq_id))
 
     def stop(self) -> None:
         self._commands.put(Stop())
@@ -316,6 +335,11 @@ class Worker:
         elif admitted:
             runner.settle()  # what the cancels ended leaves its stepper before anyone enters
             runner.admission.admit_all(admitted)
+        for command in commands:  # after the submissions: one may be asked for at once
+            if isinstance(command, Suspend):
+                runner.yielding.suspend(command.seq_id)  # a cancelled one has ended: kept
+            elif isinstance(command, Resume):
+                runner.yielding.resume(command.seq_id)
         return stop
 
     def _finish_all(self, reason: FinishReason, exc: BaseException | None) -> None:
@@ -350,6 +374,7 @@ class Worker:
             prefill_seconds_per_token=runner.chunks.seconds_per_token,
             preemptions=counters.preemptions,
             held_for_memory=counters.held_for_memory,
+            priority_preemptions=dict(counters.priority_preemptions),
             verify_steps=counters.verify_steps,
             draft_tokens=counters.draft_tokens,
             accepted_draft_tokens=counters.accepted_draft_tokens,
