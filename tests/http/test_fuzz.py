@@ -391,7 +391,8 @@ def valid_chat(draw: st.DrawFn) -> Case:
         ("prompt_cache_key", short_text),
         ("safety_identifier", short_text),
         ("store", st.just(False)),
-        ("service_tier", st.sampled_from(["auto", "default"])),
+        ("service_tier", st.sampled_from(["auto", "default", "flex", "priority"])),
+        ("priority", st.integers(-100, 100)),
     ):
         if draw(st.integers(0, 5)) == 0:
             body[name] = draw(values)

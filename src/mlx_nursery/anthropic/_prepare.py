@@ -94,6 +94,7 @@ def prepare_messages(request: MessagesRequest, served: ServedModel) -> Prepared:
         top_p=request.top_p,
         top_k=request.top_k,
         user=request.metadata.user_id if request.metadata is not None else None,
+        priority=request.priority,
     )
     checked = attrs.evolve(common(fields, served), stops=_stop_sequences(request.stop_sequences))
     rendered = _render(request, served)

@@ -211,7 +211,9 @@ class MessagesRequest(ConversationFields):
     top_k: int | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
-    """Both mean the one tier this server has."""
+    """Both mean the default class here (priority 0; `priority` sets another)."""
+    priority: int | None = None
+    """Not Anthropic's: the place in the queue, lower first (vLLM's extension field)."""
     container: Any = None
     """Unsupported (no code execution here): a 400 unless null, as the next two."""
     diagnostics: Any = None

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from ..engine import SamplingParams
+from ..engine import PRIORITY_LIMIT, SamplingParams
 from ._errors import InvalidRequest, quoted
 from ._request_parts import SamplingFields
 
@@ -195,6 +195,42 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     )
     require(all(stops), "stop", "stop strings must not be empty")
     return tuple(stops)
+
+
+SERVICE_TIERS: dict[str, int] = {
+    "priority": -1,
+    "fast": -1,  # OpenAI's other name for it ("the response will show priority")
+    "ultrafast": -1,  # the Responses API's: there is no faster class here
+    "auto": 0,
+    "default": 0,
+    "scale": 0,
+    "flex": 1,
+}
+"""OpenAI's `service_tier` values, as the priorities they stand for here."""
+
+
+def request_priority(priority: int | None, service_tier: str | None) -> tuple[int, str | None]:
+    """The engine priority of a request (`priority`, vLLM's extension field, lower first;
+    else its OpenAI `service_tier`'s class; else 0), and the tier to echo in the response
+    (None unless `service_tier` was sent, as OpenAI answers): the tier actually served,
+    which `priority` decides where both are sent."""
+    if service_tier is not None:
+        require(
+            service_tier in SERVICE_TIERS,
+            "service_tier",
+            f"service_tier must be one of {', '.join(SERVICE_TIERS)}, got {quoted(service_tier)}",
+        )
+    if priority is not None:
+        require(
+            -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT,
+            "priority",
+            f"priority must be an integer from -{PRIORITY_LIMIT} to {PRIORITY_LIMIT} (lower "
+            f"runs first), got {priority}",
+        )
+    value = priority if priority is not None else SERVICE_TIERS.get(service_tier or "auto", 0)
+    if service_tier is None:
+        return value, None
+    return value, "priority" if value < 0 else "flex" if value > 0 else "default"
 
 
 def check_n(n: int | None) -> None:

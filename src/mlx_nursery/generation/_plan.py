@@ -121,6 +121,9 @@ class Prepared:
     """A thinking model's markers: its reasoning is split from its answer (None: no split)."""
     thinking_opened: bool = False
     """The prompt opened the think block: the output begins mid-thought."""
+    service_tier: str | None = None
+    """The OpenAI service tier the request was served at, echoed in its response (None: it
+    sent none)."""
 
     def logprob_aligner(self) -> LogprobAligner | None:
         if self.token_text is None:
@@ -208,10 +211,15 @@ class Common:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+    priority: int = 0
+    service_tier: str | None = None
+    """The tier to echo (`_params.request_priority`)."""
 
 
-def common(request: SamplingFields, served: ServedModel) -> Common:
+def common(request: SamplingFields, served: ServedModel, service_tier: str | None = None) -> Common:
+    """`service_tier`: OpenAI's, where the API has one (chat, Responses)."""
     params.check_n(request.n)
+    priority, tier = params.request_priority(request.priority, service_tier)
     sampling = params.for_engine(params.sampling_from(request), served.vocab_size)
     params.validate_vocab(sampling.logit_bias, served.vocab_size)
     stream = bool(request.stream)
@@ -223,7 +231,12 @@ def common(request: SamplingFields, served: ServedModel) -> Common:
         if options.include_obfuscation:
             params.reject_unimplemented(options, {"include_obfuscation": False})
     return Common(
-        sampling, params.stop_strings(request.stop), stream, bool(options and options.include_usage)
+        sampling,
+        params.stop_strings(request.stop),
+        stream,
+        bool(options and options.include_usage),
+        priority,
+        tier,
     )
 
 
@@ -252,6 +265,7 @@ def prepared_for(
         cache_key=cache_key,
         trim_leading_space=wire.trims_leading_space,
         images=images,
+        priority=checked.priority,
     )
     return Prepared(
         wire,
@@ -262,6 +276,7 @@ def prepared_for(
         request.model,
         id=new_id(wire.id_prefix),
         user_text=user_text or _no_user_text,
+        service_tier=checked.service_tier,
     )
 
 

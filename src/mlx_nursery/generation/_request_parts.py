@@ -44,6 +44,9 @@ class SamplingFields:
     stop: str | list[str] | None = None
     n: int | None = None
     user: str | None = None
+    priority: int | None = None
+    """The request's place in the server's queue, lower first (vLLM's extension field: not
+    OpenAI's; every API here takes it, `_params.request_priority`)."""
 
 
 @attrs.frozen

@@ -59,7 +59,6 @@ _UNIMPLEMENTED: dict[str, object] = {
     "modalities": (["text"],),
     "prediction": (),
     "web_search_options": (),
-    "service_tier": ("auto", "default"),
 }
 _HINTS: dict[str, object] = {
     # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
@@ -95,8 +94,8 @@ class ChatWire:
         )
         choice = ChatChoice(0, message, finished.reason, _logprobs(p, logprobs))
         usage = UsageOut.of(finished.usage, finished.reasoning_tokens)
-        body: dict[str, Any] = to_json(ChatCompletion(p.id, p.created, p.model, [choice], usage))
-        return body
+        body = to_json(ChatCompletion(p.id, p.created, p.model, [choice], usage))
+        return _with_tier(p, body)
 
     def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]:
         return [_chunk(p, ChatDelta(role="assistant", content=""))]
@@ -129,7 +128,8 @@ class ChatWire:
         chunks = [_chunk(p, ChatDelta(), finished.reason)]
         if p.include_usage:
             usage = UsageOut.of(finished.usage, finished.reasoning_tokens)
-            chunks.append(to_json(ChatCompletionChunk(p.id, p.created, p.model, [], usage)))
+            last = to_json(ChatCompletionChunk(p.id, p.created, p.model, [], usage))
+            chunks.append(_with_tier(p, last))
         return chunks
 
 
@@ -147,7 +147,15 @@ def _chunk(
     # OpenAI sends `usage: null` on every chunk only when usage was asked for.
     if not p.include_usage:
         del chunk["usage"]
-    return chunk
+    return _with_tier(p, chunk)
+
+
+def _with_tier(p: Prepared, body: dict[str, Any]) -> dict[str, Any]:
+    """The body or chunk with the service tier it was served at, when the request named one
+    (OpenAI's answer then carries `service_tier`)."""
+    if p.service_tier is not None:
+        body["service_tier"] = p.service_tier
+    return body
 
 
 def _logprobs(p: Prepared, entries: Sequence[LogprobEntry]) -> dict[str, Any] | None:
@@ -185,7 +193,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
         else (request.max_tokens, "max_tokens")
     )
     check_count(len(request.messages), served.caps.max_messages, "messages")
-    checked = common(request, served)
+    checked = common(request, served, request.service_tier)
     tools, forced = offered_tools(request.tools, request.tool_choice, served)
     check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
     tokens, images = render_served(served, request.messages, tools, thinking=thinking)

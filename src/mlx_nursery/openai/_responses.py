@@ -57,7 +57,6 @@ store: false)."""
 _INCLUDABLE = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
 _UNIMPLEMENTED: dict[str, object] = {
     "background": False,
-    "service_tier": ("auto", "default"),
     "prompt": (),
     "conversation": (),
     "truncation": ("disabled", "auto"),
@@ -155,8 +154,9 @@ def prepare_response(
         temperature=request.temperature,
         top_p=request.top_p,
         user=request.user,
+        priority=request.priority,
     )
-    checked = common(fields, served)
+    checked = common(fields, served, request.service_tier)
     tools, forced = offered_tools(request.tools, _tool_choice(request), served)
     dropped = 0
     if request.truncation == "auto":

@@ -176,6 +176,8 @@ class Response:
     parallel_tool_calls: bool
     previous_response_id: str | None
     reasoning: ReasoningConfig = attrs.field(factory=ReasoningConfig)
+    service_tier: str | None = None
+    """The tier served at, when the request named one; left out otherwise."""
     store: bool
     temperature: float
     text: ResponseText

@@ -326,6 +326,7 @@ class ResponseBuilder:
             if self.usage is None
             else ResponseUsage.of(self.usage, self.reasoning_tokens),
             reasoning=ReasoningConfig(effort=p.reasoning_effort),
+            service_tier=p.prepared.service_tier,
         )
 
     def conversation(self) -> list[dict[str, Any]]:

@@ -132,3 +132,5 @@ class ResponsesRequest:
     prompt: Any = None
     conversation: Any = None
     prompt_cache_retention: str | None = None
+    priority: int | None = None
+    """Not OpenAI's: the place in the queue, lower first (vLLM's; `SamplingFields.priority`)."""

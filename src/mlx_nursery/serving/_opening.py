@@ -82,6 +82,8 @@ class ModelOpener:
             max_concurrency=self.settings.max_concurrency,
             max_queue=self.settings.max_queue,
             max_queue_per_tenant=self.settings.max_queue_per_key,
+            priority_aging=self.settings.priority_aging,
+            max_preemptions=self.settings.max_preemptions,
             prompt_cache_bytes=reservation.prefix_cache,
             # Across devices each rank's own memory holds its own share: the ranks agree it.
             kv_cache_bytes=reservation.kv if distribution is None else self.settings.kv_cache_bytes,

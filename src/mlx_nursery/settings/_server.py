@@ -89,6 +89,22 @@ class ServerSettings:
             none="half of --max-queue",
         ),
     )
+    priority_aging: int = attrs.field(
+        default=engine_default("priority_aging"),
+        validator=v.ge(1),
+        metadata=described(
+            "admissions of better-priority requests after which a waiting request is served as"
+            " one class better (its bound on starvation)"
+        ),
+    )
+    max_preemptions: int = attrs.field(
+        default=engine_default("max_preemptions"),
+        validator=v.ge(0),
+        metadata=described(
+            "times one request may be taken off the device (resumed later, its tokens kept)"
+            " for a request of a better priority; 0: priorities only order the queue"
+        ),
+    )
     shared_prefix_cache: bool = attrs.field(
         default=False,
         metadata=described(
