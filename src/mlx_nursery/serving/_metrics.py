@@ -7,22 +7,38 @@ records its time to first token, time per output token, end-to-end latency, prom
 and how it ended (`RequestObserver`). What the engine knows (lanes in use, the queue, the
 prefix cache, preemptions, the tokens it generated: a cancelled request's included;
 speculative decoding's drafts, named as vLLM's `spec_decode` ones) is read from
-`Engine.statistics()` at scrape time, not mirrored; an unloaded model's totals are kept, so
-its counters go on from them when it loads again. Each server has its own registry (tests
-run several in one process), and writes no `*_created` series (a counter's creation time,
-which Prometheus does not need and vLLM does not send). No label carries request content:
-model, route, status, finish reason, cancel cause and a reservation's part only.
+`Engine.statistics()` at scrape time, not mirrored (the waits for a lane and the preemptions
+for a better request by `priority`, a label bounded by `PRIORITY_LIMIT`); an unloaded
+model's totals are kept, so its counters go on from them when it loads again. Each server
+has its own registry (tests run several in one process), and writes no `*_created` series (a
+counter's creation time, which Prometheus does not need and vLLM does not send). No label
+carries request content: model, route, status, finish reason, cancel cause, priority and a
+reservation's part only.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from ..engine import Embedder, Engine, WorkerStats, memory_in_cache, memory_in_use
+from ..engine import (
+    Embedder,
+    Engine,
+    EngineStatistics,
+    WaitStatistics,
+    WorkerStats,
+    memory_in_cache,
+    memory_in_use,
+)
 
 PREFIX = "mlx_nursery:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -224,7 +240,7 @@ class _EngineCollector(Collector):
             for name, (_, read) in _CARRIED.items()
         }
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
 
         def sample(kind: str, name: str, text: str, model: str, value: float) -> None:
@@ -243,8 +259,9 @@ class _EngineCollector(Collector):
             stats = engine.statistics()
             sample("gauge", "num_requests_running", "Sequences holding a lane", model,
                    stats.lanes_borrowed)  # fmt: skip
-            sample("gauge", "num_requests_waiting", "Requests waiting for a lane", model,
-                   stats.queued)  # fmt: skip
+            sample("gauge", "num_requests_waiting",
+                   "Requests waiting for a lane (those preempted for a better one included)",
+                   model, stats.queued + stats.suspended)  # fmt: skip
             sample("gauge", "engine_healthy", "1 while the engine runs", model,
                    float(stats.state == "running"))  # fmt: skip
             worker = stats.worker
@@ -264,6 +281,40 @@ class _EngineCollector(Collector):
                 sample("gauge", "prefix_cache_bytes", "Bytes the prefix cache holds", model,
                        cache.nbytes)  # fmt: skip
         yield from families.values()
+        yield from _by_priority(
+            {m: e.statistics() for m, e in self.engines.items() if isinstance(e, Engine)}
+        )
+
+
+def _by_priority(stats: dict[str, EngineStatistics]) -> Iterator[Metric]:
+    """The waits for a lane (vLLM's `request_queue_time_seconds`, here by priority too) and
+    the preemptions for a better request, by priority, of each text model."""
+    labels = ["model_name", "priority"]
+    waits = HistogramMetricFamily(
+        PREFIX + "request_queue_time_seconds",
+        "From a request's arrival at its model's queue to its lane, by priority",
+        labels=labels,
+    )
+    preempted = CounterMetricFamily(
+        PREFIX + "priority_preemptions",
+        "Requests taken off the device for a better-priority one (their lane or their KV"
+        " memory; resumed later), by the priority of the one taken off",
+        labels=labels,
+    )
+    for model, engine in stats.items():
+        for priority, wait in engine.queue_waits.items():
+            waits.add_metric([model, str(priority)], _buckets(wait), wait.seconds_total)
+        counts = engine.worker.priority_preemptions if engine.worker is not None else {}
+        for priority, count in sorted(counts.items()):
+            preempted.add_metric([model, str(priority)], count)
+    yield waits
+    yield preempted
+
+
+def _buckets(wait: WaitStatistics) -> list[tuple[str, float]]:
+    """Prometheus' cumulative buckets from per-bucket counts, `+Inf` last."""
+    bounds = [*(repr(b) for b in wait.buckets), "+Inf"]
+    return list(zip(bounds, itertools.accumulate(wait.counts), strict=True))
 
 
 class _WithoutCreated(Collector):
