@@ -261,8 +261,8 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
 
 async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None:
     """--prefill-step-size, --prefill-batch-size, --prefill-chunk-ms, --cudnn-attention,
-    --cuda-graphs, --no-fuse-weights, --no-ragged-attention and --skip-warmup configure the engine a server
-    runs: a prompt longer than the step is prefilled in chunks of that size."""
+    --cuda-graphs, --no-fuse-weights, --no-ragged-attention and --skip-warmup configure the
+    engine a server runs: a prompt longer than the step is prefilled in chunks of that size."""
     async with (
         running_server(
             tiny_model,
