@@ -12,6 +12,7 @@ so no test waits them out.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 import trio
 
 from mlx_nursery.server import Running
+from mlx_nursery.store import ResponsesStore, StoredResponse
 from tests.http_helpers import (
     engine_of,
     eventually,
@@ -320,7 +322,8 @@ async def test_background_responses_are_capped_per_key_and_server_wide(
 
 async def test_a_shutdown_leaves_a_background_response_failed(tmp_path: Path) -> None:
     """A server that stops while a response runs stores it failed (its drain cancels it);
-    the next server on the same store tells the same."""
+    the next server on the same store tells the same. One left in progress by a process
+    that is gone, found after this server started, is settled when it is polled."""
     db = str(tmp_path / "responses.db")
     async with (
         running_server(None, model=["scripted"], responses_db=db, shutdown_grace=0) as first,
@@ -333,8 +336,16 @@ async def test_a_shutdown_leaves_a_background_response_failed(tmp_path: Path) ->
         _client(second, "unused") as client,
     ):
         failed = await client.responses.retrieve(created.id)
+        left = ResponsesStore(db)  # another process's store, that process gone since
+        await left.open()
+        body = {**failed.model_dump(mode="json"), "id": "resp_left", "status": "in_progress"}
+        await left.put(StoredResponse("resp_left", time.time(), body, [], [], None, "gone"))
+        await left.close()
+        settled = await client.responses.retrieve("resp_left")
     assert failed.status == "failed" and failed.error is not None
     assert (failed.error.code, "shutting down" in failed.error.message) == ("server_error", True)
+    assert settled.status == "failed" and settled.error is not None
+    assert "restarted" in settled.error.message
 
 
 async def test_a_killed_server_leaves_its_background_responses_failed_not_in_progress(

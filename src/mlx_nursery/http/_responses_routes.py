@@ -96,7 +96,7 @@ async def retrieve_response(response_id: str) -> Response:
     after = _starting_after() if streamed else -1
     if _flag("include_obfuscation"):
         g.response_headers = {IGNORED_HEADER: "include_obfuscation"}  # no obfuscation is sent
-    stored = await _stored(response_id)
+    stored = await parts().background.current(await _stored(response_id))
     if not streamed:
         return as_json(stored.body)
     if stored.body.get("background") is not True:
@@ -132,6 +132,7 @@ async def cancel_response(response_id: str) -> Response:
 @routes.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
     stored = await _stored(response_id)  # the owner's (or an admin's) to delete
+    stored = await parts().background.current(stored)
     if stored.runner is not None:
         raise InvalidRequest(
             "Cannot delete an in-flight response: cancel it first, or wait for it to end.",

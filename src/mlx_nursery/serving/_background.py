@@ -85,9 +85,16 @@ class BackgroundResponses:
             log.exception("unfinished background responses were not settled")
         self._nursery = nursery
 
-    def find(self, response_id: str) -> BackgroundRun | None:
-        """The run of a background response running in this process."""
-        return self._runs.get(response_id)
+    async def current(self, stored: StoredResponse) -> StoredResponse:
+        """`stored`, or, if a process that is gone left it unfinished (a replica that died
+        while no process has started since), stored `failed` now: a poll never finds it in
+        progress for good. Cancellation: a checkpoint; a settlement begun is stored."""
+        if stored.runner is None or stored.runner == self._store.runner:
+            return stored
+        if stored.id not in await self._store.unfinished():
+            return stored  # another live process runs it
+        await self._settle_left(stored.id)
+        return await self._store.get(stored.id) or stored
 
     async def start(
         self, prepared: PreparedResponse, owner: str | None, starter: JobStarter
@@ -127,6 +134,7 @@ class BackgroundResponses:
         stands; the caller stops waiting for the end."""
         if stored.body.get("background") is not True:
             raise InvalidRequest("Cannot cancel a synchronous response.", param="response_id")
+        stored = await self.current(stored)
         run = self._runs.get(stored.id)
         if run is not None:
             run.cancel()
