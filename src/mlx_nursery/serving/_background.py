@@ -169,7 +169,8 @@ class BackgroundResponses:
 
     async def drain(self) -> None:
         """Start no background response from now on; wait (bounded) for the running ones
-        to store their ends, once the models' drain has ended their jobs."""
+        to store their ends, once the models' drain has ended their jobs. Cancellation: stops
+        the wait only; the runs end as their jobs do."""
         self._closed = True
         with trio.move_on_after(_SETTLE_SECONDS):
             for run in list(self._runs.values()):
@@ -247,4 +248,5 @@ class BackgroundLaunch:
         return prepared.background
 
     async def launch(self, prepared: PreparedResponse, starter: JobStarter) -> None:
+        """`BackgroundResponses.start`, its body kept; raises and cancels as it does."""
         self.body = await self.background.start(prepared, self.owner, starter)

@@ -69,6 +69,7 @@ class BackgroundRun:
             self.job.cancel("client")
 
     def notify(self) -> None:
+        """Wake whoever waits for its next stored events (or its end). Not a checkpoint."""
         self.changed.set()
         self.changed = trio.Event()
 
@@ -141,7 +142,8 @@ class BackgroundTask:
 
     async def fail(self, run: BackgroundRun, job: Job | None) -> None:
         """After a failure of its own task: its job stopped, stored failed if the store
-        takes it (else left unfinished, for the next start to settle)."""
+        takes it (else left unfinished, for the next start to settle). Cancellation: a
+        checkpoint; cancelled, it is left unfinished likewise."""
         if job is not None:
             job.cancel("client")
         run.cancel_requested = False  # it failed, whoever asked to cancel it
@@ -153,7 +155,8 @@ class BackgroundTask:
     def record(
         self, run: BackgroundRun, body: dict[str, Any] | None = None, *, finished: bool = False
     ) -> StoredResponse:
-        """The response to store: as it stands (or `body`), this process's while unfinished."""
+        """The response to store: as it stands (or `body`), this process's while unfinished.
+        Not a checkpoint."""
         return StoredResponse(
             run.id,
             time.time(),  # the store's order

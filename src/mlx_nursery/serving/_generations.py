@@ -127,7 +127,8 @@ class Detach(Protocol[R_contra]):
     async def launch(self, prepared: R_contra, starter: JobStarter) -> None:
         """Start `prepared`'s job through `starter` in a task of its own; return once it is
         registered (`JobStarter.start`), while the model is still leased for it. Raises to
-        the request what refuses it."""
+        the request what refuses it. Cancellation: cancelled before the job is registered,
+        nothing runs; after, the job runs on, apart from the request."""
         ...
 
 
