@@ -157,7 +157,7 @@ class Engine:
         when it cannot fit the context, EngineUnavailable when the engine is not
         running. Waiting for a lane is FIFO and cancellable at no compute cost.
         """
-        self._check_admissible(request)
+        self.check_admission(request)
         handle = self._new_handle(request)
         await self._device.acquire_lane(handle, request.tenant)
         # From here the lane belongs to the sequence; only the engine's confirmation returns it.
@@ -187,7 +187,10 @@ class Engine:
         if self._worker is not None:
             self._worker.confirmation_seen()
 
-    def _check_admissible(self, request: GenerationRequest) -> None:
+    def check_admission(self, request: GenerationRequest) -> None:
+        """Raise what `generate` would refuse `request` with now, before it waits for a
+        lane: EngineUnavailable, PromptTooLong, EngineOverloaded (the queue, or its tenant's
+        share of it, is full). Not a checkpoint."""
         self._device.check_running()
         context = self.model.context_length
         if len(request.prompt_tokens) + request.max_tokens > context:

@@ -120,6 +120,18 @@ class Overloaded(OpenAIError):
     retry_after: float | None = 1
 
 
+class RateLimited(OpenAIError):
+    """Too much of a caller's work at once (a cap on work that outlives its requests, such
+    as background responses): retry once some of it has ended. OpenAI's 429."""
+
+    status = 429
+    type = "requests"
+    retry_after: float | None = 1
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="rate_limit_exceeded")
+
+
 class Unavailable(OpenAIError):
     """The server is shutting down or its engine stopped: another replica, or this one in a
     moment, may serve it (Retry-After)."""

@@ -16,6 +16,7 @@ from ..generation import Prepared, RequestTooLarge, UnsupportedMediaType, quoted
 from ..serving import (
     BodyRenderer,
     Caller,
+    Detach,
     Job,
     Parts,
     Recipe,
@@ -44,12 +45,27 @@ async def generate(recipe: Recipe[R], note: Callable[[R], None] | None = None) -
     """The request's body read and prepared as `recipe` says, its job started and tied to
     the request (it ends with it). `note` adds headers about how the request was taken
     (default: `note_ignored`). Raises the API's errors, to the app's one handler."""
+    caller = await _caller(recipe, note)
+    return await parts().generations.start(recipe, caller)
+
+
+async def generate_or_detach(
+    recipe: Recipe[R], detach: Detach[R], note: Callable[[R], None] | None = None
+) -> tuple[R, Job | None]:
+    """As `generate`; but a request `detach` wants is launched by it, apart from the
+    request (no job is returned: None)."""
+    caller = await _caller(recipe, note)
+    return await parts().generations.start_or_detach(recipe, caller, detach)
+
+
+async def _caller(recipe: Recipe[R], note: Callable[[R], None] | None) -> Caller:
+    """The request as the choreography knows it, its body read."""
     serving = parts()
     serving.service.check_open()  # the 503 before the body is read
     arrived = trio.current_time()
     deadline = serving.preparation.deadline()
     raw = await request_body()
-    caller = Caller(
+    return Caller(
         raw=raw,
         arrived=arrived,
         deadline=deadline,
@@ -58,7 +74,6 @@ async def generate(recipe: Recipe[R], note: Callable[[R], None] | None = None) -
         note=note or (lambda prepared: note_ignored(recipe.plan(prepared))),
         own=own,
     )
-    return await serving.generations.start(recipe, caller)
 
 
 async def respond(job: Job, stream: StreamRenderer | None, body: BodyRenderer) -> Response:

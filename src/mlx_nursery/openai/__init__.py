@@ -20,7 +20,9 @@ from ._embeddings_endpoint import (
 )
 from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
-from ._responses_output import ResponseBuilder, input_items_page
+from ._responses_events import failed_event
+from ._responses_items import input_items_page
+from ._responses_output import ResponseBuilder
 from ._responses_schemas import ResponsesRequest
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "delta_event",
     "done_event",
     "embeddings_body",
+    "failed_event",
     "input_items_page",
     "parse_responses_request",
     "prepare_chat",

@@ -6,6 +6,7 @@ import attrs
 
 from ..generation import AudioLimits
 from ..store import ResponsesStorage
+from ._background import BackgroundResponses
 from ._batching import WritePolicy
 from ._extensions import Extensions
 from ._generations import Generations
@@ -27,6 +28,8 @@ class Parts:
     """How streams batch their writes; it counts the streams open."""
     store: ResponsesStorage
     """The Responses API's stored responses."""
+    background: BackgroundResponses
+    """The background responses this process runs."""
     audio_limits: AudioLimits
     max_input_items: int
     """The most items a Responses request's input may hold (`--max-messages`)."""
