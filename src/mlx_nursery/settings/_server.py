@@ -185,9 +185,17 @@ class ServerSettings:
         validator=v.optional(v.in_(SPECULATION_METHODS)),
         metadata=described(
             "speculative decoding for a request running alone: ngram drafts the next tokens"
-            " from its own context (prompt lookup) and verifies them in one forward; the same"
-            " output, faster where the answer repeats the prompt",
+            " from its own context (prompt lookup), draft by --draft-model, and verifies them"
+            " in one forward; the same output, faster where the drafts hold",
             none="off",
+        ),
+    )
+    draft_model: str | None = attrs.field(
+        default=None,
+        metadata=described(
+            "a smaller model with the served model's tokenizer that drafts for --speculative"
+            " draft (implies it)",
+            none="none",
         ),
     )
     speculative_tokens: int = attrs.field(
@@ -216,16 +224,25 @@ class ServerSettings:
                 f" ({self.speculative_ngram_max})"
             )
 
+    @draft_model.validator
+    def _check_draft_model(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+        if value is None and self.speculative == "draft":
+            raise SettingsError("--speculative draft needs --draft-model")
+        if value is not None and self.speculative == "ngram":
+            raise SettingsError("--draft-model drafts for --speculative draft, not ngram")
+
     @property
     def speculation(self) -> Speculation | None:
-        """The engine's speculation settings (None: off)."""
-        if self.speculative is None:
+        """The engine's speculation settings (None: off). A draft model implies "draft"."""
+        method = "draft" if self.draft_model is not None else self.speculative
+        if method is None:
             return None
         return Speculation(
-            self.speculative,
+            method,
             tokens=self.speculative_tokens,
             ngram_max=self.speculative_ngram_max,
             ngram_min=self.speculative_ngram_min,
+            draft_model=self.draft_model,
         )
 
     stream_interval: int = attrs.field(
