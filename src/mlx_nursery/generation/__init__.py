@@ -22,6 +22,7 @@ from ._engine_errors import (
     api_error,
     context_length_error,
     engine_errors_as_api_errors,
+    request_cancelled,
     request_timed_out,
 )
 from ._errors import (
@@ -35,6 +36,7 @@ from ._errors import (
     ModelNotFound,
     OpenAIError,
     Overloaded,
+    RequestCancelled,
     RequestTimeout,
     RequestTooLarge,
     ResourceNotFound,
@@ -141,6 +143,7 @@ __all__ = [
     "Overloaded",
     "Prepared",
     "ReasoningDelta",
+    "RequestCancelled",
     "RequestCaps",
     "RequestTimeout",
     "RequestTooLarge",
@@ -198,6 +201,7 @@ __all__ = [
     "reject_unimplemented",
     "render_served",
     "render_served_template",
+    "request_cancelled",
     "request_timed_out",
     "requested_model",
     "require",

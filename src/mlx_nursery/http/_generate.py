@@ -17,13 +17,14 @@ from ..serving import (
     BodyRenderer,
     Caller,
     Job,
+    LiveRequest,
     Parts,
     Recipe,
     RenderedStream,
     StreamRenderer,
     collect,
 )
-from ._lifetime import current_record, own
+from ._lifetime import current_record, live_request, own
 from ._pump import pump
 from ._sse import HEADERS
 from ._tenancy import current_tenant
@@ -48,6 +49,7 @@ async def generate(recipe: Recipe[R], note: Callable[[R], None] | None = None) -
     serving.service.check_open()  # the 503 before the body is read
     arrived = trio.current_time()
     deadline = serving.preparation.deadline()
+    live = current_live()  # a cancel by its id while the body arrives stops it once read
     raw = await request_body()
     caller = Caller(
         raw=raw,
@@ -57,6 +59,7 @@ async def generate(recipe: Recipe[R], note: Callable[[R], None] | None = None) -
         tenant=current_tenant().id,
         note=note or (lambda prepared: note_ignored(recipe.plan(prepared))),
         own=own,
+        live=live,
     )
     return await serving.generations.start(recipe, caller)
 
@@ -81,6 +84,12 @@ def note_ignored(prepared: Prepared, **more: str) -> None:
 
 def request_id() -> str:
     return str(getattr(g, "request_id", "-"))
+
+
+def current_live() -> LiveRequest:
+    """The current request's entry among those a client may cancel by its id
+    (`POST /v1/requests/{id}/cancel`)."""
+    return live_request(current_tenant().id, request_id())
 
 
 async def request_body() -> bytes:

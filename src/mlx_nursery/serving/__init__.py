@@ -3,10 +3,10 @@
 The model registry (loading, leasing, the memory plan, engine restarts), jobs (a generation
 tied to its request, drained at shutdown), embedding calls, the models a server offers,
 the seam a test harness plugs into (`Extension`, `_extensions.py`), metrics, request-log
-records, how streams batch their writes, the preparation pool, and the one generation
-choreography every text API plugs into. It imports no Quart, Werkzeug or Hypercorn
-(tests/house/test_house_rules.py pins it): the HTTP layer (`http/`) reads requests and
-writes responses around it.
+records, how streams batch their writes, the preparation pool, the running requests a
+client may cancel by id, and the one generation choreography every text API plugs into. It
+imports no Quart, Werkzeug or Hypercorn (tests/house/test_house_rules.py pins it): the HTTP
+layer (`http/`) reads requests and writes responses around it.
 """
 
 from ._batching import WriteBatcher, WritePolicy, merged_text
@@ -16,6 +16,7 @@ from ._failures import internal_error, log_failure
 from ._generations import Caller, Generations, Recipe
 from ._job import Job, JobItem
 from ._jobs import Jobs
+from ._live import LiveRequest, LiveRequests
 from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._metrics import Metrics
 from ._model_sources import ModelSource, model_sources
@@ -50,6 +51,8 @@ __all__ = [
     "Job",
     "JobItem",
     "Jobs",
+    "LiveRequest",
+    "LiveRequests",
     "Metrics",
     "ModelOpener",
     "ModelSource",

@@ -21,6 +21,7 @@ import trio
 from ..generation import ImageRef, Prepared, ServedModel, parse_json
 from ._extensions import Extensions, planned
 from ._job import Job
+from ._live import LiveRequest
 from ._metrics import Metrics
 from ._preparation import Preparation
 from ._request_log import RequestRecord
@@ -81,6 +82,8 @@ class Caller:
     """Told of the prepared request before its job starts (headers about how it was taken)."""
     own: Callable[[Job], Job]
     """Ties the job to the request's lifetime (it ends with the request)."""
+    live: LiveRequest | None = None
+    """The request's entry among those a client may cancel by id (None: not listed)."""
 
 
 class Generations:
@@ -105,8 +108,18 @@ class Generations:
         """The request prepared and its job started (owned by the caller's request).
         Raises what an extension answers the request with on arrival, the 503 of a server
         not taking work, the request's 4xx, RequestTimeout past the deadline, what leasing
-        and starting a job raise. Cancellation: nothing is left running but an abandoned
-        preparation thread (`Preparation.prepare`)."""
+        and starting a job raise, RequestCancelled when a cancel by its id stops it before
+        its job runs (it is then the job's to stop: `LiveRequest.hold`). Cancellation:
+        nothing is left running but an abandoned preparation thread
+        (`Preparation.prepare`)."""
+        if caller.live is None:
+            return await self._start(recipe, caller)
+        with caller.live.guard():
+            started = await self._start(recipe, caller)
+            caller.live.hold(started[1])
+        return started
+
+    async def _start(self, recipe: Recipe[R], caller: Caller) -> tuple[R, Job]:
         hook = self._extensions.on_request(self._metrics)
         async with self._prepared(recipe, caller.raw, caller.deadline, True) as (hosted, prepared):
             caller.note(prepared)
