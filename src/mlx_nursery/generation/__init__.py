@@ -85,7 +85,6 @@ from ._plan import (
 )
 from ._prompts import (
     check_prompt_size,
-    completion_tokens,
     longest_token_bytes,
     prompt_texts,
     render_served,
@@ -109,8 +108,10 @@ from ._request_parts import (
 )
 from ._served import ServedModel, requested_model, unknown_model
 from ._structured import Grammars
+from ._template_kwargs import TemplateVariables, template_variables
+from ._token_ids import check_token_ids, completion_tokens, text_tokens
 from ._tokenizing import SegmentEncoder
-from ._tool_choice import offered_tools
+from ._tool_choice import offered_tools, shown_tools
 from ._tools import ToolCallOut, strict_tool_names, tool_format
 
 __all__ = [
@@ -153,6 +154,7 @@ __all__ = [
     "SegmentEncoder",
     "ServedModel",
     "Tagged",
+    "TemplateVariables",
     "TextDelta",
     "TextFormat",
     "TextFormatParam",
@@ -173,6 +175,7 @@ __all__ = [
     "check_between",
     "check_count",
     "check_prompt_size",
+    "check_token_ids",
     "checkpoint",
     "common",
     "completion_tokens",
@@ -206,10 +209,13 @@ __all__ = [
     "requested_model",
     "require",
     "responses_images",
+    "shown_tools",
     "sniff_format",
     "strict_tool_names",
     "structure",
     "switchable",
+    "template_variables",
+    "text_tokens",
     "thinking_format",
     "thinking_on",
     "thinking_switch",

@@ -1,5 +1,6 @@
 """The OpenAI API: wire schemas and rendering for chat, completions, Responses, embeddings,
-audio and model cards, and the adapters from its requests to `generation` plans.
+audio and model cards (and vLLM's /tokenize and /detokenize), and the adapters from its
+requests to `generation` plans.
 
 Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back JSON-ready objects,
 or a `generation.OpenAIError` that carries its status and envelope.
@@ -22,6 +23,7 @@ from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page
 from ._responses_schemas import ResponsesRequest
+from ._tokenize import Tokenized, prepare_detokenize, prepare_tokenize
 
 __all__ = [
     "RESPONSE_FORMATS",
@@ -32,6 +34,7 @@ __all__ = [
     "ResponseBuilder",
     "ResponsesRequest",
     "ServedEmbedder",
+    "Tokenized",
     "delta_event",
     "done_event",
     "embeddings_body",
@@ -39,9 +42,11 @@ __all__ = [
     "parse_responses_request",
     "prepare_chat",
     "prepare_completion",
+    "prepare_detokenize",
     "prepare_embeddings",
     "prepare_response",
     "prepare_speech",
+    "prepare_tokenize",
     "run_embeddings",
     "speech_model_name",
     "transcript_body",
