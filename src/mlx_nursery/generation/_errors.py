@@ -44,6 +44,9 @@ class OpenAIError(Exception):
     type = "server_error"
     retry_after: float | None = None
     """Seconds a client should wait before retrying (the Retry-After header); None: none."""
+    should_retry: bool | None = None
+    """The `x-should-retry` header the SDKs obey before their own rule (they retry 408, 409,
+    429 and 5xx); None sends none."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         message = shortened(message, MESSAGE_CHARS)
@@ -146,6 +149,18 @@ class RequestTimeout(OpenAIError):
 
     status = 504
     type = "timeout_error"
+    should_retry = False
+
+
+class RequestCancelled(OpenAIError):
+    """A client cancelled the request by its id (`POST /v1/requests/{id}/cancel`). 409: the
+    request conflicts with what its owner asked for since; a 4xx, the server did nothing
+    wrong. Not retried by SDKs (x-should-retry: false), which would otherwise retry a 409:
+    a retry would undo the cancel."""
+
+    status = 409
+    type = "invalid_request_error"
+    should_retry = False
 
 
 class FaultStatus(OpenAIError):

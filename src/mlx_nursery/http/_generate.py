@@ -18,13 +18,14 @@ from ..serving import (
     Caller,
     Detach,
     Job,
+    LiveRequest,
     Parts,
     Recipe,
     RenderedStream,
     StreamRenderer,
     collect,
 )
-from ._lifetime import current_record, own
+from ._lifetime import current_record, live_request, own
 from ._pump import pump
 from ._sse import HEADERS
 from ._tenancy import current_tenant
@@ -64,6 +65,7 @@ async def _caller(recipe: Recipe[R], note: Callable[[R], None] | None) -> Caller
     serving.service.check_open()  # the 503 before the body is read
     arrived = trio.current_time()
     deadline = serving.preparation.deadline()
+    live = current_live()  # a cancel by its id while the body arrives stops it once read
     raw = await request_body()
     return Caller(
         raw=raw,
@@ -73,6 +75,7 @@ async def _caller(recipe: Recipe[R], note: Callable[[R], None] | None) -> Caller
         tenant=current_tenant().id,
         note=note or (lambda prepared: note_ignored(recipe.plan(prepared))),
         own=own,
+        live=live,
     )
 
 
@@ -96,6 +99,12 @@ def note_ignored(prepared: Prepared, **more: str) -> None:
 
 def request_id() -> str:
     return str(getattr(g, "request_id", "-"))
+
+
+def current_live() -> LiveRequest:
+    """The current request's entry among those a client may cancel by its id
+    (`POST /v1/requests/{id}/cancel`)."""
+    return live_request(current_tenant().id, request_id())
 
 
 async def request_body() -> bytes:

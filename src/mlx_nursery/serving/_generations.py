@@ -24,6 +24,7 @@ from ..generation import ImageRef, Prepared, ServedModel, parse_json
 from ._extensions import Extensions, OutputHook, planned
 from ._job import Job
 from ._jobs import Jobs
+from ._live import LiveRequest
 from ._metrics import Metrics
 from ._preparation import Preparation
 from ._request_log import RequestRecord
@@ -85,6 +86,8 @@ class Caller:
     """Told of the prepared request before its job starts (headers about how it was taken)."""
     own: Callable[[Job], Job]
     """Ties the job to the request's lifetime (it ends with the request)."""
+    live: LiveRequest | None = None
+    """The request's entry among those a client may cancel by id (None: not listed)."""
 
 
 @attrs.frozen
@@ -154,8 +157,10 @@ class Generations:
         """The request prepared and its job started (owned by the caller's request).
         Raises what an extension answers the request with on arrival, the 503 of a server
         not taking work, the request's 4xx, RequestTimeout past the deadline, what leasing
-        and starting a job raise. Cancellation: nothing is left running but an abandoned
-        preparation thread (`Preparation.prepare`)."""
+        and starting a job raise, RequestCancelled when a cancel by its id stops it before
+        its job runs (it is then the job's to stop: `LiveRequest.hold`). Cancellation:
+        nothing is left running but an abandoned preparation thread
+        (`Preparation.prepare`)."""
         prepared, job = await self.start_or_detach(recipe, caller, None)
         assert job is not None
         return prepared, job
@@ -166,6 +171,17 @@ class Generations:
         """As `start`; but a request `detach` wants is launched by it instead, its job not
         tied to the request (the job is None). Raises and cancels as `start`; and what
         `detach.launch` raises."""
+        if caller.live is None:
+            return await self._start(recipe, caller, detach)
+        with caller.live.guard():
+            started = await self._start(recipe, caller, detach)
+            if started[1] is not None:
+                caller.live.hold(started[1])
+        return started
+
+    async def _start(
+        self, recipe: Recipe[R], caller: Caller, detach: Detach[R] | None
+    ) -> tuple[R, Job | None]:
         hook = self._extensions.on_request(self._metrics)
         async with self._prepared(recipe, caller.raw, caller.deadline, True) as (hosted, prepared):
             caller.note(prepared)

@@ -39,6 +39,7 @@ from ..generation import (
     Unavailable,
     engine_errors_as_api_errors,
     generate_text,
+    request_cancelled,
     request_timed_out,
 )
 from ._extensions import OutputHook
@@ -121,8 +122,8 @@ class Jobs:
         Cancellation: cancelled before the sequence holds a lane, the job is cancelled with
         it, nothing was admitted, no compute ran, and `Cancelled` propagates. Once `start`
         has returned, the job no longer depends on the caller's scope: its deadline,
-        `Job.cancel`, a drain or the end of the request that owns it (`_lifetime.own`)
-        stops it."""
+        `Job.cancel` (a cancel by the request's id among them: `_live.py`), a drain or the
+        end of the request that owns it (`_lifetime.own`) stops it."""
         if self._closed:
             raise Unavailable("the server is shutting down", code="server_shutting_down")
         assert self._engine is not None, "a speech model's jobs are transcriptions"
@@ -244,7 +245,7 @@ class Jobs:
                 observer.cancelled(job.reason)
             if record is not None:
                 record.cancel_cause = job.reason
-            failure = self._cancellation_error(job)
+            failure = self._cancellation_error(job, record)
             if not started:
                 raise failure
         if failure is not None:
@@ -359,7 +360,9 @@ class Jobs:
                     await send.send(event)
         await self._end(job, send, failure, started, record)
 
-    def _cancellation_error(self, job: Job) -> OpenAIError:
+    def _cancellation_error(self, job: Job, record: RequestRecord | None) -> OpenAIError:
+        if job.reason == "cancel":
+            return request_cancelled(record.request_id if record is not None else "-")
         if job.reason == "shutdown":
             return Unavailable(
                 "the server is shutting down; the request was cancelled",

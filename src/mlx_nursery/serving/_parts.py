@@ -10,6 +10,7 @@ from ._background import BackgroundResponses
 from ._batching import WritePolicy
 from ._extensions import Extensions
 from ._generations import Generations
+from ._live import LiveRequests
 from ._metrics import Metrics
 from ._preparation import Preparation
 from ._service import Service
@@ -35,3 +36,5 @@ class Parts:
     """The most items a Responses request's input may hold (`--max-messages`)."""
     extensions: Extensions = attrs.field(factory=Extensions)
     """What a test harness adds (`_extensions.py`); the ASGI wrappers among it wrap the app."""
+    live: LiveRequests = attrs.field(factory=LiveRequests)
+    """The running requests a client may cancel by id."""
