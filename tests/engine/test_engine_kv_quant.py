@@ -108,7 +108,12 @@ def test_the_batch_cache_keeps_each_rows_quantized_kv_through_merge_extend_and_f
 
     # One decode step: each row gets its own new key, after its own history.
     step = mx.random.normal((3, HEADS, 1, DIM), key=mx.random.key(9))
-    batch.update_and_fetch(step, step)
+    fetched_keys, _ = batch.update_and_fetch(step, step)
+    # What some models (afm7, gemma3n) read a shared cache through: the same filled parts.
+    held_keys, _ = batch.keys_and_values()
+    assert all(a.shape == b.shape for a, b in zip(held_keys, fetched_keys, strict=True))
+    assert held_keys[0].shape[2] == 301  # the longest row (300) and the step
+    assert all(bool(mx.array_equal(a, b)) for a, b in zip(held_keys, fetched_keys, strict=True))
     for i, (row, _) in enumerate(rows):
         row.update_and_fetch(step[i : i + 1], step[i : i + 1])
         assert _same_row(batch, i, row)
