@@ -147,7 +147,8 @@ class DiskKV:
 
     def hand_over(self, step: int, *, now: bool) -> None:
         """Give the writer the entries offered before step `step` (all of them if `now`),
-        and let go of the arrays of writes that are over."""
+        and let go of the arrays of writes that are over. Never raises: an entry that
+        cannot be handed over is lost (logged, counted as a failed write)."""
         if not self._pending and not self._writing:  # the common case: settle runs per token
             return
         for ticket in self.tier.written():
@@ -157,16 +158,26 @@ class DiskKV:
         ready = [p for p in self._pending if now or p.step < step]
         self._pending = [p for p in self._pending if not (now or p.step < step)]
         for pending in ready:
-            self._tickets += 1
-            hosts = [np.asarray(a) for a in pending.arrays]
-            tensors = [("tokens", "I64", np.asarray(pending.key, dtype=np.int64))]
-            layout = self.tier.layout.tensors
-            tensors += [(n, d, h) for (n, d, _), h in zip(layout, hosts, strict=True)]
-            nbytes = sum(h.nbytes for _, _, h in tensors)
-            write = DiskWrite(self._tickets, pending.name, pending.chain, pending.metadata,
-                              tensors, nbytes)  # fmt: skip
+            try:
+                write = self._write(pending)
+            except Exception:  # caching is an optimisation, never a failure: logged
+                log.warning("could not hand a prefix-cache entry to the writer", exc_info=True)
+                self.tier.write_failed()
+                continue
             if self.tier.write(write):
-                self._writing[self._tickets] = pending.arrays
+                self._writing[write.ticket] = pending.arrays
+
+    def _write(self, pending: _Pending) -> DiskWrite:
+        """The write of `pending`: host views of its arrays (zero-copy where MLX's memory is
+        the host's; a wait if their evaluation has not landed)."""
+        self._tickets += 1
+        hosts = [np.asarray(a) for a in pending.arrays]
+        tensors = [("tokens", "I64", np.asarray(pending.key, dtype=np.int64))]
+        layout = self.tier.layout.tensors
+        tensors += [(n, d, h) for (n, d, _), h in zip(layout, hosts, strict=True)]
+        nbytes = sum(h.nbytes for _, _, h in tensors)
+        return DiskWrite(self._tickets, pending.name, pending.chain, pending.metadata,
+                         tensors, nbytes)  # fmt: skip
 
     def restorer(self, kv: HostKV) -> Restoring:
         return Restoring(kv, self.tier.layout, self._make_cache())

@@ -200,6 +200,10 @@ class DiskTier:
             tickets.append(self._acks.get_nowait())
         return tickets
 
+    def write_failed(self) -> None:
+        with self._lock:
+            self._failures += 1
+
     def hit(self, tokens: int) -> None:
         self._hits += 1
         self._hit_tokens += tokens
@@ -238,7 +242,7 @@ class DiskTier:
                 self._write(write)
             except Exception as exc:  # noqa: BLE001 - the entry is lost, nothing else
                 log.warning("could not write a prefix-cache file: %s", exc)
-                self._failures += 1
+                self.write_failed()
             finally:
                 with self._lock:
                     self._pending_bytes -= write.nbytes

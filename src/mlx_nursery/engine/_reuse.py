@@ -75,7 +75,11 @@ class PrefixReuse:
             return None
         cached = hit.cached_tokens if hit is not None else 0
         better_than = max(cached, self._images_end(prompt) - 1)
-        return self.disk.find(repr(sequence.request.cache_key), key, better_than=better_than)
+        try:
+            return self.disk.find(repr(sequence.request.cache_key), key, better_than=better_than)
+        except Exception:  # caching is an optimisation, never a failure
+            log.exception("could not look the prefix cache's disk tier up")
+            return None
 
     def restorer(self, kv: HostKV) -> Restoring:
         assert self.disk is not None
