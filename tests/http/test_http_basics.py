@@ -299,8 +299,10 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_pat
         assert reply.status_code == 200
         stats = engine.statistics().worker
         prompt_tokens = reply.json()["usage"]["prompt_tokens"]
+        metrics = (await http.get("/metrics")).text
     assert stats is not None and prompt_tokens > 32
     assert stats.prefix_disk is not None  # the disk tier runs, with no memory tier beside it
+    assert 'mlx_nursery:prefix_cache_disk_writes_total{model_name="tiny"} 0.0' in metrics
     # A lone prompt on the fast path: full 16-token chunks, then one forward for the rest
     # (with the default step of 512, one forward in all).
     assert stats.prefill_forwards == -(-prompt_tokens // 16)
