@@ -180,3 +180,43 @@ async def test_the_byte_bound_evicts_the_least_recently_used_files(
     assert read.final.usage is not None and read.final.usage.cached_tokens == LENGTH - 1
     kept = {files[n].name for n in ("b", "d")} | {_file_of(directory, new).name}
     assert {path.name for path in directory.iterdir()} == kept
+
+
+async def test_a_read_in_flight_stalls_no_one_and_its_request_cancels_at_once(
+    stored: Stored, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A read that does not end (the file, once the engine has indexed it, is a pipe nobody
+    writes yet) holds its request alone: another is served meanwhile, and a cancel ends the
+    waiting request at once, its lane back, while the read is still blocked."""
+    directory = tmp_path / "kv"
+    shutil.copytree(stored.directory, directory)
+    async with open_engine(_config(tiny_model, directory)) as engine:
+        path = _file_of(directory, stored.prompts["b"])
+        path.unlink()
+        os.mkfifo(path)
+        events: list[Any] = []
+
+        async def waiting(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                async with engine.generate(_request(stored.prompts["b"])) as stream:
+                    events.extend([event async for event in stream])
+
+        pipes = []
+        try:
+            async with trio.open_nursery() as nursery:
+                scope = await nursery.start(waiting)
+                with trio.fail_after(30):  # a regression fails here rather than hanging
+                    # Returns once the disk tier's reader has opened the pipe: the read began.
+                    pipes.append(
+                        await trio.to_thread.run_sync(open, path, "wb", abandon_on_cancel=True)
+                    )
+                    other = await collect(engine, _request(stored.prompts["c"][:100]))
+                scope.cancel()
+            lanes = engine.statistics().lanes_borrowed
+        finally:
+            for pipe in pipes:
+                pipe.close()  # the read ends (an empty file: refused)
+    assert other.final.finish_reason == "length" and len(other.tokens) == NEW
+    assert events == []  # cancelled before it started: no token, nothing left running
+    assert lanes == 0
