@@ -66,6 +66,10 @@ class Layout:
     def shapes(self, tokens: int) -> list[tuple[int, ...]]:
         return [_with_length(shape, tokens) for _, _, shape in self.tensors]
 
+    def arrays(self, tokens: int) -> list[tuple[str | None, tuple[int, ...]]]:
+        """Each tensor's dtype and shape at `tokens` tokens."""
+        return [(dtype, _with_length(shape, tokens)) for _, dtype, shape in self.tensors]
+
 
 @attrs.frozen
 class Header:

@@ -130,9 +130,9 @@ class DiskKV:
         if tier.holds(name, chain[-1]) or any(p.name == name for p in self._pending):
             return
         arrays = [a for layer in cache for a in _arrays(layer) or ()]
-        shapes = tier.layout.shapes(len(key))
-        if [tuple(a.shape) for a in arrays] != shapes:
-            return  # not this model's layout (a layer of another kind)
+        found = [(_DTYPE_NAMES.get(a.dtype), tuple(a.shape)) for a in arrays]
+        if found != tier.layout.arrays(len(key)):
+            return  # not this model's layout (a layer of another kind, another dtype)
         arrays = [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a in arrays]
         mx.async_eval(arrays)  # type: ignore[no-untyped-call]
         metadata = {
