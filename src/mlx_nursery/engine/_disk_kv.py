@@ -109,6 +109,7 @@ class DiskKV:
         tier = self.tier
         if len(key) <= max(tier.block, better_than):
             return None
+        key = _int64_key(key)
         root = namespace_root(tier.identity, namespace)
         found = tier.find(block_chain(root, key, tier.block))
         if found is None or found[1] * tier.block <= better_than:
@@ -124,6 +125,7 @@ class DiskKV:
         tier = self.tier
         if len(key) < tier.block or any(getattr(c, "offset", -1) != len(key) for c in cache):
             return
+        key = _int64_key(key)
         root = namespace_root(tier.identity, namespace)
         chain = tuple(block_chain(root, key, tier.block))
         name = file_name(tier.identity, chain[-1])
@@ -231,6 +233,12 @@ class Restoring:
                 layer.keys, layer.values = next(arrays), next(arrays)
             layer.offset = self.tokens
         self._arrays = []
+
+
+def _int64_key(key: list[int]) -> list[int]:
+    """A cache key as the files hold it, in int64: an image's name (a negative id from 64
+    bits of its digest, `_vision.cache_key`) halved into int64's negative range."""
+    return [t if t >= 0 else -1 - ((-1 - t) >> 1) for t in key]
 
 
 def _arrays(layer: Any) -> list[mx.array] | None:
