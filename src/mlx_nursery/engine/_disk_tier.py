@@ -253,8 +253,9 @@ class DiskTier:
         prefix = self.identity[:16] + "-"
         for entry in os.scandir(self.directory):
             if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                if entry.stat().st_mtime < time.time() - STALE_TEMPORARY_SECONDS:
-                    Path(entry.path).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # gone meanwhile: its writer finished
+                    if entry.stat().st_mtime < time.time() - STALE_TEMPORARY_SECONDS:
+                        Path(entry.path).unlink(missing_ok=True)
             elif entry.name.startswith(prefix) and entry.name.endswith(SUFFIX):
                 try:
                     header = read_header(Path(entry.path))
