@@ -56,6 +56,8 @@ STALE_TEMPORARY_SECONDS = 3600.0
 
 @attrs.frozen
 class DiskCacheStats:
+    """What the prefix cache's disk tier holds, and has done since the engine started."""
+
     files: int
     """This model's files in the directory."""
     nbytes: int
@@ -99,6 +101,9 @@ class HostKV:
 
 @attrs.frozen
 class DiskWrite:
+    """A file to write: host arrays the engine thread keeps alive until `ticket` comes back
+    (`written`)."""
+
     ticket: int
     name: str
     chain: tuple[bytes, ...]
@@ -164,14 +169,17 @@ class DiskTier:
 
     def find(self, chain: list[bytes]) -> tuple[str, int] | None:
         """The file holding the most of `chain`'s blocks, and how many (None: none)."""
-        found = None
+        deepest: set[str] = set()
+        blocks = 0
         with self._lock:
-            for blocks, digest in enumerate(chain, start=1):
+            for digest in chain:
                 names = self._blocks.get(digest)
                 if not names:
                     break
-                found = (max(names, key=lambda n: self._files[n].tokens), blocks)
-        return found
+                deepest, blocks = names, blocks + 1
+            if not blocks:
+                return None
+            return max(deepest, key=lambda n: self._files[n].tokens), blocks
 
     def holds(self, name: str, last: bytes) -> bool:
         """Whether a file holds the block ending at `last`, or a queued write is `name`."""
