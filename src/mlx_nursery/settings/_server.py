@@ -169,7 +169,7 @@ class ServerSettings:
         validator=v.ge(0),
         metadata=described(
             "the most bytes of files in --prompt-cache-dir, every model's together; past it,"
-            " the least recently used are deleted",
+            " the least recently used are deleted; 0: no disk tier",
             unit="bytes",
         ),
     )
