@@ -112,6 +112,7 @@ PUBLIC = {
         "EmbeddingRequest",
         "Engine",
         "EngineConfig",
+        "DiskCacheStats",
         "EngineError",
         "EngineOverloaded",
         "EngineStatistics",

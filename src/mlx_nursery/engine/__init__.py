@@ -4,6 +4,7 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
 from ._config import EngineConfig
+from ._disk_tier import DiskCacheStats
 from ._drafting import SPECULATION_METHODS, Speculation
 from ._embedder import EMBEDDING_THREAD_NAME, Embedder, EmbedderConfig, EmbeddingRequest
 from ._embedding_worker import EmbeddingModelInfo
@@ -59,6 +60,7 @@ __all__ = [
     "SPEECH_THREAD_NAME",
     "THREAD_NAME",
     "CancelStatistics",
+    "DiskCacheStats",
     "Embedder",
     "EmbedderConfig",
     "EmbeddingFailed",

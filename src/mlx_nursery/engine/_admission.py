@@ -15,6 +15,7 @@ from .. import fault_points
 from ._counters import RunCounters
 from ._imaging import Imaging
 from ._ledger import Ledger
+from ._loading import Loading
 from ._memory import KV_STEP, KVBudget
 from ._messages import StepEvent, Submit
 from ._outbox import Outbox
@@ -37,6 +38,7 @@ class Admission:
         placement: Placement,
         reuse: PrefixReuse,
         imaging: Imaging,
+        loading: Loading,
         recovery: Recovery,
         counters: RunCounters,
         eos: frozenset[int],
@@ -47,6 +49,7 @@ class Admission:
         self._placement = placement
         self._reuse = reuse
         self._imaging = imaging
+        self._loading = loading
         self._recovery = recovery
         self._counters = counters
         self._eos = eos
@@ -116,7 +119,9 @@ class Admission:
 
     def _admit(self, command: Submit, stepper: Stepper) -> None:
         """Start one sequence in `stepper` (an image prompt: its prefill, unless a cached
-        prefix covers every image). Anything that fails here fails this request alone."""
+        prefix covers every image), or, where the disk holds a longer cached prefix than
+        memory, begin its read (the sequence starts once it is over: `_loading`). Anything
+        that fails here fails this request alone."""
         try:
             sequence = build_sequence(command, self._eos)
             if fault_points.ARMED:
@@ -124,6 +129,10 @@ class Admission:
             prompt = list(command.request.prompt_tokens)
             max_tokens = command.request.max_tokens
             hit = self._reuse.fetch(sequence, prompt)
+            read = self._reuse.read_from_disk(sequence, prompt, hit)
+            if read is not None:
+                self._loading.begin(sequence, prompt, read)
+                return
             uid = None
             if hit is not None:
                 cached = hit.cached_tokens

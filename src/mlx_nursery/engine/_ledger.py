@@ -31,6 +31,9 @@ class SeqState(enum.Enum):
     """Submitted and waiting, as its `Submit` (no sequence is built yet): while others are on
     probation (new arrivals, each a newcomer for all its prefill, must not keep a suspect
     from its replay), or until the KV budget takes it (after the preempted)."""
+    LOADING = "loading"
+    """Its cached prefix being read from disk, then copied into MLX arrays
+    (`LiveSequence.loading`, `_loading`); held by no stepper until it starts."""
     IMAGING = "imaging"
     """Its prompt, which holds images, being prefilled a chunk per iteration
     (`LiveSequence.prefill`); held by no stepper until done."""
@@ -49,6 +52,7 @@ class SeqState(enum.Enum):
 
 _NOT_ENDED = (
     SeqState.HELD,
+    SeqState.LOADING,
     SeqState.IMAGING,
     SeqState.ACTIVE,
     SeqState.PROBATION,
@@ -79,6 +83,7 @@ class Ledger:
         # an enum member's hash is Python code.
         self._active = self._sequences[SeqState.ACTIVE]
         self._imaging = self._sequences[SeqState.IMAGING]
+        self._loading = self._sequences[SeqState.LOADING]
         self._probation = self._sequences[SeqState.PROBATION]
         self._preempted = self._sequences[SeqState.PREEMPTED]
         self._detaching = self._sequences[SeqState.DETACHING]
@@ -100,11 +105,14 @@ class Ledger:
     def running(self) -> int:
         """Sequences admitted and not ended, or waiting to be."""
         waiting = len(self._held) + len(self._probation) + len(self._preempted)
-        return waiting + len(self._active) + len(self._imaging)
+        return waiting + len(self._active) + len(self._imaging) + len(self._loading)
 
     def idle(self) -> bool:
-        """Nothing runs or waits: the loop may block until a command comes."""
-        return not self.running
+        """Nothing runs or waits but reads from disk in flight: the loop may block until a
+        command comes (a read's end comes as one, `Wake`)."""
+        if self.running != len(self._loading):
+            return False
+        return not any(s.loading.ready for s in self._loading.values())
 
     def stepping(self) -> bool:
         """Some sequence is in the current stepper: there is a step to run."""
@@ -125,6 +133,13 @@ class Ledger:
 
     def prefilling_images(self) -> bool:
         return bool(self._imaging)
+
+    def reading_from_disk(self) -> bool:
+        return bool(self._loading)
+
+    def loading(self) -> list[LiveSequence]:
+        """The sequences whose cached prefix is read from disk, oldest first."""
+        return list(self._loading.values())
 
     def detaching(self) -> bool:
         return bool(self._detaching)
@@ -161,9 +176,9 @@ class Ledger:
         return [s for s in self._active.values() if s.failures]
 
     def kv_holders(self) -> list[LiveSequence]:
-        """Sequences whose KV is on the device, or being built there: the active ones and the
-        image prompts being prefilled."""
-        return [*self._active.values(), *self._imaging.values()]
+        """Sequences whose KV is on the device, or being built there: the active ones, the
+        image prompts being prefilled and the prefixes being read from disk."""
+        return [*self._active.values(), *self._imaging.values(), *self._loading.values()]
 
     def may_be_preempted(self) -> bool:
         """Active sequences have company in the stepper (a lone one is never preempted:
@@ -186,12 +201,13 @@ class Ledger:
         return next(iter(self._probation.values()), None)
 
     def started(self) -> list[LiveSequence]:
-        """Every sequence built and not ended: active, on probation, preempted, imaging."""
+        """Every sequence built and not ended: active, on probation, preempted, imaging,
+        loading."""
         return [
             s
             for state in (SeqState.ACTIVE, SeqState.PROBATION, SeqState.PREEMPTED)
             for s in self._sequences[state].values()
-        ] + self.imaging()
+        ] + [*self.imaging(), *self.loading()]
 
     # -- moves -------------------------------------------------------------------------------
     def hold(self, commands: list[Submit]) -> None:
@@ -209,6 +225,10 @@ class Ledger:
         sequence.newcomer = True
         sequence.uid = uid
         self._by_uid[uid] = sequence
+
+    def begin_loading(self, sequence: LiveSequence) -> None:
+        """`sequence.loading` is set: its cached prefix is being read from disk."""
+        self._move(sequence, SeqState.LOADING)
 
     def begin_imaging(self, sequence: LiveSequence) -> None:
         """`sequence.prefill` is set: its image prompt is prefilled a chunk per iteration."""
@@ -306,6 +326,9 @@ class Ledger:
             del self._by_uid[sequence.uid]
         elif state is SeqState.IMAGING:
             sequence.prefill = None  # an image prefill's partial KV goes with it
+        elif state is SeqState.LOADING:
+            sequence.loading.cancel()  # a read not started is skipped, a result dropped
+            sequence.loading = None
         elif state is SeqState.DETACHING:
             del self._detaching_from[seq_id]
         elif state is SeqState.STORING:

@@ -13,6 +13,7 @@ from typing import Literal, NamedTuple
 import attrs
 
 from ._detokenizer import TokenTexts
+from ._disk_tier import DiskCacheStats
 from ._prefix_cache import PrefixCacheStats
 from ._types import FinishReason, GenerationRequest, Tokenizer, TokenLogprob, Usage
 from ._vision import VisionProcessor
@@ -36,7 +37,13 @@ class Stop:
     pass
 
 
-Command = Submit | Cancel | Stop
+@attrs.frozen
+class Wake:
+    """Nothing to apply: a read from disk is over (the loop, blocked while only such reads
+    were running, takes its next iteration)."""
+
+
+Command = Submit | Cancel | Stop | Wake
 
 
 @attrs.frozen
@@ -80,6 +87,8 @@ class WorkerStats:
     """Tokens speculation drafted (vLLM's `spec_decode_num_draft_tokens`)."""
     accepted_draft_tokens: int = 0
     """Of those, tokens accepted and kept (vLLM's `spec_decode_num_accepted_tokens`)."""
+    prefix_disk: DiskCacheStats | None = None
+    """The prefix cache's disk tier (None: it has none)."""
 
 
 class StepEvent(NamedTuple):

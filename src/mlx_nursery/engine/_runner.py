@@ -8,6 +8,7 @@ worker's docstring:
 - `Placement` (`_placement.py`): the two steppers, which one is in use, the handover;
 - `Admission` (`_admission.py`): submissions in as the KV budget allows, held, preempted;
 - `Imaging` (`_imaging.py`): image prompts' prefill, a chunk per iteration;
+- `Loading` (`_loading.py`): sequences waiting on their cached prefix's read from disk;
 - `Recovery` (`_recovery.py`): failed steps and replays;
 - `PrefixReuse` (`_reuse.py`): the prefix cache's fetches and stores;
 - `Emitter` (`_emitting.py`): responses into events;
@@ -28,9 +29,11 @@ from ._admission import Admission
 from ._chunking import ChunkSizer
 from ._config import EngineConfig
 from ._counters import RunCounters
+from ._disk_kv import DiskKV
 from ._emitting import Emitter
 from ._imaging import Imaging
 from ._ledger import Ledger, SeqState
+from ._loading import Loading
 from ._memory import KVBudget
 from ._outbox import Outbox
 from ._placement import Placement
@@ -59,6 +62,7 @@ class Runner:
         outbox: Outbox,
         ledger: Ledger,
         budget: KVBudget,
+        disk: DiskKV | None = None,
     ) -> None:
         self.model = model
         self._outbox = outbox
@@ -68,8 +72,9 @@ class Runner:
         self._stepped_since_flush = False
         self._emitter = Emitter(ledger, outbox, counters)
         self.placement = Placement(config, model, ledger, outbox, self._emitter, counters)
-        self._reuse = PrefixReuse(model, cache)
+        self._reuse = PrefixReuse(model, cache, disk)
         self.imaging = Imaging(model, ledger, self.placement)
+        self.loading = Loading(ledger, self.placement, self._reuse, self.imaging, outbox)
         self.recovery = Recovery(config, model, ledger, self.placement, self.imaging, counters)
         eos = frozenset(int(t) for t in model.tokenizer.eos_token_ids)
         self.admission = Admission(
@@ -78,6 +83,7 @@ class Runner:
             self.placement,
             self._reuse,
             self.imaging,
+            self.loading,
             self.recovery,
             counters,
             eos,
@@ -104,7 +110,12 @@ class Runner:
             ledger.remove(ledger.sequence(seq_id), self.placement.current, "cancelled")
         elif state is SeqState.HELD:
             ledger.end_unstarted(ledger.submission(seq_id), "cancelled")
-        elif state in (SeqState.PROBATION, SeqState.PREEMPTED, SeqState.IMAGING):
+        elif state in (
+            SeqState.PROBATION,
+            SeqState.PREEMPTED,
+            SeqState.IMAGING,
+            SeqState.LOADING,
+        ):
             sequence = ledger.sequence(seq_id)  # held by no stepper
             ledger.finish(sequence, sequence.final("cancelled"))
 
@@ -126,6 +137,11 @@ class Runner:
         self.placement.close()
         self._ledger.drop_detaching()
         self._ledger.take_stored()
+        self._reuse.close()  # the disk tier's writes handed over, and done
+
+    @property
+    def reuse(self) -> PrefixReuse:
+        return self._reuse
 
     def settle(self) -> None:
         """Post what is due, then detach and store what ended. Called twice per token, so
@@ -136,7 +152,8 @@ class Runner:
             self._detach()
             self._outbox.post_due(token_in_flight=False)  # a failed detach may end some
         if self._ledger.storing():
-            self._reuse.store(self._ledger.take_stored())
+            self._reuse.store(self._ledger.take_stored(), self.counters.steps)
+        self._reuse.hand_over(self.counters.steps, now=not self._ledger.stepping())
 
     def step(self) -> None:
         """One decode step (or prefill chunk) for every active sequence."""
@@ -181,7 +198,7 @@ class Runner:
         stepper: each filters every layer's KV of the whole batch)."""
         self._outbox.wait_for_caller()
         detaching = self._ledger.to_detach()
-        keep_state = self._reuse.cache is not None
+        keep_state = self._reuse.keeps_state
         for stepper in {id(stepper): stepper for _, stepper in detaching}.values():
             ended = [sequence for sequence, s in detaching if s is stepper]
             try:

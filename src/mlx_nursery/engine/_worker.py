@@ -23,6 +23,7 @@ from ._config import EngineConfig
 from ._decode_attention import install as install_ragged_attention
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels, release_streams
+from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import DraftModelMismatch, check_draft_model
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
@@ -34,7 +35,7 @@ from ._memory import (
     kv_budget,
     kv_bytes_per_token,
 )
-from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, WorkerStats
+from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, Wake, WorkerStats
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
@@ -63,9 +64,10 @@ class Worker:
       3. settle: post what is due, then detach what ended from its stepper, then keep its
          KV state in the prefix cache;
       4. replay the next sequence on probation; or else replay the preempted sequences
-         that fit the KV budget again, then admit the held submissions that fit; then run
-         chunks of the image prompts' prefills, oldest first, up to `prefill_step_size`
-         tokens, or fewer beside decoding sequences (`_chunking`; starting each once done);
+         that fit the KV budget again, then admit the held submissions that fit; then start
+         those whose cached prefix's read from disk is over (`_loading`); then run chunks of
+         the image prompts' prefills, oldest first, up to `prefill_step_size` tokens, or
+         fewer beside decoding sequences (`_chunking`; starting each once done);
       5. take the newest sequences out of the batch (preempted) while the step's KV would
          outgrow the budget; run one step of the stepper and emit each sequence's token;
          end the sequences whose sampler or logits processors failed in it;
@@ -105,6 +107,7 @@ class Worker:
         self._outbox = Outbox(post, self._stats)
         self._ledger = Ledger(self._outbox, checking=config.check_invariants)
         self._cache: PrefixCache | None = None
+        self._disk: DiskKV | None = None
         self._runner: Runner | None = None
 
     @property
@@ -120,6 +123,10 @@ class Worker:
 
     def stop(self) -> None:
         self._commands.put(Stop())
+
+    def wake(self) -> None:
+        """Any thread: a read from disk is over (the disk tier's reader calls it)."""
+        self._commands.put(Wake())
 
     def confirmation_seen(self) -> None:
         """The receiving side calls this once a caller has seen a sequence's end; see
@@ -156,6 +163,8 @@ class Worker:
             if quantization is not None and not scripted:
                 check_quantizable(model.model, quantization)
             make_cache = cache_factory(quantization)
+            if not scripted:  # its directory's scan runs beside the warm-up
+                self._disk = open_disk_kv(self._config, model, make_cache, self.wake)
             budget, per_token = (
                 (KVBudget(None), 0)
                 if scripted
@@ -164,8 +173,10 @@ class Worker:
             if self._config.warmup and not scripted:
                 seconds = self._warm_up(model, make_cache, quantization is not None)
                 log.info("warm-up done in %.1f s", seconds)
+            if self._disk is not None:
+                self._disk.tier.wait_ready()  # its files indexed: a restart serves them
             self._runner = Runner(
-                self._config, model, self._cache, self._outbox, self._ledger, budget
+                self._config, model, self._cache, self._outbox, self._ledger, budget, self._disk
             )
             info = ModelInfo(
                 path=str(model.path),
@@ -182,6 +193,8 @@ class Worker:
             )
             del model  # the runner holds it, until `_release_memory`
         except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it
+            if self._disk is not None:
+                self._disk.close()
             self._on_ready(None, exc)
             self._on_exit(exc)
             return
@@ -287,6 +300,8 @@ class Worker:
                 runner.recovery.replay_next_suspect()
             elif ledger.waiting():
                 runner.admission.admit_waiting()
+            if ledger.reading_from_disk():
+                runner.loading.advance()
             if ledger.prefilling_images():
                 runner.imaging.prefill()
             if ledger.stepping():
@@ -372,6 +387,7 @@ class Worker:
             verify_steps=counters.verify_steps,
             draft_tokens=counters.draft_tokens,
             accepted_draft_tokens=counters.accepted_draft_tokens,
+            prefix_disk=runner.reuse.disk_stats(),
         )
 
     def _release_memory(self, *, failed: bool) -> None:

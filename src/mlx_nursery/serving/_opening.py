@@ -83,6 +83,8 @@ class ModelOpener:
             max_queue=self.settings.max_queue,
             max_queue_per_tenant=self.settings.max_queue_per_key,
             prompt_cache_bytes=reservation.prefix_cache,
+            prompt_cache_dir=self.settings.prompt_cache_dir,
+            prompt_cache_disk_bytes=self.settings.prompt_cache_disk_bytes,
             # Across devices each rank's own memory holds its own share: the ranks agree it.
             kv_cache_bytes=reservation.kv if distribution is None else self.settings.kv_cache_bytes,
             prefill_batch_size=self.settings.prefill_batch_size,

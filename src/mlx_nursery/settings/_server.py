@@ -156,6 +156,23 @@ class ServerSettings:
         validator=v.ge(0),
         metadata=described("prefix KV cache budget in bytes; 0 disables it", unit="bytes"),
     )
+    prompt_cache_dir: str | None = attrs.field(
+        default=None,
+        metadata=described(
+            "a directory where the prefix cache keeps long prompts' KV on disk (written in the"
+            " background, read back on a later request or after a restart)",
+            none="none: memory only",
+        ),
+    )
+    prompt_cache_disk_bytes: int = attrs.field(
+        default=engine_default("prompt_cache_disk_bytes"),
+        validator=v.ge(0),
+        metadata=described(
+            "the most bytes of files in --prompt-cache-dir, every model's together; past it,"
+            " the least recently used are deleted; 0: no disk tier",
+            unit="bytes",
+        ),
+    )
     kv_cache_bytes: int | None = attrs.field(
         default=engine_default("kv_cache_bytes"),
         validator=v.optional(v.ge(0)),
