@@ -36,8 +36,8 @@ import argparse
 import functools
 import json
 import random
-import sys
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -356,9 +356,9 @@ def main() -> None:
     p.add_argument("--mode", choices=("host", "sync", "both"), default="both")
     p.add_argument("--kernels", action="store_true", help="CUDA kernel times (torch.profiler)")
     p.add_argument(
-        "--graph", type=int, default=0, metavar="N", help="count primitives of N evaluations per phase"
+        "--graph", type=int, default=0, metavar="N", help="count N evaluations' primitives a phase"
     )
-    p.add_argument("--cache-limit-gb", type=float, help="MLX's buffer cache limit (mx.set_cache_limit)")
+    p.add_argument("--cache-limit-gb", type=float, help="MLX's buffer cache limit (GiB)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.cache_limit_gb is not None:

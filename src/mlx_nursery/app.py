@@ -30,6 +30,8 @@ from .http import (
     tenant_of,
 )
 from .serving import (
+    BackgroundLimits,
+    BackgroundResponses,
     Extension,
     Extensions,
     Generations,
@@ -204,7 +206,13 @@ def serving_parts(settings: Settings, extensions: Extensions) -> Parts:
     store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
     images = image_limits(settings)
     opener = ModelOpener(settings, metrics, images, extensions)
-    service = Service(settings, model_sources(settings), opener, metrics, store)
+    writes = WritePolicy(settings.stream_interval)
+    background = BackgroundResponses(
+        store,
+        writes,
+        BackgroundLimits(settings.max_background, settings.max_background_per_key),
+    )
+    service = Service(settings, model_sources(settings), opener, metrics, store, background)
     fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
     preparation = Preparation(settings.request_timeout, fetches)
     generations = Generations(
@@ -215,8 +223,9 @@ def serving_parts(settings: Settings, extensions: Extensions) -> Parts:
         preparation=preparation,
         generations=generations,
         metrics=metrics,
-        writes=WritePolicy(settings.stream_interval),
+        writes=writes,
         store=store,
+        background=background,
         audio_limits=AudioLimits(
             max_bytes=settings.max_audio_bytes, max_seconds=settings.max_audio_seconds
         ),

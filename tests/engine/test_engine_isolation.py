@@ -322,7 +322,10 @@ async def test_a_model_that_fails_on_its_own_ends_the_engine(
         def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("device lost")
 
-        monkeypatch.setattr(type(engine_model(engine)), "__call__", broken)
+        model = engine_model(engine)
+        # The whole model and its body (a prefill chunk runs the body alone: _first_tokens).
+        monkeypatch.setattr(type(model), "__call__", broken)
+        monkeypatch.setattr(type(model.model), "__call__", broken)
         finals = [
             (await collect(engine, request(engine, p, max_tokens=4))).final for p in PROMPTS[:2]
         ]

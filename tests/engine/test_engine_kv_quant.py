@@ -108,7 +108,12 @@ def test_the_batch_cache_keeps_each_rows_quantized_kv_through_merge_extend_and_f
 
     # One decode step: each row gets its own new key, after its own history.
     step = mx.random.normal((3, HEADS, 1, DIM), key=mx.random.key(9))
-    batch.update_and_fetch(step, step)
+    fetched_keys, _ = batch.update_and_fetch(step, step)
+    # What some models (afm7, gemma3n) read a shared cache through: the same filled parts.
+    held_keys, _ = batch.keys_and_values()
+    assert all(a.shape == b.shape for a, b in zip(held_keys, fetched_keys, strict=True))
+    assert held_keys[0].shape[2] == 301  # the longest row (300) and the step
+    assert all(bool(mx.array_equal(a, b)) for a, b in zip(held_keys, fetched_keys, strict=True))
     for i, (row, _) in enumerate(rows):
         row.update_and_fetch(step[i : i + 1], step[i : i + 1])
         assert _same_row(batch, i, row)
@@ -293,3 +298,39 @@ async def test_quantized_kv_speculates_with_plain_decodings_tokens(small_model: 
     assert speculated.tokens == plain.tokens
     usage = speculated.final.usage
     assert usage is not None and usage.draft_tokens > 0 and usage.accepted_draft_tokens > 0
+
+
+async def test_quantized_kv_goes_to_disk_and_back_and_no_other_width_serves_it(
+    small_model: Path, tmp_path: Path
+) -> None:
+    """With --prompt-cache-dir the disk tier stores the quantized arrays as held: a fresh
+    engine of the same width serves them as the cold run; an engine of another width never
+    looks them up, and refuses (and counts) such a file put where its own would be."""
+    text = "A shared prefix long enough to span several prefill chunks of the engine. " * 2
+
+    async def serve(bits: int | None) -> tuple[Run, Any]:
+        config = _config(small_model, bits, prompt_cache_dir=tmp_path, prompt_cache_disk_block=32)
+        async with open_engine(config) as engine:
+            run = await collect(engine, request(engine, text, max_tokens=4, ignore_eos=True))
+            return run, engine.statistics().worker
+
+    cold, _ = await serve(8)
+    quantized = _new_file(tmp_path, set())
+    warm, _ = await serve(8)
+    plain, _ = await serve(None)
+    _new_file(tmp_path, {quantized}).write_bytes(quantized.read_bytes())
+    refused, stats = await serve(None)
+
+    prompt_tokens = cold.final.usage.prompt_tokens if cold.final.usage else 0
+    assert prompt_tokens > 32
+    assert warm.final.usage is not None and warm.final.usage.cached_tokens == prompt_tokens - 1
+    assert warm.tokens == cold.tokens
+    for run in (plain, refused):
+        assert run.final.usage is not None and run.final.usage.cached_tokens == 0
+    assert refused.tokens == plain.tokens
+    assert stats.prefix_disk is not None and stats.prefix_disk.rejected == 1
+
+
+def _new_file(directory: Path, known: set[Path]) -> Path:
+    (new,) = set(directory.iterdir()) - known
+    return new

@@ -21,6 +21,7 @@ from mlx_nursery.engine import (
     Speculation,
     open_engine,
 )
+from mlx_nursery.engine._draft_model import DraftModelMismatch
 from mlx_nursery.engine._drafting import (
     FIRST_PAUSE,
     LONGEST_PAUSE,
@@ -224,3 +225,61 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
         pauses.append(plain)
         control.verified(1, 0)  # the try after the pause did not pay either
     assert pauses == [FIRST_PAUSE + 1, 2 * FIRST_PAUSE + 1, 4 * FIRST_PAUSE + 1]
+
+
+@pytest.fixture(scope="module")
+def other_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset with other random weights: the same tokenizer, other guesses."""
+    from mlx_nursery.tools import make_model
+
+    return make_model(tmp_path_factory.mktemp("draft") / "tiny-seed-7", "tiny", seed=7)
+
+
+@pytest.mark.parametrize("draft", ["same", "other"])
+async def test_a_draft_model_drafts_and_the_tokens_stay_plain_decodings(
+    tiny_model: Path, other_weights: Path, draft: str
+) -> None:
+    """A draft model (`_draft_model.ModelDrafter`) in place of prompt lookup: the served
+    model itself as its own draft (every greedy draft agrees), and a model with other
+    weights (few do); the tokens are plain decoding's either way, greedy and seeded."""
+    draft_model = str(tiny_model if draft == "same" else other_weights)
+    spec = Speculation("draft", tokens=4, adaptive=False, draft_model=draft_model)
+    prompt = _tokenized("Once upon a time, in a land far away,", tiny_model)
+    requests = [
+        GenerationRequest(prompt, 24, GREEDY, ignore_eos=True),
+        GenerationRequest(prompt, 24, SamplingParams(temperature=0.8, seed=5), ignore_eos=True),
+    ]
+    async with open_engine(_config(tiny_model)) as plain:
+        reference = [await collect(plain, r) for r in requests]
+    async with open_engine(_config(tiny_model, speculation=spec)) as fast:
+        runs = [await collect(fast, requests[0])]
+        steps, drafted, accepted = _drafts(fast)  # the greedy request's
+        runs.append(await collect(fast, requests[1]))
+    assert [r.tokens for r in runs] == [r.tokens for r in reference]
+    assert steps > 0 and drafted > 0
+    if draft == "same":  # greedy drafts of the model itself: its own next tokens
+        assert accepted >= drafted - 4  # all but those past max_tokens
+    else:
+        assert accepted < drafted
+    usage = runs[0].final.usage
+    assert usage is not None and usage.completion_tokens == 24
+
+
+async def test_a_draft_model_of_another_vocabulary_is_refused_at_load(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from mlx_nursery.tools import make_model
+
+    foreign = make_model(tmp_path / "thinking", "tiny-thinking")  # other added tokens
+    spec = Speculation("draft", draft_model=str(foreign))
+    with pytest.raises(ExceptionGroup) as failure:  # the load's, from the engine's nursery
+        async with open_engine(_config(tiny_model, speculation=spec)):
+            pass
+    assert failure.group_contains(DraftModelMismatch, match="tokenizer differs")
+
+
+def test_speculation_settings_pair_the_method_and_the_draft_model() -> None:
+    with pytest.raises(ValueError, match="draft model"):
+        Speculation("draft")
+    with pytest.raises(ValueError, match="draft model"):
+        Speculation("ngram", draft_model="somewhere")

@@ -253,3 +253,27 @@ async def test_the_qwen2_5_vl_family_loads_and_takes_images(tmp_path: Path) -> N
         first = await collect(engine, await image_request(engine, "What?", [picture(1)]))
         other = await collect(engine, await image_request(engine, "What?", [picture(2)]))
     assert len(first.tokens) == 12 and first.tokens != other.tokens
+
+
+async def test_an_image_prompt_is_served_from_disk_for_its_own_image_alone(
+    tiny_vlm: Path, tmp_path: Path
+) -> None:
+    """The disk tier (`--prompt-cache-dir`) knows an image prompt by its image, as memory
+    does: after a restart the same picture's prompt is read back and gives the cold run's
+    tokens; another picture's is not."""
+    question = "Describe everything in this picture in great detail, please. " * 12
+    config = EngineConfig(tiny_vlm, warmup=False, prompt_cache_dir=tmp_path)
+
+    async def serve(seed: int) -> Run:
+        async with open_engine(config) as engine:
+            request = await image_request(engine, question, [picture(seed, (160, 160))])
+            return await collect(engine, request)
+
+    cold = await serve(1)
+    warm, other = await serve(1), await serve(2)
+    assert cold.final.usage is not None and cold.final.usage.prompt_tokens > 256
+    assert warm.final.usage is not None
+    assert warm.final.usage.cached_tokens == cold.final.usage.prompt_tokens - 1
+    assert warm.tokens == cold.tokens
+    assert other.final.usage is not None and other.final.usage.cached_tokens == 0
+    assert other.tokens != cold.tokens

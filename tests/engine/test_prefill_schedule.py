@@ -84,7 +84,8 @@ def test_a_one_token_prompt_starts_decoding_without_a_prefill_chunk(model: Any) 
     )
     first, tokens = _first_token_calls(generator, [[5], *_prompts(1, 10)])
     assert first == {0: 2, 1: 2}
-    assert generator.prefilled_tokens == 9  # the second prompt's all but last; none of the first
+    # the second prompt's ten, its last in its chunk (`_first_tokens`); none of the first's
+    assert generator.prefilled_tokens == 10
     assert all(len(t) == 4 for t in tokens.values())
 
 
@@ -134,15 +135,15 @@ def test_a_chunk_beside_decoding_is_launched_not_waited_for_and_timed_once_lande
     )
     prompts = _prompts(2, 40)
     (first,) = generator.insert([prompts[0][:10]], max_tokens=[12])
-    generator.next()  # its 9-token chunk, nothing decoding beside it
-    assert [tokens for tokens, _ in sizer.observed] == [9]
+    generator.next()  # its 10-token chunk (its last token too), nothing decoding beside it
+    assert [tokens for tokens, _ in sizer.observed] == [10]
     tokens: dict[int, list[int]] = {first: []}
     for response in generator.next()[1]:  # its first token
         tokens[response.uid].append(response.token)
     (second,) = generator.insert([prompts[1]], max_tokens=[4])
     tokens[second] = []
     observed_per_call = []
-    for _ in range(3):  # chunks of 16, 16, 7 launched beside the first sequence's decode
+    for _ in range(3):  # chunks of 16, 16, 8 launched beside the first sequence's decode
         responses = generator.next()[1]
         assert [r.uid for r in responses] == [first]
         tokens[first].append(responses[0].token)

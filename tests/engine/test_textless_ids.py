@@ -181,3 +181,9 @@ async def _out_of_range(http: httpx.AsyncClient, ids: TextlessIds) -> None:
     choice = served.json()["choices"][0]
     assert (choice["text"], choice["finish_reason"]) == ("", "length")
     assert choice["logprobs"]["tokens"] == ["", ""]
+    # /detokenize: ids without text stand for none; past the rows, a 400 naming the place.
+    alone = await http.post("/detokenize", json={"tokens": [5]})
+    holes = await http.post("/detokenize", json={"tokens": [5, ids.holes[0], ids.padding[0]]})
+    assert holes.json() == alone.json() and alone.json()["prompt"]
+    refused = await http.post("/detokenize", json={"tokens": [5, rows]})
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "tokens[1]")

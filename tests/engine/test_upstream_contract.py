@@ -2,10 +2,12 @@
 pinned versions: each private part the engine relies on exists and behaves as relied on,
 so that an upgrade that breaks one fails here, by name.
 
-Two upstream functions are asserted unchanged (by their syntax tree): the engine replaces
-one (`BatchGenerator._next`, by `_schedule.ServingBatchGenerator._next`) and copies the
-other's lines (`GreedyDecoder.update`, in `_whisper._KeyedDecoder`); when either changes,
-the engine's version must be compared with the new one and the digest updated.
+Upstream functions the engine replaces or copies are asserted unchanged (by their syntax
+tree): `BatchGenerator._next` (replaced by `_schedule.ServingBatchGenerator._next`),
+`GenerationBatch._step` and `__init__` (`_first_tokens.FirstFromChunk` copies the step's
+lines after the forward and reads the fields `__init__` sets), `GreedyDecoder.update`
+(copied in `_whisper._KeyedDecoder`); when one changes, the engine's version must be
+compared with the new one and the digest updated.
 """
 
 from __future__ import annotations
@@ -218,9 +220,25 @@ def test_the_batch_generator_internals_our_schedule_replaces_and_reads(model: An
     assert (response.uid, response.progress, response.end_of_segment) == (1, (2, 3), True)
     assert response.end_of_prompt is False
     (uid,) = generator.insert([[5, 6, 7, 8]], max_tokens=[1])
-    generator.next()  # `next` runs our `_next`: the prompt is prefilled and moved at once
-    assert generator.prefilled_tokens == 3 and generator._generation_batch.uids == [uid]
+    generator.next()  # `next` runs our `_next`: the prompt is prefilled and moved at once,
+    # its last token in its chunk (its first token drawn from that chunk: `_first_tokens`)
+    assert generator.prefilled_tokens == 4 and generator._generation_batch.uids == [uid]
     generator.close()
+    # Without that, mlx-lm's way: all but the last token prefilled, the last run alone.
+    unfolded = ServingBatchGenerator(
+        model, completion_batch_size=4, prefill_step_size=64, fold_first_tokens=False
+    )
+    (uid,) = unfolded.insert([[5, 6, 7, 8]], max_tokens=[1])
+    unfolded.next()
+    assert unfolded.prefilled_tokens == 3 and unfolded._generation_batch.uids == [uid]
+    unfolded.close()
+
+
+def test_the_generation_batch_step_our_first_step_copies(model: Any) -> None:
+    """`_first_tokens.FirstFromChunk` runs `GenerationBatch._step`'s lines after the forward
+    and relies on the fields `__init__` sets: both unchanged since they were read."""
+    assert _digest(_upstream.GenerationBatch._step) == "a18de19b690ba1fa"
+    assert _digest(_upstream.GenerationBatch.__init__) == "f4966a4d5b090ae8"
 
 
 @pytest.fixture(scope="module")

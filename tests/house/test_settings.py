@@ -92,6 +92,11 @@ def test_settings_the_engine_has_too_default_to_the_engines() -> None:
         ([], {"MLX_NURSERY_PREFILL_CHUNK_MS": "120"}, {"prefill_chunk_ms": 120.0}),
         (["--model", "./m", "--max-queue", "0"], {}, {"model": "./m", "max_queue": 0}),
         (
+            ["--prompt-cache-disk-bytes", "2GiB"],
+            {"MLX_NURSERY_PROMPT_CACHE_DIR": "/var/cache/kv"},
+            {"prompt_cache_disk_bytes": 2 << 30, "prompt_cache_dir": "/var/cache/kv"},
+        ),
+        (
             ["--kv-bits", "4"],
             {"MLX_NURSERY_KV_GROUP_SIZE": "32"},
             {"kv_bits": 4, "kv_group_size": 32},

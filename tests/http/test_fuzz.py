@@ -597,7 +597,6 @@ OUT_OF_RANGE: dict[str, dict[str, list[Any]]] = {
         "input": ["", []],
         "truncation": ["auto"],
         "include": [["file_search_call.results"]],
-        "background": [True],
         "metadata": [{str(i): "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"}],
         "text": [{"format": {"type": "json_schema", "name": "x"}}, {"format": {"type": "nope"}}],
         "tool_choice": ["required", {"type": "function", "name": "nope"}],

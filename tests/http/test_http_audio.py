@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from mlx_nursery.engine import SPEECH_THREAD_NAME, SpeechEngine
 from tests.http.test_http_metrics import samples, value, weight_bytes
@@ -273,3 +274,33 @@ async def test_shutdown_stops_a_transcription_with_a_final_event(tiny_whisper: P
     stats = engine.statistics()
     assert stats.cancelled == 1 and stats.lanes_borrowed == 0 and stats.state == "closed"
     assert SPEECH_THREAD_NAME not in [t.name for t in threading.enumerate()]
+
+
+async def test_a_cancel_by_id_stops_a_transcription(tiny_whisper: Path) -> None:
+    async with (
+        running_server(tiny_whisper) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        engine = speech_engine(server)
+        replies: list[httpx.Response] = []
+
+        async def transcribe() -> None:
+            audio = ("a.wav", wav_bytes(clip(65)), "audio/wav")
+            headers = {"x-request-id": "speech-1"}
+            reply = await http.post(
+                "/v1/audio/transcriptions", data={"model": "tiny"}, files={"file": audio},
+                headers=headers,
+            )  # fmt: skip
+            replies.append(reply)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(transcribe)
+            await eventually(lambda: engine.statistics().tokens_decoded > 0, "decoding")
+            assert (await http.post("/v1/requests/speech-1/cancel")).status_code == 200
+        [reply] = replies
+        assert reply.status_code == 409 and reply.headers["x-should-retry"] == "false"
+        validate_error(reply.json())
+        assert reply.json()["error"]["code"] == "request_cancelled"
+        stats = engine.statistics()
+        assert stats.cancelled == 1 and stats.lanes_borrowed == 0 and not stats.running
+        assert stats.windows_decoded < 3, "the cancelled transcription ran on"  # of 3+

@@ -259,10 +259,11 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
-async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None:
+async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_path: Path) -> None:
     """--prefill-step-size, --prefill-batch-size, --prefill-chunk-ms, --cudnn-attention,
-    --cuda-graphs, --no-fuse-weights, --no-ragged-attention and --skip-warmup configure the engine a server
-    runs: a prompt longer than the step is prefilled in chunks of that size."""
+    --cuda-graphs, --no-fuse-weights, --no-ragged-attention, --skip-warmup, --prompt-cache-dir
+    and --prompt-cache-disk-bytes configure the engine a server runs: a prompt longer than the
+    step is prefilled in chunks of that size."""
     async with (
         running_server(
             tiny_model,
@@ -275,6 +276,8 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
             no_fuse_weights=True,
             no_ragged_attention=True,
             skip_warmup=True,
+            prompt_cache_dir=str(tmp_path / "kv"),
+            prompt_cache_disk_bytes=64 << 20,
         ) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
@@ -288,6 +291,8 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
         assert not config.fuse_weights  # --no-fuse-weights; on by default
         assert not config.ragged_attention  # --no-ragged-attention; on by default
         assert not config.warmup  # --skip-warmup; on by default
+        assert config.prompt_cache_dir == tmp_path / "kv"
+        assert config.prompt_cache_disk_bytes == 64 << 20
         prompt = " ".join(["waves"] * 60)
         reply = await http.post(
             "/v1/completions",
@@ -296,7 +301,10 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path) -> None
         assert reply.status_code == 200
         stats = engine.statistics().worker
         prompt_tokens = reply.json()["usage"]["prompt_tokens"]
+        metrics = (await http.get("/metrics")).text
     assert stats is not None and prompt_tokens > 32
+    assert stats.prefix_disk is not None  # the disk tier runs, with no memory tier beside it
+    assert 'mlx_nursery:prefix_cache_disk_writes_total{model_name="tiny"} 0.0' in metrics
     # A lone prompt on the fast path: full 16-token chunks, then one forward for the rest
     # (with the default step of 512, one forward in all).
     assert stats.prefill_forwards == -(-prompt_tokens // 16)

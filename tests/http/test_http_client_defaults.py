@@ -94,7 +94,7 @@ async def test_responses_defaults_of_agent_clients(tiny_model: Path) -> None:
         )
         events = [e async for e in streamed.parse()]  # type: ignore[attr-defined]
         with pytest.raises(openai.BadRequestError) as refused:
-            await client.responses.create(model="tiny", input="hi", background=True)
+            await client.responses.create(**fields, background=True)  # store: false
     response = raw.parse()
     body = response.model_dump(exclude_unset=True, mode="json", warnings=False)
     validate(body, "Response")

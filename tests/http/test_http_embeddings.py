@@ -213,7 +213,7 @@ def embedder_of(running: Any) -> Embedder:
     return hosted.engine
 
 
-async def test_a_client_that_leaves_stops_the_compute_within_a_forward(
+async def test_a_client_that_leaves_or_a_cancel_by_id_stops_the_compute_within_a_forward(
     tiny_embedding: Path,
 ) -> None:
     async with running_server(tiny_embedding, embedding_batch_size=1) as running:
@@ -236,6 +236,26 @@ async def test_a_client_that_leaves_stops_the_compute_within_a_forward(
             "mlx_nursery:prompt_tokens_total", {"model_name": "tiny"}
         )
         assert tokens == after.usage.prompt_tokens  # the finished request's, not the cancelled
+
+        # Cancelled by its id from another request: the same stop, the cancel's 409.
+        answers: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=running.base_url, timeout=60) as http:
+
+            async def ask() -> None:
+                headers = {"x-request-id": "emb-1"}
+                answers.append(await http.post("/v1/embeddings", json=LONG_INPUT, headers=headers))
+
+            async with trio.open_nursery() as nursery:
+                forwards = embedder.forwards
+                nursery.start_soon(ask)
+                await eventually(lambda: embedder.forwards > forwards, "the request computes")
+                assert (await http.post("/v1/requests/emb-1/cancel")).status_code == 200
+        (answer,) = answers
+        assert answer.status_code == 409 and answer.json()["error"]["code"] == "request_cancelled"
+        assert embedder.statistics().cancellations.confirmed == 2
+        assert embedder.forwards - forwards < 2048
+        labels = {"model_name": "tiny", "cause": "cancel"}
+        assert registry.get_sample_value("mlx_nursery:request_cancelled_total", labels) == 1
 
 
 async def test_the_deadline_and_the_shutdown_cancel_the_compute_with_their_errors(

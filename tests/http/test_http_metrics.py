@@ -131,3 +131,20 @@ async def test_speculation_is_reported_in_usage_and_metrics(tiny_model: Path) ->
         accepted
     )
     assert value(m, "mlx_nursery:spec_decode_num_drafts_total", model_name="tiny") >= 1
+
+
+async def test_a_draft_model_drafts_for_the_served_one(tiny_model: Path) -> None:
+    """--draft-model implies --speculative draft: the served model drafts with it (here
+    itself, so its greedy drafts hold) and usage reports the drafts."""
+    async with (
+        running_server(tiny_model, request_timeout=30, draft_model=str(tiny_model)) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        engine = engine_of(server)
+        assert engine is not None and engine.config.speculation is not None
+        assert engine.config.speculation.method == "draft"
+        body = chat_body("Tell me a story.", max_tokens=30, temperature=0)
+        reply = await http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200
+        details = reply.json()["usage"]["completion_tokens_details"]
+    assert details["accepted_prediction_tokens"] > 0

@@ -219,6 +219,16 @@ async def test_the_effort_turns_thinking_on_or_off(thinking_model: Path, open_mo
         assert await prompt_tokens("tiny", reasoning_effort="none") == base + closed_block
         assert await prompt_tokens("open") == base + opened_block
         assert await prompt_tokens("open", reasoning_effort="none") == base + closed_block
+        # vLLM's chat_template_kwargs switch it too, and /tokenize counts the same prompt.
+        off = {"chat_template_kwargs": {"enable_thinking": False}}
+        assert await prompt_tokens("tiny", **off) == base + closed_block
+        assert await prompt_tokens("open", **off, reasoning_effort="none") == base + closed_block
+        counted = await http.post("/tokenize", json=chat_body("hi", model="tiny", **off))
+        assert counted.json()["count"] == base + closed_block
+        disagree = chat_body("hi", model="tiny", reasoning_effort="high", **off)
+        refused = await http.post("/v1/chat/completions", json=disagree)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "chat_template_kwargs.enable_thinking"
         response = await http.post(
             "/v1/responses",
             json={

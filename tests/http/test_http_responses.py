@@ -251,7 +251,7 @@ async def test_responses_errors(tiny_model: Path) -> None:
             400,
             "text.format.schema",
         ),
-        ({"model": "tiny", "input": "x", "background": True}, 400, "background"),
+        ({"model": "tiny", "input": "x", "background": True, "store": False}, 400, "background"),
         ({"model": "tiny", "input": []}, 400, "input"),
         ({"model": "tiny", "input": [{"type": "input_image"}]}, 400, "input[0].type"),
         (

@@ -90,6 +90,14 @@ async def test_an_image_in_an_earlier_turn_still_counts(tiny_vlm: Path) -> None:
         assert [r.status_code for r in replies] == [200, 200]
         texts = [r.json()["choices"][0]["message"]["content"] for r in replies]
         assert texts[0] != texts[1]
+        # /tokenize renders it as chat does: the image's tokens are in its count.
+        asked = {k: v for k, v in conversation(1).items() if k in ("model", "messages")}
+        counted = await http.post("/tokenize", json=asked)
+        assert counted.json()["count"] == replies[0].json()["usage"]["prompt_tokens"]
+        special = await http.post("/tokenize", json={**asked, "add_special_tokens": True})
+        assert (
+            special.status_code == 400 and special.json()["error"]["param"] == "add_special_tokens"
+        )
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ from mlx_nursery.generation._tools import ToolCallOut
 from mlx_nursery.openai._chat_endpoint import CHAT
 from mlx_nursery.openai._responses import PreparedResponse
 from mlx_nursery.openai._responses_events import OutputTextDelta
+from mlx_nursery.openai._responses_items import input_items_page
 from mlx_nursery.openai._responses_objects import OutputFunctionCall
-from mlx_nursery.openai._responses_output import ResponseBuilder, input_items_page
+from mlx_nursery.openai._responses_output import ResponseBuilder
 from mlx_nursery.openai._responses_schemas import ResponsesRequest
 from tests.http_helpers import validate
 

@@ -78,6 +78,9 @@ class Follower:
             chunk_sizer=None,
             make_cache=self.make_cache if self._hello.kv_bits is not None else None,
             draw=self._draw,
+            # The ranks' forwards must be the same model call: pipeline ranks pass hidden
+            # states inside the model's own `__call__` (the body alone is not split alike).
+            fold_first_tokens=False,
         )
 
     def _draw(self, samplers: Sequence[Sampler], logprobs: mx.array) -> mx.array:

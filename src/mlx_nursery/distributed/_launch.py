@@ -27,9 +27,9 @@ before it exits."""
 
 
 def distributed_settings(settings: Settings) -> Settings:
-    """`settings` as distributed serving runs them: one model, no prefix cache (a hit is KV
-    on rank 0 alone), no restart of a dead engine (the group restarts together). Raises
-    SettingsError for what it refuses."""
+    """`settings` as distributed serving runs them: one model, no prefix cache in memory or
+    on disk (a hit is KV on rank 0 alone), no restart of a dead engine (the group restarts
+    together). Raises SettingsError for what it refuses."""
     if settings.distributed is None:
         return settings
     if len(settings.model) != 1 or settings.models_dir is not None:
@@ -39,6 +39,7 @@ def distributed_settings(settings: Settings) -> Settings:
     return attrs.evolve(
         settings,
         prompt_cache_bytes=0,
+        prompt_cache_dir=None,
         on_engine_failure="exit",
         max_loaded_models=1,
     )

@@ -98,6 +98,9 @@ class Leader:
             chunk_sizer=None,  # its sizes follow measured times: no two ranks would agree
             make_cache=make_cache,
             draw=self._draw,
+            # The ranks' forwards must be the same model call: pipeline ranks pass hidden
+            # states inside the model's own `__call__` (the body alone is not split alike).
+            fold_first_tokens=False,
         )
         return MirroredStepper(inner, self)
 

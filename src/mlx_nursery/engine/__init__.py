@@ -4,6 +4,7 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
 from ._config import EngineConfig
+from ._disk_tier import DiskCacheStats
 from ._drafting import SPECULATION_METHODS, Speculation
 from ._embedder import EMBEDDING_THREAD_NAME, Embedder, EmbedderConfig, EmbeddingRequest
 from ._embedding_worker import EmbeddingModelInfo
@@ -63,6 +64,7 @@ __all__ = [
     "THREAD_NAME",
     "WAIT_BUCKETS",
     "CancelStatistics",
+    "DiskCacheStats",
     "Embedder",
     "EmbedderConfig",
     "EmbeddingFailed",

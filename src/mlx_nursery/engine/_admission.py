@@ -17,6 +17,7 @@ from .. import fault_points
 from ._counters import RunCounters
 from ._imaging import Imaging
 from ._ledger import Ledger, SeqState
+from ._loading import Loading
 from ._memory import KV_STEP, KVBudget
 from ._messages import StepEvent, Submit
 from ._outbox import Outbox
@@ -30,6 +31,11 @@ from ._yielding import Yielding
 log = logging.getLogger("mlx_nursery.engine")
 
 
+def _worst_newest(sequence: LiveSequence) -> tuple[int, int]:
+    """Orders sequences to take out of the batch: the worst priority, the newest, last."""
+    return sequence.request.priority, sequence.seq_id
+
+
 class Admission:
     """Puts submissions into steppers as the KV budget allows (see the module docstring)."""
 
@@ -40,6 +46,7 @@ class Admission:
         placement: Placement,
         reuse: PrefixReuse,
         imaging: Imaging,
+        loading: Loading,
         recovery: Recovery,
         counters: RunCounters,
         eos: frozenset[int],
@@ -51,6 +58,7 @@ class Admission:
         self._placement = placement
         self._reuse = reuse
         self._imaging = imaging
+        self._loading = loading
         self._recovery = recovery
         self._counters = counters
         self._eos = eos
@@ -120,7 +128,7 @@ class Admission:
         fits."""
         ledger = self._ledger
         while ledger.may_be_preempted() and not self._budget.fits(self._lengths(), growth=1):
-            victim = ledger.preemption_victim()
+            victim = max(ledger.active(), key=_worst_newest)
             try:
                 self._placement.current.remove([victim.uid], keep_state=False)
             except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
@@ -137,7 +145,11 @@ class Admission:
         preempted, its lane kept): the lengths left, or None, nothing taken, if that cannot
         make it fit."""
         left, victims = list(lengths), []
-        for victim in self._ledger.yielders(rank, self._yielding.limit):
+        limit = self._yielding.limit
+        found = [s for s in self._ledger.active() if s.request.priority > rank]
+        for victim in sorted(found, key=_worst_newest, reverse=True):
+            if victim.yielded >= limit:
+                continue
             if self._budget.fits([*left, length], growth=KV_STEP):
                 break
             left.remove(len(victim.request.prompt_tokens) + len(victim.tokens))
@@ -159,7 +171,9 @@ class Admission:
 
     def _admit(self, command: Submit, stepper: Stepper) -> None:
         """Start one sequence in `stepper` (an image prompt: its prefill, unless a cached
-        prefix covers every image). Anything that fails here fails this request alone."""
+        prefix covers every image), or, where the disk holds a longer cached prefix than
+        memory, begin its read (the sequence starts once it is over: `_loading`). Anything
+        that fails here fails this request alone."""
         try:
             sequence = build_sequence(command, self._eos)
             if fault_points.ARMED:
@@ -167,6 +181,10 @@ class Admission:
             prompt = list(command.request.prompt_tokens)
             max_tokens = command.request.max_tokens
             hit = self._reuse.fetch(sequence, prompt)
+            read = self._reuse.read_from_disk(sequence, prompt, hit)
+            if read is not None:
+                self._loading.begin(sequence, prompt, read)
+                return
             uid = None
             if hit is not None:
                 cached = hit.cached_tokens

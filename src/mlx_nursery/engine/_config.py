@@ -72,6 +72,19 @@ class EngineConfig:
     kv_group_size: int = attrs.field(default=64, validator=v.in_(KV_GROUP_SIZES))
     """Values sharing one scale and bias when `kv_bits` is set; must divide the model's KV
     head dimension."""
+    prompt_cache_dir: Path | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Path)
+    )
+    """A directory for the prefix cache's disk tier (None: none). Ended sequences' KV of at
+    least `prompt_cache_disk_block` tokens is written there in the background, and read back
+    where memory holds a shorter prefix of a prompt, after a restart too (engine/_disk_kv.py,
+    docs/decisions/0043-prefix-cache-on-disk.md). Several models and servers may share it."""
+    prompt_cache_disk_bytes: int = attrs.field(default=10 << 30, validator=v.ge(0))
+    """The most bytes of files in `prompt_cache_dir`, every model's together: past it, the
+    least recently used files are deleted. 0: no disk tier."""
+    prompt_cache_disk_block: int = attrs.field(default=256, validator=v.ge(1))
+    """Tokens per block of the disk tier's file names: the shortest prefix written, and the
+    granularity at which a prompt finds the file holding its longest prefix."""
     prompt_cache_entries: int = attrs.field(default=64, validator=v.ge(1))
     prompt_cache_ttl: float = attrs.field(default=600.0, validator=v.gt(0))
     """Seconds an unused prefix-cache entry is kept."""

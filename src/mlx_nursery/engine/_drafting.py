@@ -22,7 +22,8 @@ from collections.abc import Iterable
 import attrs
 from attrs import validators as v
 
-SPECULATION_METHODS = ("ngram",)
+SPECULATION_METHODS = ("ngram", "draft")
+"""ngram: prompt lookup (`NgramIndex`); draft: a draft model (`_draft_model.ModelDrafter`)."""
 
 
 @attrs.frozen
@@ -36,6 +37,9 @@ class Speculation:
     """The longest context suffix looked up, tried first."""
     ngram_min: int = attrs.field(default=1, validator=v.ge(1))
     """The shortest context suffix looked up before giving up."""
+    draft_model: str | None = None
+    """The draft model's path or name (method "draft"): a smaller model with the served
+    model's tokenizer, loaded beside it."""
     adaptive: bool = True
     """Let `DraftControl` choose each step's draft length by measured costs and acceptance;
     False drafts `tokens` whenever a draft is found (tests, and benchmarks of a fixed
@@ -45,6 +49,10 @@ class Speculation:
     def _check_min(self, attribute: attrs.Attribute[int], value: int) -> None:
         if value > self.ngram_max:
             raise ValueError(f"ngram_min ({value}) must not exceed ngram_max ({self.ngram_max})")
+
+    def __attrs_post_init__(self) -> None:
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise ValueError('a draft model goes with speculation method "draft", and only with it')
 
 
 class NgramIndex:

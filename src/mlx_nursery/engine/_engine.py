@@ -31,7 +31,7 @@ from ._config import EngineConfig
 from ._device_thread import DeviceThread, State
 from ._errors import PromptTooLong
 from ._lanes import FairLanes
-from ._messages import Delivery, ModelInfo, StepEvent, WorkerStats
+from ._messages import Delivery, ModelInfo, Resume, StepEvent, Suspend, WorkerStats
 from ._priority import WaitStatistics
 from ._statistics import CancelRecorder, CancelStatistics
 from ._stream import Handle, TokenStream
@@ -168,9 +168,10 @@ class Engine:
 
         Raises EngineOverloaded at once when the wait queue is full, PromptTooLong
         when it cannot fit the context, EngineUnavailable when the engine is not
-        running. Waiting for a lane is FIFO and cancellable at no compute cost.
+        running. Waiting for a lane goes by priority (fairly among tenants within one) and
+        is cancellable at no compute cost.
         """
-        self._check_admissible(request)
+        self.check_admission(request)
         handle = self._new_handle(request)
         await self._device.acquire_lane(handle, request.tenant, request.priority)
         # From here the lane belongs to the sequence; only the engine's confirmation returns it.
@@ -204,14 +205,17 @@ class Engine:
         """The lanes ask for `borrower`'s sequence to give up its lane for a better priority;
         the thread answers in a delivery (`suspended` or `kept`). Not a checkpoint."""
         assert isinstance(borrower, Handle) and self._worker is not None
-        self._worker.suspend(borrower.seq_id)
+        self._worker.send(Suspend(borrower.seq_id))
 
     def _resumer(self, handle: Handle) -> Callable[[], None]:
         worker = self._worker
         assert worker is not None
-        return functools.partial(worker.resume, handle.seq_id)
+        return functools.partial(worker.send, Resume(handle.seq_id))
 
-    def _check_admissible(self, request: GenerationRequest) -> None:
+    def check_admission(self, request: GenerationRequest) -> None:
+        """Raise what `generate` would refuse `request` with now, before it waits for a
+        lane: EngineUnavailable, PromptTooLong, EngineOverloaded (the queue, or its tenant's
+        share of it, is full). Not a checkpoint."""
         self._device.check_running()
         context = self.model.context_length
         if len(request.prompt_tokens) + request.max_tokens > context:

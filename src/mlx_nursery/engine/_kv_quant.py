@@ -185,6 +185,13 @@ class QuantizedBatchKVCache(BaseCache):  # type: ignore[misc]  # mlx-lm is untyp
             part[..., prev : self._idx, :] = new
         for part, new in zip(self.values, quantized_values, strict=True):
             part[..., prev : self._idx, :] = new
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple[_Parts, _Parts]:
+        """The filled part of the keys and values, as `BatchKVCache.keys_and_values` gives
+        them (some models, afm7 and gemma3n, read a shared cache through it)."""
+        if self.keys is None or self.values is None:
+            raise ValueError("the cache holds no tokens yet")
         return _slice_seq(self.keys, 0, self._idx), _slice_seq(self.values, 0, self._idx)
 
     def prepare(

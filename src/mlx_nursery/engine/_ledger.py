@@ -31,6 +31,9 @@ class SeqState(enum.Enum):
     """Submitted and waiting, as its `Submit` (no sequence is built yet): while others are on
     probation (new arrivals, each a newcomer for all its prefill, must not keep a suspect
     from its replay), or until the KV budget takes it (after the preempted)."""
+    LOADING = "loading"
+    """Its cached prefix being read from disk, then copied into MLX arrays
+    (`LiveSequence.loading`, `_loading`); held by no stepper until it starts."""
     IMAGING = "imaging"
     """Its prompt, which holds images, being prefilled a chunk per iteration
     (`LiveSequence.prefill`); held by no stepper until done."""
@@ -52,6 +55,7 @@ class SeqState(enum.Enum):
 
 _NOT_ENDED = (
     SeqState.HELD,
+    SeqState.LOADING,
     SeqState.IMAGING,
     SeqState.ACTIVE,
     SeqState.PROBATION,
@@ -61,7 +65,7 @@ _NOT_ENDED = (
 """The states of sequences that are running or waiting to (`Ledger.running` counts them, but
 the suspended, which wait for a lane): none of them may hold a sequence that has ended."""
 _WAITING_FOR_MEMORY = (SeqState.HELD, SeqState.PREEMPTED)
-_KV_HOLDING = (SeqState.ACTIVE, SeqState.IMAGING)
+_KV_HOLDING = (SeqState.ACTIVE, SeqState.IMAGING, SeqState.LOADING)
 
 
 class InvariantViolation(RuntimeError):
@@ -71,7 +75,7 @@ class InvariantViolation(RuntimeError):
 class Ledger:
     """Every sequence's state, and the only code that changes it. Engine thread only."""
 
-    def __init__(self, outbox: Outbox, *, checking: bool, aging: int = 8) -> None:
+    def __init__(self, outbox: Outbox, checking: bool, aging: int = 8) -> None:
         self._outbox = outbox
         self._checking = checking
         self._aging = aging
@@ -88,9 +92,9 @@ class Ledger:
         # an enum member's hash is Python code.
         self._active = self._sequences[SeqState.ACTIVE]
         self._imaging = self._sequences[SeqState.IMAGING]
+        self._loading = self._sequences[SeqState.LOADING]
         self._probation = self._sequences[SeqState.PROBATION]
         self._preempted = self._sequences[SeqState.PREEMPTED]
-        self._suspended = self._sequences[SeqState.SUSPENDED]
         self._detaching = self._sequences[SeqState.DETACHING]
         self._storing = self._sequences[SeqState.STORING]
         self._by_uid: dict[int, LiveSequence] = {}
@@ -110,11 +114,14 @@ class Ledger:
     def running(self) -> int:
         """Sequences admitted and not ended, or waiting to be."""
         waiting = len(self._held) + len(self._probation) + len(self._preempted)
-        return waiting + len(self._active) + len(self._imaging)
+        return waiting + len(self._active) + len(self._imaging) + len(self._loading)
 
     def idle(self) -> bool:
-        """Nothing runs or waits: the loop may block until a command comes."""
-        return not self.running
+        """Nothing runs or waits but reads from disk in flight: the loop may block until a
+        command comes (a read's end comes as one, `Wake`)."""
+        if self.running != len(self._loading):
+            return False
+        return not any(s.loading.ready for s in self._loading.values())
 
     def stepping(self) -> bool:
         """Some sequence is in the current stepper: there is a step to run."""
@@ -135,6 +142,13 @@ class Ledger:
 
     def prefilling_images(self) -> bool:
         return bool(self._imaging)
+
+    def reading_from_disk(self) -> bool:
+        return bool(self._loading)
+
+    def loading(self) -> list[LiveSequence]:
+        """The sequences whose cached prefix is read from disk, oldest first."""
+        return list(self._loading.values())
 
     def detaching(self) -> bool:
         return bool(self._detaching)
@@ -172,9 +186,9 @@ class Ledger:
         return [s for s in self._active.values() if s.failures]
 
     def kv_holders(self) -> list[LiveSequence]:
-        """Sequences whose KV is on the device, or being built there: the active ones and the
-        image prompts being prefilled."""
-        return [*self._active.values(), *self._imaging.values()]
+        """Sequences whose KV is on the device, or being built there: the active ones, the
+        image prompts being prefilled and the prefixes being read from disk."""
+        return [*self._active.values(), *self._imaging.values(), *self._loading.values()]
 
     def may_be_preempted(self) -> bool:
         """Active sequences have company in the stepper (a lone one is never preempted:
@@ -186,24 +200,6 @@ class Ledger:
         less one for every `aging` sequences of a better priority that started while it
         waited (the lanes' aging, `_priority`, for the wait for memory)."""
         return priority - self._passed.get(seq_id, 0) // self._aging
-
-    def preemption_victim(self) -> LiveSequence:
-        """The active sequence to preempt first: of the worst priority, the one submitted
-        last. Raises if none is active."""
-        return max(self._active.values(), key=lambda s: (s.request.priority, s.seq_id))
-
-    def yielders(self, worse_than: int, limit: int) -> list[LiveSequence]:
-        """Active sequences of a priority worse than `worse_than` that have yielded fewer than
-        `limit` times, in the order to take them off: worst priority, newest first."""
-        return sorted(
-            (
-                s
-                for s in self._active.values()
-                if s.request.priority > worse_than and s.yielded < limit
-            ),
-            key=lambda s: (s.request.priority, s.seq_id),
-            reverse=True,
-        )
 
     def next_preempted(self) -> LiveSequence | None:
         """The preempted sequence to replay first: of the best class, preempted first."""
@@ -220,9 +216,10 @@ class Ledger:
 
     def started(self) -> list[LiveSequence]:
         """Every sequence built and not ended: active, on probation, preempted, suspended,
-        imaging."""
+        imaging, loading."""
         states = (SeqState.ACTIVE, SeqState.PROBATION, SeqState.PREEMPTED, SeqState.SUSPENDED)
-        return [s for state in states for s in self._sequences[state].values()] + self.imaging()
+        started = [s for state in states for s in self._sequences[state].values()]
+        return [*started, *self.imaging(), *self.loading()]
 
     # -- moves -------------------------------------------------------------------------------
     def hold(self, commands: list[Submit]) -> None:
@@ -240,6 +237,10 @@ class Ledger:
         sequence.newcomer = True
         sequence.uid = uid
         self._by_uid[uid] = sequence
+
+    def begin_loading(self, sequence: LiveSequence) -> None:
+        """`sequence.loading` is set: its cached prefix is being read from disk."""
+        self._move(sequence, SeqState.LOADING)
 
     def begin_imaging(self, sequence: LiveSequence) -> None:
         """`sequence.prefill` is set: its image prompt is prefilled a chunk per iteration."""
@@ -332,11 +333,9 @@ class Ledger:
 
     def _pass(self, priority: int) -> None:
         """A sequence of `priority` starts after waiting for memory: it passed the worse ones."""
-        waiting: list[tuple[int, Submit | LiveSequence]] = [
-            *self._held.items(),
-            *self._preempted.items(),
-        ]
-        self._passed.update(i for i, s in waiting if s.request.priority > priority)
+        waiting = {i: c.request.priority for i, c in self._held.items()}
+        waiting.update((i, s.request.priority) for i, s in self._preempted.items())
+        self._passed.update(i for i, worse in waiting.items() if worse > priority)
 
     def _leave(self, seq_id: int) -> None:
         """Out of its state (a no-op if it has none), and of that state's indexes."""
@@ -352,6 +351,9 @@ class Ledger:
             del self._by_uid[sequence.uid]
         elif state is SeqState.IMAGING:
             sequence.prefill = None  # an image prefill's partial KV goes with it
+        elif state is SeqState.LOADING:
+            sequence.loading.cancel()  # a read not started is skipped, a result dropped
+            sequence.loading = None
         elif state is SeqState.DETACHING:
             del self._detaching_from[seq_id]
         elif state is SeqState.STORING:

@@ -13,6 +13,7 @@ from typing import Literal, NamedTuple
 import attrs
 
 from ._detokenizer import TokenTexts
+from ._disk_tier import DiskCacheStats
 from ._prefix_cache import PrefixCacheStats
 from ._types import FinishReason, GenerationRequest, Tokenizer, TokenLogprob, Usage
 from ._vision import VisionProcessor
@@ -51,7 +52,13 @@ class Stop:
     pass
 
 
-Command = Submit | Cancel | Suspend | Resume | Stop
+@attrs.frozen
+class Wake:
+    """Nothing to apply: a read from disk is over (the loop, blocked while only such reads
+    were running, takes its next iteration)."""
+
+
+Command = Submit | Cancel | Suspend | Resume | Stop | Wake
 
 
 @attrs.frozen
@@ -98,6 +105,8 @@ class WorkerStats:
     priority_preemptions: Mapping[int, int] = attrs.field(factory=dict)
     """Sequences taken off the device for a request of a better class (their lane or their
     KV memory), by their priority; each resumed later with its tokens."""
+    prefix_disk: DiskCacheStats | None = None
+    """The prefix cache's disk tier (None: it has none)."""
 
 
 class StepEvent(NamedTuple):

@@ -62,6 +62,7 @@ class Placement:
             make_cache=self.make_cache,
             chunk_timed=self.chunks.observe,
             speculation=config.speculation,
+            draft_model=model.draft,
             # The counters' method, not one of this object's: the fast path it is handed to
             # is this object's, and a cycle through it would keep the model's weights alive
             # past an unload until the garbage collector ran.

@@ -1,9 +1,12 @@
 """The prefix cache as the engine thread uses it: fetch a sequence's cached prefix at
-admission, store ended sequences' KV state after their final events are out.
+admission, from memory or else from disk, and store ended sequences' KV state, in memory and
+on disk, after their final events are out.
 
-Entries are shared only within a model and a request's cache key (the namespace); an image
-prompt is known by its tokens with each image's placeholders named by that image
-(`_vision.cache_key`), and a cached prefix serves it only if it covers every image.
+Entries are shared only within a model and a request's cache key (the namespace), on disk
+as in memory; an image prompt is known by its tokens with each image's placeholders named
+by that image (`_vision.cache_key`), and a cached prefix serves it only if it covers every
+image. The disk tier (`_disk_kv.py`) is read only where it holds a longer prefix than
+memory does; its read runs on its own thread while the sequence waits (`_loading.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import logging
 
 from .. import fault_points
 from ..models import LoadedModel
+from ._disk_kv import DiskKV, Restoring
+from ._disk_tier import DiskCacheStats, DiskRead, HostKV
 from ._prefix_cache import CacheHit, PrefixCache
 from ._sequence import LiveSequence
 from ._stepper import KVState
@@ -21,17 +26,26 @@ log = logging.getLogger("mlx_nursery.engine")
 
 
 class PrefixReuse:
-    """One model's use of the prefix cache (`cache` None: no prefix cache)."""
+    """One model's use of the prefix cache (`cache` None: none in memory; `disk` None: none
+    on disk)."""
 
-    def __init__(self, model: LoadedModel, cache: PrefixCache | None) -> None:
+    def __init__(
+        self, model: LoadedModel, cache: PrefixCache | None, disk: DiskKV | None = None
+    ) -> None:
         self._model = model
         self.cache = cache
+        self.disk = disk
         self._image_token = int(model.config["image_token_id"]) if model.vision else None
         """A vision model's image placeholder id (None: a text model)."""
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether ended sequences' KV states are worth keeping (a tier would store them)."""
+        return self.cache is not None or self.disk is not None
+
     def fetch(self, sequence: LiveSequence, prompt: list[int]) -> CacheHit | None:
-        """A private copy of the longest usable cached prefix of `prompt`, covering all of
-        its images (None: none). Raises only at the fault seam (the caller's guard)."""
+        """A private copy of the longest usable cached prefix of `prompt` in memory, covering
+        all of its images (None: none). Raises only at the fault seam (the caller's guard)."""
         if self.cache is None:
             return None
         key = self._cache_key(sequence, prompt)
@@ -49,23 +63,67 @@ class PrefixReuse:
             return None
         return hit
 
+    def read_from_disk(
+        self, sequence: LiveSequence, prompt: list[int], hit: CacheHit | None
+    ) -> DiskRead | None:
+        """A read, begun, of the file holding a longer prefix of `prompt` than `hit` (the
+        memory tier's), covering every image (None: the disk holds none)."""
+        if self.disk is None:
+            return None
+        key = self._cache_key(sequence, prompt)
+        if key is None:
+            return None
+        cached = hit.cached_tokens if hit is not None else 0
+        better_than = max(cached, self._images_end(prompt) - 1)
+        try:
+            return self.disk.find(repr(sequence.request.cache_key), key, better_than=better_than)
+        except Exception:  # caching is an optimisation, never a failure
+            log.exception("could not look the prefix cache's disk tier up")
+            return None
+
+    def restorer(self, kv: HostKV) -> Restoring:
+        assert self.disk is not None
+        return self.disk.restorer(kv)
+
+    def disk_hit(self, tokens: int) -> None:
+        """A prefix read from disk started a sequence with `tokens` cached."""
+        if self.disk is not None:
+            self.disk.tier.hit(tokens)
+
     def record_failure(self) -> None:
         """A fetched state would not merge: the caller prefills afresh."""
         if self.cache is not None:
             self.cache.record_failure()
 
-    def store(self, ended: list[tuple[LiveSequence, KVState]]) -> None:
+    def store(self, ended: list[tuple[LiveSequence, KVState]], step: int) -> None:
         """Keep ended sequences' KV states (caching is an optimisation, never a failure)."""
         for sequence, (cache, tokens) in ended:
-            if self.cache is None or not cache or not tokens:
+            if not self.keeps_state or not cache or not tokens:
                 continue
             key = self._cache_key(sequence, list(tokens))
             if key is None:
                 continue
             try:
-                self.cache.insert(self._namespace(sequence), key, list(cache))
+                if self.cache is not None:
+                    self.cache.insert(self._namespace(sequence), key, list(cache))
+                if self.disk is not None:
+                    namespace = repr(sequence.request.cache_key)
+                    self.disk.offer(namespace, key, list(cache), step)
             except Exception:  # caching is an optimisation, never a failure
                 log.exception("could not store a prefix-cache entry")
+
+    def hand_over(self, step: int, *, now: bool) -> None:
+        """The disk writes offered before this step (all, if `now`) go to the writer."""
+        if self.disk is not None:
+            self.disk.hand_over(step, now=now)
+
+    def disk_stats(self) -> DiskCacheStats | None:
+        return self.disk.tier.stats() if self.disk is not None else None
+
+    def close(self) -> None:
+        """Finish the disk tier's writes and stop its threads (at the engine's end)."""
+        if self.disk is not None:
+            self.disk.close()
 
     def _namespace(self, sequence: LiveSequence) -> tuple[str, str | None]:
         return (str(self._model.path), sequence.request.cache_key)

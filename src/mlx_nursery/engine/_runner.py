@@ -9,6 +9,7 @@ worker's docstring:
 - `Admission` (`_admission.py`): submissions in as the KV budget allows, held, preempted;
 - `Yielding` (`_yielding.py`): sequences taken off the device for better priorities;
 - `Imaging` (`_imaging.py`): image prompts' prefill, a chunk per iteration;
+- `Loading` (`_loading.py`): sequences waiting on their cached prefix's read from disk;
 - `Recovery` (`_recovery.py`): failed steps and replays;
 - `PrefixReuse` (`_reuse.py`): the prefix cache's fetches and stores;
 - `Emitter` (`_emitting.py`): responses into events;
@@ -29,9 +30,11 @@ from ._admission import Admission
 from ._chunking import ChunkSizer
 from ._config import EngineConfig
 from ._counters import RunCounters
+from ._disk_kv import DiskKV
 from ._emitting import Emitter
 from ._imaging import Imaging
 from ._ledger import Ledger, SeqState
+from ._loading import Loading
 from ._memory import KVBudget
 from ._outbox import Outbox
 from ._placement import Placement
@@ -51,6 +54,7 @@ _HELD_BY_NO_STEPPER = (
     SeqState.PREEMPTED,
     SeqState.SUSPENDED,
     SeqState.IMAGING,
+    SeqState.LOADING,
 )
 
 MAX_REASON_CHARS = 500
@@ -68,6 +72,7 @@ class Runner:
         outbox: Outbox,
         ledger: Ledger,
         budget: KVBudget,
+        disk: DiskKV | None = None,
     ) -> None:
         self.model = model
         self._outbox = outbox
@@ -77,8 +82,9 @@ class Runner:
         self._stepped_since_flush = False
         self._emitter = Emitter(ledger, outbox, counters)
         self.placement = Placement(config, model, ledger, outbox, self._emitter, counters)
-        self._reuse = PrefixReuse(model, cache)
+        self._reuse = PrefixReuse(model, cache, disk)
         self.imaging = Imaging(model, ledger, self.placement)
+        self.loading = Loading(ledger, self.placement, self._reuse, self.imaging, outbox)
         self.recovery = Recovery(
             config, model, ledger, self.placement, self.imaging, counters, self._reuse
         )
@@ -93,6 +99,7 @@ class Runner:
             self.placement,
             self._reuse,
             self.imaging,
+            self.loading,
             self.recovery,
             counters,
             eos,
@@ -142,6 +149,11 @@ class Runner:
         self.placement.close()
         self._ledger.drop_detaching()
         self._ledger.take_stored()
+        self._reuse.close()  # the disk tier's writes handed over, and done
+
+    @property
+    def reuse(self) -> PrefixReuse:
+        return self._reuse
 
     def settle(self) -> None:
         """Post what is due, then detach and store what ended. Called twice per token, so
@@ -152,7 +164,8 @@ class Runner:
             self._detach()
             self._outbox.post_due(token_in_flight=False)  # a failed detach may end some
         if self._ledger.storing():
-            self._reuse.store(self._ledger.take_stored())
+            self._reuse.store(self._ledger.take_stored(), self.counters.steps)
+        self._reuse.hand_over(self.counters.steps, now=not self._ledger.stepping())
 
     def step(self) -> None:
         """One decode step (or prefill chunk) for every active sequence."""
@@ -197,7 +210,7 @@ class Runner:
         stepper: each filters every layer's KV of the whole batch)."""
         self._outbox.wait_for_caller()
         detaching = self._ledger.to_detach()
-        keep_state = self._reuse.cache is not None
+        keep_state = self._reuse.keeps_state
         for stepper in {id(stepper): stepper for _, stepper in detaching}.values():
             ended = [sequence for sequence, s in detaching if s is stepper]
             try:

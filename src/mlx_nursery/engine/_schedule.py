@@ -37,16 +37,23 @@ directly: nobody waits for it, and the time is exact.
 
 Prompts that all end their prefill together leave the prompt batch whole, without the copy
 of its KV that `PromptProcessingBatch.split` makes.
+
+A prompt whose last token fits in its last chunk takes it in that chunk, and its first token
+is drawn from that chunk's forward (`_first_tokens.py`) rather than from a forward of its
+own as mlx-lm's `generate` runs it; where the model's head cannot be split off
+(`model_head`), or `fold_first_tokens` is off, mlx-lm's way is kept.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from ._chunking import ChunkSizer, GapMeter
+from ._first_tokens import FirstFromChunk, Head, last_logits, model_head
 from ._upstream import BatchGenerator, PromptProcessingBatch
 
 
@@ -58,8 +65,18 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
     _prompt_batch: Any
     """mlx-lm's `PromptProcessingBatch` of the prompts being prefilled."""
 
-    def __init__(self, model: Any, *, chunk_sizer: ChunkSizer | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        chunk_sizer: ChunkSizer | None = None,
+        fold_first_tokens: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(model, **kwargs)
+        self._head: Head | None = model_head(model) if fold_first_tokens else None
+        """The model's output head, where a prompt's first token comes from its last chunk
+        (None: from a forward of its own, as mlx-lm does)."""
         self.chunk_sizer = chunk_sizer
         """Sizes each chunk and is told its time (None: chunks of `prefill_step_size`)."""
         self._gaps = GapMeter(chunk_sizer) if chunk_sizer is not None else None
@@ -104,6 +121,8 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         if self.chunk_sizer is not None and self._currently_processing:
             size = self.chunk_sizer.size(len(self._currently_processing), decoding=decoding)
         chunks: list[list[int]] = []
+        finishing: list[int] = []
+        """Rows whose last token is in this chunk: their first token comes from it."""
         for i, processing in enumerate(self._currently_processing):
             segments = processing[0]
             chunk = segments[0][:size]
@@ -111,6 +130,10 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             ended = not segments[0]
             if ended:
                 segments.pop(0)
+                last_fits = len(chunk) < size and len(segments) == 1 and len(segments[0]) == 1
+                if self._head is not None and last_fits:
+                    chunk = chunk + segments.pop(0)
+                    finishing.append(i)
             processing[1] += len(chunk)
             chunks.append(chunk)
             prompt_responses.append(
@@ -122,7 +145,8 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             counters.prompt_tokens += sum(len(chunk) for chunk in chunks)
             tokens = len(chunks) * max(len(c) for c in chunks)
             tic = time.perf_counter()
-            states = launch_chunk(self._prompt_batch, chunks)
+            head = self._head if finishing else None
+            states, logits = launch_chunk(self._prompt_batch, chunks, finishing, head)
             if decoding:
                 if self._gaps is not None:
                     self._gaps.launched(tokens)
@@ -133,9 +157,52 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
                 counters.prompt_time += elapsed
                 if self.chunk_sizer is not None:
                     self.chunk_sizer.observe(tokens, elapsed)
+            if logits is not None:
+                self._start_from_chunk(finishing, logits, prompt_responses)
 
         self._start_generating(prompt_responses)
         return prompt_responses, generation_responses
+
+    def _leave_prompt_batch(self, rows: list[int]) -> Any:
+        """The prompt batch's `rows` as a batch of their own (the whole batch, uncopied,
+        when they are all of it); the rest stay."""
+        if len(rows) == len(self._currently_processing):
+            leaving = self._prompt_batch
+            self._prompt_batch = PromptProcessingBatch.empty(
+                self.model, self.sampler, prefill_step_size=self.prefill_step_size
+            )
+            self._currently_processing = []
+            return leaving
+        chosen = set(rows)
+        self._currently_processing = [
+            p for i, p in enumerate(self._currently_processing) if i not in chosen
+        ]
+        return self._prompt_batch.split(rows)
+
+    def _start_from_chunk(
+        self, rows: list[int], logits: mx.array, prompt_responses: list[Any]
+    ) -> None:
+        """Move `rows`, whose last token the chunk just launched carried, into the running
+        batch; their first tokens are drawn from `logits` (one row each, in order)."""
+        totals = [self._currently_processing[i][2] for i in rows]
+        leaving = self._leave_prompt_batch(rows)
+        last = [held.pop() for held in leaving.tokens]  # in the KV; `_step` records it
+        started = FirstFromChunk(
+            self.model,
+            leaving.uids,
+            mx.array(last),
+            leaving.prompt_cache,
+            leaving.tokens,
+            leaving.samplers,
+            leaving.fallback_sampler,
+            leaving.logits_processors,
+            leaving.stop_sequences,
+            leaving.max_tokens,
+            logits=logits,
+        )
+        for uid, total in zip(started.uids, totals, strict=True):
+            prompt_responses.append(PromptProcessingBatch.Response(uid, (total, total), True, True))
+        self._generation_batch.extend(started)
 
     def _start_generating(self, prompt_responses: list[Any]) -> None:
         """Move the prompts whose last segment is their last token into the running batch;
@@ -149,31 +216,22 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             return
         last_inputs = [self._currently_processing[i][0][0] for i in ready]
         totals = [self._currently_processing[i][2] for i in ready]
-        if len(ready) == len(self._currently_processing):
-            # All of them: the batch itself moves on (`split` would copy every row's KV).
-            leaving = self._prompt_batch
-            self._prompt_batch = PromptProcessingBatch.empty(
-                self.model, self.sampler, prefill_step_size=self.prefill_step_size
-            )
-            self._currently_processing = []
-        else:
-            chosen = set(ready)
-            self._currently_processing = [
-                p for i, p in enumerate(self._currently_processing) if i not in chosen
-            ]
-            leaving = self._prompt_batch.split(ready)
+        leaving = self._leave_prompt_batch(ready)
         started = leaving.generate(last_inputs)
         for uid, total in zip(started.uids, totals, strict=True):
             prompt_responses.append(PromptProcessingBatch.Response(uid, (total, total), True, True))
         self._generation_batch.extend(started)
 
 
-def launch_chunk(batch: Any, tokens: list[list[int]]) -> list[Any]:
+def launch_chunk(
+    batch: Any, tokens: list[list[int]], finishing: Sequence[int] = (), head: Head | None = None
+) -> tuple[list[Any], mx.array | None]:
     """Run one chunk of `batch`'s prompts (a `PromptProcessingBatch`; row i takes
     `tokens[i]`) through the model as its `prompt` does, but launched with `async_eval`
     and without flushing MLX's buffer cache; returns the cache states it computes (to
-    evaluate, where the caller must wait). Every row's chunk must fit one forward pass:
-    `prefill_step_size` tokens at most."""
+    evaluate, where the caller must wait) and, with a `head`, the logits at the last token
+    of the rows `finishing` (lazy; None without). Every row's chunk must fit one forward
+    pass: `prefill_step_size` tokens at most."""
     if len(batch.uids) != len(tokens):
         raise ValueError("the batch length doesn't match the number of inputs")
     if max(len(t) for t in tokens) > batch.prefill_step_size:
@@ -190,10 +248,19 @@ def launch_chunk(batch: Any, tokens: list[list[int]]) -> list[Any]:
             cache.prepare(lengths=lengths, right_padding=padding)
     else:
         inputs = mx.array(tokens)
-    batch.model(inputs, cache=batch.prompt_cache)
+    logits = None
+    if head is None:
+        batch.model(inputs, cache=batch.prompt_cache)
+    else:
+        note = getattr(batch.model, "note", None)  # the engine's `ShapeWatch` counts shapes
+        if note is not None:
+            note(inputs, batch.prompt_cache)
+        hidden = batch.model.model(inputs, cache=batch.prompt_cache)
+        rows = list(finishing)
+        logits = last_logits(hidden, rows, [lengths[i] - 1 for i in rows], head)
     if padded:
         for cache in batch.prompt_cache:
             cache.finalize()
     states = [cache.state for cache in batch.prompt_cache]
     mx.async_eval(states)  # type: ignore[no-untyped-call]
-    return states
+    return states, logits

@@ -70,6 +70,9 @@ class LiveSequence:
     """The request's label (`Submit.label`), for the fault seam."""
     prefill: Any = None
     """Its image prefill while one runs (`_vision.ImagePrefill`), before any stepper holds it."""
+    loading: Any = None
+    """Its cached prefix's read from disk while one runs (`_loading.PrefixLoad`), before any
+    stepper holds it."""
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     """Tokens drafted for it by speculation, and those of them it kept (`_speculating`)."""

@@ -39,13 +39,18 @@ class ShapeWatch:
         self.prefill_forwards = 0
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        self.note(inputs, kwargs.get("cache"))
+        return self._model(inputs, *args, **kwargs)
+
+    def note(self, inputs: Any, cache: Any) -> None:
+        """Count a forward of `inputs` on `cache` that runs the model's parts rather than the
+        model (`_first_tokens`: the body without the head)."""
         if inputs.ndim == 2 and inputs.shape[1] > 1:
-            held = cached_length(kwargs.get("cache"))
+            held = cached_length(cache)
             batch, length = inputs.shape
             shape = (batch, length, None if held is None else length + held)
             self.prefill_forwards += 1
             self._seen.add(shape)
-        return self._model(inputs, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -326,9 +326,12 @@ class SoloStepper:
         chunk_timed: Callable[[int, float], None] | None = None,
         speculation: Speculation | None = None,
         verified: Callable[[LiveSequence, int, int], None] | None = None,
+        draft_model: Any = None,
     ) -> None:
         self._model = model
         self._speculation = speculation
+        self._draft_model = draft_model
+        """Drafts come from it where speculation's method is "draft" (`_draft_model`)."""
         self._verified = verified
         """Told each verify step's drafted and accepted tokens, with its sequence."""
         self.costs = VerifyCosts()
@@ -354,7 +357,12 @@ class SoloStepper:
             make_cache=self._make_cache,
             chunk_timed=self._chunk_timed,
             speculate=speculator_factory(
-                self._speculation, self._model, sequence, self.costs, self._verified
+                self._speculation,
+                self._model,
+                sequence,
+                self.costs,
+                self._verified,
+                self._draft_model,
             ),
         )
         return self._solo.uid

@@ -1,11 +1,12 @@
 """Speculative decoding on the single-sequence fast path: a lone sequence's verify steps.
 
 A verify step feeds the sequence's next input token and the tokens drafted after it
-(`_drafting.NgramIndex`) in one forward on its KV cache, draws the token of every position
-exactly as plain decoding would draw it there (`_sampling.PositionDraws`: the same key, the
-same filters), and keeps the drafts up to the first that differs from its position's draw,
-then that position's draw. The KV of the rejected drafts is trimmed away at once, so the
-cache never holds a token the sequence did not keep.
+(`_drafting.NgramIndex`, or a draft model: `_draft_model.ModelDrafter`) in one forward on
+its KV cache, draws the token of every position exactly as plain decoding would draw it
+there (`_sampling.PositionDraws`: the same key, the same filters), and keeps the drafts up
+to the first that differs from its position's draw, then that position's draw. The KV of
+the rejected drafts is trimmed away at once, so the cache never holds a token the sequence
+did not keep.
 
 Why drawing by position is exact: plain decoding's token at each position is a function of
 the context and that position's key. The drafts kept are those equal to it, and the token
@@ -30,6 +31,7 @@ from typing import Any
 import attrs
 import mlx.core as mx
 
+from ._draft_model import ModelDrafter
 from ._drafting import DraftControl, NgramIndex, Speculation, VerifyCosts
 from ._sampling import PositionDraws, Sampler, position_draws
 from ._sequence import LiveSequence
@@ -88,9 +90,13 @@ class Speculator:
         draws: PositionDraws,
         costs: VerifyCosts,
         verified: Verified,
+        draft_model: Any = None,
     ) -> None:
         self._model = model
-        self.index = NgramIndex(spec, context)
+        self.index: NgramIndex | ModelDrafter = (
+            NgramIndex(spec, context) if draft_model is None else ModelDrafter(draft_model, context)
+        )
+        """Where drafts come from: the context's n-grams, or the draft model."""
         self.control = DraftControl(spec.tokens, costs, adaptive=spec.adaptive)
         self.costs = costs
         self._draws = draws
@@ -109,15 +115,16 @@ class Speculator:
         processors: list[Any],
         costs: VerifyCosts,
         verified: Verified,
+        draft_model: Any = None,
     ) -> Speculator | None:
         """A speculator for a sequence that may draft, else None (why not: the module's
-        docstring)."""
+        docstring). `draft_model`: drafts come from it (None: from the context's n-grams)."""
         if spec is None or processors or not speculable(cache):
             return None
         draws = position_draws(sampler)
         if draws is None:
             return None
-        return cls(spec, model, context, draws, costs, verified)
+        return cls(spec, model, context, draws, costs, verified, draft_model)
 
     def drafts(self, room: int, *, ahead: bool) -> list[int]:
         """Drafts for the next step, at most `room`. `ahead`: the context lacks the next
@@ -201,6 +208,7 @@ def speculator_factory(
     sequence: LiveSequence,
     costs: VerifyCosts,
     report: Callable[[LiveSequence, int, int], None] | None,
+    draft_model: Any = None,
 ) -> SpeculatorFactory | None:
     """How the fast path makes `sequence`'s speculator (None: speculation is off). Its verify
     steps count on the sequence (its usage) and are reported to `report` (the engine's)."""
@@ -217,7 +225,15 @@ def speculator_factory(
 
     def speculate(cache: list[Any], context: list[int]) -> Speculator | None:
         return Speculator.build(
-            spec, unwatched, cache, context, sequence.sampler, sequence.processors, costs, verified
+            spec,
+            unwatched,
+            cache,
+            context,
+            sequence.sampler,
+            sequence.processors,
+            costs,
+            verified,
+            draft_model,
         )
 
     return speculate

@@ -114,7 +114,10 @@ class BatchStepper:
         chunk_sizer: ChunkSizer | None = None,
         make_cache: CacheFactory | None = None,
         draw: Draw = sample_batch,
+        fold_first_tokens: bool = True,
     ) -> None:
+        """`fold_first_tokens`: a prompt's first token comes from its last prefill chunk
+        where the model allows it (`_first_tokens.py`); off, from a forward of its own."""
         self._model = model
         self._make_cache = make_cache
         """Fresh caches for prompts that bring none (None: mlx-lm's, made by the generator)."""
@@ -124,6 +127,7 @@ class BatchStepper:
             prefill_batch_size=min(prefill_batch_size, max_concurrency),
             prefill_step_size=prefill_step_size,
             chunk_sizer=chunk_sizer,
+            fold_first_tokens=fold_first_tokens,
         )
         self._samplers = _RowSamplers(draw)
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""

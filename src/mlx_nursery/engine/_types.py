@@ -33,6 +33,10 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int], /) -> str: ...
 
+    def convert_ids_to_tokens(self, ids: list[int], /) -> list[str | None]:
+        """The vocabulary's own token strings (byte-level markers and all; None: an id the
+        tokenizer has no token for), as /tokenize's `token_strs` gives them."""
+
 
 def _probability(_: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0.0 <= value <= 1.0:

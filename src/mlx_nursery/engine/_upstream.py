@@ -13,6 +13,8 @@ Private parts relied on, and where:
 - `BatchGenerator`'s internals: `_schedule.ServingBatchGenerator` replaces its `_next`
   and reads `_counters`, `_prompt_batch`, `_generation_batch`, `_unprocessed_sequences`,
   `_currently_processing` and `_make_batch`.
+- `GenerationBatch`'s internals: `_first_tokens.FirstFromChunk` replaces its first `_step`
+  with that method's lines after the forward, and sets the fields `_step` reads.
 - `sampler_rows`: which rows a batched sampler call is for, read from the calling frame
   (mlx-lm's `GenerationBatch._step`): `BatchGenerator` passes a sampler only the logprobs.
 - `byte_decoder` (mlx-lm's `_byte_decoder`): the GPT-2 byte table, for token bytes
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlx_lm.generate import (
     BatchGenerator,
+    GenerationBatch,
     PromptProcessingBatch,
     StopSequences,
     generation_stream,
@@ -96,6 +99,7 @@ __all__ = [
     "BatchKVCache",
     "DecodingOptions",
     "DecodingTask",
+    "GenerationBatch",
     "GreedyDecoder",
     "Inference",
     "KVCache",

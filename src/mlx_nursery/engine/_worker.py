@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+import attrs
 import mlx.core as mx
 
 from .. import fault_points
@@ -22,6 +23,8 @@ from ._config import EngineConfig
 from ._decode_attention import install as install_ragged_attention
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels, release_streams
+from ._disk_kv import DiskKV, open_disk_kv
+from ._draft_model import DraftModelMismatch, check_draft_model
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import (
@@ -32,17 +35,7 @@ from ._memory import (
     kv_budget,
     kv_bytes_per_token,
 )
-from ._messages import (
-    Cancel,
-    Command,
-    Delivery,
-    ModelInfo,
-    Resume,
-    Stop,
-    Submit,
-    Suspend,
-    WorkerStats,
-)
+from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, Wake, WorkerStats
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
@@ -67,14 +60,14 @@ class Worker:
          to the outbox, and an active one is detaching), then submissions (held while a failed
          step's sequences are on probation or others wait for memory; cancelled if a stop
          came with them; else settled past the cancels, then admitted as the KV budget
-         allows, the rest held); then, in order, suspensions (a sequence taken off the
-         device for a better priority gives up its lane) and resumptions (`_yielding`);
+         allows, the rest held); then suspensions and resumptions, in order (`_yielding`);
       3. settle: post what is due, then detach what ended from its stepper, then keep its
          KV state in the prefix cache;
       4. replay the next sequence on probation; or else replay the preempted sequences
-         that fit the KV budget again, then admit the held submissions that fit; then run
-         chunks of the image prompts' prefills, oldest first, up to `prefill_step_size`
-         tokens, or fewer beside decoding sequences (`_chunking`; starting each once done);
+         that fit the KV budget again, then admit the held submissions that fit; then start
+         those whose cached prefix's read from disk is over (`_loading`); then run chunks of
+         the image prompts' prefills, oldest first, up to `prefill_step_size` tokens, or
+         fewer beside decoding sequences (`_chunking`; starting each once done);
       5. take the newest sequences out of the batch (preempted) while the step's KV would
          outgrow the budget; run one step of the stepper and emit each sequence's token;
          end the sequences whose sampler or logits processors failed in it;
@@ -112,10 +105,9 @@ class Worker:
         self._on_exit = on_exit
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._outbox = Outbox(post, self._stats)
-        self._ledger = Ledger(
-            self._outbox, checking=config.check_invariants, aging=config.priority_aging
-        )
+        self._ledger = Ledger(self._outbox, config.check_invariants, config.priority_aging)
         self._cache: PrefixCache | None = None
+        self._disk: DiskKV | None = None
         self._runner: Runner | None = None
 
     @property
@@ -129,14 +121,15 @@ class Worker:
     def cancel(self, seq_id: int) -> None:
         self._commands.put(Cancel(seq_id))
 
-    def suspend(self, seq_id: int) -> None:
-        self._commands.put(Suspend(seq_id))
-
-    def resume(self, seq_id: int) -> None:
-        self._commands.put(Resume(seq_id))
+    def send(self, command: Command) -> None:
+        self._commands.put(command)
 
     def stop(self) -> None:
         self._commands.put(Stop())
+
+    def wake(self) -> None:
+        """Any thread: a read from disk is over (the disk tier's reader calls it)."""
+        self._commands.put(Wake())
 
     def confirmation_seen(self) -> None:
         """The receiving side calls this once a caller has seen a sequence's end; see
@@ -156,6 +149,7 @@ class Worker:
                 if distribution is None
                 else distribution.load(self._config)
             )
+            model = self._with_draft_model(model)
             ragged = self._config.ragged_attention and model.kind == "lm"
             if ragged and install_ragged_attention(model.model):
                 log.info("batched decode attention: the ragged kernel (CUDA)")
@@ -172,6 +166,8 @@ class Worker:
             if quantization is not None and not scripted:
                 check_quantizable(model.model, quantization)
             make_cache = cache_factory(quantization)
+            if not scripted:  # its directory's scan runs beside the warm-up
+                self._disk = open_disk_kv(self._config, model, make_cache, self.wake)
             budget, per_token = (
                 (KVBudget(None), 0)
                 if scripted
@@ -180,8 +176,10 @@ class Worker:
             if self._config.warmup and not scripted:
                 seconds = self._warm_up(model, make_cache, quantization is not None)
                 log.info("warm-up done in %.1f s", seconds)
+            if self._disk is not None:
+                self._disk.tier.wait_ready()  # its files indexed: a restart serves them
             self._runner = Runner(
-                self._config, model, self._cache, self._outbox, self._ledger, budget
+                self._config, model, self._cache, self._outbox, self._ledger, budget, self._disk
             )
             info = ModelInfo(
                 path=str(model.path),
@@ -198,6 +196,8 @@ class Worker:
             )
             del model  # the runner holds it, until `_release_memory`
         except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it
+            if self._disk is not None:
+                self._disk.close()
             self._on_ready(None, exc)
             self._on_exit(exc)
             return
@@ -244,6 +244,22 @@ class Worker:
             budget_s=config.warmup_budget_s,
         )
 
+    def _with_draft_model(self, model: LoadedModel) -> LoadedModel:
+        """`model` with its draft model loaded beside it, where speculation asks for one
+        (before the KV budget: its weights are counted as the served model's are). Raises
+        `DraftModelMismatch` for a draft model of another vocabulary."""
+        spec = self._config.speculation
+        if spec is None or spec.draft_model is None or model.kind != "lm":
+            return model
+        if self._config.distribution is not None:
+            return model  # the fast path, where drafts run, is off across devices
+        draft = load_model(spec.draft_model, fuse_weights=self._config.fuse_weights)
+        if draft.kind != "lm" or draft.model is None:
+            raise DraftModelMismatch(f"the draft model is not a text model ({draft.kind})")
+        check_draft_model(model.tokenizer, draft.tokenizer)
+        log.info("speculative decoding drafts with %s", draft.path.name)
+        return attrs.evolve(model, draft=draft.model)
+
     def _kv_budget(
         self, model: Any, make_cache: CacheFactory, context: int
     ) -> tuple[KVBudget, int]:
@@ -287,6 +303,8 @@ class Worker:
                 runner.recovery.replay_next_suspect()
             elif ledger.waiting():
                 runner.admission.admit_waiting()
+            if ledger.reading_from_disk():
+                runner.loading.advance()
             if ledger.prefilling_images():
                 runner.imaging.prefill()
             if ledger.stepping():
@@ -335,11 +353,7 @@ class Worker:
         elif admitted:
             runner.settle()  # what the cancels ended leaves its stepper before anyone enters
             runner.admission.admit_all(admitted)
-        for command in commands:  # after the submissions: one may be asked for at once
-            if isinstance(command, Suspend):
-                runner.yielding.suspend(command.seq_id)  # a cancelled one has ended: kept
-            elif isinstance(command, Resume):
-                runner.yielding.resume(command.seq_id)
+        runner.yielding.apply(commands)  # after the submissions: one may be asked for at once
         return stop
 
     def _finish_all(self, reason: FinishReason, exc: BaseException | None) -> None:
@@ -378,6 +392,7 @@ class Worker:
             verify_steps=counters.verify_steps,
             draft_tokens=counters.draft_tokens,
             accepted_draft_tokens=counters.accepted_draft_tokens,
+            prefix_disk=runner.reuse.disk_stats(),
         )
 
     def _release_memory(self, *, failed: bool) -> None:

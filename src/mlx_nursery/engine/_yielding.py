@@ -24,6 +24,7 @@ import logging
 
 from ._counters import RunCounters
 from ._ledger import Ledger, SeqState
+from ._messages import Command, Resume, Suspend
 from ._outbox import Outbox
 from ._placement import Placement
 from ._recovery import Recovery
@@ -57,6 +58,15 @@ class Yielding:
         self._outbox = outbox
         self.limit = max_preemptions
 
+    def apply(self, commands: list[Command]) -> None:
+        """The suspensions and resumptions among `commands`, in order (a suspension of a
+        sequence cancelled in the same batch finds it ended: kept)."""
+        for command in commands:
+            if isinstance(command, Suspend):
+                self.suspend(command.seq_id)
+            elif isinstance(command, Resume):
+                self.resume(command.seq_id)
+
     def suspend(self, seq_id: int) -> None:
         """Answer a `Suspend`: a sequence that runs (or waits, lane held, to run) and may
         still yield is taken off the device and gives up its lane (`suspended`); any other
@@ -85,7 +95,7 @@ class Yielding:
         """Remove an active sequence from the stepper in use, its KV state kept in the prefix
         cache for its replay. False if the removal failed: the batch is then recovered as
         after a failed step (the sequence is on probation)."""
-        keep = self._reuse.cache is not None
+        keep = self._reuse.cache is not None  # the replay reads memory only
         try:
             states = self._placement.current.remove([sequence.uid], keep_state=keep)
         except Exception as exc:  # noqa: BLE001 - the batch is suspect, as after a failed step
@@ -93,7 +103,7 @@ class Yielding:
             return False
         kept = states.get(sequence.uid)
         if kept is not None:
-            self._reuse.store([(sequence, kept)])
+            self._reuse.store([(sequence, kept)], self._counters.steps)
         return True
 
     def count(self, sequence: LiveSequence) -> None:

@@ -22,6 +22,7 @@ from ._engine_errors import (
     api_error,
     context_length_error,
     engine_errors_as_api_errors,
+    request_cancelled,
     request_timed_out,
 )
 from ._errors import (
@@ -35,6 +36,8 @@ from ._errors import (
     ModelNotFound,
     OpenAIError,
     Overloaded,
+    RateLimited,
+    RequestCancelled,
     RequestTimeout,
     RequestTooLarge,
     ResourceNotFound,
@@ -83,7 +86,6 @@ from ._plan import (
 )
 from ._prompts import (
     check_prompt_size,
-    completion_tokens,
     longest_token_bytes,
     prompt_texts,
     render_served,
@@ -107,8 +109,10 @@ from ._request_parts import (
 )
 from ._served import ServedModel, requested_model, unknown_model
 from ._structured import Grammars
+from ._template_kwargs import TemplateVariables, template_variables
+from ._token_ids import check_token_ids, completion_tokens, text_tokens
 from ._tokenizing import SegmentEncoder
-from ._tool_choice import offered_tools
+from ._tool_choice import offered_tools, shown_tools
 from ._tools import ToolCallOut, strict_tool_names, tool_format
 
 __all__ = [
@@ -140,7 +144,9 @@ __all__ = [
     "Output",
     "Overloaded",
     "Prepared",
+    "RateLimited",
     "ReasoningDelta",
+    "RequestCancelled",
     "RequestCaps",
     "RequestTimeout",
     "RequestTooLarge",
@@ -150,6 +156,7 @@ __all__ = [
     "SegmentEncoder",
     "ServedModel",
     "Tagged",
+    "TemplateVariables",
     "TextDelta",
     "TextFormat",
     "TextFormatParam",
@@ -170,6 +177,7 @@ __all__ = [
     "check_between",
     "check_count",
     "check_prompt_size",
+    "check_token_ids",
     "checkpoint",
     "common",
     "completion_tokens",
@@ -198,14 +206,18 @@ __all__ = [
     "reject_unimplemented",
     "render_served",
     "render_served_template",
+    "request_cancelled",
     "request_timed_out",
     "requested_model",
     "require",
     "responses_images",
+    "shown_tools",
     "sniff_format",
     "strict_tool_names",
     "structure",
     "switchable",
+    "template_variables",
+    "text_tokens",
     "thinking_format",
     "thinking_on",
     "thinking_switch",

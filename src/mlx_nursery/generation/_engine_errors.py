@@ -1,5 +1,5 @@
 """The one map from the engine's errors to the server's API errors, and the messages of the
-errors every request may end with (its deadline passed).
+errors every request may end with (its deadline passed, a client cancelled it).
 
 Every caller of an engine (generation, embeddings, transcription) translates through here, so
 one engine failure reads the same on every endpoint: at capacity is 503 with Retry-After, not
@@ -23,6 +23,7 @@ from ._errors import (
     InvalidRequest,
     OpenAIError,
     Overloaded,
+    RequestCancelled,
     RequestTimeout,
     Unavailable,
 )
@@ -78,4 +79,13 @@ def request_timed_out(timeout: float) -> RequestTimeout:
     passed: every endpoint words it so."""
     return RequestTimeout(
         f"the request did not complete within {timeout:g} s", code="request_timeout"
+    )
+
+
+def request_cancelled(request_id: str) -> RequestCancelled:
+    """The error of a request a client cancelled by its id: every endpoint words it so, and
+    names the cancel, so that its own client can tell it from a failure."""
+    return RequestCancelled(
+        f"the request {request_id} was cancelled (POST /v1/requests/{request_id}/cancel)",
+        code="request_cancelled",
     )

@@ -44,6 +44,9 @@ class OpenAIError(Exception):
     type = "server_error"
     retry_after: float | None = None
     """Seconds a client should wait before retrying (the Retry-After header); None: none."""
+    should_retry: bool | None = None
+    """The `x-should-retry` header the SDKs obey before their own rule (they retry 408, 409,
+    429 and 5xx); None sends none."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         message = shortened(message, MESSAGE_CHARS)
@@ -120,6 +123,18 @@ class Overloaded(OpenAIError):
     retry_after: float | None = 1
 
 
+class RateLimited(OpenAIError):
+    """Too much of a caller's work at once (a cap on work that outlives its requests, such
+    as background responses): retry once some of it has ended. OpenAI's 429."""
+
+    status = 429
+    type = "requests"
+    retry_after: float | None = 1
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="rate_limit_exceeded")
+
+
 class Unavailable(OpenAIError):
     """The server is shutting down or its engine stopped: another replica, or this one in a
     moment, may serve it (Retry-After)."""
@@ -134,6 +149,18 @@ class RequestTimeout(OpenAIError):
 
     status = 504
     type = "timeout_error"
+    should_retry = False
+
+
+class RequestCancelled(OpenAIError):
+    """A client cancelled the request by its id (`POST /v1/requests/{id}/cancel`). 409: the
+    request conflicts with what its owner asked for since; a 4xx, the server did nothing
+    wrong. Not retried by SDKs (x-should-retry: false), which would otherwise retry a 409:
+    a retry would undo the cancel."""
+
+    status = 409
+    type = "invalid_request_error"
+    should_retry = False
 
 
 class FaultStatus(OpenAIError):

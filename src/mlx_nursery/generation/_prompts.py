@@ -8,8 +8,9 @@ text longer than `context_length * max_token_bytes` bytes cannot fit in the cont
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jinja2
@@ -97,13 +98,17 @@ def render_chat_prompt(
     url_param: str = "image_url.url",
     encode: Callable[[str], list[int]] | None = None,
     thinking: bool | None = None,
+    variables: Mapping[str, Any] | None = None,
+    continue_final: bool = False,
+    generation_prompt: bool | None = None,
 ) -> tuple[list[int], ImageInputs | None]:
     """`render_chat`, images included: with a vision model's processor (`vision`), image
     parts are decoded under `limits` and the processor turns the rendered text and the
     images into token ids (a placeholder per image token) and the images' inputs. Without
     one, an image part is refused. Errors name message i as `where(i)`. `encode`, if given,
     tokenizes the rendered text instead of the template (a `SegmentEncoder`'s, which gives
-    the same ids). `thinking` is the template's `enable_thinking` (None: its default).
+    the same ids). `thinking` is the template's `enable_thinking` (None: its default);
+    `variables`, `continue_final` and `generation_prompt` as `render_template` takes them.
     Blocking (decoding, processing): a worker thread."""
     if not messages:
         raise InvalidRequest(
@@ -119,6 +124,9 @@ def render_chat_prompt(
         images=takes,
         encode=encode,
         thinking=thinking,
+        variables=variables,
+        continue_final=continue_final,
+        generation_prompt=generation_prompt,
     )
 
 
@@ -132,30 +140,38 @@ def render_template(
     encode: Callable[[str], list[int]] | None = None,
     continue_final: bool = False,
     thinking: bool | None = None,
+    variables: Mapping[str, Any] | None = None,
+    generation_prompt: bool | None = None,
 ) -> tuple[list[int], ImageInputs | None]:
     """Messages in the chat template's own shape to token ids (and the images' inputs): the
     core every API renders its conversation through (chat and Responses by
-    `render_chat_prompt`, the Messages API by its own conversion).
+    `render_chat_prompt`, the Messages API by its own conversion, /tokenize by chat's).
 
     The shape: `role`; `content` a string, or parts (`{"type": "text", "text"}` and the
     `{"type": "image"}` placeholders `images` took, in order); an assistant's `tool_calls`
     (`{"id", "type": "function", "function": {"name", "arguments": a mapping}}`); a tool
     result's `tool_call_id`. `continue_final`: the last message is an assistant's reply to
     continue (a prefill) rather than a turn to answer. `thinking`: the template's
-    `enable_thinking` (None: its default). Blocking: a worker thread."""
+    `enable_thinking` (None: its default). `variables`: more of the template's variables
+    (a request's `chat_template_kwargs`, checked: `_template_kwargs.py`).
+    `generation_prompt`: whether the assistant's turn is opened after the messages (None:
+    unless `continue_final`). Blocking: a worker thread."""
     fault_points.reach("template")
     if not native_tools:
         rendered, tools = fallback_messages(rendered, tools or []), None
-    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    extra: dict[str, Any] = dict(variables or {})
+    if tools:
+        extra["tools"] = tools
     if thinking is not None:
         extra["enable_thinking"] = thinking
     if continue_final:
         extra["continue_final_message"] = True
+    opened = not continue_final if generation_prompt is None else generation_prompt
     taken = images is not None and bool(images.images)
     try:
         if taken or encode is not None:
             text = tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=not continue_final, tokenize=False, **extra
+                rendered, add_generation_prompt=opened, tokenize=False, **extra
             )
             if taken:
                 assert images is not None
@@ -165,7 +181,7 @@ def render_template(
             return encode(text), None
         fault_points.reach("tokenize")
         tokens = tokenizer.apply_chat_template(
-            rendered, add_generation_prompt=not continue_final, tokenize=True, **extra
+            rendered, add_generation_prompt=opened, tokenize=True, **extra
         )
     except (jinja2.TemplateError, TypeError, ValueError) as exc:
         # The template's own checks (`raise_exception`: role order, ...) and what its Python
@@ -187,11 +203,20 @@ def render_served(
     served: ServedModel,
     messages: list[ChatMessage],
     tools: list[dict[str, Any]] | None,
+    *,
+    special_tokens: bool = False,
     **where: Any,
 ) -> tuple[list[int], ImageInputs | None]:
     """`render_chat_prompt` with what the served model says: its tokenizer, tool format,
     vision processor and image limits (`where` and `url_param` name errors; `thinking`
-    turns a thinking template's thinking on or off)."""
+    turns a thinking template's thinking on or off; `variables`, `continue_final` and
+    `generation_prompt` as `render_template` takes them). `special_tokens`: the rendered
+    text is tokenized with the tokenizer's special tokens (/tokenize's `add_special_tokens`;
+    never for a generation, whose template writes what the model expects). Images are
+    tokenized by the vision processor, which decides that itself."""
+    encode = served.encoder.encode if served.encoder is not None else None
+    if special_tokens:
+        encode = functools.partial(_with_special_tokens, served.tokenizer)
     return render_chat_prompt(
         served.tokenizer,
         messages,
@@ -199,9 +224,13 @@ def render_served(
         native_tools=served.tool_format.native,
         vision=served.vision,
         limits=served.image_limits,
-        encode=served.encoder.encode if served.encoder is not None else None,
+        encode=encode,
         **where,
     )
+
+
+def _with_special_tokens(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=True))
 
 
 def render_served_template(
@@ -352,35 +381,3 @@ def _unsupported_part(where: str, index: int, kind: str) -> InvalidRequest:
         param=f"{where}.content[{index}].type",
         code="unsupported_content",
     )
-
-
-def completion_tokens(
-    served: ServedModel, prompt: str | list[str] | list[int] | list[list[int]]
-) -> list[int]:
-    """A completion request's `prompt` as token ids (text tokenized; one prompt only)."""
-    vocab_size = served.vocab_size
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise InvalidRequest(
-                "one prompt per request is supported (a list of several was given)",
-                param="prompt",
-                code="unsupported_parameter",
-            )
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        check_prompt_size(served, [prompt], "prompt")
-        fault_points.reach("tokenize")
-        tokens = list(served.tokenizer.encode(prompt))
-    else:
-        tokens = list(prompt)
-        bad = [t for t in tokens if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequest(
-                f"token id {bad[0]} is out of range: this model's token ids are "
-                f"0..{vocab_size - 1}",
-                param="prompt",
-                code="invalid_value",
-            )
-    if not tokens:
-        raise InvalidRequest("the prompt is empty", param="prompt", code="invalid_value")
-    return tokens

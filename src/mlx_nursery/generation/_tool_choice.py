@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from ..engine import GrammarProcessor
 
 
+def shown_tools(raw: list[FunctionTool] | None, served: ServedModel) -> list[dict[str, Any]]:
+    """The tools as the chat template is shown them (within `--max-tools`)."""
+    check_count(len(raw or ()), served.caps.max_tools, "tools")
+    return normalize_tools(raw)
+
+
 def offered_tools(
     raw: list[FunctionTool] | None,
     choice: ToolChoiceMode | NamedToolChoice | None,
@@ -29,8 +35,7 @@ def offered_tools(
     or the fallback convention). A tool_choice is checked with or without tools: one that
     forces a call needs a tool to call.
     """
-    check_count(len(raw or ()), served.caps.max_tools, "tools")
-    tools = normalize_tools(raw)
+    tools = shown_tools(raw, served)
     forcing = choice not in (None, "auto", "none")
     name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
     if forcing and not tools:

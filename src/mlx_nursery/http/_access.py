@@ -1,4 +1,5 @@
-"""Who may call the API: API keys on every /v1 route, and CORS for browsers.
+"""Who may call the API: API keys on every API route (/v1, /tokenize, /detokenize), and CORS
+for browsers.
 
 Keys are compared in constant time against every key the server holds (so the time taken
 says nothing of which key, or how much of one, matched), and only `Authorization: Bearer`
@@ -29,6 +30,8 @@ EXPOSED_HEADERS = (
 )
 """The headers of ours a page may read (beside the CORS-safelisted ones): the SDKs' retry
 headers too, which a page's SDK reads as a server's SDK does."""
+API_PATHS = ("/v1", "/tokenize", "/detokenize")
+"""The API's routes: /v1, and vLLM's tokenizer routes at the root (`_tokenize_routes.py`)."""
 MODELS_PREFIX = "/v1/models/"
 ADMIN_ACTIONS = ("load", "unload")
 Verdict = Literal["allowed", "unauthorized", "forbidden"]
@@ -74,7 +77,7 @@ class Access:
     """No API key is set (admin keys alone guard only the admin routes)."""
     origins: frozenset[str] = frozenset()
     """Origins whose pages may call the API; "*" is any."""
-    keyed_paths: tuple[str, ...] = ("/v1",)
+    keyed_paths: tuple[str, ...] = API_PATHS
     """Path prefixes that need a key (with keys set); not `/metrics` with --public-metrics."""
 
     @classmethod
@@ -92,7 +95,7 @@ class Access:
         if key_file is not None:
             keys += read_key_file(key_file)
         allowed = frozenset(o.strip() for o in (origins or "").split(",") if o.strip())
-        keyed = ("/v1",) if public_metrics else ("/v1", "/metrics")
+        keyed = API_PATHS if public_metrics else (*API_PATHS, "/metrics")
         return cls(
             tuple(k.encode() for k in [*keys, *admin_keys]),
             tuple(k.encode() for k in admin_keys),

@@ -41,7 +41,7 @@ from ..openai import (
 )
 from ..serving import Job, JobItem, ended_early, speaking
 from ._errors import leave_body_unread
-from ._generate import parts, request_id
+from ._generate import current_live, parts, request_id
 from ._lifetime import current_record, own
 from ._pump import pump
 from ._routes import routes
@@ -79,19 +79,22 @@ async def _speech(task: SpeechTask) -> Response:
     serving = parts()
     models = serving.service.check_open()
     deadline = serving.preparation.deadline()
+    live = current_live()
     fields, upload = await _read_form(serving.audio_limits.max_bytes)
-    slot = models.find(speech_model_name(fields)).expect("speech")
-    async with models.lease(slot, deadline) as leased:
-        hosted, engine = speaking(leased)
-        limits, info = serving.audio_limits, engine.info
-        prepared = await serving.preparation.prepare(
-            lambda: prepare_speech(task, fields, upload, info, limits), deadline
-        )
-        job = own(
-            await hosted.jobs.start_transcription(
-                engine, prepared.request, deadline, current_record()
+    with live.guard():  # a cancel by the request's id stops it; then its job (`hold`)
+        slot = models.find(speech_model_name(fields)).expect("speech")
+        async with models.lease(slot, deadline) as leased:
+            hosted, engine = speaking(leased)
+            limits, info = serving.audio_limits, engine.info
+            prepared = await serving.preparation.prepare(
+                lambda: prepare_speech(task, fields, upload, info, limits), deadline
             )
-        )  # ends with the request
+            job = own(
+                await hosted.jobs.start_transcription(
+                    engine, prepared.request, deadline, current_record()
+                )
+            )  # ends with the request
+            live.hold(job)
     if prepared.stream:
         body = pump(job, _TranscriptStream(), serving.writes, request_id())
         response = Response(body, content_type="text/event-stream", headers=HEADERS)

@@ -5,8 +5,8 @@ the headers that steer SDK retries.
   Any error with a `retry_after` carries it (the scripted model's 429 and 503 faults too): in
   whole seconds, as HTTP has it, and also as `retry-after-ms` when it is not whole (the
   openai SDKs read that first), so that a test of retries need not wait whole seconds.
-- 504 request timeout: `x-should-retry: false` (the SDK would otherwise retry a 5xx
-  and run the same too-long request again).
+- 504 request timeout, 409 request cancelled: `x-should-retry: false` (the SDK would
+  otherwise retry a 5xx or a 409 and run the same request again).
 - 500: a generic message; details go to the log with the request id, never to the client.
   The log names the exception's type and where it was raised, not its message, which may
   quote the prompt (prompts and completions are never logged).
@@ -25,7 +25,7 @@ import math
 from quart import Response, g, has_request_context
 
 from ..anthropic import error_body, error_status
-from ..generation import OpenAIError, RequestTimeout
+from ..generation import OpenAIError
 
 
 def error_response(error: OpenAIError, *, anthropic: bool = False) -> Response:
@@ -36,8 +36,8 @@ def error_response(error: OpenAIError, *, anthropic: bool = False) -> Response:
         headers["Retry-After"] = str(math.ceil(error.retry_after))
         if error.retry_after != math.ceil(error.retry_after):
             headers["retry-after-ms"] = str(round(error.retry_after * 1000))
-    if isinstance(error, RequestTimeout):
-        headers["x-should-retry"] = "false"
+    if error.should_retry is not None:
+        headers["x-should-retry"] = "true" if error.should_retry else "false"
     if anthropic:
         status, body = error_status(error), error_body(error, _request_id())
     else:

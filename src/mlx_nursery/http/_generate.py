@@ -16,14 +16,16 @@ from ..generation import Prepared, RequestTooLarge, UnsupportedMediaType, quoted
 from ..serving import (
     BodyRenderer,
     Caller,
+    Detach,
     Job,
+    LiveRequest,
     Parts,
     Recipe,
     RenderedStream,
     StreamRenderer,
     collect,
 )
-from ._lifetime import current_record, own
+from ._lifetime import current_record, live_request, own
 from ._pump import pump
 from ._sse import HEADERS
 from ._tenancy import current_tenant
@@ -44,12 +46,28 @@ async def generate(recipe: Recipe[R], note: Callable[[R], None] | None = None) -
     """The request's body read and prepared as `recipe` says, its job started and tied to
     the request (it ends with it). `note` adds headers about how the request was taken
     (default: `note_ignored`). Raises the API's errors, to the app's one handler."""
+    caller = await _caller(recipe, note)
+    return await parts().generations.start(recipe, caller)
+
+
+async def generate_or_detach(
+    recipe: Recipe[R], detach: Detach[R], note: Callable[[R], None] | None = None
+) -> tuple[R, Job | None]:
+    """As `generate`; but a request `detach` wants is launched by it, apart from the
+    request (no job is returned: None)."""
+    caller = await _caller(recipe, note)
+    return await parts().generations.start_or_detach(recipe, caller, detach)
+
+
+async def _caller(recipe: Recipe[R], note: Callable[[R], None] | None) -> Caller:
+    """The request as the choreography knows it, its body read."""
     serving = parts()
     serving.service.check_open()  # the 503 before the body is read
     arrived = trio.current_time()
     deadline = serving.preparation.deadline()
+    live = current_live()  # a cancel by its id while the body arrives stops it once read
     raw = await request_body()
-    caller = Caller(
+    return Caller(
         raw=raw,
         arrived=arrived,
         deadline=deadline,
@@ -57,8 +75,8 @@ async def generate(recipe: Recipe[R], note: Callable[[R], None] | None = None) -
         tenant=current_tenant().id,
         note=note or (lambda prepared: note_ignored(recipe.plan(prepared))),
         own=own,
+        live=live,
     )
-    return await serving.generations.start(recipe, caller)
 
 
 async def respond(job: Job, stream: StreamRenderer | None, body: BodyRenderer) -> Response:
@@ -81,6 +99,12 @@ def note_ignored(prepared: Prepared, **more: str) -> None:
 
 def request_id() -> str:
     return str(getattr(g, "request_id", "-"))
+
+
+def current_live() -> LiveRequest:
+    """The current request's entry among those a client may cancel by its id
+    (`POST /v1/requests/{id}/cancel`)."""
+    return live_request(current_tenant().id, request_id())
 
 
 async def request_body() -> bytes:

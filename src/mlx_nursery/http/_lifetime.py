@@ -22,7 +22,7 @@ import attrs
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
 from quart_trio.asgi import TrioASGIHTTPConnection
 
-from ..serving import Job, RequestRecord
+from ..serving import Job, LiveRequest, LiveRequests, RequestRecord
 from ._body_pace import PacedBody
 
 _current: ContextVar[RequestLifetime | None] = ContextVar(
@@ -33,13 +33,18 @@ _current: ContextVar[RequestLifetime | None] = ContextVar(
 @attrs.define(eq=False)
 class RequestLifetime:
     """The jobs one request started; cancelled ("client") when the request ends. And the
-    request's log record, written once the request and its jobs have ended."""
+    request's log record, written once the request and its jobs have ended, and its entry
+    among the requests a client may cancel by id, listed until it ends."""
 
     record: RequestRecord
+    registry: LiveRequests
     jobs: list[Job] = attrs.Factory(list)
+    live: LiveRequest | None = None
 
     def end(self) -> None:
         """Cancel every job still running: no one will read its output. Not a checkpoint."""
+        if self.live is not None:
+            self.registry.leave(self.live)
         for job in self.jobs:
             job.cancel("client")
 
@@ -48,6 +53,17 @@ def current_record() -> RequestRecord | None:
     """The log record of the request being handled (None outside one)."""
     lifetime = _current.get()
     return None if lifetime is None else lifetime.record
+
+
+def live_request(tenant: str | None, request_id: str) -> LiveRequest:
+    """The current request's entry among those a client may cancel by id (`tenant`'s, under
+    `request_id`): listed on first use, until the request ends."""
+    lifetime = _current.get()
+    if lifetime is None:
+        raise RuntimeError("no request lifetime: the app must use LifetimeHTTPConnection")
+    if lifetime.live is None:
+        lifetime.live = lifetime.registry.enter(tenant, request_id, lifetime.record)
+    return lifetime.live
 
 
 def logged_path(scope: HTTPScope) -> str:
@@ -74,8 +90,10 @@ class LifetimeHTTPConnection(TrioASGIHTTPConnection):
     context. The body's pace comes from the app's config (app.py)."""
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        lifetime = RequestLifetime(RequestRecord(self.scope["method"], logged_path(self.scope)))
-        config, metrics = self.app.config, self.app.extensions["mlx_nursery"].metrics
+        parts = self.app.extensions["mlx_nursery"]
+        record = RequestRecord(self.scope["method"], logged_path(self.scope))
+        lifetime = RequestLifetime(record, parts.live)
+        config, metrics = self.app.config, parts.metrics
         paced = PacedBody(
             receive,
             send,

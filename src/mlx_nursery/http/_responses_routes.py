@@ -1,13 +1,15 @@
-"""/v1/responses: create (JSON or named SSE events), retrieve, delete, input items."""
+"""/v1/responses: create (JSON or named SSE events; in the background too), retrieve (a
+background stream resumed after any event), cancel, delete, input items."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from contextlib import aclosing
 from typing import Any
 
 import attrs
-from quart import Response, request
+from quart import Response, g, request
 
 from ..generation import (
     ImageRef,
@@ -26,11 +28,12 @@ from ..openai import (
     parse_responses_request,
     prepare_response,
 )
-from ..serving import Recipe
+from ..serving import BackgroundLaunch, Recipe
 from ..store import StoredResponse
-from ._generate import generate, note_ignored, parts, respond
+from ._generate import IGNORED_HEADER, as_json, generate_or_detach, note_ignored, parts, respond
 from ._renderers import ResponseBody, ResponseSaver, ResponseStream
 from ._routes import routes
+from ._sse import HEADERS, named_events
 from ._tenancy import current_tenant
 
 TRUNCATED_HEADER = "x-truncated-messages"
@@ -75,7 +78,12 @@ def _note(prepared: PreparedResponse) -> None:
 async def create_response() -> Response:
     serving = parts()
     owner = current_tenant().id  # read here: a stream's body runs outside the request
-    prepared, job = await generate(_Response(serving.max_input_items), _note)
+    launch = BackgroundLaunch(serving.background, owner)
+    prepared, job = await generate_or_detach(_Response(serving.max_input_items), launch, _note)
+    if job is None:  # in the background: answered at once, queued
+        if prepared.prepared.stream:
+            return _event_stream(serving.background.events(prepared.id, -1))
+        return as_json(launch.body)
     saver = ResponseSaver(serving.store, prepared, owner)
     builder = ResponseBuilder(prepared)
     stream = ResponseStream(builder, saver) if prepared.prepared.stream else None
@@ -84,19 +92,52 @@ async def create_response() -> Response:
 
 @routes.get("/v1/responses/<response_id>")
 async def retrieve_response(response_id: str) -> Response:
-    if request.args.get("stream", "false").lower() == "true":
+    streamed = _flag("stream")
+    after = _starting_after() if streamed else -1
+    if _flag("include_obfuscation"):
+        g.response_headers = {IGNORED_HEADER: "include_obfuscation"}  # no obfuscation is sent
+    stored = await parts().background.current(await _stored(response_id))
+    if not streamed:
+        return as_json(stored.body)
+    if stored.body.get("background") is not True:
         raise InvalidRequest(
-            "streaming a stored response is not supported",
+            "This response cannot be streamed because it was not created with background=true.",
             param="stream",
-            code="unsupported_parameter",
         )
+    serving = parts()
+    first = await serving.store.events(response_id, after)
+    if not first and not await serving.store.events(response_id, -1):
+        raise InvalidRequest(
+            "This response cannot be streamed because it was not created with stream=true.",
+            param="stream",
+        )
+    last = int(first[-1]["sequence_number"]) if first else after
+
+    async def resumed() -> AsyncGenerator[list[dict[str, Any]]]:
+        if first:
+            yield first
+        async with aclosing(serving.background.events(response_id, last)) as rest:
+            async for events in rest:
+                yield events
+
+    return _event_stream(resumed())
+
+
+@routes.post("/v1/responses/<response_id>/cancel")
+async def cancel_response(response_id: str) -> Response:
     stored = await _stored(response_id)
-    return Response(json.dumps(stored.body), content_type="application/json")
+    return as_json(await parts().background.cancel(stored))
 
 
 @routes.delete("/v1/responses/<response_id>")
 async def delete_response(response_id: str) -> Response:
-    await _stored(response_id)  # the owner's (or an admin's) to delete
+    stored = await _stored(response_id)  # the owner's (or an admin's) to delete
+    stored = await parts().background.current(stored)
+    if stored.runner is not None:
+        raise InvalidRequest(
+            "Cannot delete an in-flight response: cancel it first, or wait for it to end.",
+            param="response_id",
+        )
     if not await parts().store.delete(response_id):
         raise _not_found(response_id, "response_id")
     body = {"id": response_id, "object": "response", "deleted": True}
@@ -132,6 +173,46 @@ async def _stored(response_id: str, param: str = "response_id") -> StoredRespons
     if stored is None or not current_tenant().owns(stored.owner):
         raise _not_found(response_id, param)
     return stored
+
+
+def _event_stream(batches: AsyncGenerator[list[dict[str, Any]]]) -> Response:
+    """A background response's events as named SSE events, each batch one write. The
+    client leaving ends the stream (and closes `batches`), never the response."""
+
+    async def body() -> AsyncIterator[bytes]:
+        async with aclosing(batches):
+            async for events in batches:
+                yield named_events(events)
+
+    response = Response(body(), content_type="text/event-stream", headers=HEADERS)
+    response.timeout = None  # the response's own deadline bounds it
+    return response
+
+
+def _flag(name: str) -> bool:
+    """A boolean query parameter (`true` / `false`, as the SDKs send them)."""
+    value = request.args.get(name, "false").lower()
+    if value not in ("true", "false"):
+        raise InvalidRequest(
+            f"{name} must be true or false, got {quoted(value)}", param=name, code="invalid_value"
+        )
+    return value == "true"
+
+
+def _starting_after() -> int:
+    given = request.args.get("starting_after", "-1")
+    try:
+        after = int(given)
+    except ValueError:
+        after = -2
+    if after < -1:
+        raise InvalidRequest(
+            f"starting_after must be a sequence number (an integer, at least -1), got"
+            f" {quoted(given)}",
+            param="starting_after",
+            code="invalid_value",
+        )
+    return after
 
 
 def _not_found(response_id: str, param: str) -> ResourceNotFound:

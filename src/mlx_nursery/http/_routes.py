@@ -1,5 +1,6 @@
-"""The routes: /health, /metrics, the model routes, and chat and completions, thin adapters
-over the generation choreography (`_generate.py`): what to prepare, which renderer."""
+"""The routes: /health, /metrics, the model routes, cancelling a request by its id, and chat
+and completions, thin adapters over the generation choreography (`_generate.py`): what to
+prepare, which renderer."""
 
 from __future__ import annotations
 
@@ -11,11 +12,22 @@ from typing import Any
 import attrs
 from quart import Blueprint, Response
 
-from ..generation import ImageRef, ModelList, Prepared, ServedModel, chat_images, to_json
+from ..generation import (
+    ImageRef,
+    InvalidRequest,
+    ModelList,
+    Prepared,
+    ResourceNotFound,
+    ServedModel,
+    chat_images,
+    quoted,
+    to_json,
+)
 from ..openai import prepare_chat, prepare_completion
 from ..serving import METRICS_CONTENT_TYPE, Recipe
-from ._generate import generate, parts, respond
+from ._generate import generate, parts, request_body, respond
 from ._renderers import ChunkStream, WholeBody
+from ._tenancy import current_tenant
 
 routes = Blueprint("openai", __name__)
 
@@ -90,6 +102,22 @@ async def unload_model(model: str) -> dict[str, Any]:
     slot = models.find(model)
     await models.unload(slot)
     return to_json(slot.card())  # type: ignore[no-any-return]
+
+
+@routes.post("/v1/requests/<request_id>/cancel")
+async def cancel_request(request_id: str) -> dict[str, Any]:
+    """Stop a running request of the caller's key (an admin key: anyone's) by its
+    `x-request-id`: its compute stops within an engine step, and it ends with a 409
+    `request_cancelled`. 404 for an id that runs nothing of the key's (docs/decisions/0041)."""
+    if (await request_body()).strip() not in (b"", b"{}"):
+        raise InvalidRequest("this route takes no body", code="invalid_value")
+    if not parts().live.cancel(current_tenant(), request_id):
+        raise ResourceNotFound(
+            f"No running request with id {quoted(request_id)}.",
+            param="request_id",
+            code="request_not_found",
+        )
+    return {"id": request_id, "object": "request", "cancelled": True}
 
 
 @attrs.frozen

@@ -72,6 +72,9 @@ class LoadedModel:
     config: dict[str, Any]
     vision: Vision | None = None
     embedding: EmbeddingSpec | None = None
+    draft: Module | None = None
+    """A draft model for speculative decoding (`--draft-model`), loaded beside this one on
+    the same thread; None without."""
 
     @property
     def context_length(self) -> int:

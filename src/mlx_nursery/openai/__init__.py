@@ -1,5 +1,6 @@
 """The OpenAI API: wire schemas and rendering for chat, completions, Responses, embeddings,
-audio and model cards, and the adapters from its requests to `generation` plans.
+audio and model cards (and vLLM's /tokenize and /detokenize), and the adapters from its
+requests to `generation` plans.
 
 Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back JSON-ready objects,
 or a `generation.OpenAIError` that carries its status and envelope.
@@ -20,8 +21,11 @@ from ._embeddings_endpoint import (
 )
 from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
-from ._responses_output import ResponseBuilder, input_items_page
+from ._responses_events import failed_event
+from ._responses_items import input_items_page
+from ._responses_output import ResponseBuilder
 from ._responses_schemas import ResponsesRequest
+from ._tokenize import Tokenized, prepare_detokenize, prepare_tokenize
 
 __all__ = [
     "RESPONSE_FORMATS",
@@ -32,16 +36,20 @@ __all__ = [
     "ResponseBuilder",
     "ResponsesRequest",
     "ServedEmbedder",
+    "Tokenized",
     "delta_event",
     "done_event",
     "embeddings_body",
+    "failed_event",
     "input_items_page",
     "parse_responses_request",
     "prepare_chat",
     "prepare_completion",
+    "prepare_detokenize",
     "prepare_embeddings",
     "prepare_response",
     "prepare_speech",
+    "prepare_tokenize",
     "run_embeddings",
     "speech_model_name",
     "transcript_body",

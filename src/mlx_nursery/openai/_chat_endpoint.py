@@ -8,12 +8,15 @@ from typing import Any, ClassVar
 
 import attrs
 
+from ..engine import ImageInputs
 from ..generation import (
+    ChatMessage,
     Finished,
     InvalidRequest,
     LogprobEntry,
     Prepared,
     ServedModel,
+    TemplateVariables,
     ToolCallOut,
     answer_only,
     check_count,
@@ -30,6 +33,7 @@ from ..generation import (
     require,
     structure,
     switchable,
+    template_variables,
     thinking_switch,
     to_json,
     with_logprobs,
@@ -171,6 +175,9 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     thinking = thinking_switch(served.thinking, request.reasoning_effort, "reasoning_effort")
     hints = _THINKING_HINTS if switchable(served.thinking) else _HINTS
     ignored = ignored_hints(request, hints, strict=served.strict_params)
+    variables = template_variables(
+        request.chat_template_kwargs, served.tokenizer, thinking, strict=served.strict_params
+    )
     details = [  # the model's image processor decides each image's resolution
         part.image_url.get("detail")
         for message in request.messages
@@ -180,7 +187,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     ]
     detail = next((d for d in details if d not in (None, "auto")), None)
     given = {"image_url.detail": detail} if detail is not None else {}
-    ignored = (*ignored, *ignored_values(given, strict=served.strict_params))
+    ignored = (*ignored, *ignored_values(given, strict=served.strict_params), *variables.ignored)
     if request.max_tokens is not None and request.max_completion_tokens is not None:
         require(
             request.max_tokens == request.max_completion_tokens,
@@ -195,8 +202,7 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     check_count(len(request.messages), served.caps.max_messages, "messages")
     checked = common(request, served, request.service_tier)
     tools, forced = offered_tools(request.tools, request.tool_choice, served)
-    check_prompt_size(served, prompt_texts(request.messages, tools), "messages")
-    tokens, images = render_served(served, request.messages, tools, thinking=thinking)
+    tokens, images = chat_prompt(served, request.messages, tools, variables)
     prepared = prepared_for(
         CHAT,
         request,
@@ -217,6 +223,27 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
     prepared = attrs.evolve(prepared, ignored=ignored)
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
+
+
+def chat_prompt(
+    served: ServedModel,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]],
+    variables: TemplateVariables,
+    **rendering: Any,
+) -> tuple[list[int], ImageInputs | None]:
+    """A chat conversation's token ids (and images): the one rendering that chat completions
+    and /tokenize's chat form share, so that a count is a chat request's prompt tokens.
+    `rendering`: `render_served`'s other options (/tokenize's). Blocking: a worker thread."""
+    check_prompt_size(served, prompt_texts(messages, tools), "messages")
+    return render_served(
+        served,
+        messages,
+        tools,
+        thinking=variables.thinking,
+        variables=variables.values,
+        **rendering,
+    )
 
 
 def _chat_logprobs(request: ChatCompletionRequest, tools: bool) -> int | None:

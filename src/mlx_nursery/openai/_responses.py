@@ -56,7 +56,6 @@ which a client replays as it is; nothing is encrypted (Codex-style clients send 
 store: false)."""
 _INCLUDABLE = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
 _UNIMPLEMENTED: dict[str, object] = {
-    "background": False,
     "prompt": (),
     "conversation": (),
     "truncation": ("disabled", "auto"),
@@ -84,6 +83,13 @@ def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
                 param=f"include[{i}]",
                 code="unsupported_parameter",
             )
+    if request.background and request.store is False:
+        raise InvalidRequest(
+            "Background responses must be stored: background=true requires store to be true"
+            " (or left out).",
+            param="background",
+            code="unsupported_parameter",
+        )
     if request.max_tool_calls is not None:
         require(request.max_tool_calls >= 1, "max_tool_calls", "max_tool_calls must be at least 1")
     if request.stream_options is not None:
@@ -126,6 +132,11 @@ class PreparedResponse:
     @property
     def store(self) -> bool:
         return self.request.store is not False
+
+    @property
+    def background(self) -> bool:
+        """Run apart from the request that made it (`serving/_background.py`)."""
+        return self.request.background is True
 
 
 def prepare_response(

@@ -3,7 +3,7 @@ spec lists them, `sequence_number` last. `ResponseBuilder` numbers and emits the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -14,6 +14,15 @@ from ._responses_objects import OutputItem, OutputLogprob, OutputText, Reasoning
 @attrs.frozen(kw_only=True)
 class ResponseCreated:
     type: Literal["response.created"] = "response.created"
+    response: Response
+    sequence_number: int
+
+
+@attrs.frozen(kw_only=True)
+class ResponseQueued:
+    """A background response waits for a lane (after `response.created`)."""
+
+    type: Literal["response.queued"] = "response.queued"
     response: Response
     sequence_number: int
 
@@ -35,6 +44,16 @@ class ResponseCompleted:
 @attrs.frozen(kw_only=True)
 class ResponseIncomplete:
     type: Literal["response.incomplete"] = "response.incomplete"
+    response: Response
+    sequence_number: int
+
+
+@attrs.frozen(kw_only=True)
+class ResponseFailed:
+    """A background response's end without a result: failed, or cancelled (its response's
+    status says which)."""
+
+    type: Literal["response.failed"] = "response.failed"
     response: Response
     sequence_number: int
 
@@ -155,9 +174,11 @@ class FunctionCallArgumentsDone:
 
 StreamEvent = (
     ResponseCreated
+    | ResponseQueued
     | ResponseInProgress
     | ResponseCompleted
     | ResponseIncomplete
+    | ResponseFailed
     | ErrorEvent
     | OutputItemAdded
     | OutputItemDone
@@ -170,3 +191,9 @@ StreamEvent = (
     | FunctionCallArgumentsDelta
     | FunctionCallArgumentsDone
 )
+
+
+def failed_event(response: dict[str, Any], sequence_number: int) -> dict[str, Any]:
+    """`response.failed` for a response already JSON (a stored body), as `ResponseFailed`
+    unstructures: a stream settled after its process was gone ends with it."""
+    return {"type": "response.failed", "response": response, "sequence_number": sequence_number}

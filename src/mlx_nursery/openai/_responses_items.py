@@ -1,12 +1,13 @@
 """Responses input items (typed, `_responses_schemas`) to the item resources /input_items
-returns and stores, and those to chat messages."""
+returns and stores, those to chat messages, and the /input_items pages."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Any, Literal
 
-from ..generation import InvalidRequest
+from ..generation import InvalidRequest, quoted, to_json
+from ._responses_objects import InputItemList
 from ._responses_schemas import (
     ContentPart,
     FunctionCallItem,
@@ -193,3 +194,33 @@ def _only_reasoning(message: dict[str, Any]) -> bool:
         and message["content"] is None
         and not message.get("tool_calls")
     )
+
+
+def input_items_page(
+    items: list[dict[str, Any]], *, after: str | None, limit: int, order: str
+) -> dict[str, Any]:
+    """One page of /input_items, as the spec paginates: `after` an id, newest first by default."""
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100", param="limit", code="invalid_value")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'", param="order", code="invalid_value")
+    ordered = items if order == "asc" else list(reversed(items))
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        if after not in ids:
+            raise InvalidRequest(
+                f"no input item {quoted(after)} in this response",
+                param="after",
+                code="invalid_value",
+            )
+        ordered = ordered[ids.index(after) + 1 :]
+    page = ordered[:limit]
+    body: dict[str, Any] = to_json(
+        InputItemList(
+            data=page,
+            first_id=page[0]["id"] if page else None,
+            last_id=page[-1]["id"] if page else None,
+            has_more=len(ordered) > limit,
+        )
+    )
+    return body

@@ -23,7 +23,7 @@ from ..generation import (
 )
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
-ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
 # -- output items -----------------------------------------------------------------------------
@@ -132,6 +132,15 @@ class ResponseUsage:
 
 
 @attrs.frozen
+class ResponseError:
+    """Why a response failed. `code` is one of the spec's (`server_error` for everything this
+    server fails a response for: a deadline, a shutdown, a restart, the engine)."""
+
+    code: str
+    message: str
+
+
+@attrs.frozen
 class IncompleteDetails:
     reason: Literal["max_output_tokens"]
 
@@ -167,7 +176,8 @@ class Response:
     object: Literal["response"] = "response"
     created_at: int
     status: ResponseStatus
-    error: None = None
+    background: bool = False
+    error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None
     instructions: str | None
     max_output_tokens: int | None

@@ -1,5 +1,5 @@
 """The Responses API's output: `ResponseBuilder` grows the output items and makes the
-stream's events in the order the SDK checks; and the /input_items pages.
+stream's events in the order the SDK checks.
 
 The objects are attrs classes (`_responses_objects`, `_responses_events`); each event and
 each snapshot of the response is unstructured when it is made, so later growth of an open
@@ -13,12 +13,10 @@ from typing import Any, Literal
 from ..engine import Usage
 from ..generation import (
     Finished,
-    InvalidRequest,
     LogprobEntry,
     OpenAIError,
     TextFormat,
     ToolCallOut,
-    quoted,
     strict_tool_names,
     to_json,
 )
@@ -37,15 +35,16 @@ from ._responses_events import (
     ReasoningTextDone,
     ResponseCompleted,
     ResponseCreated,
+    ResponseFailed,
     ResponseIncomplete,
     ResponseInProgress,
+    ResponseQueued,
     StreamEvent,
 )
 from ._responses_items import item_id
 from ._responses_objects import (
     FlatFunctionTool,
     IncompleteDetails,
-    InputItemList,
     OutputFunctionCall,
     OutputItem,
     OutputLogprob,
@@ -55,6 +54,7 @@ from ._responses_objects import (
     ReasoningConfig,
     ReasoningText,
     Response,
+    ResponseError,
     ResponseStatus,
     ResponseText,
     ResponseUsage,
@@ -76,6 +76,7 @@ class ResponseBuilder:
         self.reasoning_tokens = 0
         self.status: ResponseStatus = "in_progress"
         self.incomplete_reason: Literal["max_output_tokens"] | None = None
+        self.error: ResponseError | None = None
 
     # events ------------------------------------------------------------------------------
     def _next(self) -> int:
@@ -88,6 +89,32 @@ class ResponseBuilder:
             _json(ResponseCreated(response=snapshot, sequence_number=self._next())),
             _json(ResponseInProgress(response=snapshot, sequence_number=self._next())),
         ]
+
+    def queued(self) -> list[dict[str, Any]]:
+        """A background response's first events, and its status until it holds a lane."""
+        self.status = "queued"
+        snapshot = self._response()
+        return [
+            _json(ResponseCreated(response=snapshot, sequence_number=self._next())),
+            _json(ResponseQueued(response=snapshot, sequence_number=self._next())),
+        ]
+
+    def started(self) -> list[dict[str, Any]]:
+        """A queued background response holds a lane: in progress."""
+        self.status = "in_progress"
+        return [_json(ResponseInProgress(response=self._response(), sequence_number=self._next()))]
+
+    def stopped(self, error: OpenAIError | None) -> dict[str, Any]:
+        """A background response ended without a result: cancelled (`error` None), or failed
+        with `error`. Its last event is `response.failed`, whose response says which (the
+        Responses stream has no event of its own for a cancel). Open items stay as they were
+        (in progress), as OpenAI's cancelled responses show them."""
+        if error is None:
+            self.status = "cancelled"
+        else:
+            self.status = "failed"
+            self.error = ResponseError("server_error", error.message)
+        return _json(ResponseFailed(response=self._response(), sequence_number=self._next()))
 
     def reasoning(self, delta: str) -> list[dict[str, Any]]:
         """A piece of a thinking model's reasoning: a `reasoning` item with one
@@ -302,6 +329,8 @@ class ResponseBuilder:
             id=p.id,
             created_at=p.created_at,
             status=self.status,
+            background=p.background,
+            error=self.error,
             incomplete_details=IncompleteDetails(self.incomplete_reason)
             if self.incomplete_reason
             else None,
@@ -367,33 +396,3 @@ def _flat_tool(function: dict[str, Any], strict: frozenset[str]) -> FlatFunction
         parameters=function.get("parameters"),
         strict=function["name"] in strict,
     )
-
-
-def input_items_page(
-    items: list[dict[str, Any]], *, after: str | None, limit: int, order: str
-) -> dict[str, Any]:
-    """One page of /input_items, as the spec paginates: `after` an id, newest first by default."""
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100", param="limit", code="invalid_value")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be 'asc' or 'desc'", param="order", code="invalid_value")
-    ordered = items if order == "asc" else list(reversed(items))
-    if after is not None:
-        ids = [item["id"] for item in ordered]
-        if after not in ids:
-            raise InvalidRequest(
-                f"no input item {quoted(after)} in this response",
-                param="after",
-                code="invalid_value",
-            )
-        ordered = ordered[ids.index(after) + 1 :]
-    page = ordered[:limit]
-    body: dict[str, Any] = to_json(
-        InputItemList(
-            data=page,
-            first_id=page[0]["id"] if page else None,
-            last_id=page[-1]["id"] if page else None,
-            has_more=len(ordered) > limit,
-        )
-    )
-    return body

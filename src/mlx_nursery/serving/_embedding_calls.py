@@ -4,9 +4,10 @@ client leaving and the server's drain cancel.
 Unlike a generation, an embedding request runs in its handler's own task, not in a job:
 its answer is one JSON body written after the compute, so no response is being written
 while it computes, and Quart-Trio's cancellation of the handler when the client leaves
-reaches the compute directly. What a job gives generations is kept: the model counts as
-busy while one runs (it is never unloaded under it), and a drain refuses new ones, gives
-the running ones the grace period, then cancels them with the shutdown error.
+reaches the compute directly, as a cancel by the request's id does (`_live.py`). What a job
+gives generations is kept: the model counts as busy while one runs (it is never unloaded
+under it), and a drain refuses new ones, gives the running ones the grace period, then
+cancels them with the shutdown error.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import numpy as np
 import trio
 
 from ..engine import Embedder, EmbeddingRequest
-from ..generation import Unavailable, request_timed_out
+from ..generation import Unavailable, request_cancelled, request_timed_out
 from ..openai import run_embeddings
 from ._job import CancelReason
+from ._live import LiveRequest
 from ._metrics import Metrics
 from ._request_log import RequestRecord
 
@@ -27,6 +29,14 @@ from ._request_log import RequestRecord
 class _Call:
     scope: trio.CancelScope
     reason: CancelReason = "timeout"
+    over: bool = False
+    """Its compute has ended (`_live.Stoppable`)."""
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Stop the call's compute before its next forward; the first reason wins."""
+        if not self.scope.cancel_called:
+            self.reason = reason
+            self.scope.cancel()
 
 
 class EmbeddingCalls:
@@ -52,10 +62,15 @@ class EmbeddingCalls:
         return bool(self._active)
 
     async def run(
-        self, request: EmbeddingRequest, deadline: float, record: RequestRecord | None
+        self,
+        request: EmbeddingRequest,
+        deadline: float,
+        record: RequestRecord | None,
+        live: LiveRequest | None = None,
     ) -> list[np.ndarray]:
         """The request's vectors. Raises what `run_embeddings` raises; 504 past `deadline`,
-        503 once a drain has begun or when it cancels the request.
+        503 once a drain has begun or when it cancels the request, 409 when a cancel by the
+        request's id (`live`'s) stops it.
 
         Cancellation: the caller's cancellation (its client left) stops the compute before
         the next forward and returns once the engine confirms it (`Embedder.embed`)."""
@@ -65,6 +80,8 @@ class EmbeddingCalls:
         self._active.add(call)
         if self._idle.is_set():
             self._idle = trio.Event()
+        if live is not None:
+            live.hold(call)
         try:
             with call.scope:
                 vectors = await run_embeddings(self._embedder, request)
@@ -77,11 +94,14 @@ class EmbeddingCalls:
                     "the server is shutting down; the request was cancelled",
                     code="server_shutting_down",
                 )
+            if call.reason == "cancel" and live is not None:
+                raise request_cancelled(live.request_id)
             raise request_timed_out(self._timeout or 0)
         except trio.Cancelled:
             self._cancelled(record, "client")
             raise
         finally:
+            call.over = True
             self._active.discard(call)
             if not self._active:
                 self._idle.set()
@@ -99,5 +119,4 @@ class EmbeddingCalls:
         with trio.move_on_after(grace):
             await self._idle.wait()
         for call in list(self._active):
-            call.reason = "shutdown"
-            call.scope.cancel()
+            call.cancel("shutdown")

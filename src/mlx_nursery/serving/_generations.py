@@ -6,21 +6,25 @@ is the renderer's (`_rendering.py`); writing it, HTTP's.
 An API plugs in with a `Recipe`: how its body parses, which images it names, how it is
 prepared for the served model. The HTTP side tells the choreography of its request with a
 `Caller`: when it arrived, its deadline, its record and tenant, and how a job is tied to
-the request's lifetime.
+the request's lifetime. A request that asks to run apart from its request (a background
+response) is handed, prepared, to a `Detach` with a `JobStarter`: its job is started by a
+task that outlives the request.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import attrs
 import trio
 
 from ..generation import ImageRef, Prepared, ServedModel, parse_json
-from ._extensions import Extensions, planned
+from ._extensions import Extensions, OutputHook, planned
 from ._job import Job
+from ._jobs import Jobs
+from ._live import LiveRequest
 from ._metrics import Metrics
 from ._preparation import Preparation
 from ._request_log import RequestRecord
@@ -28,6 +32,7 @@ from ._service import Service
 from ._slots import Hosted
 
 R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
 
 
 class Recipe(Generic[R]):
@@ -81,6 +86,53 @@ class Caller:
     """Told of the prepared request before its job starts (headers about how it was taken)."""
     own: Callable[[Job], Job]
     """Ties the job to the request's lifetime (it ends with the request)."""
+    live: LiveRequest | None = None
+    """The request's entry among those a client may cancel by id (None: not listed)."""
+
+
+@attrs.frozen
+class JobStarter:
+    """A prepared generation's job, to be started by a task that outlives its request."""
+
+    jobs: Jobs
+    plan: Prepared
+    caller: Caller
+    hook: OutputHook | None
+
+    def check(self) -> None:
+        """Raise what starting the job would be refused with now (the shutdown 503, a full
+        queue's 503), so that the request hears it. Not a checkpoint."""
+        self.jobs.check_admission(self.plan, self.caller.tenant)
+
+    async def start(self, registered: Callable[[], None]) -> Job:
+        """Start the job (its deadline, record and tenant the request's; not tied to the
+        request); returns once it holds a lane. `registered` is called, before the first
+        checkpoint, once the job keeps its model busy. Raises and cancels as `Jobs.start`."""
+        caller = self.caller
+        return await self.jobs.start(
+            self.plan,
+            caller.deadline,
+            caller.arrived,
+            caller.record,
+            self.hook,
+            caller.tenant,
+            registered=registered,
+        )
+
+
+class Detach(Protocol[R_contra]):
+    """Where a request that runs apart from its request goes, once prepared."""
+
+    def wanted(self, prepared: R_contra) -> bool:
+        """Whether `prepared` runs apart from its request."""
+        ...
+
+    async def launch(self, prepared: R_contra, starter: JobStarter) -> None:
+        """Start `prepared`'s job through `starter` in a task of its own; return once it is
+        registered (`JobStarter.start`), while the model is still leased for it. Raises to
+        the request what refuses it. Cancellation: cancelled before the job is registered,
+        nothing runs; after, the job runs on, apart from the request."""
+        ...
 
 
 class Generations:
@@ -105,11 +157,38 @@ class Generations:
         """The request prepared and its job started (owned by the caller's request).
         Raises what an extension answers the request with on arrival, the 503 of a server
         not taking work, the request's 4xx, RequestTimeout past the deadline, what leasing
-        and starting a job raise. Cancellation: nothing is left running but an abandoned
-        preparation thread (`Preparation.prepare`)."""
+        and starting a job raise, RequestCancelled when a cancel by its id stops it before
+        its job runs (it is then the job's to stop: `LiveRequest.hold`). Cancellation:
+        nothing is left running but an abandoned preparation thread
+        (`Preparation.prepare`)."""
+        prepared, job = await self.start_or_detach(recipe, caller, None)
+        assert job is not None
+        return prepared, job
+
+    async def start_or_detach(
+        self, recipe: Recipe[R], caller: Caller, detach: Detach[R] | None
+    ) -> tuple[R, Job | None]:
+        """As `start`; but a request `detach` wants is launched by it instead, its job not
+        tied to the request (the job is None). Raises and cancels as `start`; and what
+        `detach.launch` raises."""
+        if caller.live is None:
+            return await self._start(recipe, caller, detach)
+        with caller.live.guard():
+            started = await self._start(recipe, caller, detach)
+            if started[1] is not None:
+                caller.live.hold(started[1])
+        return started
+
+    async def _start(
+        self, recipe: Recipe[R], caller: Caller, detach: Detach[R] | None
+    ) -> tuple[R, Job | None]:
         hook = self._extensions.on_request(self._metrics)
         async with self._prepared(recipe, caller.raw, caller.deadline, True) as (hosted, prepared):
             caller.note(prepared)
+            if detach is not None and detach.wanted(prepared):
+                starter = JobStarter(hosted.jobs, recipe.plan(prepared), caller, hook)
+                await detach.launch(prepared, starter)
+                return prepared, None
             job = await hosted.jobs.start(
                 recipe.plan(prepared),
                 caller.deadline,

@@ -11,9 +11,10 @@ import trio
 from ..engine import Transcript, Window
 from ..generation import OpenAIError, Output
 
-CancelReason = Literal["timeout", "client", "shutdown"]
+CancelReason = Literal["timeout", "client", "shutdown", "cancel"]
 """Why a job was cancelled: its deadline; its request ended first (the client left, or the
-response was cut short: see `_lifetime.py`); the server's drain."""
+response was cut short: see `_lifetime.py`); the server's drain; a cancel by the request's
+id (`_live.py`)."""
 JobItem = Output | Window | Transcript | OpenAIError
 """A generation's outputs, a transcription's (its windows, then its transcript), or the
 error that ends either."""
@@ -26,6 +27,11 @@ class Job:
     reason: CancelReason = "timeout"
     ended: trio.Event = attrs.Factory(trio.Event)
     """Set once the job's task has ended: its model is no longer busy with it."""
+
+    @property
+    def over(self) -> bool:
+        """Whether the job's task has ended (`_live.Stoppable`)."""
+        return self.ended.is_set()
 
     async def settled(self) -> None:
         """Wait for the job's task to end, which follows its last output at once (bounded:

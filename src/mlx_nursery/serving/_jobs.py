@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Protocol
 
@@ -39,6 +39,7 @@ from ..generation import (
     Unavailable,
     engine_errors_as_api_errors,
     generate_text,
+    request_cancelled,
     request_timed_out,
 )
 from ._extensions import OutputHook
@@ -100,6 +101,7 @@ class Jobs:
         record: RequestRecord | None = None,
         hook: OutputHook | None = None,
         tenant: str | None = None,
+        registered: Callable[[], None] | None = None,
     ) -> Job:
         """Admit and start a job; returns once its sequence holds a lane.
 
@@ -109,7 +111,8 @@ class Jobs:
         job fills in (tokens, finish, cancel cause) and holds open until it ends. `hook`: an
         extension's, called with each output first (`_extensions.py`). `tenant`: whose request
         (`_tenancy.py`): the engine shares lanes fairly among tenants, and each tenant's
-        prompts are cached apart unless the jobs share prefixes across tenants.
+        prompts are cached apart unless the jobs share prefixes across tenants. `registered`:
+        called once the job counts as running (its model busy), before it waits for a lane.
 
         Raises the OpenAIError of a refused admission: the shutdown 503 once `drain` has
         begun (then without a checkpoint), or when a drain cancels it while queued; 503
@@ -119,8 +122,8 @@ class Jobs:
         Cancellation: cancelled before the sequence holds a lane, the job is cancelled with
         it, nothing was admitted, no compute ran, and `Cancelled` propagates. Once `start`
         has returned, the job no longer depends on the caller's scope: its deadline,
-        `Job.cancel`, a drain or the end of the request that owns it (`_lifetime.own`)
-        stops it."""
+        `Job.cancel` (a cancel by the request's id among them: `_live.py`), a drain or the
+        end of the request that owns it (`_lifetime.own`) stops it."""
         if self._closed:
             raise Unavailable("the server is shutting down", code="server_shutting_down")
         assert self._engine is not None, "a speech model's jobs are transcriptions"
@@ -129,7 +132,16 @@ class Jobs:
         arrived = trio.current_time() if arrived is None else arrived
         prepared = self._for_tenant(prepared, tenant)
         run = partial(self._run, prepared=prepared, arrived=arrived, record=record, hook=hook)
-        return await self._launch(run, deadline, record)
+        return await self._launch(run, deadline, record, registered)
+
+    def check_admission(self, prepared: Prepared, tenant: str | None) -> None:
+        """Raise what `start` would be refused with now, before waiting for a lane: the
+        shutdown 503, 503 when the queue (or `tenant`'s share) is full. Not a checkpoint."""
+        if self._closed:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        assert self._engine is not None, "a speech model's jobs are transcriptions"
+        with engine_errors_as_api_errors(prepared.prompt_param):
+            self._engine.check_admission(attrs.evolve(prepared.generation, tenant=tenant))
 
     def _for_tenant(self, prepared: Prepared, tenant: str | None) -> Prepared:
         """`prepared`, generating for `tenant`: its prefix-cache scope is the tenant's own
@@ -143,7 +155,13 @@ class Jobs:
         generation = attrs.evolve(generation, tenant=tenant, cache_key=cache_key)
         return attrs.evolve(prepared, generation=generation)
 
-    async def _launch(self, run: _JobTask, deadline: float, record: RequestRecord | None) -> Job:
+    async def _launch(
+        self,
+        run: _JobTask,
+        deadline: float,
+        record: RequestRecord | None,
+        registered: Callable[[], None] | None = None,
+    ) -> Job:
         """Admit a job and start `run(job, send)` in the jobs' nursery; returns once it has
         started (holds its lane). A refused start leaves nothing behind: the job is removed
         and the record's part ended with its error. Cancellation: as `start`."""
@@ -158,6 +176,8 @@ class Jobs:
             record.model = self._model_name
             record.job_started()
         try:
+            if registered is not None:
+                registered()
             await self._nursery.start(partial(self._contained, run), job, send, record)
         except BaseException as exc:
             self._finished(job)
@@ -225,7 +245,7 @@ class Jobs:
                 observer.cancelled(job.reason)
             if record is not None:
                 record.cancel_cause = job.reason
-            failure = self._cancellation_error(job)
+            failure = self._cancellation_error(job, record)
             if not started:
                 raise failure
         if failure is not None:
@@ -340,7 +360,9 @@ class Jobs:
                     await send.send(event)
         await self._end(job, send, failure, started, record)
 
-    def _cancellation_error(self, job: Job) -> OpenAIError:
+    def _cancellation_error(self, job: Job, record: RequestRecord | None) -> OpenAIError:
+        if job.reason == "cancel":
+            return request_cancelled(record.request_id if record is not None else "-")
         if job.reason == "shutdown":
             return Unavailable(
                 "the server is shutting down; the request was cancelled",

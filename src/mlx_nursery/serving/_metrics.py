@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from ..engine import (
+    DiskCacheStats,
     Embedder,
     Engine,
     EngineStatistics,
@@ -280,6 +281,13 @@ class _EngineCollector(Collector):
                        cache.reused_tokens)  # fmt: skip
                 sample("gauge", "prefix_cache_bytes", "Bytes the prefix cache holds", model,
                        cache.nbytes)  # fmt: skip
+            disk = worker.prefix_disk
+            if disk is not None:
+                for name, text, value in _disk_counters(disk):
+                    sample("counter", name, text, model, value)
+                sample("gauge", "prefix_cache_disk_bytes",
+                       "Bytes of prefix-cache files in the directory, every model's", model,
+                       disk.nbytes)  # fmt: skip
         yield from families.values()
         yield from _by_priority(
             {m: e.statistics() for m, e in self.engines.items() if isinstance(e, Engine)}
@@ -315,6 +323,23 @@ def _buckets(wait: WaitStatistics) -> list[tuple[str, float]]:
     """Prometheus' cumulative buckets from per-bucket counts, `+Inf` last."""
     bounds = [*(repr(b) for b in wait.buckets), "+Inf"]
     return list(zip(bounds, itertools.accumulate(wait.counts), strict=True))
+
+
+def _disk_counters(disk: DiskCacheStats) -> list[tuple[str, str, int]]:
+    """The prefix cache's disk tier, as counters."""
+    return [
+        ("prefix_cache_disk_hits", "Requests started from a prefix read from disk", disk.hits),
+        ("prefix_cache_disk_hit_tokens", "Prompt tokens read from disk", disk.hit_tokens),
+        ("prefix_cache_disk_writes", "Prefix-cache files written", disk.writes),
+        ("prefix_cache_disk_write_failures", "Prefix-cache files that could not be written",
+         disk.write_failures),
+        ("prefix_cache_disk_writes_dropped", "Prefix-cache files not written: the writer was"
+         " behind", disk.dropped),
+        ("prefix_cache_disk_rejected_files", "Prefix-cache files refused (damaged, cut short,"
+         " another model's) and deleted, never served", disk.rejected),
+        ("prefix_cache_disk_evictions", "Prefix-cache files deleted for the byte bound",
+         disk.evictions),
+    ]  # fmt: skip
 
 
 class _WithoutCreated(Collector):

@@ -85,6 +85,8 @@ class ModelOpener:
             priority_aging=self.settings.priority_aging,
             max_preemptions=self.settings.max_preemptions,
             prompt_cache_bytes=reservation.prefix_cache,
+            prompt_cache_dir=self.settings.prompt_cache_dir,
+            prompt_cache_disk_bytes=self.settings.prompt_cache_disk_bytes,
             # Across devices each rank's own memory holds its own share: the ranks agree it.
             kv_cache_bytes=reservation.kv if distribution is None else self.settings.kv_cache_bytes,
             prefill_batch_size=self.settings.prefill_batch_size,

@@ -38,7 +38,8 @@ class RequestRecord:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     cancel_cause: str | None = None
-    """Why its generation was stopped: "client", "timeout" or "shutdown"."""
+    """Why its generation was stopped: "client", "timeout", "shutdown" or "cancel" (by its
+    id: `_live.py`)."""
     error: str | None = None
     """The code of an error its generation ended with after the response began (a stream's
     final error event; the status was sent as 200 before it)."""

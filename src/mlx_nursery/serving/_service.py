@@ -22,6 +22,7 @@ from ..engine import default_memory_budget
 from ..generation import OpenAIError, ServedModel, Unavailable, requested_model
 from ..settings import Settings
 from ..store import ResponsesStorage
+from ._background import BackgroundResponses
 from ._metrics import Metrics
 from ._model_sources import ModelSource
 from ._registry import ModelRegistry, Opener
@@ -43,12 +44,14 @@ class Service:
         opener: Opener,
         metrics: Metrics,
         store: ResponsesStorage,
+        background: BackgroundResponses,
     ) -> None:
         self.settings = settings
         self.sources = sources
         self._opener = opener
         self._metrics = metrics
         self._store = store
+        self._background = background
         self.state: State = "loading"
         self.ready = trio.Event()
         """Set once the state leaves "loading" (to ready, or failed)."""
@@ -63,13 +66,16 @@ class Service:
         """Made at startup (`run`), once the memory budget is known."""
 
     async def run(self, nursery: trio.Nursery) -> None:
-        """Open the store, start the model registry in `nursery` and load the models to
-        preload; on failure, log and report unhealthy (the server then exits: server.py)."""
+        """Open the store (and settle the background responses a process that is gone left
+        unfinished; theirs run in `nursery`), start the model registry in `nursery` and load
+        the models to preload; on failure, log and report unhealthy (the server then exits:
+        server.py)."""
         try:
             await self._store.open()
         except Exception:  # noqa: BLE001 - logged by _failed; the server reports itself unhealthy
             self._failed(f"the responses store at {self._store.path} could not be opened")
             return
+        await self._background.open(nursery)
         budget = self.settings.memory_budget
         if budget is None:
             budget = await trio.to_thread.run_sync(default_memory_budget)
@@ -163,8 +169,11 @@ class Service:
         return models.find(requested_model(body))
 
     async def drain(self, grace: float) -> None:
-        """Refuse new requests, give running ones `grace` seconds, then cancel them."""
+        """Refuse new requests, give running ones (background responses too) `grace`
+        seconds, then cancel them; return once the background responses stored their ends
+        (bounded)."""
         if self.state in ("ready", "loading"):
             self.state = "draining"
         if self.models is not None:
             await self.models.drain(grace)
+        await self._background.drain()

@@ -172,6 +172,23 @@ class ServerSettings:
         validator=v.ge(0),
         metadata=described("prefix KV cache budget in bytes; 0 disables it", unit="bytes"),
     )
+    prompt_cache_dir: str | None = attrs.field(
+        default=None,
+        metadata=described(
+            "a directory where the prefix cache keeps long prompts' KV on disk (written in the"
+            " background, read back on a later request or after a restart)",
+            none="none: memory only",
+        ),
+    )
+    prompt_cache_disk_bytes: int = attrs.field(
+        default=engine_default("prompt_cache_disk_bytes"),
+        validator=v.ge(0),
+        metadata=described(
+            "the most bytes of files in --prompt-cache-dir, every model's together; past it,"
+            " the least recently used are deleted; 0: no disk tier",
+            unit="bytes",
+        ),
+    )
     kv_cache_bytes: int | None = attrs.field(
         default=engine_default("kv_cache_bytes"),
         validator=v.optional(v.ge(0)),
@@ -201,9 +218,17 @@ class ServerSettings:
         validator=v.optional(v.in_(SPECULATION_METHODS)),
         metadata=described(
             "speculative decoding for a request running alone: ngram drafts the next tokens"
-            " from its own context (prompt lookup) and verifies them in one forward; the same"
-            " output, faster where the answer repeats the prompt",
+            " from its own context (prompt lookup), draft by --draft-model, and verifies them"
+            " in one forward; the same output, faster where the drafts hold",
             none="off",
+        ),
+    )
+    draft_model: str | None = attrs.field(
+        default=None,
+        metadata=described(
+            "a smaller model with the served model's tokenizer that drafts for --speculative"
+            " draft (implies it)",
+            none="none",
         ),
     )
     speculative_tokens: int = attrs.field(
@@ -232,16 +257,25 @@ class ServerSettings:
                 f" ({self.speculative_ngram_max})"
             )
 
+    @draft_model.validator
+    def _check_draft_model(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+        if value is None and self.speculative == "draft":
+            raise SettingsError("--speculative draft needs --draft-model")
+        if value is not None and self.speculative == "ngram":
+            raise SettingsError("--draft-model drafts for --speculative draft, not ngram")
+
     @property
     def speculation(self) -> Speculation | None:
-        """The engine's speculation settings (None: off)."""
-        if self.speculative is None:
+        """The engine's speculation settings (None: off). A draft model implies "draft"."""
+        method = "draft" if self.draft_model is not None else self.speculative
+        if method is None:
             return None
         return Speculation(
-            self.speculative,
+            method,
             tokens=self.speculative_tokens,
             ngram_max=self.speculative_ngram_max,
             ngram_min=self.speculative_ngram_min,
+            draft_model=self.draft_model,
         )
 
     stream_interval: int = attrs.field(

@@ -77,6 +77,22 @@ class Settings(ServerSettings):
         validator=v.gt(0),
         metadata=described("seconds a stored response is kept", unit="seconds"),
     )
+    max_background: int = attrs.field(
+        default=32,
+        validator=v.ge(0),
+        metadata=described(
+            "background responses (Responses API, background: true) unfinished at once,"
+            " server-wide; past it, 429 (0: none are taken)"
+        ),
+    )
+    max_background_per_key: int = attrs.field(
+        default=8,
+        validator=v.ge(1),
+        metadata=described(
+            "of --max-background, those one API key may have unfinished (with keys set);"
+            " past it, 429 for that key"
+        ),
+    )
     script: str | None = attrs.field(
         default=None,
         metadata=described(

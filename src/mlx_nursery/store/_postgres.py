@@ -17,13 +17,22 @@ Several processes at once:
 A lost connection (a server restart, an idle connection cut) is found when a call uses it:
 the call is retried once on a new connection; a call that fails on a new connection raises
 (the route's error handler answers 500 in OpenAI's envelope) and the next call connects
-again, so the store never stays failed. The URL's password is never in a message we make:
-`path` leaves it out, and errors at open are scrubbed of it.
+again, so the store never stays failed.
+
+Which process is alive: each store holds, on its connection, a session advisory lock named
+by its `runner` (taken again on every new connection). A response left unfinished by a
+runner whose lock no session holds was left by a process that is gone (`unfinished`); one
+whose runner holds its lock is running elsewhere and is left alone.
+
+The URL's password is never in a message we make: `path` leaves it out, and errors at open
+are scrubbed of it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -31,7 +40,18 @@ from urllib.parse import unquote, urlsplit
 import trio
 
 from .. import fault_points
-from ._rows import Dialect, StoredResponse, StoreLimits, delete, read, write
+from ._rows import (
+    Dialect,
+    StoredResponse,
+    StoreLimits,
+    append_events,
+    delete,
+    numbered,
+    read,
+    read_events,
+    unfinished,
+    write,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -45,13 +65,14 @@ SCHEMES = ("postgresql://", "postgres://")
 _TABLE = "mlx_nursery_responses"
 """Prefixed: the database may be shared with other applications."""
 
-_DIALECT = Dialect(_TABLE, f"{_TABLE}_blobs", f"{_TABLE}_blob_refs", "%s")
+_DIALECT = Dialect(_TABLE, f"{_TABLE}_blobs", f"{_TABLE}_blob_refs", f"{_TABLE}_events", "%s")
 
 _SCHEMA = (
     f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
         id TEXT PRIMARY KEY,
         created_at DOUBLE PRECISION NOT NULL,
         owner TEXT NOT NULL DEFAULT '',
+        runner TEXT NOT NULL DEFAULT '',
         bytes BIGINT NOT NULL DEFAULT 0,
         body TEXT NOT NULL,
         input_items TEXT NOT NULL,
@@ -60,6 +81,7 @@ _SCHEMA = (
     # A table made before these columns (`_rows.py` says what old rows get):
     f"ALTER TABLE {_TABLE} ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT ''",
     f"ALTER TABLE {_TABLE} ADD COLUMN IF NOT EXISTS bytes BIGINT NOT NULL DEFAULT 0",
+    f"ALTER TABLE {_TABLE} ADD COLUMN IF NOT EXISTS runner TEXT NOT NULL DEFAULT ''",
     *_DIALECT.schema(),
 )
 
@@ -72,6 +94,12 @@ def _lock_key(name: str) -> int:
 
 _SCHEMA_LOCK = _lock_key("mlx-nursery responses schema")
 _WRITE_LOCK = _lock_key("mlx-nursery responses write")
+
+
+def _runner_lock(runner: str) -> int:
+    """The session lock a live runner holds (module docstring)."""
+    return _lock_key(f"mlx-nursery responses runner {runner}")
+
 
 _CONNECTION_DEFAULTS: dict[str, Any] = {  # keyword arguments of psycopg.connect
     "application_name": "mlx-nursery",
@@ -128,6 +156,8 @@ class PostgresResponsesStore:
         self._url = url
         self.path = shown_url(url)
         self.limits = limits or StoreLimits()
+        self.runner = secrets.token_hex(8)
+        """This server process, as the responses it runs name it (`StoredResponse.runner`)."""
         self._open = False
         self._db: psycopg.Connection[TupleRow] | None = None
         self._limiter = trio.CapacityLimiter(1)
@@ -158,6 +188,22 @@ class PostgresResponsesStore:
         the retry finds nothing and says False.)"""
         deleted: bool = await self._run(self._call, self._delete, response_id)
         return deleted
+
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add a streamed response's events (each with its `sequence_number`), if the
+        response is still stored. Cancelled before its thread ran: nothing was written."""
+        await self._run(self._call, self._append, (response_id, numbered(events)))
+
+    async def events(self, response_id: str, after: int) -> list[dict[str, Any]]:
+        """The response's stored events numbered past `after`, in order."""
+        found: list[str] = await self._run(self._call, self._events, (response_id, after))
+        return [json.loads(event) for event in found]
+
+    async def unfinished(self) -> list[str]:
+        """The responses left unfinished by a server process that is gone: their runner's
+        lock is free (module docstring). Never this store's own."""
+        gone: list[str] = await self._run(self._call, self._unfinished, None)
+        return gone
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the store's thread; never abandoned once started (class docstring)."""
@@ -197,11 +243,19 @@ class PostgresResponsesStore:
             ) from None
         try:
             params = {**_CONNECTION_DEFAULTS, **conninfo_to_dict(self._url)}
-            return psycopg.connect(autocommit=True, **params)
+            db = psycopg.connect(autocommit=True, **params)
         except psycopg.Error as error:
             raise StoreUnavailable(
                 f"could not connect to {self.path}: {self._scrubbed(error)}"
             ) from None
+        try:  # this process is alive for as long as the session lasts (module docstring)
+            db.execute("SELECT pg_advisory_lock(%s)", (_runner_lock(self.runner),))
+        except psycopg.Error as error:
+            db.close()
+            raise StoreUnavailable(
+                f"could not lock at {self.path}: {self._scrubbed(error)}"
+            ) from None
+        return db
 
     def _call(self, fn: Callable[[psycopg.Connection[TupleRow], A], T], arg: A) -> T:
         """`fn(connection, arg)`, connecting first if no connection is kept. A kept
@@ -241,6 +295,26 @@ class PostgresResponsesStore:
         with db.transaction():
             db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
             return delete(db, _DIALECT, response_id)
+
+    def _append(
+        self, db: psycopg.Connection[TupleRow], given: tuple[str, list[tuple[int, str]]]
+    ) -> None:
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+            append_events(db, _DIALECT, *given)
+
+    def _events(self, db: psycopg.Connection[TupleRow], given: tuple[str, int]) -> list[str]:
+        return read_events(db, _DIALECT, *given)
+
+    def _unfinished(self, db: psycopg.Connection[TupleRow], _: None) -> list[str]:
+        found = unfinished(db, _DIALECT)
+        gone: list[str] = []
+        for runner in sorted({runner for _, runner in found} - {self.runner}):
+            key = _runner_lock(runner)
+            if db.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchall()[0][0]:
+                db.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                gone += [response_id for response_id, owner in found if owner == runner]
+        return gone
 
     def _scrubbed(self, error: BaseException) -> str:
         """`error`'s message with the password taken out (libpq's never quotes it; a

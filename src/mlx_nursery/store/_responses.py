@@ -4,30 +4,47 @@ Each stored response keeps its full conversation (the chat messages a follow-up 
 so `previous_response_id` is one lookup: no chain to walk, no cycle possible (ids are ours
 and a response can only point at one stored before it). WAL mode and a commit per write:
 a committed response survives the process being killed. Every call runs in a worker
-thread, one at a time (a limiter of 1), on one connection. The rows, their owners, limits
-and large strings kept once are `_rows.py`'s, shared with PostgreSQL.
+thread, one at a time (a limiter of 1), on one connection. The rows, their owners, limits,
+large strings kept once and events are `_rows.py`'s, shared with PostgreSQL.
+
+A SQLite store serves one server process: a response left unfinished by another `runner`
+than this store's was left by a process that is gone (`unfinished`).
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
 from .. import fault_points
-from ._rows import Dialect, StoredResponse, StoreLimits, delete, read, write
+from ._rows import (
+    Dialect,
+    StoredResponse,
+    StoreLimits,
+    append_events,
+    delete,
+    numbered,
+    read,
+    read_events,
+    unfinished,
+    write,
+)
 
 T = TypeVar("T")
 
-_DIALECT = Dialect("responses", "response_blobs", "response_blob_refs", "?")
+_DIALECT = Dialect("responses", "response_blobs", "response_blob_refs", "response_events", "?")
 
 _TABLE = """CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
     owner TEXT NOT NULL DEFAULT '',
+    runner TEXT NOT NULL DEFAULT '',
     bytes INTEGER NOT NULL DEFAULT 0,
     body TEXT NOT NULL,
     input_items TEXT NOT NULL,
@@ -37,6 +54,7 @@ _TABLE = """CREATE TABLE IF NOT EXISTS responses (
 _ADDED_COLUMNS = {
     "owner": "owner TEXT NOT NULL DEFAULT ''",
     "bytes": "bytes INTEGER NOT NULL DEFAULT 0",
+    "runner": "runner TEXT NOT NULL DEFAULT ''",
 }
 """Columns a database made before them lacks (`_rows.py` says what old rows get)."""
 
@@ -55,6 +73,8 @@ class ResponsesStore:
     def __init__(self, path: str | Path, limits: StoreLimits | None = None) -> None:
         self.path = str(path)
         self.limits = limits or StoreLimits()
+        self.runner = secrets.token_hex(8)
+        """This server process, as the responses it runs name it (`StoredResponse.runner`)."""
         self._db: sqlite3.Connection | None = None
         self._limiter = trio.CapacityLimiter(1)
 
@@ -84,6 +104,22 @@ class ResponsesStore:
         was deleted."""
         deleted: bool = await self._run(self._delete, response_id)
         return deleted
+
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add a streamed response's events (each with its `sequence_number`), if the
+        response is still stored. Cancelled before its thread ran: nothing was written."""
+        await self._run(self._append, response_id, numbered(events))
+
+    async def events(self, response_id: str, after: int) -> list[dict[str, Any]]:
+        """The response's stored events numbered past `after`, in order."""
+        found: list[str] = await self._run(self._events, response_id, after)
+        return [json.loads(event) for event in found]
+
+    async def unfinished(self) -> list[str]:
+        """The responses left unfinished by a server process that is gone: every one not
+        this store's `runner`'s (a SQLite store serves one process)."""
+        found: list[tuple[str, str]] = await self._run(self._unfinished)
+        return [response_id for response_id, runner in found if runner != self.runner]
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the store's thread; never abandoned once started (class docstring)."""
@@ -116,6 +152,16 @@ class ResponsesStore:
     def _delete(self, response_id: str) -> bool:
         with _transaction(self._require()) as db:
             return delete(db, _DIALECT, response_id)
+
+    def _append(self, response_id: str, events: list[tuple[int, str]]) -> None:
+        with _transaction(self._require()) as db:
+            append_events(db, _DIALECT, response_id, events)
+
+    def _events(self, response_id: str, after: int) -> list[str]:
+        return read_events(self._require(), _DIALECT, response_id, after)
+
+    def _unfinished(self) -> list[tuple[str, str]]:
+        return unfinished(self._require(), _DIALECT)
 
     def _require(self) -> sqlite3.Connection:
         if self._db is None:

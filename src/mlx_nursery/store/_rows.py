@@ -1,20 +1,22 @@
 """The rows of the Responses store and their limits: one set of statements, run on SQLite's
 connection or PostgreSQL's (`Dialect` names the tables and the placeholder).
 
-Three tables: the responses (each with its owner and its documents' bytes), the large
-strings stored once by content (`_blobs.py`, each with its bytes), and which response
-references which string (with the response's owner). A string no response references any
-more is deleted with the last row that did.
+Four tables: the responses (each with its owner, its documents' bytes, and the server
+process running it while it is unfinished), the large strings stored once by content
+(`_blobs.py`, each with its bytes), which response references which string (with the
+response's owner), and a streamed background response's events (each as JSON, by its
+sequence number). A string no response references any more is deleted with the last row
+that did; a response's events go with its row (a put replacing the row keeps them).
 
 Who owns a row: a tenant's id (a digest of its API key, see http/_tenancy.py), or '' for
 the anonymous tenant of a server without keys. Rows stored before owners existed get ''
 when the column is added: an open server sees them, as it did, and with keys on only an
 admin key does (no key can be shown to have stored them).
 
-Bytes: an owner holds its rows' documents and each large string its rows reference, once
-however many of its rows do (a conversation's image, carried by every follow-up); the
-store holds every row's documents and each string once. Eviction, in the transaction of
-each put, oldest first (`created_at`):
+Bytes: an owner holds its rows' documents and events, and each large string its rows
+reference, once however many of its rows do (a conversation's image, carried by every
+follow-up); the store holds every row's documents and events and each string once.
+Eviction, in the transaction of each put, oldest first (`created_at`):
 1. rows past the age limit;
 2. the putting owner's rows past its own count and byte quotas (the anonymous tenant, the
    only one of an open server, has none: the whole store is its own);
@@ -26,6 +28,7 @@ than the limit is still stored, alone): a limit is exceeded by at most one respo
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Protocol
 
@@ -48,6 +51,9 @@ class StoredResponse:
     """Chat messages up to and including this response's output (instructions excluded)."""
     owner: str | None = None
     """The tenant that stored it (None: the anonymous tenant of a server without keys)."""
+    runner: str | None = None
+    """The server process running it (its store's `runner`) while it is unfinished: a
+    background response queued or in progress; None once it has ended."""
 
 
 @attrs.frozen
@@ -85,11 +91,13 @@ class Dialect:
     responses: str
     blobs: str
     refs: str
+    events: str
     placeholder: str
 
     def sql(self, template: str) -> str:
-        """`template` with its tables named ({r}, {b}, {refs}) and '?' as our placeholder."""
-        named = template.format(r=self.responses, b=self.blobs, refs=self.refs)
+        """`template` with its tables named ({r}, {b}, {refs}, {e}) and '?' as our
+        placeholder."""
+        named = template.format(r=self.responses, b=self.blobs, refs=self.refs, e=self.events)
         return named.replace("?", self.placeholder)
 
     def schema(self) -> list[str]:
@@ -108,6 +116,9 @@ class Dialect:
                 "DROP INDEX IF EXISTS {r}_created_at",
                 "CREATE INDEX IF NOT EXISTS {r}_age ON {r} (created_at, bytes)",
                 "CREATE INDEX IF NOT EXISTS {r}_owner ON {r} (owner, created_at, bytes)",
+                "CREATE INDEX IF NOT EXISTS {r}_runner ON {r} (runner) WHERE runner != ''",
+                "CREATE TABLE IF NOT EXISTS {e} (response_id TEXT NOT NULL,"
+                " seq BIGINT NOT NULL, event TEXT NOT NULL, PRIMARY KEY (response_id, seq))",
                 # Rows from before `bytes` existed: their documents' length (ASCII JSON).
                 "UPDATE {r} SET bytes = length(body) + length(input_items)"
                 " + length(conversation) WHERE bytes = 0",
@@ -115,15 +126,15 @@ class Dialect:
         ]
 
 
-_COLUMNS = "id, created_at, owner, bytes, body, input_items, conversation"
+_COLUMNS = "id, created_at, owner, runner, bytes, body, input_items, conversation"
 
 
 def write(db: Connection, dialect: Dialect, record: StoredResponse, limits: StoreLimits) -> None:
-    """Store `record` (replacing one with its id), then evict past `limits` (module
-    docstring); in the caller's transaction."""
+    """Store `record` (replacing one with its id, whose events stay), then evict past
+    `limits` (module docstring); in the caller's transaction."""
     row = encode(record.body, record.input_items, record.conversation)
     owner = record.owner or ""
-    _drop(db, dialect, record.id, None)
+    _drop(db, dialect, record.id, None, keep_events=True)
     _insert(db, dialect, record, owner, row)
     expired = db.execute(
         dialect.sql("SELECT id FROM {r} WHERE created_at < ?"),
@@ -143,16 +154,17 @@ def read(
     statement: one snapshot of the row and its strings."""
     rows = db.execute(
         dialect.sql(
-            "SELECT r.id, r.created_at, r.owner, r.body, r.input_items, r.conversation,"
-            " b.digest, b.value FROM {r} AS r LEFT JOIN {refs} AS refs ON refs.response_id = r.id"
+            "SELECT r.id, r.created_at, r.owner, r.runner, r.body, r.input_items,"
+            " r.conversation, b.digest, b.value FROM {r} AS r"
+            " LEFT JOIN {refs} AS refs ON refs.response_id = r.id"
             " LEFT JOIN {b} AS b ON b.digest = refs.digest WHERE r.id = ?"
         ),
         (response_id,),
     ).fetchall()
     if not rows or rows[0][1] < time.time() - max_age:
         return None
-    id_, created_at, owner, body, input_items, conversation = rows[0][:6]
-    blobs = loaded({row[6]: row[7] for row in rows if row[6] is not None})
+    id_, created_at, owner, runner, body, input_items, conversation = rows[0][:7]
+    blobs = loaded({row[7]: row[8] for row in rows if row[7] is not None})
     return StoredResponse(
         id_,
         created_at,
@@ -160,6 +172,7 @@ def read(
         decode(input_items, blobs),
         decode(conversation, blobs),
         owner or None,
+        runner or None,
     )
 
 
@@ -169,16 +182,62 @@ def delete(db: Connection, dialect: Dialect, response_id: str) -> bool:
     return _drop(db, dialect, response_id, None) is not None
 
 
+def append_events(
+    db: Connection, dialect: Dialect, response_id: str, events: list[tuple[int, str]]
+) -> None:
+    """Add a response's events (sequence number, JSON), if its row is still stored (evicted
+    or deleted: dropped with it); in the caller's transaction. An event already stored under
+    its number is kept as it was."""
+    if not db.execute(dialect.sql("SELECT 1 FROM {r} WHERE id = ?"), (response_id,)).fetchall():
+        return
+    for number, event in events:
+        db.execute(
+            dialect.sql(
+                "INSERT INTO {e} (response_id, seq, event) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+            ),
+            (response_id, number, event),
+        )
+    db.execute(
+        dialect.sql("UPDATE {r} SET bytes = bytes + ? WHERE id = ?"),
+        (sum(len(event) for _, event in events), response_id),
+    )
+
+
+def numbered(events: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Events as stored: (sequence number, JSON in ASCII: PostgreSQL's text holds no NUL)."""
+    return [(int(event["sequence_number"]), json.dumps(event)) for event in events]
+
+
+def read_events(db: Connection, dialect: Dialect, response_id: str, after: int) -> list[str]:
+    """A response's events (JSON) numbered past `after`, in order."""
+    rows = db.execute(
+        dialect.sql("SELECT event FROM {e} WHERE response_id = ? AND seq > ? ORDER BY seq"),
+        (response_id, after),
+    ).fetchall()
+    return [event for (event,) in rows]
+
+
+def unfinished(db: Connection, dialect: Dialect) -> list[tuple[str, str]]:
+    """Every unfinished response (its id) and the server process running it."""
+    rows = db.execute(dialect.sql("SELECT id, runner FROM {r} WHERE runner != ''"), ()).fetchall()
+    return [(response_id, runner) for response_id, runner in rows]
+
+
 def _insert(
     db: Connection, dialect: Dialect, record: StoredResponse, owner: str, row: EncodedRow
 ) -> None:
+    (kept,) = db.execute(
+        dialect.sql("SELECT COALESCE(SUM(length(event)), 0) FROM {e} WHERE response_id = ?"),
+        (record.id,),
+    ).fetchall()[0]
     db.execute(
-        dialect.sql(f"INSERT INTO {{r}} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"),
+        dialect.sql(f"INSERT INTO {{r}} ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
         (
             record.id,
             record.created_at,
             owner,
-            row.size,
+            record.runner or "",
+            row.size + int(kept),
             row.body,
             row.input_items,
             row.conversation,
@@ -231,9 +290,17 @@ def _usage(db: Connection, dialect: Dialect, owner: str | None) -> tuple[int, in
     return int(rows), int(documents) + int(strings)
 
 
-def _drop(db: Connection, dialect: Dialect, response_id: str, owner: str | None) -> int | None:
-    """Delete a row, its references, and the strings no row references any more; the bytes
-    this freed for `owner` (None: for the whole store), or None if there was no such row."""
+def _drop(
+    db: Connection,
+    dialect: Dialect,
+    response_id: str,
+    owner: str | None,
+    *,
+    keep_events: bool = False,
+) -> int | None:
+    """Delete a row, its references, its events (unless `keep_events`: a put replacing the
+    row), and the strings no row references any more; the bytes this freed for `owner`
+    (None: for the whole store), or None if there was no such row."""
     found = db.execute(
         dialect.sql(
             "SELECT r.bytes, b.digest, b.size FROM {r} AS r"
@@ -246,6 +313,8 @@ def _drop(db: Connection, dialect: Dialect, response_id: str, owner: str | None)
         return None
     db.execute(dialect.sql("DELETE FROM {refs} WHERE response_id = ?"), (response_id,))
     db.execute(dialect.sql("DELETE FROM {r} WHERE id = ?"), (response_id,))
+    if not keep_events:
+        db.execute(dialect.sql("DELETE FROM {e} WHERE response_id = ?"), (response_id,))
     freed = int(found[0][0])
     for _, digest, size in found:
         if digest is None:

@@ -7,7 +7,7 @@ delete. Both keep the same rows, limits and cancellation behaviour.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._postgres import PostgresResponsesStore, is_postgres_url
 from ._responses import ResponsesStore
@@ -22,6 +22,12 @@ class ResponsesStorage(Protocol):
     @property
     def path(self) -> str:
         """Where the store is, for messages: a file path, or a URL without its password."""
+        ...
+
+    @property
+    def runner(self) -> str:
+        """This server process, as the unfinished responses it runs name it (a random id
+        made with the store)."""
         ...
 
     async def open(self) -> None:
@@ -44,7 +50,23 @@ class ResponsesStorage(Protocol):
         ...
 
     async def delete(self, response_id: str) -> bool:
-        """Delete a response; whether it was there."""
+        """Delete a response (and its events); whether it was there."""
+        ...
+
+    async def append_events(self, response_id: str, events: list[dict[str, Any]]) -> None:
+        """Add a streamed response's events, each numbered by its `sequence_number` (one
+        already stored under its number stays as it was), if the response is still stored;
+        counted in its bytes; committed when it returns."""
+        ...
+
+    async def events(self, response_id: str, after: int) -> list[dict[str, Any]]:
+        """The response's stored events numbered past `after`, in order."""
+        ...
+
+    async def unfinished(self) -> list[str]:
+        """The ids of responses left unfinished (`StoredResponse.runner` set) by a server
+        process that is no longer running: never this store's `runner`'s, nor those of
+        another live process sharing a PostgreSQL store."""
         ...
 
 

@@ -11,9 +11,10 @@ import attrs
 if TYPE_CHECKING:
     from ..serving import Parts
 
-CancelCause = Literal["client", "timeout", "shutdown"]
+CancelCause = Literal["client", "timeout", "shutdown", "cancel"]
 """Why the server stopped a generation: the client left (a disconnect, a closed stream, an
-SDK timeout); its request timeout; the server's shutdown."""
+SDK timeout); its request timeout; the server's shutdown; a cancel by its request id
+(`POST /v1/requests/{id}/cancel`)."""
 
 
 @attrs.frozen

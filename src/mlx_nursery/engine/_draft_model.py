@@ -1,0 +1,100 @@
+"""Drafting by a second, smaller model sharing the served model's tokenizer.
+
+`ModelDrafter` answers the fast path's drafting questions (`extend`, `draft`) as
+`_drafting.NgramIndex` does, from a draft model instead of the sequence's own n-grams: it
+runs the draft model greedily from the sequence's context for the tokens asked. Its KV
+cache follows the sequence: before drafting, whatever it holds past the longest prefix it
+shares with the sequence's confirmed context (rejected drafts, a guess at a token still
+computing) is trimmed away, and the confirmed tokens it lacks are fed in chunks. The drafts
+are only guesses: the verify step keeps exactly what plain decoding would give
+(`_speculating.py`), so the draft model changes speed, never output.
+
+Drafting runs on the engine thread (every MLX call of a model does): a draft of k tokens is
+k forwards of the draft model, launched together and read once. Engine thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import mlx.core as mx
+
+from ._upstream import make_prompt_cache, trim_prompt_cache
+
+FEED_CHUNK = 512
+"""Context tokens the draft model takes in one forward while it catches up (bounds the
+attention's memory on a long prompt, as prefill chunks do)."""
+
+
+class DraftModelMismatch(ValueError):
+    """The draft model cannot draft for the served model: their tokenizers differ."""
+
+
+def check_draft_model(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """Refuse a draft model whose tokenizer is not the served model's (the same vocabulary,
+    token for token): its tokens would mean other text. Raises `DraftModelMismatch`."""
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise DraftModelMismatch(
+            "the draft model's tokenizer differs from the served model's: a draft model must "
+            "share its vocabulary (the same family and tokenizer)"
+        )
+
+
+class ModelDrafter:
+    """One sequence's drafts from a draft model (module docstring)."""
+
+    def __init__(self, model: Any, context: Iterable[int]) -> None:
+        self._model = model
+        self._context: list[int] = list(context)
+        """The sequence's confirmed tokens."""
+        self._cache = make_prompt_cache(model)
+        self._cached: list[int] = []
+        """The tokens the draft cache holds, in order."""
+
+    def __len__(self) -> int:
+        return len(self._context)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """The sequence confirmed `tokens` (they follow its context)."""
+        self._context.extend(tokens)
+
+    def draft(self, most: int) -> list[int]:
+        """The draft model's `most` greedy tokens after the context (empty for an empty
+        context). Waits for them (one read of all)."""
+        if most <= 0 or not self._context:
+            return []
+        shared = _shared_prefix(self._cached, self._context)
+        # The last context token is fed again if held: its logits give the first draft.
+        shared = min(shared, len(self._context) - 1)
+        surplus = len(self._cached) - shared
+        if surplus > 0:
+            trim_prompt_cache(self._cache, surplus)
+        del self._cached[shared:]
+        pending = self._context[shared:]
+        while len(pending) > FEED_CHUNK:
+            self._model(mx.array([pending[:FEED_CHUNK]]), cache=self._cache)
+            mx.eval([c.state for c in self._cache])
+            self._cached += pending[:FEED_CHUNK]
+            pending = pending[FEED_CHUNK:]
+        logits = self._model(mx.array([pending]), cache=self._cache)
+        self._cached += pending
+        token = mx.argmax(logits[:, -1, :], axis=-1)
+        drafted = [token]
+        for _ in range(most - 1):
+            logits = self._model(token[:, None], cache=self._cache)
+            token = mx.argmax(logits[:, -1, :], axis=-1)
+            drafted.append(token)
+        listed = mx.concatenate(drafted).tolist()
+        assert isinstance(listed, list)
+        tokens = [int(t) for t in listed]  # type: ignore[arg-type]
+        self._cached += tokens[:-1]  # the last draft was not fed
+        return tokens
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
