@@ -141,8 +141,8 @@ async def test_a_better_arrival_short_of_kv_memory_takes_a_worse_ones_place(
         warmup=False,
     )  # fmt: skip
     async with open_engine(config) as engine:
-        low = request(engine, "A low request.", max_tokens=100, priority=1, ignore_eos=True)
-        high = request(engine, "A better one.", max_tokens=30, ignore_eos=True)
+        low = request(engine, "A low request.", max_tokens=50, priority=1, ignore_eos=True)
+        high = request(engine, "A better one.", max_tokens=20, ignore_eos=True)
         alone = {"low": await collect(engine, low), "high": await collect(engine, high)}
         gate = Gate(trio.lowlevel.current_trio_token(), at_call=5)
         async with trio.open_nursery() as nursery:
