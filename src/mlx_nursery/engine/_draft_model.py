@@ -15,12 +15,18 @@ k forwards of the draft model, launched together and read once. Engine thread on
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import mlx.core as mx
 
+from ..models import LoadedModel, load_model
+from ._config import EngineConfig
 from ._upstream import make_prompt_cache, trim_prompt_cache
+
+log = logging.getLogger("mlx_nursery.engine")
 
 FEED_CHUNK = 512
 """Context tokens the draft model takes in one forward while it catches up (bounds the
@@ -39,6 +45,24 @@ def check_draft_model(target_tokenizer: Any, draft_tokenizer: Any) -> None:
             "the draft model's tokenizer differs from the served model's: a draft model must "
             "share its vocabulary (the same family and tokenizer)"
         )
+
+
+def with_draft_model(model: LoadedModel, config: EngineConfig) -> LoadedModel:
+    """`model` with its draft model loaded beside it, where `config`'s speculation asks for
+    one (the worker calls this before measuring the KV budget: the draft's weights count as
+    the served model's do). Raises `DraftModelMismatch` for a draft model that is no text
+    model or has another vocabulary. Engine thread (it loads a model)."""
+    spec = config.speculation
+    if spec is None or spec.draft_model is None or model.kind != "lm":
+        return model
+    if config.distribution is not None:
+        return model  # the fast path, where drafts run, is off across devices
+    draft = load_model(spec.draft_model, fuse_weights=config.fuse_weights)
+    if draft.kind != "lm" or draft.model is None:
+        raise DraftModelMismatch(f"the draft model is not a text model ({draft.kind})")
+    check_draft_model(model.tokenizer, draft.tokenizer)
+    log.info("speculative decoding drafts with %s", draft.path.name)
+    return attrs.evolve(model, draft=draft.model)
 
 
 class ModelDrafter:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-import attrs
 import mlx.core as mx
 
 from .. import fault_points
@@ -24,7 +23,7 @@ from ._decode_attention import install as install_ragged_attention
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels, release_streams
 from ._disk_kv import DiskKV, open_disk_kv
-from ._draft_model import DraftModelMismatch, check_draft_model
+from ._draft_model import with_draft_model
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import (
@@ -149,7 +148,7 @@ class Worker:
                 if distribution is None
                 else distribution.load(self._config)
             )
-            model = self._with_draft_model(model)
+            model = with_draft_model(model, self._config)
             ragged = self._config.ragged_attention and model.kind == "lm"
             if ragged and install_ragged_attention(model.model):
                 log.info("batched decode attention: the ragged kernel (CUDA)")
@@ -243,22 +242,6 @@ class Worker:
             fast_path=config.single_sequence_fast_path,
             budget_s=config.warmup_budget_s,
         )
-
-    def _with_draft_model(self, model: LoadedModel) -> LoadedModel:
-        """`model` with its draft model loaded beside it, where speculation asks for one
-        (before the KV budget: its weights are counted as the served model's are). Raises
-        `DraftModelMismatch` for a draft model of another vocabulary."""
-        spec = self._config.speculation
-        if spec is None or spec.draft_model is None or model.kind != "lm":
-            return model
-        if self._config.distribution is not None:
-            return model  # the fast path, where drafts run, is off across devices
-        draft = load_model(spec.draft_model, fuse_weights=self._config.fuse_weights)
-        if draft.kind != "lm" or draft.model is None:
-            raise DraftModelMismatch(f"the draft model is not a text model ({draft.kind})")
-        check_draft_model(model.tokenizer, draft.tokenizer)
-        log.info("speculative decoding drafts with %s", draft.path.name)
-        return attrs.evolve(model, draft=draft.model)
 
     def _kv_budget(
         self, model: Any, make_cache: CacheFactory, context: int
