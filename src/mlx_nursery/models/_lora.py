@@ -1,0 +1,229 @@
+"""LoRA adapters served per request: many adapters on one loaded base model, batched.
+
+Each adapted projection of the base model (a `Linear` or `QuantizedLinear` an adapter names)
+is replaced, once, by a `MultiLoRALinear` that holds every loaded adapter's matrices for it
+stacked by *slot*: `a` is (slots, in, rank), `b` is (slots, rank, out), `scales` (slots,).
+Slot 0 is the base model: all zeros. A forward adds, for each row r of the batch,
+`scale[s_r] * (x_r @ a[s_r]) @ b[s_r]` to the base projection, `s_r` being the row's slot:
+the slots are gathered by one index array and the two products are batched matmuls, so rows
+of the base and of different adapters run in one forward. Adapters of different ranks are
+zero-padded to the largest (zero columns of `a` and rows of `b` add nothing); a projection
+an adapter does not touch holds zeros in its slot.
+
+Which slot each row uses is the bank's `AdapterRows`, which the engine's steppers set around
+each forward they launch (`AdapterRows.use`), from the uids of the rows run: a decode step's
+running batch, a prefill chunk's prompt batch, the fast path's one row. It is None outside
+such a block, and then the adapters add nothing: warm-up and any forward the steppers do not
+mark run the base model. The index array is read while the forward's graph is built, so a
+block need only cover the Python call of the model, not its evaluation.
+
+Everything here makes MLX calls: the engine thread only. The stacked arrays are not in the
+model's parameter tree (plain attributes), so the model's weights count as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+from mlx.nn.layers.base import Module
+from mlx.nn.layers.linear import Linear
+from mlx.nn.layers.quantized import QuantizedLinear
+from mlx.utils import tree_unflatten
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapters.safetensors"
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be served on this model (missing files, another fine-tune
+    type, matrices that do not fit the base's projections)."""
+
+
+class AdapterRows:
+    """The slots of the rows of the forward being built (None: every row is the base's)."""
+
+    def __init__(self) -> None:
+        self.current: mx.array | None = None
+
+    @contextmanager
+    def use(self, slots: Sequence[int]) -> Iterator[None]:
+        """Rows `slots` (in batch order) for the forwards built inside the block; a block of
+        base rows alone leaves the adapters out entirely. Not reentrant."""
+        self.current = mx.array(list(slots), dtype=mx.int32) if any(slots) else None
+        try:
+            yield
+        finally:
+            self.current = None
+
+
+class MultiLoRALinear(Module):
+    """A base projection plus each row's adapter (this module's docstring)."""
+
+    def __init__(self, base: Module, rows: AdapterRows, slots: int) -> None:
+        super().__init__()
+        self.linear = base
+        self._rows = rows
+        out_dims, in_dims = _dims(base)
+        self._a = mx.zeros((slots, in_dims, 1))
+        self._b = mx.zeros((slots, 1, out_dims))
+        self._scales = mx.zeros((slots,))
+
+    @property
+    def rank(self) -> int:
+        return int(self._a.shape[2])
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y: mx.array = self.linear(x)
+        slots = self._rows.current
+        if slots is None:
+            return y
+        if slots.shape[0] != x.shape[0]:
+            raise RuntimeError(f"{slots.shape[0]} adapter rows for a batch of {x.shape[0]}")
+        a, b = self._a[slots], self._b[slots]
+        z = (x.astype(a.dtype) @ a) @ b
+        scale = self._scales[slots].reshape((-1,) + (1,) * (z.ndim - 1))
+        return y + (scale * z).astype(y.dtype)
+
+    def resize(self, slots: int, rank: int) -> None:
+        """Room for `slots` slots of rank `rank` at least (new room is zeros)."""
+        s, _, r = self._a.shape
+        if slots > s or rank > r:
+            grow_s, grow_r = max(slots - s, 0), max(rank - r, 0)
+            self._a = mx.pad(self._a, [(0, grow_s), (0, 0), (0, grow_r)])
+            self._b = mx.pad(self._b, [(0, grow_s), (0, grow_r), (0, 0)])
+            self._scales = mx.pad(self._scales, [(0, grow_s)])
+
+    def put(self, slot: int, a: mx.array, b: mx.array, scale: float) -> None:
+        """Slot `slot` becomes `scale * a @ b` ((in, r), (r, out)): zeros past rank r."""
+        rank = int(a.shape[1])
+        self.resize(slot + 1, rank)
+        pad = self.rank - rank
+        self._a[slot] = mx.pad(a.astype(self._a.dtype), [(0, 0), (0, pad)])
+        self._b[slot] = mx.pad(b.astype(self._b.dtype), [(0, pad), (0, 0)])
+        self._scales[slot] = scale
+        mx.eval(self._a, self._b, self._scales)
+
+    def clear(self, slot: int) -> None:
+        if slot < self._a.shape[0]:
+            self._a[slot] = 0
+            self._b[slot] = 0
+            self._scales[slot] = 0
+            mx.eval(self._a, self._b, self._scales)
+
+
+def _dims(linear: Module) -> tuple[int, int]:
+    """(out, in) of a `Linear` or `QuantizedLinear`."""
+    weight = linear.weight
+    out_dims = int(weight.shape[0])
+    if isinstance(linear, QuantizedLinear):
+        return out_dims, int(weight.shape[1]) * 32 // int(linear.bits)
+    return out_dims, int(weight.shape[1])
+
+
+@attrs.frozen
+class Adapter:
+    """An adapter read from its directory: per projection path, its (a, b) matrices."""
+
+    scale: float
+    rank: int
+    matrices: dict[str, tuple[mx.array, mx.array]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.matrices.values())
+
+
+def read_adapter(path: str | Path) -> Adapter:
+    """Read an mlx-lm LoRA adapter directory (`adapter_config.json`, `adapters.safetensors`
+    of `...lora_a` / `...lora_b` arrays). Raises AdapterError."""
+    folder = Path(path).expanduser()
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text("utf-8"))
+        weights = mx.load(str(folder / ADAPTER_WEIGHTS))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"cannot read the adapter at {folder}: {exc}") from exc
+    if config.get("fine_tune_type", "lora") != "lora":
+        raise AdapterError(f"only LoRA adapters are served, not {config.get('fine_tune_type')!r}")
+    if not isinstance(weights, dict):
+        raise AdapterError("the adapter's weights are not a dictionary of arrays")
+    parameters = config.get("lora_parameters") or {}
+    scale = float(parameters.get("scale", 20.0))
+    matrices: dict[str, tuple[mx.array, mx.array]] = {}
+    for name, a in weights.items():
+        if not name.endswith(".lora_a"):
+            continue
+        module = name.removesuffix(".lora_a")
+        b = weights.get(f"{module}.lora_b")
+        if b is None or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise AdapterError(f"the adapter's matrices for {module} do not pair up")
+        matrices[module] = (a, b)
+    if not matrices or len(matrices) * 2 != len(weights):
+        raise AdapterError("the adapter holds no LoRA pairs, or arrays that are not LoRA's")
+    rank = max(int(a.shape[1]) for a, _ in matrices.values())
+    return Adapter(scale, rank, matrices)
+
+
+class AdapterBank:
+    """The adapters loaded on one base model, each in a slot of every `MultiLoRALinear`.
+
+    A freed slot is reused by the next adapter loaded. Engine thread only."""
+
+    def __init__(self, model: Module) -> None:
+        self._model = model
+        self.rows = AdapterRows()
+        self._layers: dict[str, MultiLoRALinear] = {}
+        self._slots: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}
+
+    def slot_of(self, name: str | None) -> int:
+        """The slot of adapter `name` (0: the base, for None). Raises KeyError if not loaded."""
+        return 0 if name is None else self._slots[name]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def nbytes(self, name: str) -> int:
+        return self._bytes[name]
+
+    def load(self, name: str, path: str | Path) -> int:
+        """Load the adapter at `path` as `name` (replacing one of that name); its bytes."""
+        adapter = read_adapter(path)
+        modules = dict(self._model.named_modules())
+        for module in adapter.matrices:
+            found = modules.get(module)
+            if not isinstance(found, (Linear, QuantizedLinear, MultiLoRALinear)):
+                raise AdapterError(f"the base model has no projection {module} to adapt")
+            base = found.linear if isinstance(found, MultiLoRALinear) else found
+            a, b = adapter.matrices[module]
+            if (int(b.shape[1]), int(a.shape[0])) != _dims(base):
+                raise AdapterError(f"the adapter's {module} does not fit the base's shape")
+        if name in self._slots:
+            self.unload(name)
+        used = set(self._slots.values())
+        slot = next(s for s in range(1, len(used) + 2) if s not in used)
+        for module, (a, b) in adapter.matrices.items():
+            self._layer(module, modules[module], slot + 1).put(slot, a, b, adapter.scale)
+        self._slots[name] = slot
+        self._bytes[name] = adapter.nbytes
+        return adapter.nbytes
+
+    def unload(self, name: str) -> None:
+        """Free `name`'s slot (zeros in every layer). Raises KeyError if not loaded."""
+        slot = self._slots.pop(name)
+        self._bytes.pop(name, None)
+        for layer in self._layers.values():
+            layer.clear(slot)
+
+    def _layer(self, path: str, module: Module, slots: int) -> MultiLoRALinear:
+        layer = self._layers.get(path)
+        if layer is None:
+            layer = MultiLoRALinear(module, self.rows, max(slots, 1 + len(self._slots)))
+            self._model.update_modules(tree_unflatten([(path, layer)]))
+            self._layers[path] = layer
+        return layer
