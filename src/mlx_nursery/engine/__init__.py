@@ -3,6 +3,7 @@
 Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
+from ._adapters import AdapterBusy, AdapterError, AdaptersDisabled, UnknownAdapter
 from ._config import EngineConfig
 from ._drafting import SPECULATION_METHODS, Speculation
 from ._embedder import EMBEDDING_THREAD_NAME, Embedder, EmbedderConfig, EmbeddingRequest
@@ -58,6 +59,9 @@ __all__ = [
     "SPECULATION_METHODS",
     "SPEECH_THREAD_NAME",
     "THREAD_NAME",
+    "AdapterBusy",
+    "AdapterError",
+    "AdaptersDisabled",
     "CancelStatistics",
     "Embedder",
     "EmbedderConfig",
@@ -96,6 +100,7 @@ __all__ = [
     "Tokenizer",
     "Transcript",
     "TranscriptionRequest",
+    "UnknownAdapter",
     "Usage",
     "VisionProcessor",
     "Window",

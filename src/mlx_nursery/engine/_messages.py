@@ -12,6 +12,7 @@ from typing import Literal, NamedTuple
 
 import attrs
 
+from ._adapters import AdapterChange
 from ._detokenizer import TokenTexts
 from ._prefix_cache import PrefixCacheStats
 from ._types import FinishReason, GenerationRequest, Tokenizer, TokenLogprob, Usage
@@ -36,7 +37,7 @@ class Stop:
     pass
 
 
-Command = Submit | Cancel | Stop
+Command = Submit | Cancel | Stop | AdapterChange
 
 
 @attrs.frozen
@@ -134,6 +135,10 @@ class ModelInfo:
     """What a token's KV costs in this model's caches, measured (0: no growing KV cache)."""
     scripted: bool = False
     """The scripted model (no weights: each request's `Script` says its output and timing)."""
+    adapters: Mapping[str, int] = attrs.field(factory=dict)
+    """The LoRA adapters loaded with the model, by name: their bytes (`EngineConfig.adapters`)."""
+    serves_adapters: bool = False
+    """Adapters may be loaded at runtime (`Engine.load_adapter`)."""
 
     @property
     def token_bytes(self) -> Callable[[int], bytes]:

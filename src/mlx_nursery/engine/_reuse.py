@@ -67,11 +67,17 @@ class PrefixReuse:
             except Exception:  # caching is an optimisation, never a failure
                 log.exception("could not store a prefix-cache entry")
 
-    def _namespace(self, sequence: LiveSequence) -> tuple[str, str | None]:
-        return (str(self._model.path), sequence.request.cache_key)
+    def _namespace(self, sequence: LiveSequence) -> tuple[str, str | None, int]:
+        """The KV of another adapter (or another load of one) is never reused: it differs.
+        An adapter not loaded (-1) neither stores nor fetches (`_cache_key`)."""
+        adapter, bank = sequence.request.adapter, self._model.adapters
+        load = bank.load_id(adapter) if adapter is not None and bank is not None else 0
+        return (str(self._model.path), sequence.request.cache_key, load)
 
     def _cache_key(self, sequence: LiveSequence, tokens: list[int]) -> list[int] | None:
         """What the prefix cache knows `tokens` of this sequence by (None: not cacheable)."""
+        if self._namespace(sequence)[2] < 0:
+            return None
         images = sequence.request.images
         if images is None or self._image_token is None:
             return tokens

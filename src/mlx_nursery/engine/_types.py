@@ -162,6 +162,9 @@ class GenerationRequest:
     """Whose request (opaque: the server's digest of the API key). Lanes go fairly among
     tenants, and one tenant may hold at most `EngineConfig.max_queue_per_tenant` places in
     the queue; None is one tenant among the others, without the queue share."""
+    adapter: str | None = None
+    """The LoRA adapter the sequence runs with, by the name it was loaded under (None: the
+    base model). Rows of different adapters and of the base decode in one batch."""
     report_admission: bool = False
     """Send a first event when the sequence is admitted, before its prefill: no token, no
     finish reason, and its `usage` (the prompt's tokens, those read from the prefix cache;

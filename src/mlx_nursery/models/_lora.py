@@ -65,7 +65,7 @@ class MultiLoRALinear(Module):
     """A base projection plus each row's adapter (this module's docstring)."""
 
     def __init__(self, base: Module, rows: AdapterRows, slots: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.linear = base
         self._rows = rows
         out_dims, in_dims = _dims(base)
@@ -108,7 +108,7 @@ class MultiLoRALinear(Module):
         self._scales[slot] = scale
         mx.eval(self._a, self._b, self._scales)
 
-    def clear(self, slot: int) -> None:
+    def zero(self, slot: int) -> None:
         if slot < self._a.shape[0]:
             self._a[slot] = 0
             self._b[slot] = 0
@@ -179,6 +179,8 @@ class AdapterBank:
         self._layers: dict[str, MultiLoRALinear] = {}
         self._slots: dict[str, int] = {}
         self._bytes: dict[str, int] = {}
+        self._loads: dict[str, int] = {}
+        self._loaded = 0
 
     def slot_of(self, name: str | None) -> int:
         """The slot of adapter `name` (0: the base, for None). Raises KeyError if not loaded."""
@@ -191,10 +193,16 @@ class AdapterBank:
     def nbytes(self, name: str) -> int:
         return self._bytes[name]
 
+    def load_id(self, name: str) -> int:
+        """Which load of `name` is in its slot (another after an unload and a load): what
+        the prefix cache keys its KV by, so that no KV of an earlier adapter is reused (-1:
+        not loaded)."""
+        return self._loads.get(name, -1)
+
     def load(self, name: str, path: str | Path) -> int:
         """Load the adapter at `path` as `name` (replacing one of that name); its bytes."""
         adapter = read_adapter(path)
-        modules = dict(self._model.named_modules())
+        modules = dict(self._model.named_modules())  # type: ignore[no-untyped-call]
         for module in adapter.matrices:
             found = modules.get(module)
             if not isinstance(found, (Linear, QuantizedLinear, MultiLoRALinear)):
@@ -211,14 +219,17 @@ class AdapterBank:
             self._layer(module, modules[module], slot + 1).put(slot, a, b, adapter.scale)
         self._slots[name] = slot
         self._bytes[name] = adapter.nbytes
+        self._loaded += 1
+        self._loads[name] = self._loaded
         return adapter.nbytes
 
     def unload(self, name: str) -> None:
         """Free `name`'s slot (zeros in every layer). Raises KeyError if not loaded."""
         slot = self._slots.pop(name)
         self._bytes.pop(name, None)
+        self._loads.pop(name, None)
         for layer in self._layers.values():
-            layer.clear(slot)
+            layer.zero(slot)
 
     def _layer(self, path: str, module: Module, slots: int) -> MultiLoRALinear:
         layer = self._layers.get(path)

@@ -1,7 +1,8 @@
 """Build-time tools, not the serving runtime: the tiny-model factory (random-weight models
-of real architectures, written offline for tests and benchmarks) and random LoRA adapters for them, the converters
-from other formats (GGUF, CTranslate2 Whisper). The runtime may call a converter (the default
-model is a converted GGUF); nothing here imports the rest of the package."""
+of real architectures, written offline for tests and benchmarks), random LoRA adapters for
+them, and the converters from other formats (GGUF, CTranslate2 Whisper). The runtime may
+call a converter (the default model is a converted GGUF); nothing here imports the rest of
+the package."""
 
 from ._adapter_factory import make_adapter
 from ._presets import Preset
