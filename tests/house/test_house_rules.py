@@ -159,6 +159,10 @@ PUBLIC = {
         "Window",
         "Word",
         "open_engine",
+        "AdapterBusy",
+        "AdapterError",
+        "AdaptersDisabled",
+        "UnknownAdapter",
     ],
     "generation": [
         "AudioLimits",
@@ -311,6 +315,8 @@ PUBLIC = {
         "model_kind",
         "release_mlx_streams",
         "resolve_model_path",
+        "AdapterBank",
+        "AdapterError",
     ],
     "openai": [
         "EmbeddingLimits",
@@ -386,6 +392,7 @@ PUBLIC = {
         "model_sources",
         "render_piece",
         "speaking",
+        "LoraAdapters",
     ],
     "settings": [
         "ENV_PREFIX",
@@ -432,6 +439,7 @@ PUBLIC = {
         "convert_gguf",
         "make_model",
         "write_tokenizer",
+        "make_adapter",
     ],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..models import LoadedModel
-from ..models._lora import AdapterBank, AdapterError
+from ..models import AdapterBank, AdapterError, LoadedModel
 from ._errors import EngineError
 
 if TYPE_CHECKING:

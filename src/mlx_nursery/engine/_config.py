@@ -93,7 +93,7 @@ class EngineConfig:
     """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
     with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,
     the same outputs. Architectures not covered load as they are."""
-    adapters: tuple[tuple[str, Path], ...] = attrs.field(default=(), converter=tuple)
+    adapters: tuple[tuple[str, Path], ...] = ()
     """LoRA adapters loaded with the model, as (name, directory): requests name one
     (`GenerationRequest.adapter`); rows of different adapters decode in one batch
     (`_adapters.py`, models/_lora.py)."""

@@ -252,6 +252,7 @@ def prepared_for(
         cache_key=cache_key,
         trim_leading_space=wire.trims_leading_space,
         images=images,
+        adapter=served.adapter_for(request.model),
     )
     return Prepared(
         wire,

@@ -97,6 +97,7 @@ class MultiLoRALinear(Module):
             self._a = mx.pad(self._a, [(0, grow_s), (0, 0), (0, grow_r)])
             self._b = mx.pad(self._b, [(0, grow_s), (0, grow_r), (0, 0)])
             self._scales = mx.pad(self._scales, [(0, grow_s)])
+            mx.eval(self._a, self._b, self._scales)
 
     def put(self, slot: int, a: mx.array, b: mx.array, scale: float) -> None:
         """Slot `slot` becomes `scale * a @ b` ((in, r), (r, out)): zeros past rank r."""
@@ -215,6 +216,8 @@ class AdapterBank:
             self.unload(name)
         used = set(self._slots.values())
         slot = next(s for s in range(1, len(used) + 2) if s not in used)
+        for layer in self._layers.values():  # every layer gathers every row's slot: room
+            layer.resize(slot + 1, 1)  # for it, zeros where this adapter adapts nothing
         for module, (a, b) in adapter.matrices.items():
             self._layer(module, modules[module], slot + 1).put(slot, a, b, adapter.scale)
         self._slots[name] = slot
