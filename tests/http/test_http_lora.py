@@ -11,7 +11,14 @@ import openai
 import pytest
 
 from mlx_nursery.tools import make_adapter
-from tests.http_helpers import running_server, sdk, validate, validate_error
+from tests.http_helpers import (
+    engine_of,
+    eventually,
+    running_server,
+    sdk,
+    validate,
+    validate_error,
+)
 
 USER, ROOT = {"Authorization": "Bearer user"}, {"Authorization": "Bearer root"}
 
@@ -80,6 +87,8 @@ async def test_adapters_are_models_of_their_base_and_load_and_unload_at_runtime(
             busy = await http.post("/v1/unload_lora_adapter", json={"lora_name": "b"}, headers=ROOT)
             assert busy.status_code == 409
             assert busy.json()["error"]["code"] == "adapter_busy"
+        engine = engine_of(server)  # the stream's end reaches the engine after the client's
+        await eventually(lambda: not engine.adapters_in_use, "the stream of b ended")
         unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "b"}, headers=ROOT)
         assert unloaded.is_success
         with pytest.raises(openai.NotFoundError):

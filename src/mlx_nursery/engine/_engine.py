@@ -226,6 +226,11 @@ class Engine:
             self._adapters = dict(self.model.adapters)
         return self._adapters
 
+    @property
+    def adapters_in_use(self) -> frozenset[str]:
+        """The adapters that requests admitted or running use (none of them may unload)."""
+        return frozenset(self._adapter_users)
+
     async def load_adapter(self, name: str, path: Path) -> int:
         """Load the LoRA adapter at `path` as `name` on the engine thread, between steps;
         return its bytes. Raises AdaptersDisabled (adapters not enabled on this model),

@@ -77,6 +77,13 @@ class MultiLoRALinear(Module):
     def rank(self) -> int:
         return int(self._a.shape[2])
 
+    @property
+    def slot_bytes(self) -> int:
+        """What one slot holds here (its padded matrices and its scale)."""
+        _, in_dims, rank = self._a.shape
+        out_dims = self._b.shape[2]
+        return (in_dims * rank + rank * out_dims + 1) * self._a.itemsize
+
     def __call__(self, x: mx.array) -> mx.array:
         y: mx.array = self.linear(x)
         slots = self._rows.current
@@ -134,10 +141,6 @@ class Adapter:
     rank: int
     matrices: dict[str, tuple[mx.array, mx.array]]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.matrices.values())
-
 
 def read_adapter(path: str | Path) -> Adapter:
     """Read an mlx-lm LoRA adapter directory (`adapter_config.json`, `adapters.safetensors`
@@ -179,9 +182,11 @@ class AdapterBank:
         self.rows = AdapterRows()
         self._layers: dict[str, MultiLoRALinear] = {}
         self._slots: dict[str, int] = {}
-        self._bytes: dict[str, int] = {}
         self._loads: dict[str, int] = {}
         self._loaded = 0
+        self._capacity = 1
+        """Slots every layer has room for: past the highest slot ever used, so that no
+        gather of a row's slot reads past any layer's stack."""
 
     def slot_of(self, name: str | None) -> int:
         """The slot of adapter `name` (0: the base, for None). Raises KeyError if not loaded."""
@@ -192,7 +197,11 @@ class AdapterBank:
         return list(self._slots)
 
     def nbytes(self, name: str) -> int:
-        return self._bytes[name]
+        """What adapter `name` holds now: a slot of every adapted layer (each slot spans
+        every layer, padded to the largest rank loaded, in float32). Raises KeyError."""
+        if name not in self._slots:
+            raise KeyError(name)
+        return sum(layer.slot_bytes for layer in self._layers.values())
 
     def load_id(self, name: str) -> int:
         """Which load of `name` is in its slot (another after an unload and a load): what
@@ -216,28 +225,27 @@ class AdapterBank:
             self.unload(name)
         used = set(self._slots.values())
         slot = next(s for s in range(1, len(used) + 2) if s not in used)
+        self._capacity = max(self._capacity, slot + 1)
         for layer in self._layers.values():  # every layer gathers every row's slot: room
-            layer.resize(slot + 1, 1)  # for it, zeros where this adapter adapts nothing
+            layer.resize(self._capacity, 1)  # for it, zeros where this adapter adapts nothing
         for module, (a, b) in adapter.matrices.items():
-            self._layer(module, modules[module], slot + 1).put(slot, a, b, adapter.scale)
+            self._layer(module, modules[module]).put(slot, a, b, adapter.scale)
         self._slots[name] = slot
-        self._bytes[name] = adapter.nbytes
         self._loaded += 1
         self._loads[name] = self._loaded
-        return adapter.nbytes
+        return self.nbytes(name)
 
     def unload(self, name: str) -> None:
         """Free `name`'s slot (zeros in every layer). Raises KeyError if not loaded."""
         slot = self._slots.pop(name)
-        self._bytes.pop(name, None)
         self._loads.pop(name, None)
         for layer in self._layers.values():
             layer.zero(slot)
 
-    def _layer(self, path: str, module: Module, slots: int) -> MultiLoRALinear:
+    def _layer(self, path: str, module: Module) -> MultiLoRALinear:
         layer = self._layers.get(path)
         if layer is None:
-            layer = MultiLoRALinear(module, self.rows, max(slots, 1 + len(self._slots)))
+            layer = MultiLoRALinear(module, self.rows, self._capacity)
             self._model.update_modules(tree_unflatten([(path, layer)]))
             self._layers[path] = layer
         return layer

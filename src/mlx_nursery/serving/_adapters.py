@@ -12,7 +12,7 @@ Memory: an adapter's bytes (its matrices, as the engine holds them) are added to
 model's reservation (`Reservation.adapters`), and a runtime load that would take the loaded
 models past `--memory-budget` is refused with 503 `insufficient_memory`. The base's KV budget
 is not shrunk for them: adapters are small beside it (a rank-8 adapter of q and v on every
-layer of an 8B model is about 14 MB) and are counted on top.
+layer of an 8B Llama holds about 14 MB in float32) and are counted on top.
 """
 
 from __future__ import annotations
