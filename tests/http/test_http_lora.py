@@ -62,6 +62,13 @@ async def test_adapters_are_models_of_their_base_and_load_and_unload_at_runtime(
         assert (await http.get("/v1/models/a")).json()["parent"] == "tiny"
         base, adapted = await _text(client, "tiny"), await _text(client, "a")
         assert adapted != base
+        chat = {"max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+        replies = {}
+        for model in ("tiny", "a"):
+            reply = await http.post("/v1/messages", json={**chat, "model": model})
+            assert reply.status_code == 200 and reply.json()["model"] == model
+            replies[model] = reply.json()["content"]
+        assert replies["a"] != replies["tiny"]  # Anthropic's API runs the adapter too
 
         missing = await http.post(
             "/v1/chat/completions",
