@@ -123,3 +123,23 @@ async def test_adapters_load_and_unload_at_runtime(
             await collect(engine, _requests(engine, ["a"])[0])
         base = await collect(engine, _requests(engine, [None])[0])
         assert base.tokens != expected.tokens
+
+
+async def test_the_prefix_cache_keeps_each_adapters_kv_apart(
+    tiny_model: Path, adapters: dict[str, Path]
+) -> None:
+    """The same prompt under the base and two adapters: each reads only its own KV from the
+    prefix cache (another's would give it another's output)."""
+    names: list[str | None] = ["a", None, "b", "a", None]
+    prompt = PROMPTS["b"]
+    runs = {}
+    for cache_bytes in (0, 64 << 20):
+        async with open_engine(_config(tiny_model, adapters, prompt_cache_bytes=cache_bytes)) as e:
+            requests = [
+                request(e, prompt, max_tokens=8, ignore_eos=True, adapter=name) for name in names
+            ]
+            runs[cache_bytes] = [await collect(e, req) for req in requests]
+    cached = runs[64 << 20]
+    assert cached[3].final.usage is not None and cached[3].final.usage.cached_tokens > 0
+    assert [r.tokens for r in cached] == [r.tokens for r in runs[0]]
+    assert cached[0].tokens != cached[1].tokens != cached[2].tokens
