@@ -86,6 +86,13 @@ async def test_adapters_are_models_of_their_base_and_load_and_unload_at_runtime(
         other = await _text(client, "b")
         assert other not in (base, adapted)
         assert await _text(client, "a") == adapted  # the batch's slots moved nothing
+        metrics = (await http.get("/metrics")).text
+        reserved = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("mlx_nursery:model_reserved_bytes") and 'part="adapters"' in line
+        ]
+        assert len(reserved) == 1 and float(reserved[0].rsplit(" ", 1)[1]) > 0
 
         body = {"model": "b", "prompt": "Once", "max_tokens": 3000, "stream": True}
         async with http.stream("POST", "/v1/completions", json=body) as stream:

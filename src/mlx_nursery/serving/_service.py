@@ -179,6 +179,7 @@ class Service:
             held = sum(h.reservation.total for h in models.loaded())
             room = None if budget is None else budget - held
             await self.adapters.load(slot, engine, name, path, room)
+            self._metrics.adapters_reserved(slot.source.name, sum(engine.adapters.values()))
 
     async def unload_adapter(self, name: str) -> None:
         """Stop serving the LoRA adapter `name`, freeing it on the loaded model. Raises 404
@@ -187,7 +188,10 @@ class Service:
         slot, _ = self._adapters_base()
         hosted = slot.hosted
         engine = hosted.engine if hosted is not None and slot.state == "ready" else None
-        await self.adapters.unload(slot, engine if isinstance(engine, Engine) else None, name)
+        engine = engine if isinstance(engine, Engine) else None
+        await self.adapters.unload(slot, engine, name)
+        if engine is not None:
+            self._metrics.adapters_reserved(slot.source.name, sum(engine.adapters.values()))
 
     def _adapters_base(self) -> tuple[ModelSlot, ModelRegistry]:
         """The model adapters attach to, and the registry. 400 where adapters are off."""
