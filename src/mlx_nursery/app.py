@@ -206,13 +206,14 @@ def serving_parts(settings: Settings, extensions: Extensions) -> Parts:
     store = responses_store_at(settings.responses_db_path(), settings.responses_limits())
     images = image_limits(settings)
     opener = ModelOpener(settings, metrics, images, extensions)
+    sources = model_sources(settings)
     writes = WritePolicy(settings.stream_interval)
     background = BackgroundResponses(
         store,
         writes,
         BackgroundLimits(settings.max_background, settings.max_background_per_key),
     )
-    service = Service(settings, model_sources(settings), opener, metrics, store, background)
+    service = Service(settings, sources, opener, metrics, store, background, opener.adapters)
     fetches = MediaFetches(settings.max_image_fetches, settings.max_fetched_image_bytes)
     preparation = Preparation(settings.request_timeout, fetches)
     generations = Generations(

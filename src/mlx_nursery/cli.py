@@ -24,6 +24,21 @@ def _make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_adapter(args: argparse.Namespace) -> int:
+    from .tools import make_adapter
+
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()]
+    try:
+        path = make_adapter(
+            args.out, args.base, seed=args.seed, rank=args.rank, layers=args.layers, keys=keys
+        )
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote a rank-{args.rank} LoRA adapter (seed {args.seed}) to {path}")
+    return 0
+
+
 def _convert_gguf(args: argparse.Namespace) -> int:
     from .tools import GGUFConversionError, convert_gguf
 
@@ -132,6 +147,19 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(handler=_make_model)
+
+    adapter = commands.add_parser(
+        "make-adapter", help="write a random LoRA adapter for a model (tests, benchmarks)"
+    )
+    adapter.add_argument("out", help="output directory")
+    adapter.add_argument("--base", required=True, help="the model directory it adapts")
+    adapter.add_argument("--seed", type=int, default=0)
+    adapter.add_argument("--rank", type=int, default=8)
+    adapter.add_argument("--layers", type=int, default=2, help="the last K blocks are adapted")
+    adapter.add_argument(
+        "--keys", default="q_proj,v_proj", help="projections adapted, comma-separated"
+    )
+    adapter.set_defaults(handler=_make_adapter)
 
     serve = commands.add_parser(
         "serve",

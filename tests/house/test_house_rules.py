@@ -163,6 +163,10 @@ PUBLIC = {
         "Window",
         "Word",
         "open_engine",
+        "AdapterBusy",
+        "AdapterError",
+        "AdaptersDisabled",
+        "UnknownAdapter",
     ],
     "generation": [
         "AudioLimits",
@@ -315,6 +319,8 @@ PUBLIC = {
         "model_kind",
         "release_mlx_streams",
         "resolve_model_path",
+        "AdapterBank",
+        "AdapterError",
     ],
     "openai": [
         "EmbeddingLimits",
@@ -390,6 +396,7 @@ PUBLIC = {
         "model_sources",
         "render_piece",
         "speaking",
+        "LoraAdapters",
     ],
     "settings": [
         "ENV_PREFIX",
@@ -436,6 +443,7 @@ PUBLIC = {
         "convert_gguf",
         "make_model",
         "write_tokenizer",
+        "make_adapter",
     ],
 }
 """Each package's public names: a change to a package's surface is a change to this list."""

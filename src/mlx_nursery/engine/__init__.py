@@ -3,6 +3,7 @@
 Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 """
 
+from ._adapters import AdapterBusy, AdapterError, AdaptersDisabled, UnknownAdapter
 from ._config import EngineConfig
 from ._disk_tier import DiskCacheStats
 from ._drafting import SPECULATION_METHODS, Speculation
@@ -63,6 +64,9 @@ __all__ = [
     "SPEECH_THREAD_NAME",
     "THREAD_NAME",
     "WAIT_BUCKETS",
+    "AdapterBusy",
+    "AdapterError",
+    "AdaptersDisabled",
     "CancelStatistics",
     "DiskCacheStats",
     "Embedder",
@@ -102,6 +106,7 @@ __all__ = [
     "Tokenizer",
     "Transcript",
     "TranscriptionRequest",
+    "UnknownAdapter",
     "Usage",
     "VisionProcessor",
     "WaitStatistics",

@@ -122,6 +122,19 @@ class EngineConfig:
     """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
     with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,
     the same outputs. Architectures not covered load as they are."""
+    adapters: tuple[tuple[str, Path], ...] = ()
+    """LoRA adapters loaded with the model, as (name, directory): requests name one
+    (`GenerationRequest.adapter`); rows of different adapters decode in one batch
+    (`_adapters.py`, models/_lora.py)."""
+    enable_adapters: bool = False
+    """Serve adapters (loaded at runtime, `Engine.load_adapter`) even if none is given at
+    load; implied by `adapters`. Text models only. The projections are not fused then
+    (`fuse_weights` is ignored): an adapter adapts q, k, v, gate and up apart."""
+
+    @property
+    def serves_adapters(self) -> bool:
+        return self.enable_adapters or bool(self.adapters)
+
     ragged_attention: bool = True
     """On CUDA, a batch's decode attention by this server's kernel, each row reading only its
     own keys (`_decode_attention.py`) rather than MLX's masked fallback over every row's

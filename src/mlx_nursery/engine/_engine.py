@@ -21,15 +21,18 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import attrs
 import trio
 
+from ._adapters import AdapterBusy, AdapterChange, AdaptersDisabled, UnknownAdapter
 from ._config import EngineConfig
 from ._device_thread import DeviceThread, State
-from ._errors import PromptTooLong
+from ._errors import EngineUnavailable, PromptTooLong
 from ._lanes import FairLanes
 from ._messages import Delivery, ModelInfo, Resume, StepEvent, Suspend, WorkerStats
 from ._priority import WaitStatistics
@@ -80,6 +83,10 @@ class Engine:
         self._worker: Worker | None = None
         self._late_events = 0
         self._cancellations = CancelRecorder()
+        self._adapters: dict[str, int] | None = None
+        """The adapters loaded, by name: their bytes (None: before the load)."""
+        self._adapter_users: Counter[str] = Counter()
+        """Requests of each adapter from their admission check until their confirmation."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED) -> None:
@@ -172,20 +179,32 @@ class Engine:
         is cancellable at no compute cost.
         """
         self.check_admission(request)
-        handle = self._new_handle(request)
-        await self._device.acquire_lane(handle, request.tenant, request.priority)
-        # From here the lane belongs to the sequence; only the engine's confirmation returns it.
-        self._handles[handle.seq_id] = handle
-        assert self._worker is not None
-        self._worker.submit(handle.seq_id, request)
+        adapter = request.adapter
+        if adapter is not None:
+            self._adapter_users[adapter] += 1  # no unload until its compute has stopped
         try:
-            yield TokenStream(handle, self)
+            handle = self._new_handle(request)
+            await self._device.acquire_lane(handle, request.tenant, request.priority)
+            # From here the lane belongs to the sequence; only the engine's confirmation
+            # returns it.
+            self._handles[handle.seq_id] = handle
+            assert self._worker is not None
+            self._worker.submit(handle.seq_id, request)
+            try:
+                yield TokenStream(handle, self)
+            finally:
+                if not handle.confirmed.is_set():
+                    self.cancel(handle)
+                    if await self._device.wait_confirmed(
+                        handle.confirmed, f"sequence {handle.seq_id}"
+                    ):
+                        self.confirmation_seen()
+                handle.receive.close()
         finally:
-            if not handle.confirmed.is_set():
-                self.cancel(handle)
-                if await self._device.wait_confirmed(handle.confirmed, f"sequence {handle.seq_id}"):
-                    self.confirmation_seen()
-            handle.receive.close()
+            if adapter is not None:
+                self._adapter_users[adapter] -= 1
+                if not self._adapter_users[adapter]:
+                    del self._adapter_users[adapter]
 
     def cancel(self, handle: Handle) -> None:
         """Ask the engine thread to end `handle`'s sequence before its next step (once; a
@@ -217,10 +236,78 @@ class Engine:
         lane: EngineUnavailable, PromptTooLong, EngineOverloaded (the queue, or its tenant's
         share of it, is full). Not a checkpoint."""
         self._device.check_running()
+        if request.adapter is not None and request.adapter not in self.adapters:
+            raise UnknownAdapter(f"the adapter {request.adapter!r} is not loaded")
         context = self.model.context_length
         if len(request.prompt_tokens) + request.max_tokens > context:
             raise PromptTooLong(len(request.prompt_tokens), request.max_tokens, context)
         self._device.check_queue(request.tenant)
+
+    # -- LoRA adapters -------------------------------------------------------------------------
+    @property
+    def adapters(self) -> dict[str, int]:
+        """The LoRA adapters loaded now, by name: their bytes."""
+        if self._adapters is None:
+            self._adapters = dict(self.model.adapters)
+        return self._adapters
+
+    @property
+    def adapters_in_use(self) -> frozenset[str]:
+        """The adapters that requests admitted or running use (none of them may unload)."""
+        return frozenset(self._adapter_users)
+
+    async def load_adapter(self, name: str, path: Path) -> int:
+        """Load the LoRA adapter at `path` as `name` on the engine thread, between steps;
+        return its bytes. Raises AdaptersDisabled (adapters not enabled on this model),
+        AdapterBusy (one of that name is loaded and in use), AdapterError (its files),
+        EngineUnavailable.
+
+        Cancellation: the load goes on once asked for (it is short: the adapter's files are
+        read and its matrices set); a cancelled caller does not wait for it, and the adapter
+        is then loaded or not as the engine thread ended it."""
+        if not self.model.serves_adapters:
+            raise AdaptersDisabled("adapters are not enabled on this model")
+        if self._adapter_users[name]:
+            raise AdapterBusy(f"the adapter {name!r} is in use")
+        nbytes = await self._change_adapter(name, path)
+        self.adapters[name] = nbytes
+        return nbytes
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unload the LoRA adapter `name`. Raises UnknownAdapter, AdapterBusy while a request
+        of it is admitted or runs (nothing changes), EngineUnavailable. Cancellation: as
+        `load_adapter`; requests for it are refused from the moment it is asked for."""
+        if name not in self.adapters:
+            raise UnknownAdapter(f"the adapter {name!r} is not loaded")
+        if self._adapter_users[name]:
+            raise AdapterBusy(f"the adapter {name!r} is in use; it was not unloaded")
+        del self.adapters[name]
+        await self._change_adapter(name, None)
+
+    async def _change_adapter(self, name: str, path: Path | None) -> int:
+        self._device.check_running()
+        done = trio.Event()
+        outcome: list[int | BaseException] = []
+
+        def report(result: int | BaseException) -> None:
+            outcome.append(result)
+            done.set()
+
+        assert self._worker is not None
+        self._worker.change_adapter(AdapterChange(name, path, self._device.bind(report)))
+        async with trio.open_nursery() as nursery:  # until it is done, or the engine ends
+
+            async def watch(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch, done)
+            nursery.start_soon(watch, self._device.ended)
+        if not outcome:
+            raise EngineUnavailable("the engine stopped")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     def _new_handle(self, request: GenerationRequest) -> Handle:
         send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)

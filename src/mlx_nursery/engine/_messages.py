@@ -12,6 +12,7 @@ from typing import Literal, NamedTuple
 
 import attrs
 
+from ._adapters import AdapterChange
 from ._detokenizer import TokenTexts
 from ._disk_tier import DiskCacheStats
 from ._prefix_cache import PrefixCacheStats
@@ -58,7 +59,7 @@ class Wake:
     were running, takes its next iteration)."""
 
 
-Command = Submit | Cancel | Suspend | Resume | Stop | Wake
+Command = Submit | Cancel | Suspend | Resume | Stop | Wake | AdapterChange
 
 
 @attrs.frozen
@@ -166,6 +167,10 @@ class ModelInfo:
     """What a token's KV costs in this model's caches, measured (0: no growing KV cache)."""
     scripted: bool = False
     """The scripted model (no weights: each request's `Script` says its output and timing)."""
+    adapters: Mapping[str, int] = attrs.field(factory=dict)
+    """The LoRA adapters loaded with the model, by name: their bytes (`EngineConfig.adapters`)."""
+    serves_adapters: bool = False
+    """Adapters may be loaded at runtime (`Engine.load_adapter`)."""
 
     @property
     def token_bytes(self) -> Callable[[int], bytes]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from ..models import LoadedModel
+from ._adapters import RowAdapters
 from ._chunking import ChunkSizer, budget_ms
 from ._config import EngineConfig
 from ._counters import RunCounters
@@ -48,6 +49,8 @@ class Placement:
         self._scripted = model.kind == "scripted"
         """The scripted model: its stepper is the only one (no fast path, no handover)."""
         self.fast_path = config.single_sequence_fast_path and not self._scripted
+        self.adapters = RowAdapters(model.adapters) if model.adapters is not None else None
+        """The rows' LoRA adapters, where the model serves any (`_adapters.py`)."""
         self.shapes = ShapeWatch(model.model)
         """The model as both steppers call it, counting the prefill shapes they run."""
         self.make_cache = cache_factory(config.kv_quantization)
@@ -67,6 +70,7 @@ class Placement:
             # is this object's, and a cycle through it would keep the model's weights alive
             # past an unload until the garbage collector ran.
             verified=self._counters.verified,
+            adapters=self.adapters,
         )
         self.current: Stepper = self.batch
         self.previous_responses: list[Response] = []
@@ -161,4 +165,5 @@ class Placement:
             prefill_step_size=self._config.prefill_step_size,
             chunk_sizer=self.chunks,
             make_cache=make_cache,
+            adapters=self.adapters,
         )

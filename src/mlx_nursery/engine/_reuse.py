@@ -68,8 +68,8 @@ class PrefixReuse:
     ) -> DiskRead | None:
         """A read, begun, of the file holding a longer prefix of `prompt` than `hit` (the
         memory tier's), covering every image (None: the disk holds none)."""
-        if self.disk is None:
-            return None
+        if self.disk is None or sequence.request.adapter is not None:
+            return None  # the disk tier keeps the base model's KV only (no adapter's)
         key = self._cache_key(sequence, prompt)
         if key is None:
             return None
@@ -106,7 +106,7 @@ class PrefixReuse:
             try:
                 if self.cache is not None:
                     self.cache.insert(self._namespace(sequence), key, list(cache))
-                if self.disk is not None:
+                if self.disk is not None and sequence.request.adapter is None:
                     namespace = repr(sequence.request.cache_key)
                     self.disk.offer(namespace, key, list(cache), step)
             except Exception:  # caching is an optimisation, never a failure
@@ -125,11 +125,17 @@ class PrefixReuse:
         if self.disk is not None:
             self.disk.close()
 
-    def _namespace(self, sequence: LiveSequence) -> tuple[str, str | None]:
-        return (str(self._model.path), sequence.request.cache_key)
+    def _namespace(self, sequence: LiveSequence) -> tuple[str, str | None, int]:
+        """The KV of another adapter (or another load of one) is never reused: it differs.
+        An adapter not loaded (-1) neither stores nor fetches (`_cache_key`)."""
+        adapter, bank = sequence.request.adapter, self._model.adapters
+        load = bank.load_id(adapter) if adapter is not None and bank is not None else 0
+        return (str(self._model.path), sequence.request.cache_key, load)
 
     def _cache_key(self, sequence: LiveSequence, tokens: list[int]) -> list[int] | None:
         """What the prefix cache knows `tokens` of this sequence by (None: not cacheable)."""
+        if self._namespace(sequence)[2] < 0:
+            return None
         images = sequence.request.images
         if images is None or self._image_token is None:
             return tokens

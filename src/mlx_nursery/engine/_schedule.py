@@ -47,7 +47,8 @@ own as mlx-lm's `generate` runs it; where the model's head cannot be split off
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import mlx.core as mx
@@ -71,9 +72,13 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         *,
         chunk_sizer: ChunkSizer | None = None,
         fold_first_tokens: bool = True,
+        rows: Callable[[list[int]], AbstractContextManager[None]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
+        self._rows = rows or _no_rows
+        """Marks the forwards built in a block as those of the rows given by uid, in batch
+        order (the rows' LoRA adapters, `_adapters.py`): every forward here is in one."""
         self._head: Head | None = model_head(model) if fold_first_tokens else None
         """The model's output head, where a prompt's first token comes from its last chunk
         (None: from a forward of its own, as mlx-lm does)."""
@@ -93,7 +98,8 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         counters = self._counters
         if len(self._generation_batch) > 0:
             tic = time.perf_counter()
-            generation_responses = self._generation_batch.next()
+            with self._rows(list(self._generation_batch.uids)):
+                generation_responses = self._generation_batch.next()
             toc = time.perf_counter()
             counters.decode_time += toc - tic
             counters.generation_tokens += len(generation_responses)
@@ -146,7 +152,8 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             tokens = len(chunks) * max(len(c) for c in chunks)
             tic = time.perf_counter()
             head = self._head if finishing else None
-            states, logits = launch_chunk(self._prompt_batch, chunks, finishing, head)
+            with self._rows(list(self._prompt_batch.uids)):
+                states, logits = launch_chunk(self._prompt_batch, chunks, finishing, head)
             if decoding:
                 if self._gaps is not None:
                     self._gaps.launched(tokens)
@@ -217,7 +224,8 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         last_inputs = [self._currently_processing[i][0][0] for i in ready]
         totals = [self._currently_processing[i][2] for i in ready]
         leaving = self._leave_prompt_batch(ready)
-        started = leaving.generate(last_inputs)
+        with self._rows(list(leaving.uids)):
+            started = leaving.generate(last_inputs)  # its first step runs the model
         for uid, total in zip(started.uids, totals, strict=True):
             prompt_responses.append(PromptProcessingBatch.Response(uid, (total, total), True, True))
         self._generation_batch.extend(started)
@@ -264,3 +272,7 @@ def launch_chunk(
     states = [cache.state for cache in batch.prompt_cache]
     mx.async_eval(states)  # type: ignore[no-untyped-call]
     return states, logits
+
+
+def _no_rows(uids: list[int]) -> AbstractContextManager[None]:
+    return nullcontext()

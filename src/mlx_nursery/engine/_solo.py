@@ -31,6 +31,7 @@ from typing import Any, Literal
 import attrs
 import mlx.core as mx
 
+from ._adapters import RowAdapters
 from ._drafting import Speculation, VerifyCosts
 from ._kv_quant import CacheFactory
 from ._sequence import LiveSequence, Response
@@ -327,8 +328,12 @@ class SoloStepper:
         speculation: Speculation | None = None,
         verified: Callable[[LiveSequence, int, int], None] | None = None,
         draft_model: Any = None,
+        adapters: RowAdapters | None = None,
     ) -> None:
         self._model = model
+        self._adapters = adapters or RowAdapters(None)
+        """The rows' LoRA adapters (`_adapters.py`): the lone row's marks each step."""
+        self._slot = 0
         self._speculation = speculation
         self._draft_model = draft_model
         """Drafts come from it where speculation's method is "draft" (`_draft_model`)."""
@@ -345,6 +350,7 @@ class SoloStepper:
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
         assert self._solo is None, "the fast path holds one sequence"
+        slot = self._adapters.slot(sequence.request.adapter)
         self._solo = SoloSequence(
             self._model,
             -(sequence.seq_id + 1),  # negative: never a BatchGenerator uid
@@ -365,13 +371,15 @@ class SoloStepper:
                 self._draft_model,
             ),
         )
+        self._slot = slot
         return self._solo.uid
 
     def step(self) -> list[Response]:
         if self._solo is None:
             return []
         before = self._solo.prefilled
-        responses = self._solo.step()
+        with self._adapters.use((self._slot,)):  # verify steps too; a draft model has none
+            responses = self._solo.step()
         self._prefilled += self._solo.prefilled - before
         if responses and responses[-1].finish_reason is not None:
             self._solo = None

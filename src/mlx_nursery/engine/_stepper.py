@@ -16,11 +16,13 @@ one: `SoloStepper.handover` gives the `Start` at which the batch continues it id
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
 import attrs
 import mlx.core as mx
 
+from ._adapters import RowAdapters
 from ._chunking import ChunkSizer
 from ._kv_quant import CacheFactory
 from ._ragged import ragged_rows
@@ -115,10 +117,15 @@ class BatchStepper:
         make_cache: CacheFactory | None = None,
         draw: Draw = sample_batch,
         fold_first_tokens: bool = True,
+        adapters: RowAdapters | None = None,
     ) -> None:
         """`fold_first_tokens`: a prompt's first token comes from its last prefill chunk
-        where the model allows it (`_first_tokens.py`); off, from a forward of its own."""
+        where the model allows it (`_first_tokens.py`); off, from a forward of its own.
+        `adapters`: the rows' LoRA adapters (`_adapters.py`; None: the base model only)."""
         self._model = model
+        self._adapters = adapters or RowAdapters(None)
+        self._slots: dict[int, int] = {}
+        """Each row's adapter slot, by uid (rows of the base: absent)."""
         self._make_cache = make_cache
         """Fresh caches for prompts that bring none (None: mlx-lm's, made by the generator)."""
         self._generator = ServingBatchGenerator(
@@ -128,16 +135,19 @@ class BatchStepper:
             prefill_step_size=prefill_step_size,
             chunk_sizer=chunk_sizer,
             fold_first_tokens=fold_first_tokens,
+            rows=self._rows if adapters is not None else None,
         )
         self._samplers = _RowSamplers(draw)
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
+        adapter = sequence.request.adapter
         return self.insert_row(
             start,
             sampler=sequence.sampler,
             processors=sequence.processors,
             stop_ids=sequence.stop_ids,
+            slot=self._adapters.slot(adapter),
         )
 
     def insert_row(
@@ -147,8 +157,10 @@ class BatchStepper:
         sampler: Sampler,
         processors: list[Any],
         stop_ids: frozenset[int],
+        slot: int = 0,
     ) -> int:
-        """`insert` by a sequence's parts (a follower rank has no `LiveSequence`)."""
+        """`insert` by a sequence's parts (a follower rank has no `LiveSequence`); `slot`:
+        its adapter's (0: the base)."""
         cache = start.cache
         if cache is None:
             cache = (self._make_cache or make_prompt_cache)(self._model)
@@ -163,13 +175,20 @@ class BatchStepper:
             stop_sequences=[StopSequences([[t] for t in sorted(stop_ids)])],
         )
         self._samplers.by_uid[int(uid)] = sampler
+        if slot:
+            self._slots[int(uid)] = slot
         return int(uid)
+
+    def _rows(self, uids: list[int]) -> AbstractContextManager[None]:
+        """The forwards of the rows `uids` (in batch order) run with their adapters."""
+        return self._adapters.use([self._slots.get(uid, 0) for uid in uids])
 
     def step(self) -> list[Response]:
         responses: list[Response] = self._generator.next()[1]
         for response in responses:
             if response.finish_reason is not None:
                 self._samplers.by_uid.pop(response.uid, None)  # the generator drops it itself
+                self._slots.pop(response.uid, None)
         return responses
 
     def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
@@ -177,10 +196,12 @@ class BatchStepper:
         caches: dict[int, KVState] = self._generator.remove(uids, return_prompt_caches=keep_state)
         for uid in uids:
             self._samplers.by_uid.pop(uid, None)
+            self._slots.pop(uid, None)
         return caches if keep_state else {}
 
     def close(self) -> None:
         self._samplers.by_uid.clear()
+        self._slots.clear()
         self._generator.close()
 
     @property

@@ -179,6 +179,9 @@ class GenerationRequest:
     priority, which is taken off the device and resumed later with the tokens it had
     (`_lanes`, `_yielding`; aging and a bound keep it starvation-free). Within a priority,
     lanes go fairly among tenants as before."""
+    adapter: str | None = None
+    """The LoRA adapter the sequence runs with, by the name it was loaded under (None: the
+    base model). Rows of different adapters and of the base decode in one batch."""
     report_admission: bool = False
     """Send a first event when the sequence is admitted, before its prefill: no token, no
     finish reason, and its `usage` (the prompt's tokens, those read from the prefix cache;

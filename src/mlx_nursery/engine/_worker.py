@@ -18,12 +18,14 @@ import mlx.core as mx
 from .. import fault_points
 from ..fault_points import request_label
 from ..models import LoadedModel, load_model
+from ._adapters import AdapterChange, RowAdapters, adapter_bytes, with_adapters
 from ._config import EngineConfig
 from ._decode_attention import install as install_ragged_attention
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels, release_streams
 from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import with_draft_model
+from ._errors import EngineUnavailable
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import (
@@ -123,6 +125,10 @@ class Worker:
     def send(self, command: Command) -> None:
         self._commands.put(command)
 
+    def change_adapter(self, change: AdapterChange) -> None:
+        """Load or unload a LoRA adapter between steps (`_adapters.AdapterChange`)."""
+        self._commands.put(change)
+
     def stop(self) -> None:
         self._commands.put(Stop())
 
@@ -143,12 +149,13 @@ class Worker:
             os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if self._config.cuda_graphs else "0"
             keep_compiled_kernels()
             distribution = self._config.distribution
+            fuse = self._config.fuse_weights and not self._config.serves_adapters
             model = (
-                load_model(self._config.model, fuse_weights=self._config.fuse_weights)
+                load_model(self._config.model, fuse_weights=fuse)
                 if distribution is None
                 else distribution.load(self._config)
             )
-            model = with_draft_model(model, self._config)
+            model = with_adapters(with_draft_model(model, self._config), self._config)
             ragged = self._config.ragged_attention and model.kind == "lm"
             if ragged and install_ragged_attention(model.model):
                 log.info("batched decode attention: the ragged kernel (CUDA)")
@@ -192,6 +199,8 @@ class Worker:
                 texts=TokenTexts(model.tokenizer),
                 vocab_size=model.vocab_size,
                 scripted=scripted,
+                adapters=adapter_bytes(model),
+                serves_adapters=model.adapters is not None,
             )
             del model  # the runner holds it, until `_release_memory`
         except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it
@@ -318,6 +327,10 @@ class Worker:
         if not commands:
             return False
         stop = any(isinstance(c, Stop) for c in commands)
+        bank = runner.model.adapters
+        for command in commands:  # between steps: no forward is being built
+            if isinstance(command, AdapterChange):
+                RowAdapters(bank).apply(command)
         cancelled = {c.seq_id for c in commands if isinstance(c, Cancel)}
         for seq_id in cancelled:
             runner.cancel(seq_id)
@@ -348,6 +361,8 @@ class Worker:
         for command in [*self._ledger.held(), *self._take_commands(block=False)]:
             if isinstance(command, Submit):
                 self._ledger.end_unstarted(command, reason, error)
+            elif isinstance(command, AdapterChange):
+                command.done(EngineUnavailable("the engine stopped"))
 
     def _stats(self) -> WorkerStats:
         runner = self._runner

@@ -17,10 +17,12 @@ from ..engine import (
     EngineOverloaded,
     EngineUnavailable,
     PromptTooLong,
+    UnknownAdapter,
 )
 from ._errors import (
     GenerationFailed,
     InvalidRequest,
+    ModelNotFound,
     OpenAIError,
     Overloaded,
     RequestCancelled,
@@ -28,8 +30,10 @@ from ._errors import (
     Unavailable,
 )
 
-MappedEngineError = PromptTooLong | EngineOverloaded | EngineUnavailable | EmbeddingFailed
-_MAPPED = (PromptTooLong, EngineOverloaded, EngineUnavailable, EmbeddingFailed)
+MappedEngineError = (
+    PromptTooLong | EngineOverloaded | EngineUnavailable | EmbeddingFailed | UnknownAdapter
+)
+_MAPPED = (PromptTooLong, EngineOverloaded, EngineUnavailable, EmbeddingFailed, UnknownAdapter)
 
 
 def api_error(exc: MappedEngineError, prompt_param: str = "messages") -> OpenAIError:
@@ -41,6 +45,10 @@ def api_error(exc: MappedEngineError, prompt_param: str = "messages") -> OpenAIE
         return Overloaded(
             f"the server is at capacity ({exc.queued} requests waiting); retry later",
             code="server_overloaded",
+        )
+    if isinstance(exc, UnknownAdapter):  # unloaded since the request was read
+        return ModelNotFound(
+            "The model's adapter is no longer served.", param="model", code="model_not_found"
         )
     if isinstance(exc, EngineUnavailable):
         return Unavailable(

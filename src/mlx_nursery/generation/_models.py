@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
+
+from ._converter import register_unstructure_hook, unstructure_fields
 
 ModelKindName = Literal["text", "vision", "speech", "embedding"]
 
@@ -39,6 +41,24 @@ class ModelCard:
     loads it first, which takes a while (see `--max-loaded-models`)."""
     owned_by: str = "mlx-nursery"
     object: Literal["model"] = "model"
+    root: str | None = None
+    """A LoRA adapter's base model (vLLM's field; left out for a model that is no adapter)."""
+    parent: str | None = None
+    """A LoRA adapter's base model, as vLLM names it in `parent` (left out otherwise)."""
+
+
+_card_fields = unstructure_fields(ModelCard)
+
+
+def _card(card: ModelCard) -> dict[str, Any]:
+    data = _card_fields(card)
+    for key in ("root", "parent"):
+        if data[key] is None:
+            del data[key]
+    return data
+
+
+register_unstructure_hook(ModelCard, _card)
 
 
 @attrs.frozen

@@ -266,6 +266,7 @@ def prepared_for(
         trim_leading_space=wire.trims_leading_space,
         images=images,
         priority=checked.priority,
+        adapter=served.adapter_for(request.model),
     )
     return Prepared(
         wire,

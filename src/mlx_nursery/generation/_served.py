@@ -57,6 +57,15 @@ class ServedModel:
     scripted: bool = False
     """The scripted model: no weights; each request's `engine.Script` says its output and
     timing (the testing package's harness makes one from the request)."""
+    adapters: Collection[str] = frozenset()
+    """The LoRA adapters served on this model, by name, now (a live view: adapters load and
+    unload at runtime): a request naming one runs with it."""
+
+    def adapter_for(self, requested: str) -> str | None:
+        """The adapter a request for the model `requested` runs with (None: the base)."""
+        if requested == self.name or requested in self.aliases:
+            return None
+        return requested if requested in self.adapters else None
 
     def with_fetched(self, fetched: Mapping[str, bytes]) -> ServedModel:
         """This model for one request whose remote images were fetched (`_media_fetch`)."""
@@ -74,8 +83,9 @@ class ServedModel:
         return input_modalities("vlm" if self.vision is not None else "lm")
 
     def check(self, requested: str) -> None:
-        if requested != self.name and requested not in self.aliases:
-            raise unknown_model(requested, [self.name])
+        served = requested == self.name or requested in self.aliases
+        if not served and requested not in self.adapters:
+            raise unknown_model(requested, [self.name, *self.adapters])
 
     def card(self) -> ModelCard:
         return ModelCard(

@@ -9,6 +9,7 @@ private.
 """
 
 from . import (
+    _adapter_routes,  # noqa: F401 - registers vLLM's LoRA admin routes on `routes`
     _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
     _tokenize_routes,  # noqa: F401 - registers /tokenize and /detokenize on `routes`

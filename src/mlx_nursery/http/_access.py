@@ -162,11 +162,18 @@ def read_key_file(key_file: str) -> list[str]:
     return keys
 
 
+ADMIN_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+"""vLLM's routes that load and unload a LoRA adapter (serving/_adapters.py)."""
+
+
 def is_admin_path(path: str) -> bool:
     """Whether `path` (decoded, as routed) names an operator's route: a model's load or
-    unload. Decided on its segments, as the router splits it, whatever characters the
+    unload, or a LoRA adapter's (`ADMIN_PATHS`, and any spelling of them with a trailing
+    slash). Decided on its segments, as the router splits it, whatever characters the
     model's name holds (a newline included); past the prefix, any path whose last segment
     is an action counts, so that no spelling the router takes for one slips by."""
+    if path.rstrip("/") in ADMIN_PATHS:
+        return True
     if not path.startswith(MODELS_PREFIX):
         return False
     model, sep, action = path[len(MODELS_PREFIX) :].rpartition("/")

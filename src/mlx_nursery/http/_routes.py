@@ -76,13 +76,23 @@ async def metrics() -> Response:
 
 @routes.get("/v1/models")
 async def list_models() -> dict[str, Any]:
-    models = parts().service.check_open()
-    return to_json(ModelList([slot.card() for slot in models.slots]))  # type: ignore[no-any-return]
+    service = parts().service
+    models = service.check_open()
+    cards = [slot.card() for slot in models.slots]
+    if models.only is not None:  # LoRA adapters, on a server's one model
+        cards += service.adapters.cards(models.only)
+    return to_json(ModelList(cards))  # type: ignore[no-any-return]
 
 
 @routes.get("/v1/models/<path:model>")
 async def get_model(model: str) -> dict[str, Any]:
-    return to_json(parts().service.check_open().find(model).card())  # type: ignore[no-any-return]
+    service = parts().service
+    models = service.check_open()
+    only = models.only
+    if only is not None and model in service.adapters.paths:
+        (card,) = [c for c in service.adapters.cards(only) if c.id == model]
+        return to_json(card)  # type: ignore[no-any-return]
+    return to_json(models.find(model).card())  # type: ignore[no-any-return]
 
 
 @routes.post("/v1/models/<path:model>/load")

@@ -12,10 +12,13 @@ from ._loading import (
     model_kind,
     resolve_model_path,
 )
+from ._lora import AdapterBank, AdapterError
 from ._speech import SpeechModel, load_speech_model
 from ._streams import release_mlx_streams
 
 __all__ = [
+    "AdapterBank",
+    "AdapterError",
     "EmbeddingSpec",
     "LoadedModel",
     "ModelFacts",

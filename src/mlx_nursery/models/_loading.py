@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
+    from ._lora import AdapterBank
+
 log = logging.getLogger("mlx_nursery.models")
 
 ModelKind = Literal["lm", "vlm", "scripted", "stt", "embedding"]
@@ -73,6 +75,9 @@ class LoadedModel:
     vision: Vision | None = None
     embedding: EmbeddingSpec | None = None
     draft: Module | None = None
+    adapters: AdapterBank | None = None
+    """The LoRA adapters served on this model per request (`_lora.py`), where enabled; their
+    projections replace the model's own (None: no adapters)."""
     """A draft model for speculative decoding (`--draft-model`), loaded beside this one on
     the same thread; None without."""
 

@@ -10,6 +10,7 @@ imports no Quart, Werkzeug or Hypercorn (tests/house/test_house_rules.py pins it
 layer (`http/`) reads requests and writes responses around it.
 """
 
+from ._adapters import LoraAdapters
 from ._background import BackgroundLaunch, BackgroundLimits, BackgroundResponses
 from ._batching import WriteBatcher, WritePolicy, merged_text
 from ._embedding_calls import EmbeddingCalls
@@ -60,6 +61,7 @@ __all__ = [
     "Jobs",
     "LiveRequest",
     "LiveRequests",
+    "LoraAdapters",
     "Metrics",
     "ModelOpener",
     "ModelSource",

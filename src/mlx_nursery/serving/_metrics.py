@@ -120,7 +120,8 @@ class Metrics:
         self.model_reserved_bytes = Gauge(
             PREFIX + "model_reserved_bytes",
             "Memory a loaded model holds or may hold, by part: its weights, its prefix cache's"
-            " budget, the KV its engine may use (no more than its sequences can)",
+            " budget, the KV its engine may use (no more than its sequences can), its LoRA"
+            " adapters",
             ["model_name", "part"],
             registry=self.registry,
         )
@@ -154,10 +155,15 @@ class Metrics:
         if engine is not None:
             self._engines.engines[model_name] = engine
 
+    def adapters_reserved(self, model_name: str, size: int) -> None:
+        """A loaded model's LoRA adapters now reserve `size` bytes (loaded or unloaded at
+        runtime: serving/_adapters.py)."""
+        self.model_reserved_bytes.labels(model_name, "adapters").set(size)
+
     def model_unloaded(self, model_name: str) -> None:
         self.model_unloads.labels(model_name).inc()
         self.model_loaded_now.labels(model_name).set(0)
-        for part in ("weights", "prefix_cache", "kv"):
+        for part in ("weights", "prefix_cache", "kv", "adapters"):
             self.model_reserved_bytes.labels(model_name, part).set(0)
         self._engines.unloaded(model_name)
 

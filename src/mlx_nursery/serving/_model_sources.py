@@ -9,6 +9,7 @@ client which directories the server has (and echo them back).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -49,7 +50,21 @@ def model_sources(settings: Settings) -> list[ModelSource]:
         for name in (source.name, *source.aliases):
             if seen.setdefault(name, index) != index:
                 raise SettingsError(f"two models are served as {name!r}")
+    _check_adapters(settings, seen)
     return sources
+
+
+def _check_adapters(settings: Settings, models: Mapping[str, int]) -> None:
+    """Raises SettingsError for `--lora` beside several models (adapters attach to the one
+    text model), an entry that is not NAME=PATH, or an adapter named as a model."""
+    from ._adapters import LoraAdapters
+
+    adapters = LoraAdapters.from_settings(settings)
+    if adapters.enabled and len(set(models.values())) != 1:
+        raise SettingsError("--lora and --enable-lora serve adapters on one model: give one")
+    for name in adapters.paths:
+        if name in models:
+            raise SettingsError(f"the adapter {name!r} has a served model's name")
 
 
 def _from_flag(entry: str) -> ModelSource:

@@ -35,6 +35,7 @@ from ..generation import (
 from ..models import model_facts
 from ..openai import ServedEmbedder
 from ..settings import Settings
+from ._adapters import LoraAdapters
 from ._embedding_calls import EmbeddingCalls
 from ._extensions import Extensions
 from ._jobs import Jobs
@@ -56,6 +57,10 @@ class ModelOpener:
     image_limits: ImageLimits
     extensions: Extensions
     """Their hooks on each text model's plans (`_extensions.py`)."""
+    adapters: LoraAdapters = attrs.field(
+        default=attrs.Factory(lambda self: LoraAdapters.from_settings(self.settings), True)
+    )
+    """The LoRA adapters served on the text model (`_adapters.py`)."""
 
     async def __call__(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
@@ -103,6 +108,8 @@ class ModelOpener:
             single_sequence_fast_path=distribution is None,
             speculation=self.settings.speculation,
             distribution=distribution,
+            adapters=tuple(self.adapters.paths.items()),
+            enable_adapters=self.adapters.enabled,
         )
         engine: Engine = await nursery.start(Engine(config).run)
         if distribution is not None:
@@ -139,6 +146,7 @@ class ModelOpener:
                 max_tokens=self.settings.max_tokens_ceiling,
             ),
             scripted=engine.model.scripted,
+            adapters=self.adapters.paths.keys(),  # a live view: runtime loads show
         )
         jobs = Jobs(
             nursery,
@@ -149,6 +157,7 @@ class ModelOpener:
             share_prefixes=self.settings.shared_prefix_cache,
         )
         kept = held(reservation, engine.model, prefix_cache=not engine.model.scripted)
+        kept = attrs.evolve(kept, adapters=sum(engine.adapters.values()))
         plans = self.extensions.for_model(served)
         return Hosted(engine, served, jobs, kept, served.card(), plans)
 

@@ -33,14 +33,19 @@ class Reservation:
     weights: int
     prefix_cache: int
     kv: int | None
+    adapters: int = 0
+    """Its LoRA adapters' matrices (`_adapters.py`), on top of the rest."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.prefix_cache + (self.kv or 0)
+        return self.weights + self.prefix_cache + (self.kv or 0) + self.adapters
 
     def parts(self) -> dict[str, int]:
         """The reservation by part, as /metrics labels them (`model_reserved_bytes`)."""
-        return {"weights": self.weights, "prefix_cache": self.prefix_cache, "kv": self.kv or 0}
+        parts = {"weights": self.weights, "prefix_cache": self.prefix_cache, "kv": self.kv or 0}
+        if self.adapters:
+            parts["adapters"] = self.adapters
+        return parts
 
 
 @attrs.frozen

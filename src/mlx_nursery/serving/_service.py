@@ -14,14 +14,16 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import trio
 
-from ..engine import default_memory_budget
-from ..generation import OpenAIError, ServedModel, Unavailable, requested_model
+from ..engine import Engine, default_memory_budget
+from ..generation import InvalidRequest, OpenAIError, ServedModel, Unavailable, requested_model
 from ..settings import Settings
 from ..store import ResponsesStorage
+from ._adapters import LoraAdapters
 from ._background import BackgroundResponses
 from ._metrics import Metrics
 from ._model_sources import ModelSource
@@ -45,8 +47,11 @@ class Service:
         metrics: Metrics,
         store: ResponsesStorage,
         background: BackgroundResponses,
+        adapters: LoraAdapters | None = None,
     ) -> None:
         self.settings = settings
+        self.adapters = adapters or LoraAdapters(enabled=False)
+        """The LoRA adapters served on the one text model (`_adapters.py`)."""
         self.sources = sources
         self._opener = opener
         self._metrics = metrics
@@ -158,6 +163,45 @@ class Service:
         async with self.check_open().lease(slot, deadline) as leased:
             hosted = generating(leased)
             yield hosted, hosted.text_model(slot.source.name)
+
+    async def load_adapter(self, name: str, path: Path, deadline: float) -> None:
+        """Load the LoRA adapter at `path` on the server's one model (loading the model first
+        if it must, within `deadline`) and serve it as `name`. Raises 400 where adapters are
+        not enabled, and what `LoraAdapters.load` and `ModelRegistry.lease` raise.
+        Cancellation: a caller that leaves during the adapter's load leaves it loaded or
+        not as the engine thread ends it; it is served only once loaded."""
+        slot, models = self._adapters_base()
+        async with models.lease(slot, deadline) as hosted:
+            engine = hosted.engine
+            if not isinstance(engine, Engine):
+                raise InvalidRequest("the model serves no adapters", code="invalid_adapter")
+            budget = models.plan.budget
+            held = sum(h.reservation.total for h in models.loaded())
+            room = None if budget is None else budget - held
+            await self.adapters.load(slot, engine, name, path, room)
+            self._metrics.adapters_reserved(slot.source.name, sum(engine.adapters.values()))
+
+    async def unload_adapter(self, name: str) -> None:
+        """Stop serving the LoRA adapter `name`, freeing it on the loaded model. Raises 404
+        for one not served, 409 while a request of it runs. Cancellation: as
+        `LoraAdapters.unload`."""
+        slot, _ = self._adapters_base()
+        hosted = slot.hosted
+        engine = hosted.engine if hosted is not None and slot.state == "ready" else None
+        engine = engine if isinstance(engine, Engine) else None
+        await self.adapters.unload(slot, engine, name)
+        if engine is not None:
+            self._metrics.adapters_reserved(slot.source.name, sum(engine.adapters.values()))
+
+    def _adapters_base(self) -> tuple[ModelSlot, ModelRegistry]:
+        """The model adapters attach to, and the registry. 400 where adapters are off."""
+        models = self.check_open()
+        if not self.adapters.enabled or models.only is None:
+            raise InvalidRequest(
+                "LoRA adapters are not enabled on this server (--enable-lora or --lora)",
+                code="lora_not_enabled",
+            )
+        return models.only, models
 
     def slot_for(self, body: Any | None) -> ModelSlot:
         """The slot of the model a request names: on a server of one model, that one

@@ -231,6 +231,23 @@ class ServerSettings:
             none="none",
         ),
     )
+    lora: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=strings,
+        metadata=described(
+            "NAME=PATH: serve the mlx-lm LoRA adapter directory PATH as the model NAME, on the"
+            " served text model; repeat it for several (they batch together); implies"
+            " --enable-lora",
+            none="none",
+        ),
+    )
+    enable_lora: bool = attrs.field(
+        default=False,
+        metadata=described(
+            "serve LoRA adapters on the text model (loaded at runtime by POST"
+            " /v1/load_lora_adapter); its projections are then not fused"
+        ),
+    )
     speculative_tokens: int = attrs.field(
         default=_speculation_default("tokens"),
         validator=[v.ge(1), v.le(32)],

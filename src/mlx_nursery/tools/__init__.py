@@ -1,8 +1,10 @@
 """Build-time tools, not the serving runtime: the tiny-model factory (random-weight models
-of real architectures, written offline for tests and benchmarks) and the converters from
-other formats (GGUF, CTranslate2 Whisper). The runtime may call a converter (the default
-model is a converted GGUF); nothing here imports the rest of the package."""
+of real architectures, written offline for tests and benchmarks), random LoRA adapters for
+them, and the converters from other formats (GGUF, CTranslate2 Whisper). The runtime may
+call a converter (the default model is a converted GGUF); nothing here imports the rest of
+the package."""
 
+from ._adapter_factory import make_adapter
 from ._presets import Preset
 from ._tokenizer_factory import EOS_TOKEN, PAD_TOKEN, write_tokenizer
 from .factory import PRESETS, make_model
@@ -18,6 +20,7 @@ __all__ = [
     "Preset",
     "convert_ct2_whisper",
     "convert_gguf",
+    "make_adapter",
     "make_model",
     "write_tokenizer",
 ]
