@@ -35,6 +35,14 @@ from ._speech_types import (
 )
 from ._statistics import CancelStatistics
 from ._stream import TokenStream
+from ._synthesis import SYNTHESIS_THREAD_NAME, SynthesisConfig, SynthesisEngine, SynthesisEvent
+from ._synthesis_types import (
+    AudioChunk,
+    SynthesisModelInfo,
+    SynthesisRequest,
+    SynthesisStatistics,
+    Synthesized,
+)
 from ._types import (
     FinishReason,
     GenerationRequest,
@@ -57,7 +65,9 @@ __all__ = [
     "SAMPLE_RATE",
     "SPECULATION_METHODS",
     "SPEECH_THREAD_NAME",
+    "SYNTHESIS_THREAD_NAME",
     "THREAD_NAME",
+    "AudioChunk",
     "CancelStatistics",
     "Embedder",
     "EmbedderConfig",
@@ -89,6 +99,13 @@ __all__ = [
     "SpeechModelInfo",
     "SpeechStatistics",
     "SpeechTask",
+    "SynthesisConfig",
+    "SynthesisEngine",
+    "SynthesisEvent",
+    "SynthesisModelInfo",
+    "SynthesisRequest",
+    "SynthesisStatistics",
+    "Synthesized",
     "ThinkingGate",
     "TokenEvent",
     "TokenLogprob",

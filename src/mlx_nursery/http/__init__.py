@@ -11,6 +11,7 @@ private.
 from . import (
     _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
+    _speech_routes,  # noqa: F401 - registers /v1/audio/speech on `routes`
     _tokenize_routes,  # noqa: F401 - registers /tokenize and /detokenize on `routes`
 )
 from ._access import AccessPolicy

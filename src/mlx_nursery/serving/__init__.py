@@ -36,7 +36,7 @@ from ._rendering import (
 )
 from ._request_log import RequestRecord
 from ._service import Service
-from ._slots import embedding, speaking
+from ._slots import embedding, speaking, synthesizing
 from ._tenant import ANONYMOUS, Tenant
 
 __all__ = [
@@ -86,4 +86,5 @@ __all__ = [
     "model_sources",
     "render_piece",
     "speaking",
+    "synthesizing",
 ]

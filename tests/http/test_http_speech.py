@@ -1,0 +1,216 @@
+"""Speech synthesis over HTTP with the tiny random-weight KittenTTS (`make-model --preset
+tiny-tts`): the official SDK, httpx and raw sockets against a real Hypercorn server. wav and
+pcm bodies, the audio streamed a sentence per chunk, OpenAI's sse events, the model card's
+voices, 400s in the envelope, and a disconnect that stops the synthesis thread."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mlx_nursery.engine import SynthesisEngine
+from tests.http.test_http_metrics import samples, value
+from tests.http_helpers import (
+    chat_body,
+    eventually,
+    port_of,
+    post_request,
+    raw_http,
+    read_until,
+    running_server,
+    sdk,
+    validate_error,
+)
+
+RATE = 24_000
+THREE = "One. Two, two. Three, three, three."
+
+
+def synthesis_engine(server: Any, name: str = "tts") -> SynthesisEngine:
+    slot = server.service.models.find(name)
+    assert slot.hosted is not None and slot.hosted.synthesis is not None
+    engine: SynthesisEngine = slot.hosted.synthesis
+    return engine
+
+
+def wav_parts(data: bytes) -> tuple[int, int, bytes]:
+    """A 16-bit mono WAV's rate, its data chunk's stated size, and its samples' bytes."""
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt "
+    tag, channels, rate, _, _, bits = struct.unpack("<HHIIHH", data[20:36])
+    assert (tag, channels, bits) == (1, 1, 16) and data[36:40] == b"data"
+    return rate, struct.unpack("<I", data[40:44])[0], data[44:]
+
+
+def dechunked(raw: bytes) -> list[bytes]:
+    """The chunks of a chunked HTTP/1.1 body (what the server wrote, one piece at a time)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    chunks = []
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return chunks
+        chunks.append(body[:size])
+        body = body[size + 2 :]
+
+
+async def test_wav_pcm_sse_and_the_card_through_the_sdk(tiny_tts: Path, tiny_model: Path) -> None:
+    async with running_server(
+        None, model=(f"{tiny_tts}=tts", f"{tiny_model}=chat"), max_loaded_models=2, skip_warmup=True
+    ) as server:
+        client = sdk(server)
+        cards = {m.id: m.model_extra for m in (await client.models.list()).data}
+        assert cards["tts"] is not None and cards["chat"] is not None
+        assert cards["tts"]["kind"] == "speech-synthesis" and cards["tts"]["input_modalities"] == [
+            "text"
+        ]
+        assert cards["tts"]["voices"] == ["alloy", "echo", "fable", "nova"]
+        assert "voices" not in cards["chat"]
+
+        wav = await client.audio.speech.create(
+            model="tts", input="Hello there.", voice="alloy", response_format="wav"
+        )
+        rate, stated, pcm = wav_parts(wav.content)
+        assert rate == RATE and stated == 0xFFFFFFFF, "streamed: its length is unknown up front"
+        assert len(pcm) > 0 and len(pcm) % 2 == 0
+
+        # pcm: the same samples without a header; more text, more audio.
+        short = await client.audio.speech.create(
+            model="tts", input="Hello there.", voice="alloy", response_format="pcm"
+        )
+        assert len(short.content) == len(pcm)
+        longer = await client.audio.speech.create(
+            model="tts", input="Hello there, my good friend.", voice="echo", response_format="pcm"
+        )
+        assert len(longer.content) > len(short.content)
+        slower = await client.audio.speech.create(
+            model="tts", input="Hello there.", voice="alloy", response_format="pcm", speed=0.5
+        )
+        assert len(slower.content) > len(short.content)
+
+        # No format named: OpenAI's mp3 where ffmpeg is, else wav (never a refusal).
+        plain = await client.audio.speech.create(model="tts", input="Hi.", voice="nova")
+        expected = "audio/mpeg" if shutil.which("ffmpeg") else "audio/wav"
+        assert plain.response.headers["content-type"] == expected
+
+        # The streaming response: the same bytes as a whole answer.
+        async with client.audio.speech.with_streaming_response.create(
+            model="tts", input=THREE, voice="fable", response_format="pcm"
+        ) as streamed:
+            pieces = [piece async for piece in streamed.iter_bytes()]
+        whole = await client.audio.speech.create(
+            model="tts", input=THREE, voice="fable", response_format="pcm"
+        )
+        assert len(b"".join(pieces)) == len(whole.content)
+
+        # sse: a delta per sentence, then done; the deltas add up to the pcm answer.
+        async with client.audio.speech.with_streaming_response.create(
+            model="tts", input=THREE, voice="fable", response_format="pcm", stream_format="sse"
+        ) as events_response:
+            assert events_response.headers["content-type"].startswith("text/event-stream")
+            lines = [line async for line in events_response.iter_lines()]
+        events = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+        assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+        audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+        assert len(audio) == len(whole.content)
+        usage = events[-1]["usage"]
+        assert usage["input_tokens"] > 0
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+        # Each kind of model refuses the other's route, in the envelope.
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            wrong = await http.post(
+                "/v1/audio/speech", json={"model": "chat", "input": "Hi.", "voice": "alloy"}
+            )
+            assert wrong.status_code == 400 and wrong.json()["error"]["code"] == (
+                "model_not_supported"
+            )
+            validate_error(wrong.json())
+            refused = await http.post(
+                "/v1/chat/completions", json=chat_body(max_tokens=2) | {"model": "tts"}
+            )
+            assert (
+                refused.status_code == 400
+                and "/v1/audio/speech" in refused.json()["error"]["message"]
+            )
+            metrics = samples((await http.get("/metrics")).text)
+        counted = value(
+            metrics, "mlx_nursery:http_requests_total", route="/v1/audio/speech", status="200"
+        )
+        assert counted == 8
+        assert (
+            value(
+                metrics, "mlx_nursery:http_requests_total", route="/v1/audio/speech", status="400"
+            )
+            == 1
+        )
+
+
+async def test_a_stream_writes_a_chunk_per_sentence(tiny_tts: Path) -> None:
+    async with running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server:
+        body = {"model": "tts", "input": THREE, "voice": "alloy", "response_format": "wav"}
+        connection = await raw_http(port_of(server), post_request("/v1/audio/speech", body))
+        async with connection:
+            raw = await read_until(connection, b"\r\n0\r\n\r\n")
+        chunks = dechunked(raw)
+        assert len(chunks) == 4, "the wav header, then one chunk per sentence"
+        assert wav_parts(chunks[0] + b"")[0] == RATE and all(chunks[1:])
+        assert synthesis_engine(server).statistics().chunks_synthesized == 3
+
+
+BAD: list[tuple[dict[str, Any], str, str]] = [
+    ({"voice": "shimmer"}, "voice", "shimmer"),
+    ({"response_format": "ogg"}, "response_format", "ogg"),
+    ({"speed": 9}, "speed", "speed"),
+    ({"input": ""}, "input", "empty"),
+    ({"stream_format": "sse", "response_format": "flac"}, "response_format", "flac"),
+    ({"instructions": "cheerful"}, "instructions", "instructions"),
+    ({"surprise": 1}, "surprise", "surprise"),
+]
+
+
+async def test_bad_fields_are_400s_in_the_envelope(tiny_tts: Path) -> None:
+    cases = list(BAD)
+    if shutil.which("ffmpeg") is None:
+        cases.append(({"response_format": "mp3"}, "response_format", "mp3"))
+    async with (
+        running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        for change, param, named in cases:
+            body = {"model": "tts", "input": "Hi.", "voice": "alloy"} | change
+            reply = await http.post("/v1/audio/speech", json=body)
+            assert reply.status_code == 400, (change, reply.text)
+            validate_error(reply.json())
+            error = reply.json()["error"]
+            assert error["param"] == param and named in error["message"], (change, error)
+        assert synthesis_engine(server).statistics().chunks_synthesized == 0
+
+
+async def test_a_disconnect_stops_the_synthesis_between_sentences(tiny_tts: Path) -> None:
+    sentences = 40
+    text = " ".join(f"Sentence number {i} is here." for i in range(sentences))
+    async with running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server:
+        engine = synthesis_engine(server)
+        body = {"model": "tts", "input": text, "voice": "alloy", "response_format": "pcm"}
+        connection = await raw_http(port_of(server), post_request("/v1/audio/speech", body))
+        await read_until(connection, b"\r\n\r\n")  # the headers: the first sentence is out
+        await connection.aclose()
+        # The lane returns with the thread's confirmation that the synthesis ended.
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
+        stats = engine.statistics()
+        assert stats.cancelled == 1 and not stats.running
+        assert stats.chunks_synthesized < sentences, "the disconnected synthesis ran on"
+
+        # The next request is served whole.
+        reply = await sdk(server).audio.speech.create(
+            model="tts", input="Hi.", voice="alloy", response_format="pcm"
+        )
+        assert len(reply.content) > 0
