@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 
 from mlx_nursery.engine import SynthesisEngine
+from mlx_nursery.testing import injected_fault
 from tests.http.test_http_metrics import samples, value
 from tests.http_helpers import (
-    chat_body,
     eventually,
     port_of,
     post_request,
@@ -134,7 +134,8 @@ async def test_wav_pcm_sse_and_the_card_through_the_sdk(tiny_tts: Path, tiny_mod
             )
             validate_error(wrong.json())
             refused = await http.post(
-                "/v1/chat/completions", json=chat_body(max_tokens=2) | {"model": "tts"}
+                "/v1/chat/completions",
+                json={"model": "tts", "messages": [{"role": "user", "content": "Hi"}]},
             )
             assert (
                 refused.status_code == 400
@@ -192,6 +193,18 @@ async def test_bad_fields_are_400s_in_the_envelope(tiny_tts: Path) -> None:
             error = reply.json()["error"]
             assert error["param"] == param and named in error["message"], (change, error)
         assert synthesis_engine(server).statistics().chunks_synthesized == 0
+
+        # A failure on the synthesis thread fails its request alone, in the envelope.
+        body = {"model": "tts", "input": "Hi.", "voice": "alloy", "response_format": "pcm"}
+        with injected_fault("synthesis_chunk", "fault-tts"):
+            failed = await http.post(
+                "/v1/audio/speech", json=body, headers={"x-request-id": "fault-tts"}
+            )
+            assert failed.status_code >= 500
+            validate_error(failed.json())
+            assert failed.json()["error"]["code"] == "synthesis_failed"
+            ok = await http.post("/v1/audio/speech", json=body)
+            assert ok.status_code == 200 and len(ok.content) > 0
 
 
 async def test_a_disconnect_stops_the_synthesis_between_sentences(tiny_tts: Path) -> None:
