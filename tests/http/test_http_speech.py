@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from mlx_nursery.engine import SynthesisEngine
 from mlx_nursery.testing import injected_fault
@@ -227,3 +228,41 @@ async def test_a_disconnect_stops_the_synthesis_between_sentences(tiny_tts: Path
             model="tts", input="Hi.", voice="alloy", response_format="pcm"
         )
         assert len(reply.content) > 0
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+async def test_a_failure_midway_cuts_raw_audio_and_ends_sse_with_an_error(
+    tiny_tts: Path, stream_format: str
+) -> None:
+    text = " ".join(f"Sentence number {i} is here." for i in range(40))
+    async with running_server(  # unharnessed: the server's own cut, not the test harness's
+        None, model=(f"{tiny_tts}=tts",), skip_warmup=True, harnessed=False
+    ) as server:
+        body = {"model": "tts", "input": text, "voice": "alloy", "stream_format": stream_format}
+        request = post_request("/v1/audio/speech", body)
+        label = "fault-midway"
+        request = request.replace(b"\r\n\r\n", f"\r\nx-request-id: {label}\r\n\r\n".encode(), 1)
+        connection = await raw_http(port_of(server), request)
+        async with connection:
+            head = await read_until(connection, b"\r\n\r\n")  # the first sentence is out
+            assert head.startswith(b"HTTP/1.1 200")
+            with injected_fault("synthesis_chunk", label):  # a later sentence fails
+                if stream_format == "sse":  # to its last chunk (the connection stays open)
+                    raw = head + await read_until(connection, b"\r\n0\r\n\r\n")
+                else:  # to the connection's end
+                    raw = head
+                    while chunk := await connection.receive_some(65536):
+                        raw += chunk
+        engine = synthesis_engine(server)
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
+        assert engine.statistics().chunks_synthesized < 40
+        if stream_format == "sse":  # the stream ends with an error event, whole
+            events = [
+                json.loads(line[len("data: ") :])
+                for line in b"".join(dechunked(raw)).decode().split("\n")
+                if line.startswith("data: ")
+            ]
+            assert events[0]["type"] == "speech.audio.delta"
+            assert events[-1]["error"]["code"] == "synthesis_failed"
+        else:  # the transfer is cut: no last chunk, so no client takes it for a whole file
+            assert not raw.endswith(b"\r\n0\r\n\r\n")

@@ -16,6 +16,7 @@ go through ffmpeg once the audio is all made (one encoder run, not one per piece
 from __future__ import annotations
 
 import base64
+import subprocess
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -38,13 +39,9 @@ from ..openai import (
 from ..serving import Job, JobItem, ended_early, log_failure, synthesizing
 from ._generate import current_live, parts, request_body, request_id
 from ._lifetime import current_record, own
-from ._pump import pump
+from ._pump import DROP_CONNECTION, pump
 from ._routes import routes
 from ._sse import HEADERS, data_event
-
-
-class AudioCut(Exception):
-    """Raised from a raw audio body to cut its transfer: the synthesis failed midway."""
 
 
 @routes.post("/v1/audio/speech")
@@ -96,8 +93,8 @@ async def _audio(
     job: Job, prepared: PreparedSynthesis, first: JobItem, request: str
 ) -> AsyncIterator[bytes]:
     """The raw audio body: wav and pcm a piece at a time (a wav's header first, its length
-    unknown), other formats encoded by ffmpeg at the end. Raises `AudioCut` where the
-    synthesis failed midway."""
+    unknown), other formats encoded by ffmpeg at the end. Where the synthesis (or ffmpeg)
+    failed midway it yields `DROP_CONNECTION`: the transfer is cut (`_keepalive.py`)."""
     rate, encode = prepared.sample_rate, prepared.format not in ("wav", "pcm")
     if prepared.format == "wav":
         yield wav_header(rate, None)
@@ -116,20 +113,20 @@ async def _audio(
             await job.settled()
             return
         elif isinstance(item, OpenAIError):
-            raise AudioCut(item.message)
+            break
         item = await anext(job.receive, None)
-    raise AudioCut("the synthesis ended early")
+    yield DROP_CONNECTION  # failed, or ended early: cut, never a short file that looks whole
 
 
 async def _encoded(prepared: PreparedSynthesis, pcm: bytes, request: str) -> bytes:
     """`pcm` as `prepared.format`, by ffmpeg (cancelled with the request: the process is
-    killed)."""
+    killed); `DROP_CONNECTION` when ffmpeg fails (logged)."""
     command = ffmpeg_command(prepared.format, prepared.sample_rate)
     try:
         done = await trio.run_process(command, stdin=pcm, capture_stdout=True, capture_stderr=True)
-    except Exception as exc:
+    except (OSError, subprocess.CalledProcessError) as exc:
         log_failure(request, "while encoding speech with ffmpeg", exc)
-        raise AudioCut("ffmpeg failed") from exc
+        return DROP_CONNECTION
     return bytes(done.stdout)
 
 
