@@ -9,13 +9,14 @@ import base64
 import json
 import shutil
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from mlx_nursery.engine import SynthesisEngine
+from mlx_nursery.engine import SYNTHESIS_THREAD_NAME, SynthesisEngine
 from mlx_nursery.testing import injected_fault
 from tests.http.test_http_metrics import samples, value
 from tests.http_helpers import (
@@ -266,3 +267,22 @@ async def test_a_failure_midway_cuts_raw_audio_and_ends_sse_with_an_error(
             assert events[-1]["error"]["code"] == "synthesis_failed"
         else:  # the transfer is cut: no last chunk, so no client takes it for a whole file
             assert not raw.endswith(b"\r\n0\r\n\r\n")
+
+
+async def test_shutdown_stops_a_synthesis_with_a_final_event(tiny_tts: Path) -> None:
+    text = " ".join(f"Sentence number {i} is here." for i in range(100))
+    async with running_server(
+        None, model=(f"{tiny_tts}=tts",), skip_warmup=True, shutdown_grace=0.2
+    ) as server:
+        body = {"model": "tts", "input": text, "voice": "alloy", "stream_format": "sse"}
+        connection = await raw_http(port_of(server), post_request("/v1/audio/speech", body))
+        await read_until(connection, b"data: ")  # the first sentence is out
+        engine = synthesis_engine(server)
+    # The block's end shut the server down: the grace passed, the job was cancelled, the
+    # stream ended with the shutdown error, and the synthesis thread has been joined.
+    rest = await read_until(connection, b"server_shutting_down")
+    assert b"speech.audio.done" not in rest
+    stats = engine.statistics()
+    assert stats.cancelled == 1 and stats.lanes_borrowed == 0 and stats.state == "closed"
+    assert stats.chunks_synthesized < 100
+    assert SYNTHESIS_THREAD_NAME not in [t.name for t in threading.enumerate()]
