@@ -67,6 +67,10 @@ async def create_speech() -> Response:
             )  # ends with the request
             live.hold(job)
         first = await _first(job)
+    if prepared.sse and isinstance(first, Synthesized):  # nothing to speak: done at once
+        await job.settled()
+        done = data_event(audio_done_event(first))
+        return Response(done, content_type=prepared.content_type, headers=HEADERS)
     if prepared.sse:
         stream = pump(job, _SpeechEvents(prepared, first), serving.writes, request_id())
         response = Response(stream, content_type=prepared.content_type, headers=HEADERS)
