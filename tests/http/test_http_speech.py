@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import struct
 import threading
@@ -286,3 +287,44 @@ async def test_shutdown_stops_a_synthesis_with_a_final_event(tiny_tts: Path) -> 
     assert stats.cancelled == 1 and stats.lanes_borrowed == 0 and stats.state == "closed"
     assert stats.chunks_synthesized < 100
     assert SYNTHESIS_THREAD_NAME not in [t.name for t in threading.enumerate()]
+
+
+async def test_compressed_formats_go_through_ffmpeg_when_it_is_on_path(
+    tiny_tts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in ffmpeg (a script that tags what it reads) shows the plumbing: the
+    synthesis's pcm goes to ffmpeg's stdin with the format's arguments, its stdout is the
+    body; an ffmpeg that fails cuts the transfer."""
+    tool = tmp_path / "bin" / "ffmpeg"
+    tool.parent.mkdir()
+    tool.write_text(
+        '#!/bin/sh\ncase "$*" in *libopus*) exit 1;; esac\nprintf "FAKE:%s:" "$*"\nexec cat\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    async with running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server:
+        client = sdk(server)
+        pcm = await client.audio.speech.create(
+            model="tts", input="Hello there.", voice="alloy", response_format="pcm"
+        )
+        for audio_format, content_type, args in [
+            ("mp3", "audio/mpeg", "-f mp3 pipe:1"),
+            ("flac", "audio/flac", "-f flac pipe:1"),
+            (None, "audio/mpeg", "-f mp3 pipe:1"),  # OpenAI's default, ffmpeg being here
+        ]:
+            fields = {} if audio_format is None else {"response_format": audio_format}
+            reply = await client.audio.speech.create(
+                model="tts", input="Hello there.", voice="alloy", **fields
+            )
+            assert reply.response.headers["content-type"] == content_type
+            head, _, audio = reply.content.partition(b"pipe:1:")
+            assert head.startswith(b"FAKE:") and head.endswith(args[: -len("pipe:1")].encode())
+            assert b"-f s16le -ar 24000 -ac 1 -i pipe:0" in head
+            assert len(audio) == len(pcm.content)
+        body = {"model": "tts", "input": "Hi.", "voice": "alloy", "response_format": "opus"}
+        connection = await raw_http(port_of(server), post_request("/v1/audio/speech", body))
+        async with connection:
+            raw = b""
+            while chunk := await connection.receive_some(65536):
+                raw += chunk
+        assert raw.startswith(b"HTTP/1.1 200") and not raw.endswith(b"\r\n0\r\n\r\n")
