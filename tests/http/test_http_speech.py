@@ -328,3 +328,24 @@ async def test_compressed_formats_go_through_ffmpeg_when_it_is_on_path(
             while chunk := await connection.receive_some(65536):
                 raw += chunk
         assert raw.startswith(b"HTTP/1.1 200") and not raw.endswith(b"\r\n0\r\n\r\n")
+
+
+async def test_a_cancel_by_id_stops_a_synthesis(tiny_tts: Path) -> None:
+    text = " ".join(f"Sentence number {i} is here." for i in range(100))
+    async with (
+        running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        engine = synthesis_engine(server)
+        body = {"model": "tts", "input": text, "voice": "alloy", "stream_format": "sse"}
+        request = post_request("/v1/audio/speech", body)
+        request = request.replace(b"\r\n\r\n", b"\r\nx-request-id: speech-1\r\n\r\n", 1)
+        connection = await raw_http(port_of(server), request)
+        async with connection:
+            await read_until(connection, b"data: ")  # the first sentence is out
+            assert (await http.post("/v1/requests/speech-1/cancel")).status_code == 200
+            rest = await read_until(connection, b"request_cancelled")
+        assert b"speech.audio.done" not in rest
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
+        stats = engine.statistics()
+        assert stats.cancelled == 1 and not stats.running and stats.chunks_synthesized < 100
