@@ -152,15 +152,9 @@ class SynthesisWorker:
                 try:
                     for piece in pieces:
                         check()
-                        chunks, samples, tokens = (
-                            chunks + 1,
-                            samples + len(piece.samples),
-                            tokens + piece.tokens,
-                        )
-                        self._chunks, self._samples = (
-                            self._chunks + 1,
-                            self._samples + len(piece.samples),
-                        )
+                        size = len(piece.samples)
+                        chunks, samples, tokens = chunks + 1, samples + size, tokens + piece.tokens
+                        self._chunks, self._samples = self._chunks + 1, self._samples + size
                         chunk = AudioChunk(piece.samples, model.sample_rate, piece.tokens)
                         self._post(SynthesisPost(job.job_id, self._counters(), chunk))
                 finally:
