@@ -41,6 +41,7 @@ Point = Literal[
     "store_write",
     "embedding_forward",
     "whisper_window",
+    "synthesis_chunk",
     "engine_loop",
 ]
 POINTS: tuple[Point, ...] = get_args(Point)

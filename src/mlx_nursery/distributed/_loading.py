@@ -58,6 +58,7 @@ _KIND_NAMES = {
     "scripted": "scripted model",
     "embedding": "embedding model",
     "stt": "speech-to-text model",
+    "tts": "text-to-speech model",
 }
 
 

@@ -38,6 +38,14 @@ from ._speech_types import (
 )
 from ._statistics import CancelStatistics
 from ._stream import TokenStream
+from ._synthesis import SYNTHESIS_THREAD_NAME, SynthesisConfig, SynthesisEngine, SynthesisEvent
+from ._synthesis_types import (
+    AudioChunk,
+    SynthesisModelInfo,
+    SynthesisRequest,
+    SynthesisStatistics,
+    Synthesized,
+)
 from ._types import (
     PRIORITY_LIMIT,
     FinishReason,
@@ -62,11 +70,13 @@ __all__ = [
     "SAMPLE_RATE",
     "SPECULATION_METHODS",
     "SPEECH_THREAD_NAME",
+    "SYNTHESIS_THREAD_NAME",
     "THREAD_NAME",
     "WAIT_BUCKETS",
     "AdapterBusy",
     "AdapterError",
     "AdaptersDisabled",
+    "AudioChunk",
     "CancelStatistics",
     "DiskCacheStats",
     "Embedder",
@@ -99,6 +109,13 @@ __all__ = [
     "SpeechModelInfo",
     "SpeechStatistics",
     "SpeechTask",
+    "SynthesisConfig",
+    "SynthesisEngine",
+    "SynthesisEvent",
+    "SynthesisModelInfo",
+    "SynthesisRequest",
+    "SynthesisStatistics",
+    "Synthesized",
     "ThinkingGate",
     "TokenEvent",
     "TokenLogprob",

@@ -16,13 +16,13 @@ and shares its lifecycle (`DeviceThread`):
   so the compute stops within one token, and confirms. The caller waits for the
   confirmation shielded, bounded by `cancel_ack_timeout`.
 - Results cross to Trio once per window (`run_sync_soon`) into a bounded channel; a
-  consumer that stops reading is stopped rather than buffered without bound. The thread's
+  consumer that stops reading is stopped rather than buffered without bound (the lane,
+  the channel and the confirmation are `LaneJobs`, shared with the synthesis engine). The thread's
   counters come with every post; nothing is written across threads.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +33,7 @@ import trio
 
 from ._device_thread import DeviceThread
 from ._errors import EngineUnavailable
+from ._lane_jobs import LaneJobs
 from ._lanes import FairLanes
 from ._speech_types import SpeechModelInfo, SpeechStatistics, TranscriptionRequest
 from ._speech_worker import SpeechCounters, SpeechEvent, SpeechPost, SpeechWorker
@@ -51,16 +52,6 @@ class SpeechConfig:
     max_buffered_windows: int = 64
 
 
-@attrs.define(eq=False)
-class _Job:
-    """A transcription seen from Trio: its channel, its stop flag, its confirmation."""
-
-    job_id: int
-    send: trio.MemorySendChannel[SpeechEvent]
-    stop: threading.Event = attrs.Factory(threading.Event)
-    confirmed: trio.Event = attrs.Factory(trio.Event)
-
-
 class SpeechEngine:
     """A Whisper served from its own thread. Start it with `nursery.start(engine.run)`."""
 
@@ -73,8 +64,9 @@ class SpeechEngine:
             cancel_ack_timeout=config.cancel_ack_timeout,
             what="speech engine",
         )
-        self._ids = itertools.count()
-        self._jobs: dict[int, _Job] = {}
+        self._jobs = LaneJobs[TranscriptionRequest, SpeechEvent](
+            self._device, config.max_buffered_windows, "transcription"
+        )
         self._worker: SpeechWorker | None = None
         self._counters = SpeechCounters()
         """The thread's counters, as of its last post."""
@@ -145,49 +137,17 @@ class SpeechEngine:
         early (a cancelled scope, a `break`) stops the transcription within one decoder
         step: the block's exit waits, shielded and bounded by `cancel_ack_timeout`, for the
         thread's confirmation, and the lane returns with that confirmation only."""
-        device = self._device
-        device.check_running()
-        device.check_queue()
-        send, receive = trio.open_memory_channel[SpeechEvent](self.config.max_buffered_windows)
-        job = _Job(next(self._ids), send)
-        await device.acquire_lane(job)
-        # From here the lane belongs to the transcription; only the thread's word returns it.
-        self._jobs[job.job_id] = job
-        assert self._worker is not None
-        self._worker.submit(job.job_id, request, job.stop)
-        try:
-            async with receive:
-                yield receive
-        finally:
-            job.stop.set()
-            await device.wait_confirmed(job.confirmed, f"transcription {job.job_id}")
+        async with self._jobs.open(request, self._submit) as events:
+            yield events
+
+    def _submit(self, job_id: int, request: TranscriptionRequest, stop: threading.Event) -> None:
+        assert self._worker is not None  # the lane is only lent while the engine runs
+        self._worker.submit(job_id, request, stop)
 
     # -- the Trio side of the thread's posts ---------------------------------------------------
     def _deliver(self, post: SpeechPost) -> None:
         self._counters = post.counters
-        job = self._jobs.get(post.job_id)
-        if job is None:
-            return
-        if post.event is not None:
-            self._push(job, post.event)
-        if post.ended:
-            self._confirm(job)
-
-    def _push(self, job: _Job, event: SpeechEvent) -> None:
-        try:
-            job.send.send_nowait(event)
-        except trio.WouldBlock:
-            job.stop.set()  # the consumer stopped reading: stop rather than buffer
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the consumer is gone; its confirmation still arrives
-
-    def _confirm(self, job: _Job) -> None:
-        del self._jobs[job.job_id]
-        job.send.close()
-        self._device.release_lane(job)
-        job.confirmed.set()
+        self._jobs.deliver(post.job_id, post.event, post.ended)
 
     def _on_exit(self, exc: BaseException | None) -> None:
-        for job in list(self._jobs.values()):  # the thread died under it
-            self._push(job, EngineUnavailable("the speech engine stopped"))
-            self._confirm(job)
+        self._jobs.fail_all(EngineUnavailable("the speech engine stopped"))  # died under them

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
 
 from ._converter import register_unstructure_hook, unstructure_fields
 
-ModelKindName = Literal["text", "vision", "speech", "embedding"]
+ModelKindName = Literal["text", "vision", "speech", "speech-synthesis", "embedding"]
 
 
 def input_modalities(kind: str) -> list[str]:
-    """What a request may give a model of `kind` (the loader's: "lm", "vlm", "stt",
+    """What a request may give a model of `kind` (the loader's: "lm", "vlm", "stt", "tts",
     "embedding", "scripted"): text; text and images for a vision model; audio for a speech
-    model."""
+    model (text, for a text-to-speech one)."""
     return {"vlm": ["text", "image"], "stt": ["audio"]}.get(kind, ["text"])
 
 
 def card_kind(kind: str) -> ModelKindName:
     """The model list's name for a loader's kind."""
-    names = {"vlm": "vision", "stt": "speech", "embedding": "embedding"}
+    names = {"vlm": "vision", "stt": "speech", "tts": "speech-synthesis", "embedding": "embedding"}
     return names.get(kind, "text")  # type: ignore[return-value]
 
 
@@ -35,7 +36,11 @@ class ModelCard:
     kind: ModelKindName = "text"
     """What the model does (not OpenAI's): "text" and "vision" models answer the text APIs,
     "speech" models (Whisper) /v1/audio/transcriptions and /v1/audio/translations,
-    "embedding" models /v1/embeddings. Each refuses the others' routes with a 400."""
+    "speech-synthesis" models (KittenTTS, Kokoro) /v1/audio/speech, "embedding" models
+    /v1/embeddings. Each refuses the others' routes with a 400."""
+    voices: list[str] | None = None
+    """A speech-synthesis model's voices, the `voice` values /v1/audio/speech takes (not
+    OpenAI's; None for other kinds, and left out of the card then)."""
     loaded: bool = True
     """Whether the model is in memory now (not OpenAI's): a request for one that is not
     loads it first, which takes a while (see `--max-loaded-models`)."""
@@ -65,3 +70,16 @@ register_unstructure_hook(ModelCard, _card)
 class ModelList:
     data: list[ModelCard]
     object: Literal["list"] = "list"
+
+
+def _card_json(fields: Callable[[ModelCard], dict[str, Any]]) -> Callable[[ModelCard], Any]:
+    def unstructure(card: ModelCard) -> dict[str, Any]:
+        body = fields(card)
+        if card.voices is None:  # only a speech-synthesis model has voices
+            del body["voices"]
+        return body
+
+    return unstructure
+
+
+register_unstructure_hook(ModelCard, _card_json(unstructure_fields(ModelCard)))

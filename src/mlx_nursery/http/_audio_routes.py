@@ -3,7 +3,7 @@
 
 The route reads the form, leases the model it names (a speech model: a text model is a
 400), checks the form and decodes the audio on a preparation thread, and runs the
-transcription as a job (`Jobs.start_transcription`) tied to the request's lifetime: a
+transcription as a job (`Jobs.start_audio`) tied to the request's lifetime: a
 disconnect, the request's deadline or a shutdown stops the speech thread within a decoder
 token, as a text job's compute stops within a step.
 
@@ -16,6 +16,7 @@ these two paths `--max-audio-bytes` (plus room for the form's other fields) inst
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 from quart import Response, request
@@ -89,9 +90,10 @@ async def _speech(task: SpeechTask) -> Response:
             prepared = await serving.preparation.prepare(
                 lambda: prepare_speech(task, fields, upload, info, limits), deadline
             )
+            events = partial(engine.transcribe, prepared.request)
             job = own(
-                await hosted.jobs.start_transcription(
-                    engine, prepared.request, deadline, current_record()
+                await hosted.jobs.start_audio(
+                    events, "transcription_failed", deadline, current_record()
                 )
             )  # ends with the request
             live.hold(job)

@@ -8,7 +8,10 @@ keep-alive client holds a graceful shutdown for its whole grace period.
 Shielding that one final send lets it complete.
 
 Every body write passes here, so the `sse_write` fault point (`fault_points`) is here too:
-a test's failure while the body is written.
+a test's failure while the body is written. So does the cut of a body that failed midway
+with no place for an error (raw audio, `_speech_routes.py`): after a `DROP_CONNECTION`
+body message nothing more is forwarded, the app returns normally, and Hypercorn, finding
+the response unfinished, closes the connection (nothing logged as an error).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import trio
 
 from .. import fault_points
+from ._pump import DROP_CONNECTION
 
 ASGIApp = Any
 
@@ -34,7 +38,15 @@ class ShieldFinalBody:
             await self.app(scope, receive, send)
             return
 
+        dropped = False
+
         async def send_shielding_last(message: dict[str, Any]) -> None:
+            nonlocal dropped
+            if dropped:
+                return
+            if message["type"] == "http.response.body" and message.get("body") == DROP_CONNECTION:
+                dropped = True  # the body is cut here: not even its end goes out
+                return
             if message["type"] == "http.response.body" and message.get("body"):
                 fault_points.reach("sse_write")  # a test's failure while writing the body
             if message["type"] == "http.response.body" and not message.get("more_body", False):

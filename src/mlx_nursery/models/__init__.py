@@ -15,6 +15,7 @@ from ._loading import (
 from ._lora import AdapterBank, AdapterError
 from ._speech import SpeechModel, load_speech_model
 from ._streams import release_mlx_streams
+from ._synthesis import SynthesisModel, SynthesizedPiece, load_synthesis_model
 
 __all__ = [
     "AdapterBank",
@@ -26,8 +27,11 @@ __all__ = [
     "ModelNotFoundError",
     "PoolingMode",
     "SpeechModel",
+    "SynthesisModel",
+    "SynthesizedPiece",
     "load_model",
     "load_speech_model",
+    "load_synthesis_model",
     "model_facts",
     "model_kind",
     "release_mlx_streams",

@@ -18,6 +18,7 @@ import attrs
 
 from ._embedding_loading import EmbeddingSpec, embedding_input_length, is_embedding_model
 from ._kv_layout import KVLayout, kv_layout
+from ._synthesis import TTS_MODEL_TYPES, synthesis_voices
 from .scripted import SCRIPTED_KIND, SCRIPTED_MODEL, ensure_scripted_model
 
 if TYPE_CHECKING:
@@ -29,9 +30,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlx_nursery.models")
 
-ModelKind = Literal["lm", "vlm", "scripted", "stt", "embedding"]
+ModelKind = Literal["lm", "vlm", "scripted", "stt", "tts", "embedding"]
 """A text model (mlx-lm), a vision-language model (mlx-vlm with mlx-lm's text model), the
-scripted model, a speech-to-text model (Whisper, mlx-audio: `models/_speech.py`), or an
+scripted model, a speech-to-text model (Whisper, mlx-audio: `models/_speech.py`), a
+text-to-speech model (KittenTTS, Kokoro, mlx-audio: `models/_synthesis.py`), or an
 embedding model (mlx-embeddings: `models/_embedding_loading.py`)."""
 
 
@@ -142,6 +144,8 @@ def _kind_of(path: Path, config: dict[str, Any]) -> ModelKind:
         return "scripted"
     if config.get("model_type") == "whisper":
         return "stt"
+    if config.get("model_type") in TTS_MODEL_TYPES:
+        return "tts"
     if "vision_config" in config:
         return "vlm"
     return "embedding" if is_embedding_model(path, config) else "lm"
@@ -159,6 +163,8 @@ class ModelFacts:
     """The size of its weight files: what loading it adds to MLX's active memory."""
     kv_layout: KVLayout | None = None
     """What a token's KV costs it (None: not known before it loads)."""
+    voices: tuple[str, ...] | None = None
+    """A text-to-speech model's voices (None for other kinds)."""
 
 
 def model_facts(path: Path) -> ModelFacts:
@@ -181,7 +187,8 @@ def model_facts(path: Path) -> ModelFacts:
     if kind == "embedding":
         context = embedding_input_length(path, config)
     layout = kv_layout(path, config) if kind in ("lm", "vlm") else None
-    return ModelFacts(kind, context, weights, layout)
+    voices = synthesis_voices(path, config) if kind == "tts" else None
+    return ModelFacts(kind, context, weights, layout, voices)
 
 
 def _load_lm(path: Path) -> LoadedModel:
@@ -248,7 +255,7 @@ def _load_embedding(path: Path) -> LoadedModel:
 
 
 def _not_generative(path: Path) -> LoadedModel:
-    raise ModelLoadError(f"{path}: a speech-to-text model; the speech runtime serves it")
+    raise ModelLoadError(f"{path}: a speech model; the speech runtimes serve it")
 
 
 _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
@@ -257,6 +264,7 @@ _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
     "scripted": _load_scripted,
     "embedding": _load_embedding,
     "stt": _not_generative,
+    "tts": _not_generative,
 }
 
 

@@ -25,6 +25,16 @@ from ._responses_events import failed_event
 from ._responses_items import input_items_page
 from ._responses_output import ResponseBuilder
 from ._responses_schemas import ResponsesRequest
+from ._speech import (
+    PreparedSynthesis,
+    audio_delta_event,
+    audio_done_event,
+    ffmpeg_command,
+    ffmpeg_found,
+    pcm16,
+    prepare_synthesis,
+    wav_header,
+)
 from ._tokenize import Tokenized, prepare_detokenize, prepare_tokenize
 
 __all__ = [
@@ -33,24 +43,32 @@ __all__ = [
     "PreparedEmbeddings",
     "PreparedResponse",
     "PreparedSpeech",
+    "PreparedSynthesis",
     "ResponseBuilder",
     "ResponsesRequest",
     "ServedEmbedder",
     "Tokenized",
+    "audio_delta_event",
+    "audio_done_event",
     "delta_event",
     "done_event",
     "embeddings_body",
     "failed_event",
+    "ffmpeg_command",
+    "ffmpeg_found",
     "input_items_page",
     "parse_responses_request",
+    "pcm16",
     "prepare_chat",
     "prepare_completion",
     "prepare_detokenize",
     "prepare_embeddings",
     "prepare_response",
     "prepare_speech",
+    "prepare_synthesis",
     "prepare_tokenize",
     "run_embeddings",
     "speech_model_name",
     "transcript_body",
+    "wav_header",
 ]

@@ -37,7 +37,7 @@ from ._rendering import (
 )
 from ._request_log import RequestRecord
 from ._service import Service
-from ._slots import embedding, speaking
+from ._slots import embedding, speaking, synthesizing
 from ._tenant import ANONYMOUS, Tenant
 
 __all__ = [
@@ -88,4 +88,5 @@ __all__ = [
     "model_sources",
     "render_piece",
     "speaking",
+    "synthesizing",
 ]

@@ -8,16 +8,16 @@ from typing import Literal
 import attrs
 import trio
 
-from ..engine import Transcript, Window
+from ..engine import AudioChunk, Synthesized, Transcript, Window
 from ..generation import OpenAIError, Output
 
 CancelReason = Literal["timeout", "client", "shutdown", "cancel"]
 """Why a job was cancelled: its deadline; its request ended first (the client left, or the
 response was cut short: see `_lifetime.py`); the server's drain; a cancel by the request's
 id (`_live.py`)."""
-JobItem = Output | Window | Transcript | OpenAIError
-"""A generation's outputs, a transcription's (its windows, then its transcript), or the
-error that ends either."""
+JobItem = Output | Window | Transcript | AudioChunk | Synthesized | OpenAIError
+"""A generation's outputs, a transcription's (its windows, then its transcript), a
+synthesis's (its chunks, then `Synthesized`), or the error that ends any of them."""
 
 
 @attrs.define(eq=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Protocol
 
@@ -26,8 +27,8 @@ import trio
 from ..engine import (
     Engine,
     EngineUnavailable,
-    SpeechEngine,
-    TranscriptionRequest,
+    SpeechEvent,
+    SynthesisEvent,
 )
 from ..generation import (
     ConnectionDropped,
@@ -62,6 +63,10 @@ class _JobTask(Protocol):
         *,
         task_status: trio.TaskStatus[None],
     ) -> Awaitable[None]: ...
+
+
+_AudioChannel = trio.MemoryReceiveChannel[SpeechEvent | SynthesisEvent]
+AudioEvents = Callable[[], AbstractAsyncContextManager[_AudioChannel]]  # an engine's events
 
 
 class Jobs:
@@ -321,41 +326,37 @@ class Jobs:
                     )
         await self._end(job, send, failure, started, record, observer)
 
-    async def start_transcription(
-        self,
-        engine: SpeechEngine,
-        request: TranscriptionRequest,
-        deadline: float,
-        record: RequestRecord | None = None,
+    async def start_audio(
+        self, events: AudioEvents, code: str, deadline: float, record: RequestRecord | None
     ) -> Job:
-        """Admit and start a transcription job on `engine`; returns once it holds the lane.
-
-        Raises as `start` does: the shutdown 503, 503 when the queue is full, 504 when
-        `deadline` passes while queued. Cancellation: as `start`."""
-        run = partial(self._transcribe, engine=engine, request=request, record=record)
+        """Admit and start a transcription or synthesis: `events` opens it on its engine
+        (`partial(engine.synthesize, request)`), `code` names its failure. Returns once it
+        holds the lane. Raises as `start` does (shutdown, queue full, deadline while queued).
+        Cancellation: as `start`."""
+        run = partial(self._audio, events=events, code=code, record=record)
         return await self._launch(run, deadline, record)
 
-    async def _transcribe(
+    async def _audio(
         self,
         job: Job,
         send: trio.MemorySendChannel[JobItem],
         *,
-        engine: SpeechEngine,
-        request: TranscriptionRequest,
+        events: AudioEvents,
+        code: str,
         record: RequestRecord | None,
         task_status: trio.TaskStatus[None],
     ) -> None:
-        """The job's task: the transcription's events into `send`; the error that ends it
-        early (deadline, shutdown, failure) as the last item once it has started."""
+        """A transcription's or synthesis's task: its engine's events into `send`; the error
+        that ends it early (deadline, shutdown, failure) as the last item once it started."""
         started = False
         failure: OpenAIError | None = None
         with job.scope, engine_errors_as_api_errors():
-            async with engine.transcribe(request) as events:
+            async with events() as received:
                 started = True
                 task_status.started()
-                async for event in events:
+                async for event in received:
                     if isinstance(event, EngineUnavailable):
-                        failure = GenerationFailed(str(event), code="transcription_failed")
+                        failure = GenerationFailed(str(event), code=code)
                         break
                     await send.send(event)
         await self._end(job, send, failure, started, record)

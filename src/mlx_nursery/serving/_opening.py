@@ -19,6 +19,8 @@ from ..engine import (
     EngineConfig,
     SpeechConfig,
     SpeechEngine,
+    SynthesisConfig,
+    SynthesisEngine,
 )
 from ..generation import (
     Grammars,
@@ -77,6 +79,8 @@ class ModelOpener:
             return await self._open_embedder(source, path, reservation, nursery)
         if facts.kind == "stt":
             return await self._open_speech_model(source, path, reservation, nursery)
+        if facts.kind == "tts":
+            return await self._open_synthesis_model(source, path, reservation, nursery)
         distribution = None
         if self.settings.distributed is not None:  # rank 0 of an mlx.launch group
             from ..distributed import leader
@@ -174,6 +178,24 @@ class ModelOpener:
             context_length=0,
             input_modalities=["audio"],
             kind="speech",
+        )
+        jobs = Jobs(nursery, None, self.settings.request_timeout, self.metrics, source.name)
+        return Hosted(engine, None, jobs, reservation, card)
+
+    async def _open_synthesis_model(
+        self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
+    ) -> Hosted:
+        """A TTS model: its synthesis engine (thread, lane, queue) in `nursery`; syntheses
+        only. Raises what the load raised (a phonemizer not installed among them)."""
+        config = SynthesisConfig(path, max_queue=self.settings.max_queue)
+        engine: SynthesisEngine = await nursery.start(SynthesisEngine(config).run)
+        card = ModelCard(
+            id=source.name,
+            created=int(time.time()),
+            context_length=0,
+            input_modalities=["text"],
+            kind="speech-synthesis",
+            voices=list(engine.info.voices),
         )
         jobs = Jobs(nursery, None, self.settings.request_timeout, self.metrics, source.name)
         return Hosted(engine, None, jobs, reservation, card)

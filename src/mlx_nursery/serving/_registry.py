@@ -30,7 +30,7 @@ from typing import Literal
 
 import trio
 
-from ..engine import Engine, SpeechEngine
+from ..engine import Engine, SpeechEngine, SynthesisEngine
 from ..generation import (
     Conflict,
     OpenAIError,
@@ -265,7 +265,7 @@ class ModelRegistry:
         slot.context = served or slot.context
         engine = hosted.engine
         self._metrics.model_loaded(
-            None if isinstance(engine, SpeechEngine) else engine,
+            None if isinstance(engine, (SpeechEngine, SynthesisEngine)) else engine,
             name,
             seconds,
             hosted.reservation.parts(),

@@ -15,7 +15,7 @@ from typing import Literal
 import attrs
 import trio
 
-from ..engine import Embedder, Engine, SpeechEngine
+from ..engine import Embedder, Engine, SpeechEngine, SynthesisEngine
 from ..generation import (
     InvalidRequest,
     ModelCard,
@@ -23,7 +23,6 @@ from ..generation import (
     ServedModel,
     card_kind,
     input_modalities,
-    quoted,
 )
 from ..models import ModelFacts
 from ..openai import ServedEmbedder
@@ -52,9 +51,11 @@ class Hosted:
     """A loaded model: its engine, the model as the API presents it, its jobs.
 
     A speech model (Whisper) runs on a `SpeechEngine` and has no `served` text model: its
-    requests are transcriptions (`http/_audio_routes.py`), and the text routes refuse it."""
+    requests are transcriptions (`http/_audio_routes.py`), and the text routes refuse it. A
+    speech-synthesis model (KittenTTS, Kokoro) likewise runs on a `SynthesisEngine`: its
+    requests are syntheses (`http/_speech_routes.py`)."""
 
-    engine: Engine | SpeechEngine
+    engine: Engine | SpeechEngine | SynthesisEngine
     served: ServedModel | None
     jobs: Jobs
     reservation: Reservation
@@ -66,15 +67,14 @@ class Hosted:
     def speech(self) -> SpeechEngine | None:
         return self.engine if isinstance(self.engine, SpeechEngine) else None
 
+    @property
+    def synthesis(self) -> SynthesisEngine | None:
+        return self.engine if isinstance(self.engine, SynthesisEngine) else None
+
     def text_model(self, name: str) -> ServedModel:
         """The model as the text APIs present it. Raises the 400 for a speech model."""
         if self.served is None:
-            raise InvalidRequest(
-                f"the model {quoted(name)} is a speech-to-text model: send its requests to "
-                "/v1/audio/transcriptions or /v1/audio/translations",
-                param="model",
-                code="model_not_supported",
-            )
+            raise _wrong_kind(name, "generation", _serving(self))
         return self.served
 
 
@@ -96,19 +96,23 @@ class HostedEmbedder:
 AnyHosted = Hosted | HostedEmbedder
 
 
-ServedKind = Literal["generation", "embedding", "speech"]
+ServedKind = Literal["generation", "embedding", "speech", "synthesis"]
 """What a route serves: text generation (chat, completions, Responses, Messages), embeddings
-(/v1/embeddings), speech (/v1/audio/*)."""
+(/v1/embeddings), speech (/v1/audio/transcriptions, /v1/audio/translations), synthesis
+(/v1/audio/speech)."""
 
 
 def serves(kind: str) -> ServedKind:
     """What a model of the loader's `kind` serves."""
-    return "embedding" if kind == "embedding" else "speech" if kind == "stt" else "generation"
+    served: dict[str, ServedKind] = {"embedding": "embedding", "stt": "speech", "tts": "synthesis"}
+    return served.get(kind, "generation")
 
 
 def _serving(hosted: AnyHosted) -> ServedKind:
     if isinstance(hosted, HostedEmbedder):
         return "embedding"
+    if hosted.synthesis is not None:
+        return "synthesis"
     return "speech" if hosted.speech is not None else "generation"
 
 
@@ -133,6 +137,13 @@ def speaking(hosted: AnyHosted) -> tuple[Hosted, SpeechEngine]:
     return hosted, hosted.speech
 
 
+def synthesizing(hosted: AnyHosted) -> tuple[Hosted, SynthesisEngine]:
+    """`hosted`, a speech-synthesis model, and its engine. Raises the 400 for another kind."""
+    _check(hosted.card.id, "synthesis", _serving(hosted))
+    assert isinstance(hosted, Hosted) and hosted.synthesis is not None
+    return hosted, hosted.synthesis
+
+
 def embedding(hosted: AnyHosted) -> HostedEmbedder:
     """`hosted`, an embedding model. Raises the 400 for another kind."""
     _check(hosted.card.id, "embedding", _serving(hosted))
@@ -141,7 +152,17 @@ def embedding(hosted: AnyHosted) -> HostedEmbedder:
 
 
 def _wrong_kind(name: str, wanted: ServedKind, actual: ServedKind) -> InvalidRequest:
-    if actual == "speech":
+    if actual == "synthesis":
+        message = (
+            f"The model {name!r} is a speech-synthesis (text-to-speech) model: send its "
+            "requests to /v1/audio/speech."
+        )
+    elif wanted == "synthesis":
+        message = (
+            f"The model {name!r} is not a speech-synthesis model; /v1/audio/speech serves "
+            "text-to-speech models (listed in /v1/models with kind speech-synthesis)."
+        )
+    elif actual == "speech":
         message = (
             f"The model {name!r} is a speech-to-text model: send its requests to "
             "/v1/audio/transcriptions or /v1/audio/translations."
@@ -218,5 +239,6 @@ class ModelSlot:
             context_length=self.context or (facts.context_length or 0 if facts else 0),
             input_modalities=input_modalities(kind),
             kind=card_kind(kind),
+            voices=list(facts.voices) if facts is not None and facts.voices is not None else None,
             loaded=False,
         )

@@ -75,7 +75,7 @@ class ServerReport:
 
 def read_report(parts: Parts) -> ServerReport:
     """Everything `ServerReport` holds, read on the server's Trio thread."""
-    from ..engine import SpeechEngine
+    from ..engine import SpeechEngine, SynthesisEngine
 
     requests: dict[tuple[str, int], int] = {}
     cancellations: dict[str, int] = {}
@@ -90,7 +90,7 @@ def read_report(parts: Parts) -> ServerReport:
     lanes = queued = jobs = tokens = confirmed = past = late = 0
     models = parts.service.models
     for hosted in models.loaded() if models is not None else []:
-        if isinstance(hosted.engine, SpeechEngine):
+        if isinstance(hosted.engine, (SpeechEngine, SynthesisEngine)):
             speech = hosted.engine.statistics()
             lanes += speech.lanes_borrowed
             queued += speech.queued

@@ -1,7 +1,8 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding` and
-`tiny-whisper` are for tests; `qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b` and `bert-base`
+`tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding`, `tiny-whisper`
+and `tiny-tts` (a KittenTTS: text-to-speech) are for tests; `qwen3-0.6b`, `llama-3.1-8b`,
+`qwen2.5-vl-3b` and `bert-base`
 (an embedding model) carry the real architecture configs (random weights) so benchmarks run
 at real shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose
 `<think>` / `</think>` are added tokens and a Qwen3-style template that honours
@@ -32,6 +33,8 @@ class Preset:
     "last"), `normalize`, `max_seq_length` (None: a generation model)."""
     speech: bool = False
     """A Whisper (speech-to-text) preset: written by `_whisper_factory.py`."""
+    synthesis: bool = False
+    """A KittenTTS (text-to-speech) preset: written by `_tts_factory.py`."""
 
     @property
     def vocab_size(self) -> int:
@@ -276,5 +279,43 @@ PRESETS: dict[str, Preset] = {
         },
         trained_vocab=1944 - 1501 - 9,
         speech=True,
+    ),
+    "tiny-tts": Preset(
+        "tiny-tts",
+        {
+            # mlx-audio's KittenTTS config (`kitten_tts.ModelConfig`). The style vector is
+            # 256 wide whatever the config says (the model slices it at 128): style_dim 128.
+            "model_type": "kitten_tts",
+            "hidden_dim": 32,
+            "max_conv_dim": 32,
+            "max_dur": 4,  # frames per symbol at most: short clips, quick tests
+            "n_layer": 1,
+            "n_mels": 80,
+            "n_token": 178,
+            "style_dim": 128,
+            "text_encoder_kernel_size": 5,
+            "asr_res_dim": 16,
+            "decoder_out_dim": 32,
+            "sample_rate": 24000,
+            "plbert": {
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "max_position_embeddings": 512,
+                "embedding_size": 16,
+            },
+            "istftnet": {
+                "resblock_kernel_sizes": [3],
+                "upsample_rates": [4, 4],
+                "upsample_initial_channel": 32,
+                "resblock_dilation_sizes": [[1, 3, 5]],
+                "upsample_kernel_sizes": [8, 8],
+                "gen_istft_n_fft": 20,
+                "gen_istft_hop_size": 5,
+            },
+        },
+        trained_vocab=0,
+        synthesis=True,
     ),
 }

@@ -44,6 +44,11 @@ def make_model(
 
         write_whisper(out, spec, dtype, seed)
         return out
+    if spec.synthesis:
+        from ._tts_factory import write_kitten
+
+        write_kitten(out, spec, dtype, seed)
+        return out
     if spec.image_processor is not None:
         from ._vlm_factory import write_vlm
 
