@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
@@ -56,8 +55,10 @@ _card_fields = unstructure_fields(ModelCard)
 
 
 def _card(card: ModelCard) -> dict[str, Any]:
+    """The card's JSON, without the fields only some kinds have where this one has none
+    (an adapter's base, a speech-synthesis model's voices)."""
     data = _card_fields(card)
-    for key in ("root", "parent"):
+    for key in ("root", "parent", "voices"):
         if data[key] is None:
             del data[key]
     return data
@@ -70,16 +71,3 @@ register_unstructure_hook(ModelCard, _card)
 class ModelList:
     data: list[ModelCard]
     object: Literal["list"] = "list"
-
-
-def _card_json(fields: Callable[[ModelCard], dict[str, Any]]) -> Callable[[ModelCard], Any]:
-    def unstructure(card: ModelCard) -> dict[str, Any]:
-        body = fields(card)
-        if card.voices is None:  # only a speech-synthesis model has voices
-            del body["voices"]
-        return body
-
-    return unstructure
-
-
-register_unstructure_hook(ModelCard, _card_json(unstructure_fields(ModelCard)))
