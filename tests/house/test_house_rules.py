@@ -290,6 +290,8 @@ PUBLIC = {
         "tenant_of",
     ],
     "models": [
+        "Activation",
+        "Classifier",
         "EmbeddingSpec",
         "LoadedModel",
         "ModelFacts",

@@ -1,7 +1,7 @@
 """Model runtime: loading models and tokenizers from local paths or the local HF cache,
 and the built-in models (the default, the scripted) written once into the user cache."""
 
-from ._embedding_loading import EmbeddingSpec, PoolingMode
+from ._embedding_loading import Activation, Classifier, EmbeddingSpec, PoolingMode
 from ._loading import (
     LoadedModel,
     ModelFacts,
@@ -16,6 +16,8 @@ from ._speech import SpeechModel, load_speech_model
 from ._streams import release_mlx_streams
 
 __all__ = [
+    "Activation",
+    "Classifier",
     "EmbeddingSpec",
     "LoadedModel",
     "ModelFacts",
