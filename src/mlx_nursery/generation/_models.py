@@ -6,19 +6,19 @@ from typing import Literal
 
 import attrs
 
-ModelKindName = Literal["text", "vision", "speech", "embedding"]
+ModelKindName = Literal["text", "vision", "speech", "embedding", "reranker"]
 
 
 def input_modalities(kind: str) -> list[str]:
     """What a request may give a model of `kind` (the loader's: "lm", "vlm", "stt",
-    "embedding", "scripted"): text; text and images for a vision model; audio for a speech
-    model."""
+    "embedding", "reranker", "scripted"): text; text and images for a vision model; audio
+    for a speech model."""
     return {"vlm": ["text", "image"], "stt": ["audio"]}.get(kind, ["text"])
 
 
 def card_kind(kind: str) -> ModelKindName:
     """The model list's name for a loader's kind."""
-    names = {"vlm": "vision", "stt": "speech", "embedding": "embedding"}
+    names = {"vlm": "vision", "stt": "speech", "embedding": "embedding", "reranker": "reranker"}
     return names.get(kind, "text")  # type: ignore[return-value]
 
 
@@ -33,7 +33,9 @@ class ModelCard:
     kind: ModelKindName = "text"
     """What the model does (not OpenAI's): "text" and "vision" models answer the text APIs,
     "speech" models (Whisper) /v1/audio/transcriptions and /v1/audio/translations,
-    "embedding" models /v1/embeddings. Each refuses the others' routes with a 400."""
+    "embedding" models /v1/embeddings (and /v1/rerank and /v1/score, by cosine similarity),
+    "reranker" models (cross-encoders) /v1/rerank and /v1/score. Each refuses the others'
+    routes with a 400."""
     loaded: bool = True
     """Whether the model is in memory now (not OpenAI's): a request for one that is not
     loads it first, which takes a while (see `--max-loaded-models`)."""

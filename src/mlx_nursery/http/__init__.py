@@ -11,6 +11,7 @@ private.
 from . import (
     _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
+    _scoring_routes,  # noqa: F401 - registers /v1/rerank and /v1/score on `routes`
 )
 from ._access import AccessPolicy
 from ._audio_routes import request_class_for

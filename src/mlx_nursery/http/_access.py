@@ -1,4 +1,4 @@
-"""Who may call the API: API keys on every /v1 route, and CORS for browsers.
+"""Who may call the API: API keys on every /v1 route (and /rerank, /score), and CORS for browsers.
 
 Keys are compared in constant time against every key the server holds (so the time taken
 says nothing of which key, or how much of one, matched), and only `Authorization: Bearer`
@@ -30,6 +30,8 @@ EXPOSED_HEADERS = (
 """The headers of ours a page may read (beside the CORS-safelisted ones): the SDKs' retry
 headers too, which a page's SDK reads as a server's SDK does."""
 MODELS_PREFIX = "/v1/models/"
+UNVERSIONED = ("/rerank", "/score")
+"""API routes also served without /v1 (vLLM's paths): keyed as /v1 is."""
 ADMIN_ACTIONS = ("load", "unload")
 Verdict = Literal["allowed", "unauthorized", "forbidden"]
 
@@ -74,7 +76,7 @@ class Access:
     """No API key is set (admin keys alone guard only the admin routes)."""
     origins: frozenset[str] = frozenset()
     """Origins whose pages may call the API; "*" is any."""
-    keyed_paths: tuple[str, ...] = ("/v1",)
+    keyed_paths: tuple[str, ...] = ("/v1", *UNVERSIONED)
     """Path prefixes that need a key (with keys set); not `/metrics` with --public-metrics."""
 
     @classmethod
@@ -92,7 +94,7 @@ class Access:
         if key_file is not None:
             keys += read_key_file(key_file)
         allowed = frozenset(o.strip() for o in (origins or "").split(",") if o.strip())
-        keyed = ("/v1",) if public_metrics else ("/v1", "/metrics")
+        keyed = ("/v1", *UNVERSIONED) if public_metrics else ("/v1", *UNVERSIONED, "/metrics")
         return cls(
             tuple(k.encode() for k in [*keys, *admin_keys]),
             tuple(k.encode() for k in admin_keys),

@@ -1,5 +1,6 @@
 """The OpenAI API: wire schemas and rendering for chat, completions, Responses, embeddings,
-audio and model cards, and the adapters from its requests to `generation` plans.
+audio and model cards (and vLLM's rerank and score beside them), and the adapters from its
+requests to `generation` plans.
 
 Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back JSON-ready objects,
 or a `generation.OpenAIError` that carries its status and envelope.
@@ -22,12 +23,22 @@ from ._responses import PreparedResponse, prepare_response
 from ._responses import parse_request as parse_responses_request
 from ._responses_output import ResponseBuilder, input_items_page
 from ._responses_schemas import ResponsesRequest
+from ._scoring_endpoint import (
+    PreparedRerank,
+    PreparedScore,
+    prepare_rerank,
+    prepare_score,
+    rerank_body,
+    score_body,
+)
 
 __all__ = [
     "RESPONSE_FORMATS",
     "EmbeddingLimits",
     "PreparedEmbeddings",
+    "PreparedRerank",
     "PreparedResponse",
+    "PreparedScore",
     "PreparedSpeech",
     "ResponseBuilder",
     "ResponsesRequest",
@@ -40,9 +51,13 @@ __all__ = [
     "prepare_chat",
     "prepare_completion",
     "prepare_embeddings",
+    "prepare_rerank",
     "prepare_response",
+    "prepare_score",
     "prepare_speech",
+    "rerank_body",
     "run_embeddings",
+    "score_body",
     "speech_model_name",
     "transcript_body",
 ]

@@ -33,7 +33,7 @@ from ._rendering import (
 )
 from ._request_log import RequestRecord
 from ._service import Service
-from ._slots import embedding, speaking
+from ._slots import embedding, scoring, speaking
 from ._tenant import ANONYMOUS, Tenant
 
 __all__ = [
@@ -75,5 +75,6 @@ __all__ = [
     "merged_text",
     "model_sources",
     "render_piece",
+    "scoring",
     "speaking",
 ]
