@@ -47,6 +47,11 @@ def tiny_embedding(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_reranker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("models") / "tiny-reranker", "tiny-reranker")
+
+
+@pytest.fixture(scope="session")
 def tiny_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny-whisper", "tiny-whisper", seed=0)
 

@@ -57,6 +57,7 @@ _KIND_NAMES = {
     "vlm": "vision-language model",
     "scripted": "scripted model",
     "embedding": "embedding model",
+    "reranker": "cross-encoder",
     "stt": "speech-to-text model",
     "tts": "text-to-speech model",
 }

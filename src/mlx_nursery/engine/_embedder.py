@@ -1,6 +1,7 @@
 """The embedding engine's Trio side: admission, lanes, delivery, cancellation.
 
-An embedding model runs on a thread of its own (`EmbeddingWorker`), as a generation model
+An embedding model, or a cross-encoder (a reranker: the same encoders under a
+classification head), runs on a thread of its own (`EmbeddingWorker`), as a generation model
 does, and batches the inputs of the requests that are there together into one forward
 (bounded in inputs and padded tokens). The thread's lifecycle, lanes (`FairLanes`, no
 tenants), queue bound and posting are every engine's (`DeviceThread`): a request borrows a
@@ -48,10 +49,14 @@ class EmbedderConfig:
 
 @attrs.frozen
 class EmbeddingRequest:
-    """Token ids of each input, and the size to cut each vector to (None: the model's)."""
+    """Token ids of each input, and the size to cut each vector to (None: the model's).
+
+    For a cross-encoder each input is a pair framed as one sequence, and `token_types` may
+    give each one's token types (as long as its ids): what tells the pair's texts apart."""
 
     inputs: list[list[int]]
     dimensions: int | None = None
+    token_types: list[list[int]] | None = None
 
     @property
     def tokens(self) -> int:
@@ -146,7 +151,8 @@ class Embedder:
         )
 
     async def embed(self, request: EmbeddingRequest) -> list[np.ndarray]:
-        """The request's vectors (float32), in input order.
+        """The request's vectors (float32; a cross-encoder's: each input's logits), in input
+        order.
 
         Raises EngineOverloaded at once when the wait queue is full, EngineUnavailable when
         the engine is not running (or stops first), EmbeddingFailed when a forward holding
@@ -162,7 +168,9 @@ class Embedder:
         # From here the lane belongs to the request; only the thread's word returns it.
         self._handles[handle.request_id] = handle
         assert self._worker is not None
-        self._worker.submit(handle.request_id, request.inputs, request.dimensions)
+        self._worker.submit(
+            handle.request_id, request.inputs, request.dimensions, request.token_types
+        )
         try:
             await handle.done.wait()
         finally:

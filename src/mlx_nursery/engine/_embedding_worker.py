@@ -1,5 +1,8 @@
 """The embedding engine's thread: it loads the model and makes every MLX call of it.
 
+The model is an embedding model (each input gives its pooled vector) or a cross-encoder (each
+input, a query and a document framed together, gives its head's logits: a row of one).
+
 The loop, each iteration: take the commands that arrived (blocking only while nothing is
 pending); a submission joins the pending requests, a cancel removes a request (whatever of
 it is still pending) and confirms it at once, a stop ends them all. Then one forward: the
@@ -46,6 +49,8 @@ class Submit:
     request_id: int
     inputs: list[list[int]]
     dimensions: int | None
+    token_types: list[list[int]] | None = None
+    """Each input's token types (a cross-encoder's pairs); None: all 0."""
     label: str | None = None
     """The request's label (its HTTP request id), for the fault seam (`fault_points`)."""
 
@@ -65,7 +70,8 @@ Command = Submit | Cancel | Stop
 
 @attrs.frozen
 class Ended:
-    """A request that left the engine: its vectors, or its failure, or neither (cancelled)."""
+    """A request that left the engine: its vectors (a cross-encoder's: each input's logits),
+    or its failure, or neither (cancelled)."""
 
     request_id: int
     vectors: list[np.ndarray] | None = None
@@ -111,8 +117,14 @@ class EmbeddingWorker:
         """Forwards run (read from the Trio thread: an int, written by this thread only)."""
 
     # -- from the Trio thread -----------------------------------------------------------------
-    def submit(self, request_id: int, inputs: list[list[int]], dimensions: int | None) -> None:
-        self._commands.put(Submit(request_id, inputs, dimensions, request_label.get()))
+    def submit(
+        self,
+        request_id: int,
+        inputs: list[list[int]],
+        dimensions: int | None,
+        token_types: list[list[int]] | None = None,
+    ) -> None:
+        self._commands.put(Submit(request_id, inputs, dimensions, token_types, request_label.get()))
 
     def cancel(self, request_id: int) -> None:
         self._commands.put(Cancel(request_id))
@@ -128,8 +140,8 @@ class EmbeddingWorker:
 
     def _load(self) -> tuple[EmbeddingModelInfo, LoadedModel]:
         loaded = load_model(self._model_spec)
-        if loaded.kind != "embedding" or loaded.embedding is None:
-            raise ValueError(f"{loaded.path} is not an embedding model")
+        if loaded.kind not in ("embedding", "reranker") or loaded.embedding is None:
+            raise ValueError(f"{loaded.path} is neither an embedding model nor a cross-encoder")
         return EmbeddingModelInfo(str(loaded.path), loaded.tokenizer, loaded.embedding), loaded
 
     def _finish(self, exc: BaseException | None) -> None:
@@ -187,7 +199,7 @@ class EmbeddingWorker:
         return ended
 
     def _pooled(
-        self, model: Any, batch: list[tuple[_Pending, list[int]]], spec: EmbeddingSpec
+        self, model: Any, batch: list[tuple[_Pending, int]], spec: EmbeddingSpec
     ) -> list[np.ndarray | None]:
         """The batch's pooled rows. A forward that fails is run again one request at a
         time, so that only the request it fails on fails (None: its rows)."""
@@ -203,7 +215,7 @@ class EmbeddingWorker:
                 if fault_points.ARMED:  # a test's fault in the forward holding this request
                     for position in positions:
                         fault_points.reach("embedding_forward", batch[position][0].submit.label)
-                pooled = embed_batch(model, [batch[p][1] for p in positions], spec)
+                pooled = embed_batch(model, [batch[p] for p in positions], spec)
             except Exception:
                 if len(positions) < len(batch) or len(groups) == 1:
                     log.exception("an embedding forward failed; its request fails")
@@ -215,9 +227,10 @@ class EmbeddingWorker:
                 rows[position] = row
         return rows
 
-    def _take_batch(self) -> list[tuple[_Pending, list[int]]]:
-        """The pending inputs in arrival order, within the bounds (at least one input)."""
-        batch: list[tuple[_Pending, list[int]]] = []
+    def _take_batch(self) -> list[tuple[_Pending, int]]:
+        """The pending inputs (each its request's and its index there) in arrival order,
+        within the bounds (at least one input)."""
+        batch: list[tuple[_Pending, int]] = []
         longest = 0
         for pending in self._pending.values():
             inputs = pending.submit.inputs
@@ -229,23 +242,36 @@ class EmbeddingWorker:
                     or wider * (len(batch) + 1) > self._limits.max_tokens
                 ):
                     return batch
-                batch.append((pending, ids))
+                batch.append((pending, pending.next))
                 longest = wider
                 pending.next += 1
                 pending.running += 1
         return batch
 
 
-def embed_batch(model: Any, inputs: list[list[int]], spec: EmbeddingSpec) -> np.ndarray:
-    """One forward of `inputs` (right-padded, masked): their pooled vectors, float32, in
-    order. MLX calls: the engine thread only."""
-    longest = max(len(ids) for ids in inputs)
-    padded = [ids + [spec.pad_token_id] * (longest - len(ids)) for ids in inputs]
-    lengths = mx.array([len(ids) for ids in inputs])
+def embed_batch(model: Any, inputs: list[tuple[_Pending, int]], spec: EmbeddingSpec) -> np.ndarray:
+    """One forward of `inputs` (right-padded, masked): their pooled vectors, or a
+    cross-encoder's logits, float32, in order. MLX calls: the engine thread only."""
+    rows = [pending.submit.inputs[index] for pending, index in inputs]
+    longest = max(len(ids) for ids in rows)
+    padded = [ids + [spec.pad_token_id] * (longest - len(ids)) for ids in rows]
+    lengths = mx.array([len(ids) for ids in rows])
     mask = (mx.arange(longest)[None, :] < lengths[:, None]).astype(mx.int32)
+    if spec.classifier is not None:
+        types = None
+        if spec.classifier.token_types:
+            types = mx.array([_types(pending.submit, index, longest) for pending, index in inputs])
+        logits = model(mx.array(padded), attention_mask=mask, token_type_ids=types)
+        return np.array(logits.astype(mx.float32))
     output = model(mx.array(padded), attention_mask=mask)
     pooled = pool(output.last_hidden_state, mask, lengths, spec.pooling).astype(mx.float32)
     return np.array(pooled)
+
+
+def _types(submit: Submit, index: int, width: int) -> list[int]:
+    """Input `index`'s token types, padded with 0 to `width`."""
+    types = submit.token_types[index] if submit.token_types is not None else []
+    return types + [0] * (width - len(types))
 
 
 def pool(hidden: mx.array, mask: mx.array, lengths: mx.array, mode: PoolingMode) -> mx.array:

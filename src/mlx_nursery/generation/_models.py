@@ -8,19 +8,25 @@ import attrs
 
 from ._converter import register_unstructure_hook, unstructure_fields
 
-ModelKindName = Literal["text", "vision", "speech", "speech-synthesis", "embedding"]
+ModelKindName = Literal["text", "vision", "speech", "speech-synthesis", "embedding", "reranker"]
 
 
 def input_modalities(kind: str) -> list[str]:
     """What a request may give a model of `kind` (the loader's: "lm", "vlm", "stt", "tts",
-    "embedding", "scripted"): text; text and images for a vision model; audio for a speech
-    model (text, for a text-to-speech one)."""
+    "embedding", "reranker", "scripted"): text; text and images for a vision model; audio
+    for a speech model (text, for a text-to-speech one)."""
     return {"vlm": ["text", "image"], "stt": ["audio"]}.get(kind, ["text"])
 
 
 def card_kind(kind: str) -> ModelKindName:
     """The model list's name for a loader's kind."""
-    names = {"vlm": "vision", "stt": "speech", "tts": "speech-synthesis", "embedding": "embedding"}
+    names = {
+        "vlm": "vision",
+        "stt": "speech",
+        "tts": "speech-synthesis",
+        "embedding": "embedding",
+        "reranker": "reranker",
+    }
     return names.get(kind, "text")  # type: ignore[return-value]
 
 
@@ -36,7 +42,8 @@ class ModelCard:
     """What the model does (not OpenAI's): "text" and "vision" models answer the text APIs,
     "speech" models (Whisper) /v1/audio/transcriptions and /v1/audio/translations,
     "speech-synthesis" models (KittenTTS, Kokoro) /v1/audio/speech, "embedding" models
-    /v1/embeddings. Each refuses the others' routes with a 400."""
+    /v1/embeddings (and /v1/rerank and /v1/score, by cosine similarity), "reranker" models
+    (cross-encoders) /v1/rerank and /v1/score. Each refuses the others' routes with a 400."""
     voices: list[str] | None = None
     """A speech-synthesis model's voices, the `voice` values /v1/audio/speech takes (not
     OpenAI's; None for other kinds, and left out of the card then)."""

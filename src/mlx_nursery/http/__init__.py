@@ -12,6 +12,7 @@ from . import (
     _adapter_routes,  # noqa: F401 - registers vLLM's LoRA admin routes on `routes`
     _embeddings_routes,  # noqa: F401 - registers /v1/embeddings on `routes`
     _responses_routes,  # noqa: F401 - registers /v1/responses on `routes`
+    _scoring_routes,  # noqa: F401 - registers /v1/rerank and /v1/score on `routes`
     _speech_routes,  # noqa: F401 - registers /v1/audio/speech on `routes`
     _tokenize_routes,  # noqa: F401 - registers /tokenize and /detokenize on `routes`
 )

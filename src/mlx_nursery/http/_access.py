@@ -1,5 +1,5 @@
-"""Who may call the API: API keys on every API route (/v1, /tokenize, /detokenize), and CORS
-for browsers.
+"""Who may call the API: API keys on every API route (/v1, and vLLM's /tokenize, /detokenize,
+/rerank and /score), and CORS for browsers.
 
 Keys are compared in constant time against every key the server holds (so the time taken
 says nothing of which key, or how much of one, matched), and only `Authorization: Bearer`
@@ -30,8 +30,11 @@ EXPOSED_HEADERS = (
 )
 """The headers of ours a page may read (beside the CORS-safelisted ones): the SDKs' retry
 headers too, which a page's SDK reads as a server's SDK does."""
-API_PATHS = ("/v1", "/tokenize", "/detokenize")
-"""The API's routes: /v1, and vLLM's tokenizer routes at the root (`_tokenize_routes.py`)."""
+UNVERSIONED = ("/tokenize", "/detokenize", "/rerank", "/score")
+"""API routes also served without /v1 (vLLM's paths): keyed as /v1 is."""
+API_PATHS = ("/v1", *UNVERSIONED)
+"""The API's routes: /v1, and vLLM's routes at the root (`_tokenize_routes.py`,
+`_scoring_routes.py`)."""
 MODELS_PREFIX = "/v1/models/"
 ADMIN_ACTIONS = ("load", "unload")
 Verdict = Literal["allowed", "unauthorized", "forbidden"]

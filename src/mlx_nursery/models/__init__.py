@@ -1,7 +1,7 @@
 """Model runtime: loading models and tokenizers from local paths or the local HF cache,
 and the built-in models (the default, the scripted) written once into the user cache."""
 
-from ._embedding_loading import EmbeddingSpec, PoolingMode
+from ._embedding_loading import Activation, Classifier, EmbeddingSpec, PoolingMode
 from ._loading import (
     LoadedModel,
     ModelFacts,
@@ -18,8 +18,10 @@ from ._streams import release_mlx_streams
 from ._synthesis import SynthesisModel, SynthesizedPiece, load_synthesis_model
 
 __all__ = [
+    "Activation",
     "AdapterBank",
     "AdapterError",
+    "Classifier",
     "EmbeddingSpec",
     "LoadedModel",
     "ModelFacts",

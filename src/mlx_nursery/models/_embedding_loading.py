@@ -19,6 +19,7 @@ from typing import Any, Literal
 import attrs
 
 PoolingMode = Literal["cls", "mean", "last"]
+Activation = Literal["sigmoid", "identity"]
 
 ENCODER_TYPES = frozenset({"bert", "xlm-roberta", "xlm_roberta", "modernbert"})
 """Architectures that only embed (mlx-lm cannot generate with them)."""
@@ -36,8 +37,22 @@ class EmbeddingConfigError(ValueError):
 
 
 @attrs.frozen
+class Classifier:
+    """A cross-encoder's head (`_cross_encoder.py`): one label, whose logit scores a pair."""
+
+    activation: Activation
+    """What makes a logit its score by default (sentence-transformers' for one label)."""
+    token_types: bool
+    """Whether the model tells a pair's two texts apart by token type (BERT; not RoBERTa)."""
+
+
+@attrs.frozen
 class EmbeddingSpec:
-    """How the model's token states become one vector, and what a request may ask of it."""
+    """How the model's token states become one vector, and what a request may ask of it.
+
+    A cross-encoder's spec (`classifier` set) says how it reads its inputs (their length,
+    padding) and how its head scores them: its forward gives one logit per input (a pair),
+    not token states, and `pooling`, `normalize` and `matryoshka` do not apply."""
 
     pooling: PoolingMode
     normalize: bool
@@ -51,6 +66,7 @@ class EmbeddingSpec:
     pad_token_id: int
     vocab_size: int
     """Rows of the token embedding table: a token id must be below it."""
+    classifier: Classifier | None = None
 
 
 def is_embedding_model(path: Path, config: dict[str, Any]) -> bool:

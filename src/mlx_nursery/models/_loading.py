@@ -2,8 +2,8 @@
 
 A model is a local directory (mlx-lm layout) or a repo id already present in
 the local Hugging Face cache. Loading dispatches on the model's kind so that
-mlx-vlm models can plug in beside mlx-lm ones, and embedding models (mlx-embeddings)
-beside both.
+mlx-vlm models can plug in beside mlx-lm ones, and embedding models and cross-encoders
+(mlx-embeddings' encoders) beside both.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from ._cross_encoder import is_cross_encoder
 from ._embedding_loading import EmbeddingSpec, embedding_input_length, is_embedding_model
 from ._kv_layout import KVLayout, kv_layout
 from ._synthesis import TTS_MODEL_TYPES, synthesis_voices
@@ -30,11 +31,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlx_nursery.models")
 
-ModelKind = Literal["lm", "vlm", "scripted", "stt", "tts", "embedding"]
+ModelKind = Literal["lm", "vlm", "scripted", "stt", "tts", "embedding", "reranker"]
 """A text model (mlx-lm), a vision-language model (mlx-vlm with mlx-lm's text model), the
 scripted model, a speech-to-text model (Whisper, mlx-audio: `models/_speech.py`), a
-text-to-speech model (KittenTTS, Kokoro, mlx-audio: `models/_synthesis.py`), or an
-embedding model (mlx-embeddings: `models/_embedding_loading.py`)."""
+text-to-speech model (KittenTTS, Kokoro, mlx-audio: `models/_synthesis.py`), an embedding
+model (mlx-embeddings: `models/_embedding_loading.py`), or a cross-encoder (a reranker:
+`models/_cross_encoder.py`)."""
 
 
 class ModelNotFoundError(LookupError):
@@ -65,7 +67,8 @@ class LoadedModel:
     weights (mlx-lm's text model of the checkpoint shares the arrays of mlx-vlm's). The
     scripted model (kind "scripted", models/scripted.py) has a tokenizer and no model. An
     embedding model (kind "embedding") is mlx-embeddings' model, with a Hugging Face
-    tokenizer and its `embedding` spec (pooling, sizes)."""
+    tokenizer and its `embedding` spec (pooling, sizes); a cross-encoder (kind "reranker")
+    is its encoder under its classification head, with a spec whose `classifier` is set."""
 
     path: Path
     kind: ModelKind
@@ -148,6 +151,8 @@ def _kind_of(path: Path, config: dict[str, Any]) -> ModelKind:
         return "tts"
     if "vision_config" in config:
         return "vlm"
+    if is_cross_encoder(config):
+        return "reranker"
     return "embedding" if is_embedding_model(path, config) else "lm"
 
 
@@ -184,7 +189,7 @@ def model_facts(path: Path) -> ModelFacts:
                 context = int(source[key])
     weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     kind = _kind_of(path, config)
-    if kind == "embedding":
+    if kind in ("embedding", "reranker"):
         context = embedding_input_length(path, config)
     layout = kv_layout(path, config) if kind in ("lm", "vlm") else None
     voices = synthesis_voices(path, config) if kind == "tts" else None
@@ -254,6 +259,23 @@ def _load_embedding(path: Path) -> LoadedModel:
     )
 
 
+def _load_reranker(path: Path) -> LoadedModel:
+    """The cross-encoder's encoder (mlx-embeddings') under its head, the tokenizer."""
+    from ._cross_encoder import load_cross_encoder_parts
+    from ._embedding_loading import EmbeddingConfigError
+
+    config = json.loads((path / "config.json").read_text("utf-8"))
+    try:
+        model, tokenizer, spec = load_cross_encoder_parts(path, config)
+    except EmbeddingConfigError as exc:
+        raise ModelLoadError(f"this cross-encoder is not served: {exc}") from exc
+    except ValueError as exc:  # MLX: weights that are not the architecture's
+        raise ModelLoadError(f"{path}: its weights do not fit its architecture ({exc})") from exc
+    return LoadedModel(
+        path=path, kind="reranker", model=model, tokenizer=tokenizer, config=config, embedding=spec
+    )
+
+
 def _not_generative(path: Path) -> LoadedModel:
     raise ModelLoadError(f"{path}: a speech model; the speech runtimes serve it")
 
@@ -263,6 +285,7 @@ _LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
     "vlm": _load_vlm,
     "scripted": _load_scripted,
     "embedding": _load_embedding,
+    "reranker": _load_reranker,
     "stt": _not_generative,
     "tts": _not_generative,
 }

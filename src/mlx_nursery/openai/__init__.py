@@ -1,6 +1,6 @@
 """The OpenAI API: wire schemas and rendering for chat, completions, Responses, embeddings,
-audio and model cards (and vLLM's /tokenize and /detokenize), and the adapters from its
-requests to `generation` plans.
+audio and model cards (and vLLM's /tokenize, /detokenize, rerank and score), and the adapters
+from its requests to `generation` plans.
 
 Knows nothing of HTTP frameworks: routes hand it parsed JSON and get back JSON-ready objects,
 or a `generation.OpenAIError` that carries its status and envelope.
@@ -25,6 +25,14 @@ from ._responses_events import failed_event
 from ._responses_items import input_items_page
 from ._responses_output import ResponseBuilder
 from ._responses_schemas import ResponsesRequest
+from ._scoring_endpoint import (
+    PreparedRerank,
+    PreparedScore,
+    prepare_rerank,
+    prepare_score,
+    rerank_body,
+    score_body,
+)
 from ._speech import (
     PreparedSynthesis,
     audio_delta_event,
@@ -41,7 +49,9 @@ __all__ = [
     "RESPONSE_FORMATS",
     "EmbeddingLimits",
     "PreparedEmbeddings",
+    "PreparedRerank",
     "PreparedResponse",
+    "PreparedScore",
     "PreparedSpeech",
     "PreparedSynthesis",
     "ResponseBuilder",
@@ -63,11 +73,15 @@ __all__ = [
     "prepare_completion",
     "prepare_detokenize",
     "prepare_embeddings",
+    "prepare_rerank",
     "prepare_response",
+    "prepare_score",
     "prepare_speech",
     "prepare_synthesis",
     "prepare_tokenize",
+    "rerank_body",
     "run_embeddings",
+    "score_body",
     "speech_model_name",
     "transcript_body",
     "wav_header",

@@ -32,6 +32,7 @@ from ..generation import (
     to_json,
     unknown_model,
 )
+from ..models import Classifier
 from ._embeddings import (
     Embedding,
     EmbeddingList,
@@ -46,11 +47,13 @@ class EmbeddingLimits:
     max_inputs: int = 2048
     max_tokens: int = 300_000
     """Tokens of all inputs together."""
+    max_documents: int = 1000
+    """Documents of one /v1/rerank request, texts of each side of one /v1/score request."""
 
 
 @attrs.frozen
 class ServedEmbedder:
-    """An embedding model as the API presents it."""
+    """An embedding model, or a cross-encoder (`classifier` set), as the API presents it."""
 
     name: str
     aliases: frozenset[str]
@@ -63,6 +66,8 @@ class ServedEmbedder:
     """Sizes `dimensions` may ask for: None, none; empty, any up to `dimensions`."""
     max_token_bytes: int = 0
     limits: EmbeddingLimits = attrs.field(factory=EmbeddingLimits)
+    classifier: Classifier | None = None
+    """A cross-encoder's head: it scores pairs (/v1/rerank, /v1/score) and embeds nothing."""
 
     def check(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
@@ -70,7 +75,10 @@ class ServedEmbedder:
 
     def card(self) -> ModelCard:
         return ModelCard(
-            id=self.name, created=self.created, context_length=self.context_length, kind="embedding"
+            id=self.name,
+            created=self.created,
+            context_length=self.context_length,
+            kind="embedding" if self.classifier is None else "reranker",
         )
 
 

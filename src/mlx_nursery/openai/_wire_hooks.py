@@ -1,7 +1,7 @@
 """The OpenAI wire's rules in the one converter (`generation`'s): the Responses API's input
-items as tagged unions, replayed items read leniently, and the fields OpenAI leaves out
-rather than sending null. Imported by the package before anything is structured: cattrs
-builds a class's hook on first use."""
+items as tagged unions, replayed items read leniently, and the fields OpenAI (and vLLM's
+rerank) leaves out rather than sending null. Imported by the package before anything is
+structured: cattrs builds a class's hook on first use."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from ..generation import (
 from . import _chat as chat
 from . import _responses_objects as ro
 from . import _responses_schemas as rs
+from . import _scoring as scoring
 
 register_tagged_union(
     rs.InputItem.__args__,
@@ -94,3 +95,16 @@ def _response(response: ro.Response) -> dict[str, Any]:
 
 
 register_unstructure_hook(ro.Response, _response)
+
+
+def _rerank_result(result: scoring.RerankResult) -> dict[str, Any]:
+    """`document` left out, not null, when the request said `return_documents: false`
+    (Jina's and Cohere's answer to it)."""
+    out: dict[str, Any] = {"index": result.index}
+    if result.document is not None:
+        out["document"] = {"text": result.document.text}
+    out["relevance_score"] = result.relevance_score
+    return out
+
+
+register_unstructure_hook(scoring.RerankResult, _rerank_result)

@@ -37,7 +37,7 @@ from ._rendering import (
 )
 from ._request_log import RequestRecord
 from ._service import Service
-from ._slots import embedding, speaking, synthesizing
+from ._slots import embedding, scoring, speaking, synthesizing
 from ._tenant import ANONYMOUS, Tenant
 
 __all__ = [
@@ -87,6 +87,7 @@ __all__ = [
     "merged_text",
     "model_sources",
     "render_piece",
+    "scoring",
     "speaking",
     "synthesizing",
 ]

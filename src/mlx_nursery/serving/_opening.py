@@ -1,5 +1,6 @@
-"""Opening a model: its engine started (text, embedding or speech, by what its files say it
-is) and presented to the APIs (`ServedModel`, `ServedEmbedder`, a speech card), with its jobs.
+"""Opening a model: its engine started (text, embedding or cross-encoder, or speech, by what
+its files say it is) and presented to the APIs (`ServedModel`, `ServedEmbedder`, a speech
+card), with its jobs.
 The model registry (`_registry.py`) calls the opener when a model is to load."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..generation import (
     tool_format,
 )
 from ..models import model_facts
-from ..openai import ServedEmbedder
+from ..openai import EmbeddingLimits, ServedEmbedder
 from ..settings import Settings
 from ._adapters import LoraAdapters
 from ._embedding_calls import EmbeddingCalls
@@ -75,7 +76,7 @@ class ModelOpener:
         """Start `source`'s engine in `nursery` (its own) and present it to the API (the
         registry's `Opener`). Raises what the load raised."""
         facts = await trio.to_thread.run_sync(model_facts, path)
-        if facts.kind == "embedding":
+        if facts.kind in ("embedding", "reranker"):
             return await self._open_embedder(source, path, reservation, nursery)
         if facts.kind == "stt":
             return await self._open_speech_model(source, path, reservation, nursery)
@@ -203,7 +204,8 @@ class ModelOpener:
     async def _open_embedder(
         self, source: ModelSource, path: Path, reservation: Reservation, nursery: trio.Nursery
     ) -> HostedEmbedder:
-        """An embedding model's engine (its own thread, as any model's), started in `nursery`."""
+        """An embedding model's or a cross-encoder's engine (its own thread, as any model's),
+        started in `nursery`."""
         config = EmbedderConfig(
             path,
             max_concurrency=self.settings.max_concurrency,
@@ -224,6 +226,8 @@ class ModelOpener:
             dimensions=model.spec.dimensions,
             matryoshka=model.spec.matryoshka,
             max_token_bytes=max_token_bytes,
+            limits=EmbeddingLimits(max_documents=self.settings.max_rerank_documents),
+            classifier=model.spec.classifier,
         )
         calls = EmbeddingCalls(embedder, self.settings.request_timeout, self.metrics, source.name)
         return HostedEmbedder(embedder, served, calls, reservation)

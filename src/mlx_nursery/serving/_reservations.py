@@ -66,7 +66,12 @@ class MemoryPlan:
         cannot fit its share of the budget, or the budget at all."""
         prefix, kv = self.prompt_cache_bytes, self.kv_cache_bytes
         budget = self.budget
-        if facts.kind in ("embedding", "stt", "tts"):  # no KV budget, no prefix cache: its weights,
+        if facts.kind in (
+            "embedding",
+            "reranker",
+            "stt",
+            "tts",
+        ):  # no KV budget, no prefix cache: its weights,
             # and a forward's activations (a Whisper's decoder KV lasts one 30-second window)
             # which the batch bounds keep transient and small
             prefix, kv = 0, 0

@@ -1,9 +1,10 @@
 """A served model's records: its slot (loaded or not), the loaded model (`Hosted`,
-`HostedEmbedder`), and the one check of a model's kind against what a route serves.
+`HostedEmbedder`: an embedding model or a cross-encoder), and the one check of a model's
+kind against what a route serves.
 
 The kind is checked twice for one request, with one rule: before any load from the
 model's config (`ModelSlot.expect`), so that a wrong route never unloads another model,
-and on the lease's hosted model (`generating`, `speaking`, `embedding`), for a model
+and on the lease's hosted model (`generating`, `speaking`, `embedding`, `scoring`), for a model
 whose config was not read before.
 """
 
@@ -74,14 +75,14 @@ class Hosted:
     def text_model(self, name: str) -> ServedModel:
         """The model as the text APIs present it. Raises the 400 for a speech model."""
         if self.served is None:
-            raise _wrong_kind(name, "generation", _serving(self))
+            raise _wrong_kind(name, "generation", _role(self))
         return self.served
 
 
 @attrs.frozen
 class HostedEmbedder:
-    """A loaded embedding model: its engine, the model as the API presents it, the requests
-    computing on it."""
+    """A loaded embedding model or cross-encoder: its engine, the model as the API presents
+    it, the requests computing on it."""
 
     engine: Embedder
     served: ServedEmbedder
@@ -96,92 +97,121 @@ class HostedEmbedder:
 AnyHosted = Hosted | HostedEmbedder
 
 
-ServedKind = Literal["generation", "embedding", "speech", "synthesis"]
+ServedKind = Literal["generation", "embedding", "scoring", "speech", "synthesis"]
 """What a route serves: text generation (chat, completions, Responses, Messages), embeddings
-(/v1/embeddings), speech (/v1/audio/transcriptions, /v1/audio/translations), synthesis
-(/v1/audio/speech)."""
+(/v1/embeddings), scoring (/v1/rerank, /v1/score), speech (/v1/audio/transcriptions,
+/v1/audio/translations), synthesis (/v1/audio/speech)."""
+
+ModelRole = Literal["generation", "embedding", "reranker", "speech", "synthesis"]
+"""What a model is, as far as the routes are concerned."""
+
+_SERVES: dict[ModelRole, frozenset[ServedKind]] = {
+    "generation": frozenset({"generation"}),
+    # cosine similarity of its vectors
+    "embedding": frozenset({"embedding", "scoring"}),
+    "reranker": frozenset({"scoring"}),
+    "speech": frozenset({"speech"}),
+    "synthesis": frozenset({"synthesis"}),
+}
 
 
-def serves(kind: str) -> ServedKind:
-    """What a model of the loader's `kind` serves."""
-    served: dict[str, ServedKind] = {"embedding": "embedding", "stt": "speech", "tts": "synthesis"}
-    return served.get(kind, "generation")
+def role(kind: str) -> ModelRole:
+    """What a model of the loader's `kind` is."""
+    roles: dict[str, ModelRole] = {
+        "embedding": "embedding",
+        "reranker": "reranker",
+        "stt": "speech",
+        "tts": "synthesis",
+    }
+    return roles.get(kind, "generation")
 
 
-def _serving(hosted: AnyHosted) -> ServedKind:
+def _role(hosted: AnyHosted) -> ModelRole:
     if isinstance(hosted, HostedEmbedder):
-        return "embedding"
+        return "embedding" if hosted.served.classifier is None else "reranker"
     if hosted.synthesis is not None:
         return "synthesis"
     return "speech" if hosted.speech is not None else "generation"
 
 
-def _check(name: str, wanted: ServedKind, actual: ServedKind) -> None:
-    """The one kind check: raises the 400 when the model `name` serves `actual`, not
-    `wanted`."""
-    if actual != wanted:
+def _check(name: str, wanted: ServedKind, actual: ModelRole) -> None:
+    """The one kind check: raises the 400 when the model `name`, which is an `actual`, does
+    not serve `wanted`."""
+    if wanted not in _SERVES[actual]:
         raise _wrong_kind(name, wanted, actual)
 
 
 def generating(hosted: AnyHosted) -> Hosted:
     """`hosted`, a text generation model. Raises the 400 for another kind."""
-    _check(hosted.card.id, "generation", _serving(hosted))
+    _check(hosted.card.id, "generation", _role(hosted))
     assert isinstance(hosted, Hosted)
     return hosted
 
 
 def speaking(hosted: AnyHosted) -> tuple[Hosted, SpeechEngine]:
     """`hosted`, a speech-to-text model, and its engine. Raises the 400 for another kind."""
-    _check(hosted.card.id, "speech", _serving(hosted))
+    _check(hosted.card.id, "speech", _role(hosted))
     assert isinstance(hosted, Hosted) and hosted.speech is not None
     return hosted, hosted.speech
 
 
 def synthesizing(hosted: AnyHosted) -> tuple[Hosted, SynthesisEngine]:
     """`hosted`, a speech-synthesis model, and its engine. Raises the 400 for another kind."""
-    _check(hosted.card.id, "synthesis", _serving(hosted))
+    _check(hosted.card.id, "synthesis", _role(hosted))
     assert isinstance(hosted, Hosted) and hosted.synthesis is not None
     return hosted, hosted.synthesis
 
 
 def embedding(hosted: AnyHosted) -> HostedEmbedder:
     """`hosted`, an embedding model. Raises the 400 for another kind."""
-    _check(hosted.card.id, "embedding", _serving(hosted))
+    _check(hosted.card.id, "embedding", _role(hosted))
     assert isinstance(hosted, HostedEmbedder)
     return hosted
 
 
-def _wrong_kind(name: str, wanted: ServedKind, actual: ServedKind) -> InvalidRequest:
-    if actual == "synthesis":
-        message = (
-            f"The model {name!r} is a speech-synthesis (text-to-speech) model: send its "
-            "requests to /v1/audio/speech."
-        )
-    elif wanted == "synthesis":
-        message = (
-            f"The model {name!r} is not a speech-synthesis model; /v1/audio/speech serves "
-            "text-to-speech models (listed in /v1/models with kind speech-synthesis)."
-        )
-    elif actual == "speech":
-        message = (
-            f"The model {name!r} is a speech-to-text model: send its requests to "
-            "/v1/audio/transcriptions or /v1/audio/translations."
-        )
-    elif wanted == "speech":
-        message = (
-            f"The model {name!r} is not a speech-to-text model; /v1/audio/transcriptions and "
-            "/v1/audio/translations serve speech models (listed in /v1/models with kind speech)."
-        )
-    elif wanted == "generation":
-        message = (
-            f"The model {name!r} is an embedding model: it serves /v1/embeddings, "
-            "not text generation."
-        )
+def scoring(hosted: AnyHosted) -> HostedEmbedder:
+    """`hosted`, a cross-encoder or an embedding model. Raises the 400 for another kind."""
+    _check(hosted.card.id, "scoring", _role(hosted))
+    assert isinstance(hosted, HostedEmbedder)
+    return hosted
+
+
+_WHAT: dict[ModelRole, str] = {
+    "generation": "a text generation model",
+    "embedding": "an embedding model: it serves /v1/embeddings, /v1/rerank and /v1/score",
+    "reranker": "a reranker (a cross-encoder): it serves /v1/rerank and /v1/score",
+    "speech": (
+        "a speech-to-text model: send its requests to /v1/audio/transcriptions or "
+        "/v1/audio/translations"
+    ),
+    "synthesis": "a speech-synthesis (text-to-speech) model: send its requests to /v1/audio/speech",
+}
+_WHO: dict[ServedKind, str] = {
+    "generation": "text generation serves text models (listed in /v1/models with kind text)",
+    "embedding": (
+        "/v1/embeddings serves embedding models (sentence-transformers checkpoints, BERT-style "
+        "encoders)"
+    ),
+    "scoring": (
+        "/v1/rerank and /v1/score serve rerankers (cross-encoders) and embedding models "
+        "(listed in /v1/models with kind reranker or embedding)"
+    ),
+    "speech": (
+        "/v1/audio/transcriptions and /v1/audio/translations serve speech models (listed in "
+        "/v1/models with kind speech)"
+    ),
+    "synthesis": (
+        "/v1/audio/speech serves text-to-speech models (listed in /v1/models with kind "
+        "speech-synthesis)"
+    ),
+}
+
+
+def _wrong_kind(name: str, wanted: ServedKind, actual: ModelRole) -> InvalidRequest:
+    if actual in ("speech", "synthesis") or wanted == "generation":
+        message = f"The model {name!r} is {_WHAT[actual]}."
     else:
-        message = (
-            f"The model {name!r} is not an embedding model; /v1/embeddings serves embedding "
-            "models (sentence-transformers checkpoints, BERT-style encoders)."
-        )
+        message = f"The model {name!r} is {_WHAT[actual]}; {_WHO[wanted]}."
     return InvalidRequest(message, param="model", code="model_not_supported")
 
 
@@ -225,7 +255,7 @@ class ModelSlot:
         config is read: then the lease's `generating` / `embedding` decides). Raises the
         400 before anything loads, so a wrong route never unloads another model."""
         if self.facts is not None:
-            _check(self.source.name, wanted, serves(self.facts.kind))
+            _check(self.source.name, wanted, role(self.facts.kind))
         return self
 
     def card(self) -> ModelCard:

@@ -11,6 +11,7 @@ from attrs import validators as v
 
 from ..engine import KV_BITS, KV_GROUP_SIZES, SPECULATION_METHODS, EmbedderConfig, Speculation
 from ..logs import LOG_FORMATS
+from ..openai import EmbeddingLimits
 from ._fields import SettingsError, described, engine_default, one_of, optional_positive, strings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -165,6 +166,13 @@ class ServerSettings:
         validator=v.ge(1),
         metadata=described(
             "padded tokens in one forward of an embedding model (inputs times the longest)"
+        ),
+    )
+    max_rerank_documents: int = attrs.field(
+        default=attrs.fields_dict(EmbeddingLimits)["max_documents"].default,
+        validator=v.ge(1),
+        metadata=described(
+            "documents in one /v1/rerank request, and texts on either side of one /v1/score request"
         ),
     )
     prompt_cache_bytes: int = attrs.field(

@@ -13,20 +13,60 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from tokenizers import processors
 
 from ._tokenizer_factory import build_tokenizer
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+@attrs.frozen
+class TokenizerFamily:
+    """An encoder family's special tokens (in id order from 0) and how it frames texts."""
+
+    special: tuple[str, ...]
+    single: str
+    pair: str
+    """`tokenizers`' template: a pair's texts, and their token types (`:1`)."""
+    roles: dict[str, str]
+    """tokenizer_config.json's names for the special tokens."""
+
+
+BERT = TokenizerFamily(
+    ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+    "[CLS] $A [SEP]",
+    "[CLS] $A [SEP] $B:1 [SEP]:1",
+    {
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "mask_token": "[MASK]",
+    },
+)
+ROBERTA = TokenizerFamily(
+    # <pad> is id 1, as XLM-RoBERTa's config says (its positions count from the padding id).
+    ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
+    "<s> $A </s>",
+    "<s> $A </s> </s> $B </s>",
+    {
+        "bos_token": "<s>",
+        "cls_token": "<s>",
+        "eos_token": "</s>",
+        "sep_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "mask_token": "<mask>",
+    },
+)
 
 
 def write_embedding_model(out: Path, preset: Any, dtype: str, seed: int) -> None:
     """Write `preset` (an embedding `Preset`) into `out`: config, weights, tokenizer and
     the sentence-transformers pooling files."""
     context_length = int(preset.config["max_position_embeddings"])
-    ids = _write_tokenizer(out, preset.trained_vocab, preset.vocab_size, context_length)
+    ids = write_encoder_tokenizer(out, preset.trained_vocab, preset.vocab_size, context_length)
     config = dict(preset.config)
     config.update(pad_token_id=ids["[PAD]"], torch_dtype=dtype, mlx_nursery_preset=preset.name)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
@@ -34,19 +74,26 @@ def write_embedding_model(out: Path, preset: Any, dtype: str, seed: int) -> None
     _write_weights(out, config, getattr(mx, dtype), seed)
 
 
-def _write_tokenizer(
-    out: Path, trained_vocab: int, vocab_size: int, context_length: int
+def write_encoder_tokenizer(
+    out: Path,
+    trained_vocab: int,
+    vocab_size: int,
+    context_length: int,
+    family: TokenizerFamily = BERT,
 ) -> dict[str, int]:
-    tokenizer = build_tokenizer(trained_vocab, vocab_size, SPECIAL_TOKENS)
+    """tokenizer.json and tokenizer_config.json of an encoder `family`: a byte-level BPE
+    trained here, framing texts and pairs as the family does. Returns the special ids."""
+    special = list(family.special)
+    tokenizer = build_tokenizer(trained_vocab, vocab_size, special)
     ids: dict[str, int] = {}
-    for token in SPECIAL_TOKENS:
+    for token in special:
         found = tokenizer.token_to_id(token)
         assert found is not None, f"{token} is one of the trained special tokens"
         ids[token] = found
+    named = {word.split(":")[0] for word in f"{family.single} {family.pair}".split()}
+    framing = [(t, ids[t]) for t in special if t in named]
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+        single=family.single, pair=family.pair, special_tokens=framing
     )
     spec = json.loads(tokenizer.to_str())
     vocab: dict[str, int] = spec["model"]["vocab"]
@@ -57,11 +104,7 @@ def _write_tokenizer(
     )
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
-        "mask_token": "[MASK]",
+        **family.roles,
         "model_max_length": context_length,
         "clean_up_tokenization_spaces": False,
     }

@@ -1,10 +1,11 @@
 """Architecture presets for factory-made models.
 
-`tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding`, `tiny-whisper`
-and `tiny-tts` (a KittenTTS: text-to-speech) are for tests; `qwen3-0.6b`, `llama-3.1-8b`,
-`qwen2.5-vl-3b` and `bert-base`
-(an embedding model) carry the real architecture configs (random weights) so benchmarks run
-at real shapes. `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose
+`tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding`,
+`tiny-reranker`, `tiny-reranker-xlmr`, `tiny-whisper` and `tiny-tts` (a KittenTTS:
+text-to-speech) are for tests; `qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b`, `bert-base` (an
+embedding model) and `bge-reranker-base` (a cross-encoder) carry the real architecture
+configs (random weights) so benchmarks run at real shapes. `tiny-thinking` and
+`tiny-thinking-open` are `tiny` with a tokenizer whose
 `<think>` / `</think>` are added tokens and a Qwen3-style template that honours
 `enable_thinking`. `tiny-qwen2` is an architecture mlx-lm splits by layers (pipeline
 parallel; `tiny`'s qwen3 splits by tensor only), with two layers for each of two ranks.
@@ -35,6 +36,8 @@ class Preset:
     """A Whisper (speech-to-text) preset: written by `_whisper_factory.py`."""
     synthesis: bool = False
     """A KittenTTS (text-to-speech) preset: written by `_tts_factory.py`."""
+    reranker: bool = False
+    """A cross-encoder (one-label sequence classifier) preset: `_reranker_factory.py`."""
 
     @property
     def vocab_size(self) -> int:
@@ -257,6 +260,60 @@ PRESETS: dict[str, Preset] = {
         trained_vocab=4096,
         # bge-base / all-mpnet-like: CLS pooling, normalized, 512 tokens per input.
         embedding={"pooling": "cls", "normalize": True, "max_seq_length": 512},
+    ),
+    # Cross-encoders: a pair's relevance is the one logit of a sequence classifier.
+    "tiny-reranker": Preset(
+        "tiny-reranker",
+        {
+            "architectures": ["BertForSequenceClassification"],
+            "model_type": "bert",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            # Short, as the embedding preset's inputs are: a full-length pair stays cheap.
+            "max_position_embeddings": 128,
+            "type_vocab_size": 2,
+            "layer_norm_eps": 1e-12,
+            "vocab_size": 1024,
+        },
+        trained_vocab=1024,
+        reranker=True,
+    ),
+    "tiny-reranker-xlmr": Preset(
+        "tiny-reranker-xlmr",
+        {
+            "architectures": ["XLMRobertaForSequenceClassification"],
+            "model_type": "xlm-roberta",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "max_position_embeddings": 130,
+            "type_vocab_size": 1,
+            "layer_norm_eps": 1e-5,
+            "vocab_size": 1024,
+        },
+        trained_vocab=1024,
+        reranker=True,
+    ),
+    "bge-reranker-base": Preset(
+        "bge-reranker-base",
+        {
+            # BAAI/bge-reranker-base's config: XLM-RoBERTa base with a one-label head.
+            "architectures": ["XLMRobertaForSequenceClassification"],
+            "model_type": "xlm-roberta",
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 514,
+            "type_vocab_size": 1,
+            "layer_norm_eps": 1e-5,
+            "vocab_size": 250_002,
+        },
+        trained_vocab=4096,
+        reranker=True,
     ),
     "tiny-whisper": Preset(
         "tiny-whisper",

@@ -54,6 +54,11 @@ def make_model(
 
         write_vlm(out, spec, dtype, seed)
         return out
+    if spec.reranker:
+        from ._reranker_factory import write_reranker_model
+
+        write_reranker_model(out, spec, dtype, seed)
+        return out
     if spec.embedding is not None:
         from ._embedding_factory import write_embedding_model
 
