@@ -19,7 +19,9 @@ pytestmark = pytest.mark.network  # the default model's wheel, from PyPI
 
 
 async def test_the_default_model_knows_the_capital_of_france() -> None:
-    async with running_server(None, request_timeout=300.0) as server:
+    # No warm-up: on this CPU it is most of the test's time, and tests/engine/test_warmup.py
+    # and every other served model of the suite run it.
+    async with running_server(None, request_timeout=300.0, skip_warmup=True) as server:
         assert server.service.state == "ready", "the default model failed to fetch or load"
         client = sdk(server)
         assert [m.id for m in (await client.models.list()).data] == [DEFAULT_MODEL_NAME]
@@ -50,7 +52,9 @@ async def test_speculation_gives_the_default_models_greedy_tokens() -> None:
     drafts, and the tokens are plain decoding's."""
     from mlx_nursery.engine import EngineConfig, GenerationRequest, Speculation, open_engine
 
-    code = "def area(width, height):\n    return width * height\n\n" * 2
+    # The code once: on this CPU the real model's prefill costs as much per token as a decode
+    # step, and the answer copies it all the same (drafts accepted, some refused).
+    code = "def area(width, height):\n    return width * height\n\n"
     ask = f"Rewrite this code, renaming `area` to `surface`:\n\n{code}"
     runs = []
     for speculation in (None, Speculation(tokens=4, adaptive=False)):
