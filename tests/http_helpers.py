@@ -156,6 +156,19 @@ def server_thread(model_dir: Path | None, /, **settings: Any) -> Iterator[Thread
         raise failure
 
 
+@asynccontextmanager
+async def borrowed(server: ThreadedServer) -> AsyncIterator[Running]:
+    """A server `server_thread` runs for a module, lent to one test as `running_server`
+    gives one: the SDK clients `sdk` makes for it in the block are closed when it ends, in
+    the test's own Trio run (the server outlives it). Its counters are the module's so far:
+    a test compares them with their values at its start."""
+    try:
+        yield server.running
+    finally:
+        for client in _clients.pop(id(server.running), []):
+            await client.close()
+
+
 def hosted_of(running: Running) -> Hosted:
     """The first loaded text-generation model of `running` (a server of one model: its model)."""
     models = running.service.models

@@ -9,6 +9,7 @@ what was computed (tokens, steps) and what was given back (lanes).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import pytest
 import trio
 
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     engine_of,
     eventually,
     port_of,
@@ -26,6 +29,7 @@ from tests.http_helpers import (
     read_until,
     running_server,
     sdk,
+    server_thread,
     sse_events,
     validate,
     validate_error,
@@ -62,6 +66,20 @@ def body_of(content: str = "Say something.", script: Any = None, **fields: Any) 
     return body
 
 
+@pytest.fixture(scope="module")
+def scripted() -> Iterator[ThreadedServer]:
+    """One scripted server for the tests that need nothing else: each leaves it idle, and
+    compares its counters with theirs at its start."""
+    with server_thread(None, **SCRIPTED) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def one_lane() -> Iterator[ThreadedServer]:
+    with server_thread(None, **SCRIPTED, max_concurrency=1) as served:
+        yield served
+
+
 def _generated(server: Any) -> int:
     stats = engine_of(server).statistics().worker
     return stats.generated_tokens if stats else 0
@@ -69,6 +87,14 @@ def _generated(server: Any) -> int:
 
 def _lanes(server: Any) -> int:
     return engine_of(server).statistics().lanes_borrowed
+
+
+def _cancellations(server: Any) -> tuple[int, int, int]:
+    """Cancellations confirmed so far, those whose stop took more than one step, and events
+    that came after their request's end."""
+    stats = engine_of(server).statistics()
+    cancellations = stats.cancellations
+    return cancellations.confirmed, sum(cancellations.steps_in_flight[2:]), stats.late_events
 
 
 async def _chat(client: openai.AsyncOpenAI, stream: bool, **arguments: Any) -> dict[str, Any]:
@@ -96,8 +122,8 @@ async def _chat(client: openai.AsyncOpenAI, stream: bool, **arguments: Any) -> d
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_each_output_kind_through_the_sdk(stream: bool) -> None:
-    async with running_server(None, **SCRIPTED) as server:
+async def test_each_output_kind_through_the_sdk(scripted: ThreadedServer, stream: bool) -> None:
+    async with borrowed(scripted) as server:
         client = sdk(server, max_retries=0)
 
         default = await _chat(client, stream, **ask())
@@ -127,8 +153,8 @@ async def test_each_output_kind_through_the_sdk(stream: bool) -> None:
         assert _lanes(server) == 0
 
 
-async def test_completions_and_responses_take_a_script() -> None:
-    async with running_server(None, **SCRIPTED) as server:
+async def test_completions_and_responses_take_a_script(scripted: ThreadedServer) -> None:
+    async with borrowed(scripted) as server:
         client = sdk(server, max_retries=0)
         script = {"script": {"output": {"text": "scripted words"}}}
         completion = await client.completions.create(
@@ -153,21 +179,24 @@ async def test_completions_and_responses_take_a_script() -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_max_tokens_shorter_than_the_script_gives_length(stream: bool) -> None:
-    async with running_server(None, **SCRIPTED) as server:
+async def test_max_tokens_shorter_than_the_script_gives_length(
+    scripted: ThreadedServer, stream: bool
+) -> None:
+    async with borrowed(scripted) as server:
+        generated = _generated(server)
         client = sdk(server, max_retries=0)
         script = {"output": {"text": "one two three four five six seven eight"}}
         reply = await _chat(client, stream, **ask(script=script, max_tokens=3))
         assert reply["finish"] == "length"
         assert "one two three four five six seven eight".startswith(reply["content"])
         assert reply["content"] != "one two three four five six seven eight"
-        assert _generated(server) == 3
+        assert _generated(server) - generated == 3
 
 
-async def test_error_after_n_pieces_is_an_error_after_them() -> None:
+async def test_error_after_n_pieces_is_an_error_after_them(scripted: ThreadedServer) -> None:
     script = {"output": {"chunks": ["one", " two", " three"]}, "fault": {"error_after": 2}}
     async with (
-        running_server(None, **SCRIPTED) as server,
+        borrowed(scripted) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         body = body_of(script=script, stream=True)
@@ -186,10 +215,12 @@ async def test_error_after_n_pieces_is_an_error_after_them() -> None:
         assert _lanes(server) == 0
 
 
-async def test_drop_after_n_pieces_cuts_the_connection_mid_stream() -> None:
+async def test_drop_after_n_pieces_cuts_the_connection_mid_stream(
+    scripted: ThreadedServer,
+) -> None:
     script = {"output": {"chunks": ["one", " two", " three"]}, "fault": {"drop_after": 2}}
     async with (
-        running_server(None, **SCRIPTED) as server,
+        borrowed(scripted) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         received = b""
@@ -219,9 +250,9 @@ async def test_drop_after_n_pieces_cuts_the_connection_mid_stream() -> None:
         assert served.choices[0].message.content == "ok"
 
 
-async def test_usage_is_reported_as_the_script_says() -> None:
+async def test_usage_is_reported_as_the_script_says(scripted: ThreadedServer) -> None:
     script = {"output": {"text": "ok"}, "usage": {"prompt_tokens": 1000, "completion_tokens": 7}}
-    async with running_server(None, **SCRIPTED) as server:
+    async with borrowed(scripted) as server:
         client = sdk(server)
         reply = await client.chat.completions.create(**ask(script=script))
         assert reply.choices[0].message.content == "ok"
@@ -243,11 +274,12 @@ async def test_usage_is_reported_as_the_script_says() -> None:
         assert raised.value.body["param"] == "script.usage.completion_tokens"  # type: ignore[index]
 
 
-async def test_status_faults_answer_before_any_generation() -> None:
+async def test_status_faults_answer_before_any_generation(scripted: ThreadedServer) -> None:
     async with (
-        running_server(None, **SCRIPTED) as server,
+        borrowed(scripted) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
+        generated = _generated(server)
         limited = await http.post(
             "/v1/chat/completions",
             json=body_of(script={"fault": {"status": 429, "retry_after": 0.25}}),
@@ -273,10 +305,12 @@ async def test_status_faults_answer_before_any_generation() -> None:
             await client.chat.completions.create(**ask(script={"fault": {"status": 429}}))
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(**ask(script={"fault": {"status": 503}}))
-        assert _generated(server) == 0  # none of them reached the engine
+        assert _generated(server) == generated  # none of them reached the engine
 
 
-async def test_the_sdk_retries_a_scripted_429_as_retry_after_says() -> None:
+async def test_the_sdk_retries_a_scripted_429_as_retry_after_says(
+    scripted: ThreadedServer,
+) -> None:
     """The SDK's own retry loop against the server: 1 + max_retries attempts, each a 429,
     waiting the 10 ms that retry-after-ms asks for rather than its own backoff."""
     attempts: list[int] = []
@@ -284,7 +318,7 @@ async def test_the_sdk_retries_a_scripted_429_as_retry_after_says() -> None:
     async def count(response: httpx.Response) -> None:
         attempts.append(response.status_code)
 
-    async with running_server(None, **SCRIPTED) as server:
+    async with borrowed(scripted) as server:
         http = httpx.AsyncClient(event_hooks={"response": [count]})
         async with http:
             client = sdk(server, max_retries=2, http_client=http)
@@ -295,7 +329,9 @@ async def test_the_sdk_retries_a_scripted_429_as_retry_after_says() -> None:
     assert attempts == [429, 429, 429]
 
 
-async def test_a_fault_on_the_first_attempts_lets_a_retry_succeed() -> None:
+async def test_a_fault_on_the_first_attempts_lets_a_retry_succeed(
+    scripted: ThreadedServer,
+) -> None:
     """`times`: the SDK's retries of the same body meet the 429 twice, then the reply; a
     mid-stream failure likewise hits the first attempt only."""
     attempts: list[int] = []
@@ -307,7 +343,7 @@ async def test_a_fault_on_the_first_attempts_lets_a_retry_succeed() -> None:
         "output": {"text": "at last"},
         "fault": {"status": 429, "retry_after": 0.01, "times": 2},
     }
-    async with running_server(None, **SCRIPTED) as server:
+    async with borrowed(scripted) as server:
         http = httpx.AsyncClient(event_hooks={"response": [count]})
         async with http:
             client = sdk(server, max_retries=2, http_client=http)
@@ -327,7 +363,7 @@ async def test_a_fault_on_the_first_attempts_lets_a_retry_succeed() -> None:
         assert _lanes(server) == 0
 
 
-async def test_scripts_are_validated_strictly() -> None:
+async def test_scripts_are_validated_strictly(scripted: ThreadedServer) -> None:
     bad = {
         "script.ttfb": {"ttfb": 1},
         "script.output.txt": {"output": {"txt": "x"}},
@@ -342,15 +378,16 @@ async def test_scripts_are_validated_strictly() -> None:
         "script.fault.times": {"fault": {"status": 429, "times": 0}},
     }
     async with (
-        running_server(None, **SCRIPTED) as server,
+        borrowed(scripted) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
+        generated = _generated(server)
         for param, script in bad.items():
             response = await http.post("/v1/chat/completions", json=body_of(script=script))
             assert response.status_code == 400, (param, response.text)
             validate_error(response.json())
             assert response.json()["error"]["param"] == param, response.text
-        assert _generated(server) == 0
+        assert _generated(server) == generated
 
 
 async def test_a_script_sent_to_a_real_model_is_refused(tiny_model: Path) -> None:
@@ -386,9 +423,10 @@ async def test_without_the_harness_a_server_knows_no_script() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_disconnect_while_waiting_for_the_first_token_stops_the_request(
-    stream: bool,
+    one_lane: ThreadedServer, stream: bool
 ) -> None:
-    async with running_server(None, **SCRIPTED, max_concurrency=1) as server:
+    async with borrowed(one_lane) as server:
+        generated, (confirmed, slow, late) = _generated(server), _cancellations(server)
         body = body_of(script={"ttft": 30}, stream=stream)
         connection = await raw_http(port_of(server), post_request("/v1/chat/completions", body))
         if stream:
@@ -396,24 +434,24 @@ async def test_a_disconnect_while_waiting_for_the_first_token_stops_the_request(
         await eventually(lambda: _lanes(server) == 1, "the request holds the lane")
         await connection.aclose()
         await eventually(lambda: _lanes(server) == 0, "the lane came back")
-        assert _generated(server) == 0
-        stats = engine_of(server).statistics()
-        assert stats.cancellations.confirmed == 1 and stats.late_events == 0
-        assert sum(stats.cancellations.steps_in_flight[2:]) == 0  # stopped within a step
+        assert _generated(server) == generated
+        # One cancellation, stopped within a step, and no event after its end.
+        assert _cancellations(server) == (confirmed + 1, slow, late)
         # The one lane serves the next request at once.
         reply = await sdk(server).chat.completions.create(**ask(script={"output": {"text": "ok"}}))
         assert reply.choices[0].message.content == "ok"
 
 
-async def test_an_sdk_timeout_stops_the_request_on_the_server() -> None:
+async def test_an_sdk_timeout_stops_the_request_on_the_server(scripted: ThreadedServer) -> None:
     """The client gives up (its own timeout); the server sees the disconnect and stops."""
-    async with running_server(None, **SCRIPTED) as server:
+    async with borrowed(scripted) as server:
+        generated, (confirmed, _, _) = _generated(server), _cancellations(server)
         client = sdk(server, timeout=0.5, max_retries=0)
         with pytest.raises(openai.APITimeoutError):
             await client.chat.completions.create(**ask(script={"ttft": 30}))
         await eventually(lambda: _lanes(server) == 0, "the lane came back")
-        assert _generated(server) == 0
-        assert engine_of(server).statistics().cancellations.confirmed == 1
+        assert _generated(server) == generated
+        assert _cancellations(server)[0] == confirmed + 1
 
 
 async def test_the_request_timeout_stops_a_scripted_wait() -> None:
@@ -436,14 +474,17 @@ async def test_the_request_timeout_stops_a_scripted_wait() -> None:
         assert _generated(server) == 1  # the stalled token was never produced
 
 
-async def test_a_caller_that_stops_reading_during_a_stall_frees_the_lane() -> None:
+async def test_a_caller_that_stops_reading_during_a_stall_frees_the_lane(
+    scripted: ThreadedServer,
+) -> None:
     """The stall holds the third chunk back; the caller closes the stream after the second:
     nothing after it is computed, the lane is back, and the engine stopped within one step."""
     script = {
         "output": {"chunks": ["zero", " one", " two", " three"]},
         "stalls": [{"at": 2, "seconds": 30}],
     }
-    async with running_server(None, **SCRIPTED) as server:
+    async with borrowed(scripted) as server:
+        generated, (confirmed, slow, _) = _generated(server), _cancellations(server)
         client = sdk(server, max_retries=0)
         seen = ""
         async with await client.chat.completions.create(
@@ -454,11 +495,9 @@ async def test_a_caller_that_stops_reading_during_a_stall_frees_the_lane() -> No
                 if seen == "zero one":
                     break
         await eventually(lambda: _lanes(server) == 0, "the lane came back")
-        stats = engine_of(server).statistics()
         encode = engine_of(server).model.tokenizer.encode
-        assert _generated(server) == sum(len(encode(c)) for c in ["zero", " one"])
-        assert stats.cancellations.confirmed == 1
-        assert sum(stats.cancellations.steps_in_flight[2:]) == 0
+        assert _generated(server) - generated == sum(len(encode(c)) for c in ["zero", " one"])
+        assert _cancellations(server)[:2] == (confirmed + 1, slow)
 
 
 async def test_shutdown_ends_a_scripted_wait_with_an_error_event() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.http_helpers import running_server, sdk, sse_events, validate_error
+from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
+    running_server,
+    sdk,
+    server_thread,
+    sse_events,
+    validate_error,
+)
 
 
 def png(seed: int, size: tuple[int, int] = (80, 64), *, mode: str = "RGB") -> bytes:
@@ -43,8 +52,21 @@ def image_chat(*urls: str, text: str = "What is in the picture?", **fields: Any)
     }
 
 
-async def test_images_reach_the_model_through_the_sdk(tiny_vlm: Path) -> None:
-    async with running_server(tiny_vlm) as server:
+@pytest.fixture(scope="module")
+def vlm(tiny_vlm: Path) -> Iterator[ThreadedServer]:
+    """The tiny VLM served with the default settings, for the tests that need no others."""
+    with server_thread(tiny_vlm) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def small_images_only(tiny_vlm: Path) -> Iterator[ThreadedServer]:
+    with server_thread(tiny_vlm, max_image_pixels=250 * 250) as served:
+        yield served
+
+
+async def test_images_reach_the_model_through_the_sdk(vlm: ThreadedServer) -> None:
+    async with borrowed(vlm) as server:
         client = sdk(server)
         listed = (await client.models.list()).data[0]
         assert listed.model_extra is not None
@@ -73,7 +95,7 @@ async def test_images_reach_the_model_through_the_sdk(tiny_vlm: Path) -> None:
         assert streamed == first
 
 
-async def test_an_image_in_an_earlier_turn_still_counts(tiny_vlm: Path) -> None:
+async def test_an_image_in_an_earlier_turn_still_counts(vlm: ThreadedServer) -> None:
     def conversation(seed: int) -> dict[str, Any]:
         body = image_chat(data_url(png(seed)))
         body["messages"] += [
@@ -83,7 +105,7 @@ async def test_an_image_in_an_earlier_turn_still_counts(tiny_vlm: Path) -> None:
         return body
 
     async with (
-        running_server(tiny_vlm) as server,
+        borrowed(vlm) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         replies = [(await http.post("/v1/chat/completions", json=conversation(s))) for s in (1, 2)]
@@ -116,10 +138,10 @@ async def test_an_image_in_an_earlier_turn_still_counts(tiny_vlm: Path) -> None:
     ],
 )
 async def test_images_the_server_cannot_take_are_400s_naming_the_part(
-    tiny_vlm: Path, url: str, code: str | None, param: str | None
+    small_images_only: ThreadedServer, url: str, code: str | None, param: str | None
 ) -> None:
     async with (
-        running_server(tiny_vlm, max_image_pixels=250 * 250) as server,
+        borrowed(small_images_only) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         reply = await http.post("/v1/chat/completions", json=image_chat(data_url(png(5)), url))
@@ -190,9 +212,9 @@ async def test_a_text_model_refuses_images_by_name(tiny_model: Path) -> None:
         assert error["param"] == "messages[0].content[0].type"
 
 
-async def test_a_streamed_image_request_ends_like_any_other(tiny_vlm: Path) -> None:
+async def test_a_streamed_image_request_ends_like_any_other(vlm: ThreadedServer) -> None:
     async with (
-        running_server(tiny_vlm) as server,
+        borrowed(vlm) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         body = image_chat(data_url(png(1)), stream=True, stream_options={"include_usage": True})
@@ -204,7 +226,7 @@ async def test_a_streamed_image_request_ends_like_any_other(tiny_vlm: Path) -> N
 
 
 async def test_structured_output_logprobs_and_stop_strings_work_with_images(
-    tiny_vlm: Path,
+    vlm: ThreadedServer,
 ) -> None:
     schema = {
         "type": "object",
@@ -212,7 +234,7 @@ async def test_structured_output_logprobs_and_stop_strings_work_with_images(
         "required": ["colour"],
         "additionalProperties": False,
     }
-    async with running_server(tiny_vlm) as server:
+    async with borrowed(vlm) as server:
         client = sdk(server)
         constrained = await client.chat.completions.create(
             **image_chat(data_url(png(1)), max_tokens=40),
@@ -252,9 +274,9 @@ def responses_input(url: str, text: str = "What is in the picture?") -> list[dic
     ]
 
 
-async def test_responses_take_images_as_chat_does(tiny_vlm: Path) -> None:
+async def test_responses_take_images_as_chat_does(vlm: ThreadedServer) -> None:
     async with (
-        running_server(tiny_vlm) as server,
+        borrowed(vlm) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         client = sdk(server)
@@ -328,11 +350,13 @@ async def test_responses_take_images_as_chat_does(tiny_vlm: Path) -> None:
         )
 
 
-async def test_a_part_neither_text_nor_image_is_named_beside_an_image(tiny_vlm: Path) -> None:
+async def test_a_part_neither_text_nor_image_is_named_beside_an_image(
+    vlm: ThreadedServer,
+) -> None:
     body = image_chat(data_url(png(1)))
     body["messages"][0]["content"].append({"type": "input_audio", "input_audio": {}})
     async with (
-        running_server(tiny_vlm) as server,
+        borrowed(vlm) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         reply = await http.post("/v1/chat/completions", json=body)
@@ -346,7 +370,7 @@ async def test_a_part_neither_text_nor_image_is_named_beside_an_image(tiny_vlm: 
 
 
 async def test_image_detail_is_a_hint_named_as_ignored_or_refused_when_strict(
-    tiny_vlm: Path,
+    vlm: ThreadedServer, tiny_vlm: Path
 ) -> None:
     """`detail` (chat's `image_url.detail`, Responses' `input_image.detail`): the model's
     processor decides the resolution, so "low"/"high" are named in x-ignored-params, and
@@ -364,7 +388,7 @@ async def test_image_detail_is_a_hint_named_as_ignored_or_refused_when_strict(
 
     for strict in (False, True):
         async with (
-            running_server(tiny_vlm, strict_params=strict) as server,
+            running_server(tiny_vlm, strict_params=True) if strict else borrowed(vlm) as server,
             httpx.AsyncClient(base_url=server.base_url) as http,
         ):
             for path, make, name in (
