@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     chat_body,
     engine_of,
     running_server,
     sdk,
+    server_thread,
     sse_events,
     validate,
     validate_error,
 )
 
 
-async def test_health_and_models(tiny_model: Path) -> None:
+@pytest.fixture(scope="module")
+def plain(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model served with the defaults, for the tests that need no other settings."""
+    with server_thread(tiny_model) as served:
+        yield served
+
+
+async def test_health_and_models(plain: ThreadedServer) -> None:
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         health = await http.get("/health")
@@ -37,9 +48,9 @@ async def test_health_and_models(tiny_model: Path) -> None:
         validate((await http.get("/v1/models/tiny")).json(), "Model")
 
 
-async def test_chat_streaming_equals_non_streaming(tiny_model: Path) -> None:
+async def test_chat_streaming_equals_non_streaming(plain: ThreadedServer) -> None:
     fields = {"max_tokens": 24, "temperature": 1.0, "seed": 11}
-    async with running_server(tiny_model) as server:
+    async with borrowed(plain) as server:
         client = sdk(server)
         full = await client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Tell me a story."}], **fields
@@ -71,9 +82,9 @@ async def test_chat_streaming_equals_non_streaming(tiny_model: Path) -> None:
     assert usage.prompt_tokens_details.cached_tokens > 0
 
 
-async def test_raw_sse_framing_and_usage_nulls(tiny_model: Path) -> None:
+async def test_raw_sse_framing_and_usage_nulls(plain: ThreadedServer) -> None:
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         body = chat_body(max_tokens=5, temperature=0, stream=True)
@@ -87,8 +98,8 @@ async def test_raw_sse_framing_and_usage_nulls(tiny_model: Path) -> None:
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
-async def test_completions_endpoint(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server:
+async def test_completions_endpoint(plain: ThreadedServer) -> None:
+    async with borrowed(plain) as server:
         client = sdk(server)
         full = await client.completions.create(
             model="tiny", prompt="Once upon a time", max_tokens=12, temperature=0
@@ -106,10 +117,10 @@ async def test_completions_endpoint(tiny_model: Path) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_stop_string_across_token_boundaries(tiny_model: Path, stream: bool) -> None:
+async def test_stop_string_across_token_boundaries(plain: ThreadedServer, stream: bool) -> None:
     fields = {"max_tokens": 40, "temperature": 1.0, "seed": 3}
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         body = chat_body(**fields, stream=True)
@@ -145,7 +156,7 @@ async def test_stop_string_across_token_boundaries(tiny_model: Path, stream: boo
     )  # nothing after the cut, not even a partial stop
 
 
-async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) -> None:
+async def test_error_envelopes_and_the_server_keeps_serving(plain: ThreadedServer) -> None:
     cases: list[tuple[object, int, str | None]] = [
         (b"{not json", 400, None),
         (b"[1, 2]", 400, None),
@@ -229,7 +240,7 @@ async def test_error_envelopes_and_the_server_keeps_serving(tiny_model: Path) ->
         ({**chat_body(), "model": "gpt-4o"}, 404, "model"),
     ]
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         for body, status, param in cases:

@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
-from tests.http_helpers import chat_body, engine_of, running_server, sse_events, validate
+from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
+    chat_body,
+    engine_of,
+    running_server,
+    server_thread,
+    sse_events,
+    validate,
+)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model served with the defaults, for the tests that need no other settings."""
+    with server_thread(tiny_model) as served:
+        yield served
 
 
 def _check_entries(content: str, entries: list[dict[str, Any]], top: int, greedy: bool) -> None:
@@ -29,10 +47,10 @@ def _check_entries(content: str, entries: list[dict[str, Any]], top: int, greedy
             assert math.isclose(entry["logprob"], values[0], abs_tol=1e-4)
 
 
-async def test_chat_logprobs_streaming_and_not(tiny_model: Path) -> None:
+async def test_chat_logprobs_streaming_and_not(plain: ThreadedServer) -> None:
     fields = {"max_tokens": 16, "temperature": 0, "logprobs": True, "top_logprobs": 3}
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         reply = (
@@ -62,10 +80,12 @@ async def test_chat_logprobs_streaming_and_not(tiny_model: Path) -> None:
     )
 
 
-async def test_logprobs_stop_at_a_stop_string_and_hold_under_batching(tiny_model: Path) -> None:
+async def test_logprobs_stop_at_a_stop_string_and_hold_under_batching(
+    plain: ThreadedServer,
+) -> None:
     fields = {"max_tokens": 30, "temperature": 1.0, "logprobs": True}
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         probe = (await http.post("/v1/chat/completions", json=chat_body(seed=5, **fields))).json()
@@ -87,7 +107,7 @@ async def test_logprobs_stop_at_a_stop_string_and_hold_under_batching(tiny_model
         _check_entries(choice["message"]["content"], choice["logprobs"]["content"], 0, greedy=False)
 
 
-async def test_completions_logprobs(tiny_model: Path) -> None:
+async def test_completions_logprobs(plain: ThreadedServer) -> None:
     body = {
         "model": "tiny",
         "prompt": "Once upon",
@@ -96,7 +116,7 @@ async def test_completions_logprobs(tiny_model: Path) -> None:
         "logprobs": 2,
     }
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         reply = (await http.post("/v1/completions", json=body)).json()
@@ -124,10 +144,10 @@ async def test_completions_logprobs(tiny_model: Path) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprobs"
 
 
-async def test_responses_logprobs(tiny_model: Path) -> None:
+async def test_responses_logprobs(plain: ThreadedServer) -> None:
     from tests.http_helpers import sdk
 
-    async with running_server(tiny_model) as server:
+    async with borrowed(plain) as server:
         client = sdk(server)
         created = await client.responses.create(
             model="tiny",
@@ -233,12 +253,12 @@ async def test_default_interval_follows_the_number_of_open_streams(tiny_model: P
     assert all(n >= 3 for n in per_write[1:-1]), per_write
 
 
-async def test_logprob_bytes_are_the_tokens_own_bytes(tiny_model: Path) -> None:
+async def test_logprob_bytes_are_the_tokens_own_bytes(plain: ThreadedServer) -> None:
     """The random model emits tokens that hold parts of multi-byte characters: their text is
     "" until a later token completes the character, but their bytes are what they hold."""
     fields = {"max_tokens": 48, "temperature": 1.0, "logprobs": True, "top_logprobs": 2}
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         split = []
@@ -261,10 +281,10 @@ async def test_logprob_bytes_are_the_tokens_own_bytes(tiny_model: Path) -> None:
     assert split, "the random model should split characters across tokens"
 
 
-async def test_completions_text_is_the_exact_continuation(tiny_model: Path) -> None:
+async def test_completions_text_is_the_exact_continuation(plain: ThreadedServer) -> None:
     """prompt + text is the whole: a first token with a leading space keeps it."""
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         tokenizer = engine_of(server).model.tokenizer

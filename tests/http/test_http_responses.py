@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 
 from tests.http.test_http_tools import ONE_CALL, WEATHER
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     port_of,
     post_request,
     raw_http,
@@ -19,6 +22,7 @@ from tests.http_helpers import (
     running_server,
     scripted,
     sdk,
+    server_thread,
     validate,
     validate_error,
 )
@@ -40,8 +44,22 @@ def _validate_response(response: Any) -> None:
     )
 
 
-async def test_create_retrieve_delete_and_input_items(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+@pytest.fixture(scope="module")
+def plain(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model served with the defaults, for the tests that need no other settings."""
+    with server_thread(tiny_model) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def scripted_users(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model, its output dictated for the users `SCRIPTS` names."""
+    with server_thread(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as served:
+        yield served
+
+
+async def test_create_retrieve_delete_and_input_items(scripted_users: ThreadedServer) -> None:
+    async with borrowed(scripted_users) as server:
         client = sdk(server)
         created = await client.responses.create(
             model="tiny", input="Greet me.", user="hello", max_output_tokens=40, temperature=0
@@ -76,8 +94,8 @@ async def test_create_retrieve_delete_and_input_items(tiny_model: Path) -> None:
         )
 
 
-async def test_store_false_is_not_retrievable(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server:
+async def test_store_false_is_not_retrievable(plain: ThreadedServer) -> None:
+    async with borrowed(plain) as server:
         client = sdk(server)
         created = await client.responses.create(
             model="tiny", input="x", store=False, max_output_tokens=3
@@ -89,8 +107,8 @@ async def test_store_false_is_not_retrievable(tiny_model: Path) -> None:
             await client.responses.create(model="tiny", input="y", previous_response_id=created.id)
 
 
-async def test_max_output_tokens_gives_incomplete(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server:
+async def test_max_output_tokens_gives_incomplete(plain: ThreadedServer) -> None:
+    async with borrowed(plain) as server:
         created = await sdk(server).responses.create(
             model="tiny", input="x", max_output_tokens=4, temperature=0
         )
@@ -100,8 +118,8 @@ async def test_max_output_tokens_gives_incomplete(tiny_model: Path) -> None:
     assert created.usage.output_tokens == 4
 
 
-async def test_stream_with_the_sdk_state_machine(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+async def test_stream_with_the_sdk_state_machine(scripted_users: ThreadedServer) -> None:
+    async with borrowed(scripted_users) as server:
         client = sdk(server)
         events = []
         async with client.responses.stream(
@@ -233,7 +251,7 @@ async def test_previous_response_chain_and_function_call_round_trip(
         assert [i.type for i in items.data] == ["function_call_output"]
 
 
-async def test_responses_errors(tiny_model: Path) -> None:
+async def test_responses_errors(plain: ThreadedServer) -> None:
     cases: list[tuple[dict[str, Any], int, str]] = [
         ({"model": "tiny", "input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
         (
@@ -262,7 +280,7 @@ async def test_responses_errors(tiny_model: Path) -> None:
         ({"model": "nope", "input": "x"}, 404, "model"),
     ]
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         for body, status, param in cases:
