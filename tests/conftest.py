@@ -37,6 +37,18 @@ def textless_ids(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `small` preset: heads of 32, for KV quantization's group size."""
+    return make_model(tmp_path_factory.mktemp("models") / "small", "small", seed=0)
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `tiny-thinking` preset: a Qwen3-style template that thinks."""
+    return make_model(tmp_path_factory.mktemp("models") / "thinking", "tiny-thinking", seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny-vlm", "tiny-vlm", seed=0)
 

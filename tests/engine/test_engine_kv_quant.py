@@ -26,7 +26,6 @@ from mlx_nursery.engine._kv_quant import (
 )
 from mlx_nursery.engine._memory import kv_bytes_per_token
 from mlx_nursery.models import load_model, model_facts
-from mlx_nursery.tools import make_model
 from tests.helpers import Run, collect, collect_all, request
 
 GROUP = 32
@@ -39,11 +38,6 @@ PROMPTS = [
 ]
 SEEDED = SamplingParams(temperature=1.0, seed=11)
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp("models") / "small", "small", seed=0)
 
 
 def _config(model: Path, bits: int | None, **kwargs: Any) -> EngineConfig:

@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import trio
 
 from mlx_nursery.fault_points import Point
 from mlx_nursery.server import Running, serve
 from mlx_nursery.settings import Settings
 from mlx_nursery.testing import injected_fault
-from mlx_nursery.tools import make_model
 from tests.http_helpers import eventually, running_server, validate_error
 from tests.speech_helpers import clip, wav_bytes
 
@@ -33,11 +31,6 @@ TOOLS = [
         "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp("models") / "thinking", "tiny-thinking", seed=0)
 
 
 def chat(model: str, *, stream: bool = False, **fields: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,17 @@ import jsonschema
 import pytest
 
 from mlx_nursery.generation._tools import FALLBACK_TOOLS_PROMPT
-from tests.http_helpers import chat_body, engine_of, running_server, scripted, sdk, validate
+from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
+    chat_body,
+    engine_of,
+    running_server,
+    scripted,
+    sdk,
+    server_thread,
+    validate,
+)
 
 PLAN = {
     "type": "function",
@@ -40,6 +51,14 @@ NOTE = {"type": "function", "function": {"name": "take_note", "parameters": {"ty
 OPENS_A_CALL = {"opens": "Sure.<tool_call>\n"}
 
 
+@pytest.fixture(scope="module")
+def opens_a_call(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model, made to open a call (then free) for the user `opens`."""
+    processors = scripted(OPENS_A_CALL, tiny_model, then_free=True)
+    with server_thread(tiny_model, extra_processors=processors) as served:
+        yield served
+
+
 def assert_strict_call(name: str, arguments: str) -> None:
     assert name in ("plan_trip", "take_note")
     if name == "plan_trip":
@@ -48,10 +67,9 @@ def assert_strict_call(name: str, arguments: str) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_strict_tools_under_auto_are_enforced_once_a_call_opens(
-    tiny_model: Path, stream: bool
+    opens_a_call: ThreadedServer, stream: bool
 ) -> None:
-    processors = scripted(OPENS_A_CALL, tiny_model, then_free=True)
-    async with running_server(tiny_model, extra_processors=processors) as server:
+    async with borrowed(opens_a_call) as server:
         client = sdk(server)
         fields: dict[str, Any] = {
             "model": "tiny",
@@ -88,10 +106,9 @@ async def test_strict_tools_under_auto_are_enforced_once_a_call_opens(
     assert free.choices[0].message.content  # no call opened: text, unconstrained
 
 
-async def test_strict_tools_under_auto_in_responses(tiny_model: Path) -> None:
+async def test_strict_tools_under_auto_in_responses(opens_a_call: ThreadedServer) -> None:
     tools = [{"type": "function", **PLAN["function"]}, {"type": "function", **NOTE["function"]}]
-    processors = scripted(OPENS_A_CALL, tiny_model, then_free=True)
-    async with running_server(tiny_model, extra_processors=processors) as server:
+    async with borrowed(opens_a_call) as server:
         client = sdk(server)
         response = await client.responses.create(
             model="tiny",
@@ -271,9 +288,22 @@ def test_the_fallback_renders_tools_calls_and_results_as_documented(toolless_mod
     assert "<|im_start|>user\n<tool_response>\nbooked\n</tool_response><|im_end|>" in text
 
 
+@pytest.fixture(scope="module")
+def agents_users(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model, made to open a call for the user `opens`, to say a line for `says`."""
+    opens = scripted(OPENS_A_CALL, tiny_model, then_free=True)
+    says = scripted({"says": "Rome it is."}, tiny_model)
+
+    def processors(body: Any) -> tuple[Any, ...]:
+        return opens(body) + says(body)
+
+    with server_thread(tiny_model, extra_processors=processors) as served:
+        yield served
+
+
 @pytest.mark.parametrize("api", ["chat", "responses"])
 async def test_an_openai_agents_turn_with_a_default_function_tool(
-    tiny_model: Path, api: str
+    agents_users: ThreadedServer, api: str
 ) -> None:
     """openai-agents (asyncio, so in its own thread) with a default `@function_tool` (strict)
     and tool_choice left alone: the requests are accepted, the model's call is well formed
@@ -327,13 +357,7 @@ async def test_an_openai_agents_turn_with_a_default_function_tool(
 
         return asyncio.run(main())
 
-    opens = scripted(OPENS_A_CALL, tiny_model, then_free=True)
-    says = scripted({"says": "Rome it is."}, tiny_model)
-
-    def processors(body: Any) -> tuple[Any, ...]:
-        return opens(body) + says(body)
-
-    async with running_server(tiny_model, extra_processors=processors) as server:
+    async with borrowed(agents_users) as server:
         called = await trio.to_thread.run_sync(run_agent, server.base_url, "opens")
         text = await trio.to_thread.run_sync(run_agent, server.base_url, "says")
     assert len(ran) == 1, (called, text)

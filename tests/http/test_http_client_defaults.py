@@ -5,6 +5,7 @@ what would change the answer and is not implemented stays a 400."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -12,7 +13,17 @@ import openai
 import pytest
 
 from tests.http.test_http_tools import SCRIPTS, TIME, WEATHER
-from tests.http_helpers import chat_body, running_server, scripted, sdk, validate, validate_error
+from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
+    chat_body,
+    running_server,
+    scripted,
+    sdk,
+    server_thread,
+    validate,
+    validate_error,
+)
 
 CHAT_HINTS = {
     "reasoning_effort": "low",
@@ -23,8 +34,15 @@ CHAT_HINTS = {
 }
 
 
-async def test_chat_hints_are_accepted_and_named(tiny_model: Path) -> None:
-    async with running_server(tiny_model) as server:
+@pytest.fixture(scope="module")
+def plain(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model served with the defaults, for the tests that need no other settings."""
+    with server_thread(tiny_model) as served:
+        yield served
+
+
+async def test_chat_hints_are_accepted_and_named(plain: ThreadedServer) -> None:
+    async with borrowed(plain) as server:
         client = sdk(server)
         raw = await client.chat.completions.with_raw_response.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4, **CHAT_HINTS
@@ -71,10 +89,10 @@ async def test_strict_params_refuses_the_hints(tiny_model: Path) -> None:
         assert response.status_code == 400 and response.json()["error"]["param"] == "text.verbosity"
 
 
-async def test_responses_defaults_of_agent_clients(tiny_model: Path) -> None:
+async def test_responses_defaults_of_agent_clients(plain: ThreadedServer) -> None:
     """A Codex-style request: store false, encrypted reasoning asked for, auto truncation,
     a tool-call cap, a cache retention, obfuscation and a reasoning effort."""
-    async with running_server(tiny_model) as server:
+    async with borrowed(plain) as server:
         client = sdk(server)
         fields = {
             "model": "tiny",
@@ -115,7 +133,7 @@ async def test_responses_defaults_of_agent_clients(tiny_model: Path) -> None:
     assert refused.value.body["param"] == "background"  # type: ignore[index]
 
 
-async def test_auto_truncation_drops_the_oldest_turns_to_fit(tiny_model: Path) -> None:
+async def test_auto_truncation_drops_the_oldest_turns_to_fit(plain: ThreadedServer) -> None:
     turns = [
         {
             "role": "user" if i % 2 == 0 else "assistant",
@@ -131,7 +149,7 @@ async def test_auto_truncation_drops_the_oldest_turns_to_fit(tiny_model: Path) -
         "temperature": 0,
     }
     async with (
-        running_server(tiny_model) as server,
+        borrowed(plain) as server,
         httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
     ):
         refused = await http.post("/v1/responses", json=request)

@@ -5,19 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import trio
 
-from mlx_nursery.tools import make_model
 from tests.http_helpers import engine_of, running_server, sdk
 
 KV_BYTES = 1 << 22
 """The small preset's KV costs 4096 bytes a token in float32, 768 at 4 bits (group size 32)."""
-
-
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp("models") / "small", "small", seed=0)
 
 
 async def _context_length(model: Path, **settings: object) -> int:

@@ -4,7 +4,7 @@ request ends at; a draining server refuses new jobs."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,6 +15,8 @@ import trio
 from mlx_nursery.generation import Prepared
 from mlx_nursery.serving import Job, Jobs, Preparation
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     chat_body,
     engine_of,
     eventually,
@@ -24,6 +26,7 @@ from tests.http_helpers import (
     raw_http,
     read_until,
     running_server,
+    server_thread,
     validate_error,
 )
 
@@ -153,17 +156,26 @@ async def test_a_job_started_during_drain_is_refused(
         await running.aclose()
 
 
+@pytest.fixture(scope="module")
+def one_lane_half_a_second(tiny_model: Path) -> Iterator[ThreadedServer]:
+    with server_thread(tiny_model, max_concurrency=1, request_timeout=0.5) as served:
+        yield served
+
+
 @pytest.mark.parametrize("path", sorted(STREAMS))
 async def test_a_non_streaming_job_error_goes_to_the_one_handler(
-    tiny_model: Path, path: str, caplog: pytest.LogCaptureFixture
+    one_lane_half_a_second: ThreadedServer, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A job's error in a JSON response is raised to app.py's handler, as every other error:
     the envelope and its headers, and the handler's log line with the request id."""
     body = {**STREAMS[path], "stream": False}
     async with (
-        running_server(tiny_model, max_concurrency=1, request_timeout=0.5) as server,
+        borrowed(one_lane_half_a_second) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
+        # The lane the previous case's request held is back: this one runs, it does not queue.
+        engine = engine_of(server)
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is free")
         response = await http.post(path, json=body, headers={"x-request-id": "req-late"})
     assert response.status_code == 504
     assert response.headers["x-should-retry"] == "false"

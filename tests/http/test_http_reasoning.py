@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from transformers import AutoTokenizer
 
 from mlx_nursery.tools import make_model
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     chat_body,
     engine_of,
     eventually,
@@ -32,6 +35,7 @@ from tests.http_helpers import (
     running_server,
     scripted,
     sdk,
+    server_thread,
     sse_events,
     validate,
     validate_error,
@@ -63,8 +67,12 @@ TOOL = {
 
 
 @pytest.fixture(scope="module")
-def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model(tmp_path_factory.mktemp("models") / "thinking", "tiny-thinking")
+def thinking_users(thinking_model: Path) -> Iterator[ThreadedServer]:
+    """The thinking model, its output dictated for the users `SCRIPTS` names."""
+    with server_thread(
+        thinking_model, extra_processors=scripted(SCRIPTS, thinking_model)
+    ) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +89,10 @@ def token_count(model: Path, text: str) -> int:
     return len(tokenizer_of(model).encode(text, add_special_tokens=False))
 
 
-async def test_chat_separates_the_reasoning_streamed_or_not(thinking_model: Path) -> None:
-    processors = scripted(SCRIPTS, thinking_model)
-    async with running_server(thinking_model, extra_processors=processors) as server:
+async def test_chat_separates_the_reasoning_streamed_or_not(
+    thinking_model: Path, thinking_users: ThreadedServer
+) -> None:
+    async with borrowed(thinking_users) as server:
         client = sdk(server)
         fields: dict[str, Any] = {
             "model": "tiny",
@@ -264,9 +273,10 @@ async def test_the_effort_turns_thinking_on_or_off(thinking_model: Path, open_mo
             assert refused.json()["error"]["param"] == param
 
 
-async def test_responses_give_a_reasoning_item_streamed_or_not(thinking_model: Path) -> None:
-    processors = scripted(SCRIPTS, thinking_model)
-    async with running_server(thinking_model, extra_processors=processors) as server:
+async def test_responses_give_a_reasoning_item_streamed_or_not(
+    thinking_model: Path, thinking_users: ThreadedServer
+) -> None:
+    async with borrowed(thinking_users) as server:
         client = sdk(server)
         fields: dict[str, Any] = {
             "model": "tiny",

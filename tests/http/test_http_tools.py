@@ -20,11 +20,14 @@ from mlx_nursery.generation._prompts import render_chat
 from mlx_nursery.generation._request_parts import ChatMessage
 from mlx_nursery.testing import LiveServer, start_server
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     chat_body,
     hosted_of,
     running_server,
     scripted,
     sdk,
+    server_thread,
     sse_events,
     validate,
 )
@@ -60,9 +63,16 @@ def tool_request(user: str, **fields: Any) -> dict[str, Any]:
     return chat_body("What is the weather in Paris?", user=user, tools=[WEATHER, TIME], **fields)
 
 
-async def test_non_streaming_tool_call(tiny_model: Path) -> None:
+@pytest.fixture(scope="module")
+def scripted_users(tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The tiny model, its output dictated for the users `SCRIPTS` names."""
+    with server_thread(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as served:
+        yield served
+
+
+async def test_non_streaming_tool_call(scripted_users: ThreadedServer) -> None:
     async with (
-        running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server,
+        borrowed(scripted_users) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         reply = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
@@ -76,8 +86,10 @@ async def test_non_streaming_tool_call(tiny_model: Path) -> None:
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
 
-async def test_streaming_parallel_tool_calls_with_the_sdk_helper(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+async def test_streaming_parallel_tool_calls_with_the_sdk_helper(
+    scripted_users: ThreadedServer,
+) -> None:
+    async with borrowed(scripted_users) as server:
         client = sdk(server)
         body = tool_request("two")
         async with client.chat.completions.stream(**body) as stream:
@@ -104,9 +116,11 @@ async def test_streaming_parallel_tool_calls_with_the_sdk_helper(tiny_model: Pat
     assert [c.function.name for c in message.tool_calls] == ["get_weather", "get_time"]
 
 
-async def test_parallel_tool_calls_false_stops_after_the_first_call(tiny_model: Path) -> None:
+async def test_parallel_tool_calls_false_stops_after_the_first_call(
+    scripted_users: ThreadedServer,
+) -> None:
     async with (
-        running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server,
+        borrowed(scripted_users) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         reply = (
@@ -121,9 +135,11 @@ async def test_parallel_tool_calls_false_stops_after_the_first_call(tiny_model: 
     assert reply["usage"]["completion_tokens"] < whole["usage"]["completion_tokens"]
 
 
-async def test_tool_choice_none_offers_no_tools_and_parses_nothing(tiny_model: Path) -> None:
+async def test_tool_choice_none_offers_no_tools_and_parses_nothing(
+    scripted_users: ThreadedServer,
+) -> None:
     async with (
-        running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server,
+        borrowed(scripted_users) as server,
         httpx.AsyncClient(base_url=server.base_url) as http,
     ):
         offered = (await http.post("/v1/chat/completions", json=tool_request("one"))).json()
@@ -139,8 +155,8 @@ async def test_tool_choice_none_offers_no_tools_and_parses_nothing(tiny_model: P
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) -> None:
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+async def test_tool_round_trip_renders_history_once_encoded(scripted_users: ThreadedServer) -> None:
+    async with borrowed(scripted_users) as server:
         client = sdk(server)
         first = await client.chat.completions.create(**tool_request("one"))
         call = first.choices[0].message.tool_calls[0]
@@ -166,14 +182,16 @@ async def test_tool_round_trip_renders_history_once_encoded(tiny_model: Path) ->
     assert '<tool_response>\n{"temperature_c": 21}\n</tool_response>' in prompt
 
 
-async def test_a_call_cut_off_by_max_tokens_is_returned_partial(tiny_model: Path) -> None:
+async def test_a_call_cut_off_by_max_tokens_is_returned_partial(
+    tiny_model: Path, scripted_users: ThreadedServer
+) -> None:
     """As OpenAI does: the call with the arguments generated so far and finish_reason length
     (chat), a function_call item with status incomplete (Responses), streaming and not."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     budget = len(tokenizer.encode(ONE_CALL[: CUT_AT + 3], add_special_tokens=False))
-    async with running_server(tiny_model, extra_processors=scripted(SCRIPTS, tiny_model)) as server:
+    async with borrowed(scripted_users) as server:
         client = sdk(server)
         reply = await client.chat.completions.create(**tool_request("one", max_tokens=budget))
         chunks = [
@@ -220,8 +238,10 @@ async def test_a_truncated_message_item_is_incomplete_as_its_response(tiny_model
         cut = await client.responses.create(
             model="tiny", input="Tell a tale.", max_output_tokens=4, temperature=0
         )
+        # At temperature 0 the tiny model writes no end: this one is cut as well (at 400
+        # tokens as at 40), and its message item must say so as its response does.
         whole = await client.responses.create(
-            model="tiny", input="Tell a tale.", max_output_tokens=400, temperature=0
+            model="tiny", input="Tell a tale.", max_output_tokens=40, temperature=0
         )
     validate(cut.model_dump(exclude_unset=True, mode="json", warnings=False), "Response")
     assert (cut.status, cut.output[0].status) == ("incomplete", "incomplete")
