@@ -5,11 +5,11 @@ unfused), so their difference is the adapters' per-row matmuls; a third run on a
 without adapters (fused projections, the default) shows what enabling adapters costs the
 base. The three alternate round by round (`_interleaved`).
 
-Usage: `python -P bench/lora.py [--preset small] [--streams 8] [--adapters 4] [--tokens 64]
-[--rank 8] [--rounds 2]`; prints one JSON line: decode tok/s per mode (the median over
-rounds, after a warm-up wave of the same shapes), whether each adapter stream's output
-differed from the same stream's on the base, and whether the base's outputs are the same
-with adapters enabled (unfused) as without (fused: equal up to float rounding).
+Usage: `python -P bench/lora.py [--preset small | --model DIR] [--streams 8] [--adapters 4]
+[--tokens 64] [--rank 8] [--layers 2] [--rounds 2]`; prints one JSON line: decode tok/s per
+mode (the median over rounds, after a warm-up wave of the same shapes), whether each adapter
+stream's output differed from the same stream's on the base, and whether the base's outputs
+are the same with adapters enabled (unfused) as without (fused: equal up to float rounding).
 """
 
 from __future__ import annotations
@@ -86,16 +86,25 @@ async def _interleaved(
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--model", help="an existing model directory (default: make --preset)")
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--adapters", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=2, help="the last N blocks adapted")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_model(Path(tmp) / "model", args.preset, seed=0)
+        model = (
+            Path(args.model) if args.model else make_model(Path(tmp) / "model", args.preset, seed=0)
+        )
         adapters = tuple(
-            (f"lora{i}", make_adapter(Path(tmp) / f"lora{i}", model, seed=i + 1, rank=args.rank))
+            (
+                f"lora{i}",
+                make_adapter(
+                    Path(tmp) / f"lora{i}", model, seed=i + 1, rank=args.rank, layers=args.layers
+                ),
+            )
             for i in range(args.adapters)
         )
         base = EngineConfig(model, max_concurrency=args.streams, warmup=False)
