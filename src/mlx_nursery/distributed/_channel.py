@@ -6,6 +6,13 @@ carries the length and, in the common case, the whole record: one collective per
 a longer one takes a second for the rest. Every collective runs on mlx-lm's generation
 stream, the stream the steps' own collectives run on, so that every rank issues them all in
 one order; each is watched (`Watchdog`).
+
+Rank 0 needs nothing back from a record it sends before a step (`post`): it queues the
+collective and goes on to launch the step, as on one device, instead of waiting for the
+previous step to finish on its device (the stream runs in order). Waiting there made every
+served step cost the device's step plus the host's build and launch of the next. The
+followers read each record (they must, to build their step); a follower that never joins
+shows as a stalled step on rank 0.
 """
 
 from __future__ import annotations
@@ -27,21 +34,28 @@ class Channel:
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self.group = group
         self.watchdog = watchdog
+        self._posted: list[mx.array] = []
+        """The last posted record's collectives, held until the next post."""
 
     @property
     def rank(self) -> int:
         return self.group.rank()
 
     def send(self, record: Any) -> None:
-        """Rank 0: broadcast `record` (JSON-able) to every other rank."""
-        payload = json.dumps(record, separators=(",", ":")).encode()
-        head = len(payload).to_bytes(_HEADER, "little") + payload[: FRAME_BYTES - _HEADER]
-        frame = np.zeros(FRAME_BYTES, np.uint8)
-        frame[: len(head)] = np.frombuffer(head, np.uint8)
-        self._sum(frame, "a broadcast")
-        rest = payload[FRAME_BYTES - _HEADER :]
-        if rest:
-            self._sum(np.frombuffer(rest, np.uint8), "a broadcast")
+        """Rank 0: broadcast `record` (JSON-able) to every other rank and wait until every
+        rank has it. Blocks (bounded by the watchdog); not cancellable."""
+        for part in _frames(record):
+            self._sum(part, "a broadcast")
+
+    def post(self, record: Any) -> None:
+        """Rank 0: broadcast `record` without waiting: its collectives are queued on the
+        generation stream, ahead of whatever is queued next there (the step). Returns at
+        once; a rank that does not join stalls the next wait on the stream (watched there)."""
+        with mx.stream(generation_stream):
+            self._posted = [
+                mx.distributed.all_sum(mx.array(part), group=self.group) for part in _frames(record)
+            ]
+            mx.async_eval(self._posted)  # type: ignore[no-untyped-call]
 
     def receive(self) -> Any:
         """Ranks > 0: the next record rank 0 sends."""
@@ -67,3 +81,14 @@ class Channel:
             out = mx.distributed.all_sum(mx.array(data), group=self.group)
             mx.eval(out)
         return np.array(out)
+
+
+def _frames(record: Any) -> list[np.ndarray[Any, Any]]:
+    """`record` as the frames a broadcast sums: the fixed frame (length and the record's
+    head), then the rest if it did not fit."""
+    payload = json.dumps(record, separators=(",", ":")).encode()
+    head = len(payload).to_bytes(_HEADER, "little") + payload[: FRAME_BYTES - _HEADER]
+    frame = np.zeros(FRAME_BYTES, np.uint8)
+    frame[: len(head)] = np.frombuffer(head, np.uint8)
+    rest = payload[FRAME_BYTES - _HEADER :]
+    return [frame, np.frombuffer(rest, np.uint8)] if rest else [frame]

@@ -111,12 +111,17 @@ class Leader:
         self._pending.append(op)
 
     def send(self, *, step: bool) -> None:
-        """Send what was recorded (and `step`): every rank applies it before its step."""
+        """Send what was recorded (and `step`): every rank applies it before its step.
+        Before a step the record is posted (not waited for: the step's own wait follows);
+        otherwise (heartbeats, shutdown) every rank has it when this returns."""
         ops, self._pending = self._pending, []
         if step:
             ops.append(["step"])
         try:
-            self._channel.send(ops)
+            if step:
+                self._channel.post(ops)
+            else:
+                self._channel.send(ops)
         except Exception as exc:
             self.failure = f"{peer_ranks(self.group)} failed: a broadcast failed ({exc})"
             raise
