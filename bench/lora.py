@@ -1,15 +1,14 @@
 """LoRA adapters per request, batched (issue 36 item 3): 8 concurrent streams on the base
 model against 8 streams spread over 4 adapters (2 each), all in one batch, on one engine in
-process. The base's streams and the adapters' run on one engine (adapters loaded, projections
-unfused), so their difference is the adapters' per-row matmuls; a third run on an engine
-without adapters (fused projections, the default) shows what enabling adapters costs the
-base. The three alternate round by round (`_interleaved`).
+process. The base's streams and the adapters' run on one engine (adapters loaded), so their
+difference is the adapters' per-row matmuls; a third run on an engine without adapters shows
+what enabling adapters costs the base. The three alternate round by round (`_interleaved`).
 
 Usage: `python -P bench/lora.py [--preset small | --model DIR] [--streams 8] [--adapters 4]
 [--tokens 64] [--rank 8] [--layers 2] [--rounds 2]`; prints one JSON line: decode tok/s per
 mode (the median over rounds, after a warm-up wave of the same shapes), whether each adapter
 stream's output differed from the same stream's on the base, and whether the base's outputs
-are the same with adapters enabled (unfused) as without (fused: equal up to float rounding).
+are the same with adapters enabled as without.
 """
 
 from __future__ import annotations

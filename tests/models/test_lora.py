@@ -1,6 +1,6 @@
 """The multi-adapter projections (models/_lora.py) against mlx-lm's own LoRA layers: each row
 of a batch of the base and several adapters gives the logits mlx-lm's model with that one
-adapter gives."""
+adapter gives, on the checkpoint's projections and on projections fused at load."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from mlx_lm.tuner.utils import load_adapters
 from mlx_lm.utils import load_model
 
 from mlx_nursery.models import AdapterBank, AdapterError
+from mlx_nursery.models._fusing import fuse_projections
 from mlx_nursery.tools import make_adapter
 
 TOKENS = mx.array([[5, 17, 230, 41, 9, 88]])
@@ -23,8 +24,9 @@ def _logits(model: object, tokens: mx.array = TOKENS) -> mx.array:
     return out
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
 def test_each_row_of_a_batch_gets_mlx_lms_logits_for_its_adapter(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, fused: bool
 ) -> None:
     paths = {
         "a": make_adapter(tmp_path / "a", tiny_model, seed=5, rank=4, layers=2),
@@ -38,6 +40,8 @@ def test_each_row_of_a_batch_gets_mlx_lms_logits_for_its_adapter(
         load_adapters(reference, str(path))
         expected[name] = _logits(reference)
     model, _ = load_model(tiny_model)
+    if fused:  # q/k/v and gate/up as one matmul each: adapters add to their parts' slices
+        assert fuse_projections(model).fused
     bank = AdapterBank(model)
     slots = {name: bank.load(name, paths[name]) and bank.slot_of(name) for name in "abc"}
     order: list[str | None] = [None, "a", "b", "c", "a", None]

@@ -128,8 +128,8 @@ class EngineConfig:
     (`_adapters.py`, models/_lora.py)."""
     enable_adapters: bool = False
     """Serve adapters (loaded at runtime, `Engine.load_adapter`) even if none is given at
-    load; implied by `adapters`. Text models only. The projections are not fused then
-    (`fuse_weights` is ignored): an adapter adapts q, k, v, gate and up apart."""
+    load; implied by `adapters`. Text models only. Fused projections stay fused: an adapted
+    projection adds its rows' deltas to its slice of the group's product."""
 
     @property
     def serves_adapters(self) -> bool:

@@ -149,9 +149,8 @@ class Worker:
             os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if self._config.cuda_graphs else "0"
             keep_compiled_kernels()
             distribution = self._config.distribution
-            fuse = self._config.fuse_weights and not self._config.serves_adapters
             model = (
-                load_model(self._config.model, fuse_weights=fuse)
+                load_model(self._config.model, fuse_weights=self._config.fuse_weights)
                 if distribution is None
                 else distribution.load(self._config)
             )

@@ -72,6 +72,7 @@ class _Shared:
 
     def __init__(self, linear: Module, sizes: list[int]) -> None:
         self.linear = linear
+        self.sizes = sizes
         self._splits = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
         self._input: mx.array | None = None
         self._outputs: list[mx.array] = []
@@ -99,6 +100,20 @@ class FusedPart(Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self._shared.part(x, self._index)
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        """(out, in) of the projection this part stands for: its slice of the group."""
+        return self._shared.sizes[self._index], linear_dims(self._shared.linear)[1]
+
+
+def linear_dims(linear: Module) -> tuple[int, int]:
+    """(out, in) of a `Linear` or `QuantizedLinear`."""
+    weight = linear.weight
+    out_dims = int(weight.shape[0])
+    if isinstance(linear, QuantizedLinear):
+        return out_dims, int(weight.shape[1]) * 32 // int(linear.bits)
+    return out_dims, int(weight.shape[1])
 
 
 def fuse_projections(model: Module, *, shared_with: Module | None = None) -> Fusion:

@@ -10,6 +10,10 @@ of the base and of different adapters run in one forward. Adapters of different 
 zero-padded to the largest (zero columns of `a` and rows of `b` add nothing); a projection
 an adapter does not touch holds zeros in its slot.
 
+On a model whose q/k/v and gate/up projections were fused at load (`_fusing`), an adapted
+projection wraps its `FusedPart`: the group's one matmul runs as without adapters, and the
+part adds its rows' deltas to its slice, so serving adapters keeps the fusion's saving.
+
 Which slot each row uses is the bank's `AdapterRows`, which the engine's steppers set around
 each forward they launch (`AdapterRows.use`), from the uids of the rows run: a decode step's
 running batch, a prefill chunk's prompt batch, the fast path's one row. It is None outside
@@ -34,6 +38,8 @@ from mlx.nn.layers.base import Module
 from mlx.nn.layers.linear import Linear
 from mlx.nn.layers.quantized import QuantizedLinear
 from mlx.utils import tree_unflatten
+
+from ._fusing import FusedPart, linear_dims
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapters.safetensors"
@@ -124,13 +130,9 @@ class MultiLoRALinear(Module):
             mx.eval(self._a, self._b, self._scales)
 
 
-def _dims(linear: Module) -> tuple[int, int]:
-    """(out, in) of a `Linear` or `QuantizedLinear`."""
-    weight = linear.weight
-    out_dims = int(weight.shape[0])
-    if isinstance(linear, QuantizedLinear):
-        return out_dims, int(weight.shape[1]) * 32 // int(linear.bits)
-    return out_dims, int(weight.shape[1])
+def _dims(projection: Module) -> tuple[int, int]:
+    """(out, in) of a projection: a `Linear`, `QuantizedLinear`, or a fused group's part."""
+    return projection.dims if isinstance(projection, FusedPart) else linear_dims(projection)
 
 
 @attrs.frozen
@@ -215,7 +217,7 @@ class AdapterBank:
         modules = dict(self._model.named_modules())  # type: ignore[no-untyped-call]
         for module in adapter.matrices:
             found = modules.get(module)
-            if not isinstance(found, (Linear, QuantizedLinear, MultiLoRALinear)):
+            if not isinstance(found, (Linear, QuantizedLinear, FusedPart, MultiLoRALinear)):
                 raise AdapterError(f"the base model has no projection {module} to adapt")
             base = found.linear if isinstance(found, MultiLoRALinear) else found
             a, b = adapter.matrices[module]
