@@ -34,7 +34,13 @@ from mlx_nursery.settings import SettingsError
 from mlx_nursery.tools import make_model
 from tests.helpers import collect
 
-PROMPTS = [[5, 17, 42, 99], [7, 8], [300, 301, 302, 303, 304, 305], [1000, 3]]
+PROMPTS = [
+    [5, 17, 42, 99],
+    [7, 8],
+    [300, 301, 302, 303, 304, 305],
+    [1000, 3],
+    [1000 + (i * 7) % 1000 for i in range(1000)],  # its record spans two broadcast frames
+]
 MAX_TOKENS = 8
 
 
@@ -148,7 +154,17 @@ def served(
                 "--starting-port",
                 str(_free_port()),
                 "--",
-                *_serve_command(model, port, "--distributed", mode, "--shutdown-grace", "60"),
+                # A loaded machine's step may take seconds: the bound is the failure tests'.
+                *_serve_command(
+                    model,
+                    port,
+                    "--distributed",
+                    mode,
+                    "--shutdown-grace",
+                    "60",
+                    "--distributed-timeout",
+                    "60",
+                ),
                 *kv_flags,
             ],
             stdout=out,
@@ -173,7 +189,9 @@ async def _complete(client: httpx.AsyncClient, model: str, prompt: list[int], **
 
 
 async def test_the_group_gives_one_process_greedy_tokens(served: Served) -> None:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.group.port}") as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{served.group.port}", timeout=60
+    ) as client:
         texts = [await _complete(client, served.model, prompt) for prompt in PROMPTS]
     assert texts == served.reference
 
@@ -191,7 +209,9 @@ def test_each_rank_budgets_only_its_own_share_of_the_kv(served: Served) -> None:
 
 async def test_concurrent_requests_keep_their_solo_tokens(served: Served) -> None:
     texts: dict[int, str] = {}
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.group.port}") as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{served.group.port}", timeout=60
+    ) as client:
 
         async def one(i: int) -> None:
             texts[i] = await _complete(client, served.model, PROMPTS[i])
@@ -207,7 +227,7 @@ async def test_a_dropped_stream_stops_on_both_ranks_and_sigterm_drains_the_group
 ) -> None:
     long = 4000
     group = served.group
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}") as client:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{group.port}", timeout=60) as client:
         body = {"model": served.model, "prompt": PROMPTS[0], "max_tokens": long, "temperature": 0}
         async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             chunks = 0

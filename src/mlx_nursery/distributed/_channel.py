@@ -51,11 +51,13 @@ class Channel:
         """Rank 0: broadcast `record` without waiting: its collectives are queued on the
         generation stream, ahead of whatever is queued next there (the step). Returns at
         once; a rank that does not join stalls the next wait on the stream (watched there)."""
+        self._posted = []
         with mx.stream(generation_stream):
-            self._posted = [
-                mx.distributed.all_sum(mx.array(part), group=self.group) for part in _frames(record)
-            ]
-            mx.async_eval(self._posted)  # type: ignore[no-untyped-call]
+            for part in _frames(record):
+                # One launch per frame, in order: the followers sum them one after the other,
+                # and one launch of independent collectives may run them in any order.
+                self._posted.append(mx.distributed.all_sum(mx.array(part), group=self.group))
+                mx.async_eval(self._posted[-1])  # type: ignore[no-untyped-call]
 
     def receive(self) -> Any:
         """Ranks > 0: the next record rank 0 sends."""
