@@ -11,7 +11,7 @@ to rank 0's exit, and rank 0's exit status. A try that passes `--hang-after` sec
 rank 0 exiting is a hang (the processes are then killed).
 
 Usage: `python -P bench/distributed_faults.py [--tries 20] [--faults killed stalled]
-[--streams 4] [--timeout 10] [--out FILE]`; prints one JSON document (per fault: the tries and
+[--streams 4] [--timeout 8] [--out FILE]`; prints one JSON document (per fault: the tries and
 a summary).
 """
 
@@ -183,7 +183,7 @@ async def main() -> None:
         "--faults", nargs="+", choices=("killed", "stalled"), default=["killed", "stalled"]
     )
     parser.add_argument("--streams", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=10.0, help="--distributed-timeout")
+    parser.add_argument("--timeout", type=float, default=8.0, help="--distributed-timeout")
     parser.add_argument("--hang-after", type=float, default=60.0)
     parser.add_argument("--out")
     args = parser.parse_args()

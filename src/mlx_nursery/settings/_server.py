@@ -346,8 +346,10 @@ class ServerSettings:
             none="this device alone",
         ),
     )
+    # 8 s: a stalled group's /health turns 503 within 10 s of the stall, the watchdog's
+    # checks and the report included; no served step comes near it once warmed up.
     distributed_timeout: float = attrs.field(
-        default=10.0,
+        default=8.0,
         validator=v.gt(0),
         metadata=described(
             "seconds a rank waits on the others (a broadcast, a step) before the group counts"
