@@ -287,6 +287,8 @@ class _EngineCollector(Collector):
                        cache.reused_tokens)  # fmt: skip
                 sample("gauge", "prefix_cache_bytes", "Bytes the prefix cache holds", model,
                        cache.nbytes)  # fmt: skip
+                sample("counter", "prefix_cache_too_large", "Prefix-cache entries not kept:"
+                       " larger than --prompt-cache-bytes", model, cache.too_large)  # fmt: skip
             disk = worker.prefix_disk
             if disk is not None:
                 for name, text, value in _disk_counters(disk):
@@ -345,6 +347,8 @@ def _disk_counters(disk: DiskCacheStats) -> list[tuple[str, str, int]]:
          " another model's) and deleted, never served", disk.rejected),
         ("prefix_cache_disk_evictions", "Prefix-cache files deleted for the byte bound",
          disk.evictions),
+        ("prefix_cache_disk_skipped_slower", "Stored prefixes not read from disk: prefilling"
+         " them was expected to be faster", disk.skipped_slower),
     ]  # fmt: skip
 
 
