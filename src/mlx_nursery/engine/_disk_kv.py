@@ -36,7 +36,7 @@ from ._disk_format import (
     namespace_root,
 )
 from ._disk_rates import ReadRate
-from ._disk_tier import DiskRead, DiskTier, DiskWrite, HostKV
+from ._disk_tier import DiskCacheStats, DiskRead, DiskTier, DiskWrite, HostKV
 from ._kv_quant import CacheFactory, QuantizedKVRow
 from ._upstream import KVCache
 
@@ -206,6 +206,9 @@ class DiskKV:
 
     def restorer(self, kv: HostKV) -> Restoring:
         return Restoring(kv, self.tier.layout, self._make_cache())
+
+    def stats(self) -> DiskCacheStats:
+        return attrs.evolve(self.tier.stats(), read_bytes_per_second=self.rate.bytes_per_second)
 
     def served(self, read: DiskRead, restoring: Restoring) -> None:
         """`read`'s prefix is in MLX: count the hit, and measure the read's rate."""

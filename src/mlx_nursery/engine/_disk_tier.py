@@ -79,6 +79,8 @@ class DiskCacheStats:
     skipped_slower: int = 0
     """Stored prefixes not read: reading them was expected to take longer than prefilling
     them (`_disk_rates.py`)."""
+    read_bytes_per_second: float | None = None
+    """The end-to-end read rate the rule expects (measured or seeded; None: neither yet)."""
 
 
 @attrs.define(eq=False)

@@ -131,7 +131,7 @@ class PrefixReuse:
             self.disk.hand_over(step, now=now)
 
     def disk_stats(self) -> DiskCacheStats | None:
-        return self.disk.tier.stats() if self.disk is not None else None
+        return self.disk.stats() if self.disk is not None else None
 
     def close(self) -> None:
         """Finish the disk tier's writes and stop its threads (at the engine's end)."""

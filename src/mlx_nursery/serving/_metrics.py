@@ -296,6 +296,10 @@ class _EngineCollector(Collector):
                 sample("gauge", "prefix_cache_disk_bytes",
                        "Bytes of prefix-cache files in the directory, every model's", model,
                        disk.nbytes)  # fmt: skip
+                if disk.read_bytes_per_second is not None:
+                    sample("gauge", "prefix_cache_disk_read_bytes_per_second",
+                           "The read rate (read, checked, copied into MLX) a read from disk is"
+                           " expected to run at", model, disk.read_bytes_per_second)  # fmt: skip
         yield from families.values()
         yield from _by_priority(
             {m: e.statistics() for m, e in self.engines.items() if isinstance(e, Engine)}
