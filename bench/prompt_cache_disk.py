@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import trio
 
@@ -73,6 +74,8 @@ async def one_round(args: argparse.Namespace, model: Path, seed: int) -> dict[st
             warmup=False,
             prompt_cache_dir=Path(directory),
             prefill_step_size=args.prefill_step_size,
+            prompt_cache_bytes=args.prompt_cache_bytes,
+            prompt_cache_disk_read_rate=args.disk_read_rate,
         )
         async with open_engine(config) as engine:
             cold = await first_token(engine, prompts[0])
@@ -100,6 +103,9 @@ async def one_round(args: argparse.Namespace, model: Path, seed: int) -> dict[st
         "files": len(written),
         "first_close_s": close_s,
         "disk_hits": stats.prefix_disk.hits,
+        "disk_skipped_slower": stats.prefix_disk.skipped_slower,
+        "read_gb_s": (stats.prefix_disk.read_bytes_per_second or 0) / 1e9,
+        "memory_too_large": stats.prefix_cache.too_large if stats.prefix_cache else None,
     }
 
 
@@ -116,6 +122,9 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out["memory_speedup"] = out["cold_ttft_s"] / out["memory_ttft_s"]
     out["all_same"] = all(all(r["same"]) for r in rounds)
     out["file_bytes"] = rounds[-1]["file_bytes"]
+    out["read_gb_s"] = statistics.median(r["read_gb_s"] for r in rounds)
+    out["disk_skipped_slower"] = sum(r["disk_skipped_slower"] for r in rounds)
+    out["memory_too_large"] = rounds[-1]["memory_too_large"]
     return out
 
 
@@ -132,6 +141,20 @@ def main() -> None:
     )
     parser.add_argument("--prefill-step-size", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--prompt-cache-bytes",
+        type=int,
+        default=attrs.fields(EngineConfig).prompt_cache_bytes.default,
+        help="the in-memory prefix cache's bound (default 2 GiB: below an 8B model's 16K"
+        " tokens, which memory then never holds)",
+    )
+    parser.add_argument(
+        "--disk-read-rate",
+        type=float,
+        default=None,
+        help="bytes/s a disk read is expected at before one is measured (default: none, the"
+        " restart's first read is taken and measured)",
+    )
     parser.add_argument("--dir", default=None, help="where the cache directories go (a disk)")
     parser.add_argument("--out", default="bench/results/prompt_cache_disk.json")
     args = parser.parse_args()
@@ -166,6 +189,11 @@ def main() -> None:
     print(
         f"disk {result['disk_speedup']:.1f}x, memory {result['memory_speedup']:.1f}x faster than"
         f" cold; same tokens: {result['all_same']}; files {result['file_bytes']} bytes"
+    )
+    print(
+        f"disk read (read, checked, copied into MLX) {result['read_gb_s']:.2f} GB/s;"
+        f" reads skipped as slower than prefill {result['disk_skipped_slower']};"
+        f" entries too large for memory {result['memory_too_large']}"
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -220,3 +220,37 @@ async def test_a_read_in_flight_stalls_no_one_and_its_request_cancels_at_once(
     assert other.final.finish_reason == "length" and len(other.tokens) == NEW
     assert events == []  # cancelled before it started: no token, nothing left running
     assert lanes == 0
+
+
+async def test_a_read_expected_slower_than_its_prefill_is_skipped_and_a_faster_one_taken(
+    stored: Stored, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The rule of engine/_disk_rates.py with the read rate given (the prefill's measured
+    by a cold prompt first): at a byte a second the stored prefix is prefilled instead, and
+    counted; at a rate no disk reaches it is read, as a cold run. A memory tier smaller than
+    any entry keeps nothing, and counts what it did not keep."""
+    directory = tmp_path / "kv"
+    shutil.copytree(stored.directory, directory)
+    prompts, cold = stored.prompts, stored.cold
+    runs, stats = {}, {}
+    for first, rate in ((8, 1.0), (9, 1e18)):
+        config = _config(
+            tiny_model, directory, prompt_cache_disk_read_rate=rate, prompt_cache_bytes=1024
+        )
+        async with open_engine(config) as engine:
+            fresh = [first, *prompts["b"][1:]]  # on no file: prefilled, measuring the prefill
+            await collect(engine, _request(fresh))
+            runs[rate] = await collect(engine, _request(prompts["b"]))
+            stats[rate] = engine.statistics().worker
+    slow, fast = (stats[rate] for rate in (1.0, 1e18))
+    assert slow is not None and slow.prefill_seconds_per_token is not None
+    assert slow.prefix_disk is not None and slow.prefix_disk.skipped_slower == 1
+    assert slow.prefix_disk.hits == 0
+    assert runs[1.0].final.usage is not None and runs[1.0].final.usage.cached_tokens == 0
+    assert slow.prefix_cache is not None and slow.prefix_cache.too_large >= 1
+    assert fast is not None and fast.prefix_disk is not None
+    assert (fast.prefix_disk.hits, fast.prefix_disk.skipped_slower) == (1, 0)
+    assert runs[1e18].final.usage is not None
+    assert runs[1e18].final.usage.cached_tokens == LENGTH - 1
+    for run in runs.values():
+        assert _same_as_cold(run, cold["b"])

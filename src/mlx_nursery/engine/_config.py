@@ -82,6 +82,13 @@ class EngineConfig:
     prompt_cache_disk_bytes: int = attrs.field(default=10 << 30, validator=v.ge(0))
     """The most bytes of files in `prompt_cache_dir`, every model's together: past it, the
     least recently used files are deleted. 0: no disk tier."""
+    prompt_cache_disk_read_rate: float | None = attrs.field(
+        default=None, validator=v.optional(v.gt(0))
+    )
+    """Bytes per second a read from the disk tier (the file read and checked, its prefix
+    copied into MLX) is expected to run at until one has been measured (None: the first read
+    is taken, and measured). A read expected to take longer than prefilling the tokens it
+    spares is skipped (engine/_disk_rates.py); a very high rate reads always."""
     prompt_cache_disk_block: int = attrs.field(default=256, validator=v.ge(1))
     """Tokens per block of the disk tier's file names: the shortest prefix written, and the
     granularity at which a prompt finds the file holding its longest prefix."""

@@ -8,7 +8,8 @@ any safetensors reader opens it. Its tensors: `tokens` (the sequence's cache key
 then the model's KV arrays in the engine's layer order (`Layout`), each with the sequence on
 axis 2. Its metadata: the format and version, the model identity (weights, config, KV
 layout and block size: `_disk_kv.model_identity`), the namespace root, the chain of block
-hashes, the token count and a CRC-32 of the data.
+hashes, the token count and a CRC-32 of each `CHECK_BLOCK` bytes of the data (blocks
+checked on several threads at once, each as it is read: `read_data`).
 
 Names: the prompt's tokens are cut in blocks of `block` tokens; a chain of hashes runs over
 them from a root that names the model identity and the namespace (model and cache key: a
@@ -31,15 +32,16 @@ import attrs
 import numpy as np
 
 FORMAT = "mlx-nursery-prefix-kv"
-VERSION = "1"
+VERSION = "2"
+"""2: a CRC-32 per block of the data (1: one over all of it, refused as another format)."""
 SUFFIX = ".kv.safetensors"
 SEQUENCE_AXIS = 2
 MAX_HEADER_BYTES = 1 << 24
 """A header past this is refused unread (a chain of 1M blocks' hashes fits in it)."""
-_CRC_PLACEHOLDER = b'"crc32":"00000000"'
-_READ_CHUNK = 4 << 20
-"""Bytes read, then checksummed, at a time: 1.5-2x the rate of reading all, then summing
-all, on the development machine."""
+CHECK_BLOCK = 8 << 20
+"""Bytes of data per CRC-32: a reader thread reads a block and sums it while it is in the
+CPU's cache, and several threads read blocks at once."""
+_CRC_KEY = b'"crc32":"'
 
 DTYPES: dict[str, np.dtype[np.generic]] = {
     "BF16": np.dtype("<u2"),  # bfloat16 as its bits: NumPy has no bfloat16
@@ -79,7 +81,8 @@ class Header:
     root: str
     chain: tuple[str, ...]
     tokens: int
-    crc32: int
+    crc32: tuple[int, ...]
+    """A CRC-32 per `CHECK_BLOCK` bytes of the data, the last block's may be shorter."""
     tensors: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
     """Name, dtype, shape, data offsets (start, end), in data order."""
     data_start: int
@@ -132,31 +135,33 @@ def write_entry(
     """Write a file atomically: a temporary file in `directory` (hidden, its writer named),
     renamed over `name` once whole (no fsync: a file cut short by a crash is refused on
     reading). Returns its size. Raises OSError; leaves no temporary file behind."""
-    table: dict[str, object] = {"__metadata__": {**metadata, "crc32": "00000000"}}
     offset = 0
+    entries: dict[str, object] = {}
     for tensor, dtype, array in tensors:
         size = array.size * DTYPES[dtype].itemsize
-        table[tensor] = {
+        entries[tensor] = {
             "dtype": dtype,
             "shape": list(array.shape),
             "data_offsets": [offset, offset + size],
         }
         offset += size
+    placeholder = "0" * 8 * -(-offset // CHECK_BLOCK)
+    table = {"__metadata__": {**metadata, "crc32": placeholder}, **entries}
     header = json.dumps(table, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
-    at = 8 + header.index(_CRC_PLACEHOLDER) + len(b'"crc32":"')
+    at = 8 + header.index(_CRC_KEY) + len(_CRC_KEY)
     temporary = directory / f".{name}.{os.getpid()}-{threading.get_ident()}.tmp"
     try:
         with open(temporary, "wb") as file:
             file.write(len(header).to_bytes(8, "little") + header)
-            crc = 0
+            sums = _BlockSums()
             for _, dtype, array in tensors:
                 data = np.ascontiguousarray(array, dtype=DTYPES[dtype])
                 view = data.data.cast("B")
-                crc = zlib.crc32(view, crc)
+                sums.update(view)
                 file.write(view)
             file.seek(at)
-            file.write(f"{crc:08x}".encode())
+            file.write(sums.finish().encode())
         os.replace(temporary, directory / name)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -206,32 +211,44 @@ def _parse(table: dict[str, object], data_start: int, size: int) -> Header:
         root=str(meta["root"]),
         chain=tuple(chain.split(",")) if chain else (),
         tokens=int(meta["tokens"]),
-        crc32=int(str(meta["crc32"]), 16),
+        crc32=_block_sums(str(meta["crc32"]), ends[-1]),
         tensors=tuple(tensors),
         data_start=data_start,
         data_bytes=ends[-1],
     )
 
 
-def read_data(path: Path, header: Header) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The file's tokens and KV arrays (in header order, after `tokens`), once their CRC-32
-    matches the header's (FileRejected if not; OSError if the file cannot be read)."""
-    data = np.empty(header.data_bytes, dtype=np.uint8)
-    view, crc = data.data, 0
-    with open(path, "rb") as file:
-        file.seek(header.data_start)
-        for start in range(0, header.data_bytes, _READ_CHUNK):
-            chunk = view[start : start + _READ_CHUNK]
-            if file.readinto(chunk) != len(chunk):
-                raise FileRejected("truncated while being read")
-            crc = zlib.crc32(chunk, crc)  # while the chunk is in the CPU's cache
-    if crc != header.crc32:
-        raise FileRejected("its data do not match its checksum")
-    arrays = [
-        data[start:end].view(DTYPES[dtype]).reshape(shape)
-        for _, dtype, shape, start, end in header.tensors
-    ]
-    return arrays[0], arrays[1:]
+class _BlockSums:
+    """CRC-32s of each `CHECK_BLOCK` bytes of a stream fed in pieces of any size."""
+
+    def __init__(self) -> None:
+        self._sums: list[int] = []
+        self._crc = 0
+        self._filled = 0
+
+    def update(self, view: memoryview) -> None:
+        at = 0
+        while at < len(view):
+            take = min(CHECK_BLOCK - self._filled, len(view) - at)
+            self._crc = zlib.crc32(view[at : at + take], self._crc)
+            self._filled += take
+            at += take
+            if self._filled == CHECK_BLOCK:
+                self._sums.append(self._crc)
+                self._crc, self._filled = 0, 0
+
+    def finish(self) -> str:
+        """The sums as the header holds them: 8 hex digits each, one after another."""
+        if self._filled:
+            self._sums.append(self._crc)
+        return "".join(f"{crc:08x}" for crc in self._sums)
+
+
+def _block_sums(text: str, data_bytes: int) -> tuple[int, ...]:
+    """The header's CRC-32s, one per block of `data_bytes` (ValueError if not)."""
+    if len(text) != 8 * -(-data_bytes // CHECK_BLOCK):
+        raise ValueError("one CRC-32 per block")
+    return tuple(int(text[i : i + 8], 16) for i in range(0, len(text), 8))
 
 
 def _with_length(shape: tuple[int, ...], tokens: int) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from ._disk_format import (
     file_name,
     namespace_root,
 )
-from ._disk_tier import DiskRead, DiskTier, DiskWrite, HostKV
+from ._disk_rates import ReadRate
+from ._disk_tier import DiskCacheStats, DiskRead, DiskTier, DiskWrite, HostKV
 from ._kv_quant import CacheFactory, QuantizedKVRow
 from ._upstream import KVCache
 
@@ -96,16 +98,32 @@ class _Pending:
 class DiskKV:
     """One model's disk tier on the engine thread (see the module docstring)."""
 
-    def __init__(self, tier: DiskTier, make_cache: Callable[[], list[Any]]) -> None:
+    def __init__(
+        self,
+        tier: DiskTier,
+        make_cache: Callable[[], list[Any]],
+        read_rate: float | None = None,
+    ) -> None:
         self.tier = tier
+        self.rate = ReadRate(read_rate)
+        """Reads' measured rate, against the prefill's (`_disk_rates.py`)."""
         self._make_cache = make_cache
         self._pending: list[_Pending] = []
         self._writing: dict[int, list[mx.array]] = {}
         self._tickets = 0
 
-    def find(self, namespace: str, key: list[int], *, better_than: int) -> DiskRead | None:
+    def find(
+        self,
+        namespace: str,
+        key: list[int],
+        *,
+        better_than: int,
+        prefill_seconds_per_token: float | None = None,
+    ) -> DiskRead | None:
         """Queue a read of the file holding the longest prefix of `key` if it is longer than
-        `better_than` tokens (what the memory tier has); None: none is."""
+        `better_than` tokens (what the memory tier has) and reading it is expected to be
+        faster than prefilling what it spares (`_disk_rates.py`; a read not worth it is
+        counted); None: no read."""
         tier = self.tier
         if len(key) <= max(tier.block, better_than):
             return None
@@ -114,7 +132,12 @@ class DiskKV:
         found = tier.find(block_chain(root, key, tier.block))
         if found is None or found[1] * tier.block <= better_than:
             return None
-        read = DiskRead(found[0], root.hex(), key, found[1], limit=len(key) - 1)
+        name, blocks, nbytes = found
+        spared = min(blocks * tier.block, len(key) - 1) - better_than
+        if not self.rate.worth_reading(nbytes, spared, prefill_seconds_per_token):
+            tier.skipped()
+            return None
+        read = DiskRead(name, root.hex(), key, blocks, limit=len(key) - 1)
         tier.read(read)
         return read
 
@@ -184,6 +207,14 @@ class DiskKV:
     def restorer(self, kv: HostKV) -> Restoring:
         return Restoring(kv, self.tier.layout, self._make_cache())
 
+    def stats(self) -> DiskCacheStats:
+        return attrs.evolve(self.tier.stats(), read_bytes_per_second=self.rate.bytes_per_second)
+
+    def served(self, read: DiskRead, restoring: Restoring) -> None:
+        """`read`'s prefix is in MLX: count the hit, and measure the read's rate."""
+        self.tier.hit(restoring.tokens)
+        self.rate.observe(restoring.file_bytes, read.read_seconds + restoring.copy_seconds)
+
     def close(self) -> None:
         """Hand the writer every offered entry, wait for the writes, stop the tier."""
         self.hand_over(0, now=True)
@@ -197,6 +228,9 @@ class Restoring:
 
     def __init__(self, kv: HostKV, layout: Layout, cache: list[Any]) -> None:
         self.tokens = kv.tokens
+        self.file_bytes = kv.file_bytes
+        self.copy_seconds = 0.0
+        """The time spent copying, over every `advance`."""
         self._host = kv.arrays
         """The read's own list, emptied as its arrays are copied: each host array goes once
         it is in MLX."""
@@ -212,15 +246,17 @@ class Restoring:
         """Copy arrays (at least one; all if `budget` is None) until `budget` bytes are
         spent; once the last is, the cache holds the whole prefix. Returns the bytes spent."""
         spent = 0
+        started = time.perf_counter()
         while self._host and (budget is None or spent < budget):
             host = self._host.pop(0)
-            array = mx.array(host)
+            array = mx.array(host)  # one copy, of a strided view where the file held more
             if self._dtypes[len(self._arrays)] == "BF16":
                 array = array.view(mx.bfloat16)
             self._arrays.append(array)
             spent += host.nbytes
         if not self._host:
             self._fill()
+        self.copy_seconds += time.perf_counter() - started
         return spent
 
     def _fill(self) -> None:
@@ -277,4 +313,4 @@ def open_disk_kv(
         block=block,
         wake=wake,
     )
-    return DiskKV(tier, lambda: make_cache(model.model))
+    return DiskKV(tier, lambda: make_cache(model.model), config.prompt_cache_disk_read_rate)

@@ -10,14 +10,16 @@ disk. No MLX here: the engine thread converts between KV caches and host arrays
   whichever model's, while the directory is past its bound (a directory may be shared by
   several models and servers: each keeps the whole directory within the bound it was given).
 - The reader thread reads a file for a sequence waiting on it, checks it whole (header,
-  size, checksum, tokens), and leaves host arrays of the prefix to serve, or nothing. A
-  file that fails a check is deleted and counted, never served.
+  size, checksums, tokens), and leaves host arrays of the prefix to serve, or nothing. A
+  file that fails a check is deleted and counted, never served. The data's blocks are read
+  and summed on a small pool of threads (`_disk_read.py`); the reader thread waits for them.
 - Recency is the files' mtime: set on each write and each read served, with a clock that
   never gives two events the same time in one process.
 
-Cancellation: a read whose sequence went away is skipped if not started, its result
-dropped if done. `close` drops reads not started and waits for the writes handed over
-(their bytes are bounded: `MAX_PENDING_BYTES`, or one entry), then joins both threads.
+Cancellation: a read whose sequence went away is skipped if not started, stopped at its
+next block if under way, its result dropped if done. `close` drops reads not started, stops
+the one under way, and waits for the writes handed over (their bytes are bounded:
+`MAX_PENDING_BYTES`, or one entry), then joins both threads and the read pool.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -39,10 +42,10 @@ from ._disk_format import (
     SUFFIX,
     FileRejected,
     Layout,
-    read_data,
     read_header,
     write_entry,
 )
+from ._disk_read import READ_THREADS, ReadStopped, read_data
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -73,6 +76,11 @@ class DiskCacheStats:
     rejected: int
     """Files found damaged, cut short, or another model's or KV layout's: deleted unserved."""
     evictions: int
+    skipped_slower: int = 0
+    """Stored prefixes not read: reading them was expected to take longer than prefilling
+    them (`_disk_rates.py`)."""
+    read_bytes_per_second: float | None = None
+    """The end-to-end read rate the rule expects (measured or seeded; None: neither yet)."""
 
 
 @attrs.define(eq=False)
@@ -89,14 +97,19 @@ class DiskRead:
     done: threading.Event = attrs.Factory(threading.Event)
     cancelled: bool = False
     kv: HostKV | None = None
+    read_seconds: float = 0.0
+    """The reader's time on it (set with `kv`)."""
 
 
 @attrs.frozen
 class HostKV:
-    """A prefix's KV state as host arrays, in the layout's order, `tokens` long on axis 2."""
+    """A prefix's KV state as host arrays, in the layout's order, `tokens` long on axis 2
+    (views of the buffer the file was read into: strided where the file holds more tokens)."""
 
     tokens: int
     arrays: list[np.ndarray]
+    file_bytes: int
+    """The size of the file they were read from."""
 
 
 @attrs.frozen
@@ -116,6 +129,7 @@ class DiskWrite:
 class _File:
     chain: tuple[bytes, ...]
     tokens: int
+    nbytes: int
 
 
 class DiskTier:
@@ -149,12 +163,17 @@ class DiskTier:
         self._nbytes = 0
         self._stamp_ns = 0
         self._hits = self._hit_tokens = self._writes = self._failures = 0
-        self._dropped = self._rejected = self._evictions = 0
+        self._dropped = self._rejected = self._evictions = self._skipped = 0
         self._closing = False
         self._writes_in: queue.SimpleQueue[DiskWrite | None] = queue.SimpleQueue()
         self._reads_in: queue.SimpleQueue[DiskRead | None] = queue.SimpleQueue()
         self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._ready = threading.Event()
+        self._pool = (
+            ThreadPoolExecutor(READ_THREADS, thread_name_prefix="mlx-nursery-disk-read")
+            if READ_THREADS > 1
+            else None
+        )
         self._threads = [
             threading.Thread(target=self._write_loop, name="mlx-nursery-disk-writer", daemon=True),
             threading.Thread(target=self._read_loop, name="mlx-nursery-disk-reader", daemon=True),
@@ -167,8 +186,9 @@ class DiskTier:
         """Block until the startup scan is done (the engine reports ready after it)."""
         self._ready.wait()
 
-    def find(self, chain: list[bytes]) -> tuple[str, int] | None:
-        """The file holding the most of `chain`'s blocks, and how many (None: none)."""
+    def find(self, chain: list[bytes]) -> tuple[str, int, int] | None:
+        """The file holding the most of `chain`'s blocks, how many, and its size in bytes
+        (None: none)."""
         deepest: set[str] = set()
         blocks = 0
         with self._lock:
@@ -179,7 +199,8 @@ class DiskTier:
                 deepest, blocks = names, blocks + 1
             if not blocks:
                 return None
-            return max(deepest, key=lambda n: self._files[n].tokens), blocks
+            name = max(deepest, key=lambda n: self._files[n].tokens)
+            return name, blocks, self._files[name].nbytes
 
     def holds(self, name: str, last: bytes) -> bool:
         """Whether a file holds the block ending at `last`, or a queued write is `name`."""
@@ -212,6 +233,10 @@ class DiskTier:
         with self._lock:
             self._failures += 1
 
+    def skipped(self) -> None:
+        """A stored prefix was not read: prefilling it was expected to be faster."""
+        self._skipped += 1
+
     def hit(self, tokens: int) -> None:
         self._hits += 1
         self._hit_tokens += tokens
@@ -227,6 +252,7 @@ class DiskTier:
             dropped=self._dropped,
             rejected=self._rejected,
             evictions=self._evictions,
+            skipped_slower=self._skipped,
         )
 
     def close(self) -> None:
@@ -236,6 +262,8 @@ class DiskTier:
         self._writes_in.put(None)
         for thread in self._threads:
             thread.join()
+        if self._pool is not None:
+            self._pool.shutdown()
 
     # -- the writer thread ------------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -274,7 +302,8 @@ class DiskTier:
                 except OSError:
                     continue
                 chain = tuple(bytes.fromhex(h) for h in header.chain)
-                self._index(entry.name, _File(chain, header.tokens))
+                size = header.data_start + header.data_bytes
+                self._index(entry.name, _File(chain, header.tokens, size))
         self._evict(keep=None)
         log.info(
             "prefix cache on disk: %s holds %d files of this model (%d bytes, every model's)",
@@ -290,7 +319,7 @@ class DiskTier:
             return
         size = write_entry(self.directory, write.name, write.metadata, write.tensors)
         self._touch(write.name)
-        self._index(write.name, _File(write.chain, int(write.metadata["tokens"])))
+        self._index(write.name, _File(write.chain, int(write.metadata["tokens"]), size))
         self._writes += 1
         self._nbytes += size
         if self._nbytes > self.max_bytes:
@@ -321,12 +350,16 @@ class DiskTier:
     # -- the reader thread ------------------------------------------------------------------
     def _read_loop(self) -> None:
         while (read := self._reads_in.get()) is not None:
+            started = time.perf_counter()
             try:
                 if not read.cancelled and not self._closing:
                     read.kv = self._read(read)
+            except ReadStopped:  # cancelled, or the engine closing: nothing to serve
+                pass
             except Exception:  # a read that fails serves nothing; logged
                 log.exception("could not read prefix-cache file %s", read.name)
             finally:
+                read.read_seconds = time.perf_counter() - started
                 read.done.set()
                 self._wake()
 
@@ -337,7 +370,9 @@ class DiskTier:
             header.check(self.identity, self.layout, self.block, read.name)
             if header.root != read.root:
                 raise FileRejected("another namespace's")
-            tokens, arrays = read_data(path, header)
+            tokens, arrays = read_data(
+                path, header, pool=self._pool, stop=lambda: read.cancelled or self._closing
+            )
         except FileNotFoundError:  # evicted meanwhile (by another server sharing it, say)
             self._unindex(read.name)
             return None
@@ -352,9 +387,9 @@ class DiskTier:
             return None
         keep = min(common, read.limit)
         if keep < header.tokens:
-            arrays = [np.ascontiguousarray(_prefix(a, keep)) for a in arrays]
+            arrays = [_prefix(a, keep) for a in arrays]  # copied once, into MLX
         self._touch(read.name)
-        return HostKV(keep, arrays)
+        return HostKV(keep, arrays, header.data_start + header.data_bytes)
 
     # -- both --------------------------------------------------------------------------------
     def _reject(self, name: str, reason: str) -> None:

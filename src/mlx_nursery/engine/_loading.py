@@ -102,10 +102,12 @@ class Loading:
             self._start_afresh(sequence, load.prompt)
             return 0
         if load.restoring.done:
-            self._start_cached(sequence, load.prompt, load.restoring)
+            self._start_cached(sequence, load)
         return spent
 
-    def _start_cached(self, sequence: LiveSequence, prompt: list[int], kv: Restoring) -> None:
+    def _start_cached(self, sequence: LiveSequence, load: PrefixLoad) -> None:
+        kv, prompt = load.restoring, load.prompt
+        assert kv is not None
         cached = kv.tokens
         start = Start(prompt[cached:], kv.cache, prompt[:cached], sequence.request.max_tokens)
         try:
@@ -115,7 +117,7 @@ class Loading:
             self._start_afresh(sequence, prompt)
             return
         sequence.cached_tokens = cached
-        self._reuse.disk_hit(cached)
+        self._reuse.disk_hit(load.read, kv)
         self._report(sequence)
 
     def _start_afresh(self, sequence: LiveSequence, prompt: list[int]) -> None:

@@ -10,6 +10,7 @@ idle TTL. Runs on the engine thread only (it holds MLX arrays); not thread-safe.
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -19,6 +20,8 @@ import attrs
 import mlx.core as mx
 
 from ._upstream import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+
+log = logging.getLogger("mlx_nursery.engine")
 
 _Key = tuple[Hashable, tuple[int, ...]]
 
@@ -91,6 +94,8 @@ class PrefixCacheStats:
     reused_tokens: int
     reuse_failures: int
     evictions: int
+    too_large: int = 0
+    """Entries not kept: larger than the whole byte bound (`prompt_cache_bytes`)."""
 
 
 @attrs.frozen
@@ -118,6 +123,7 @@ class PrefixCache:
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
         self._nbytes = 0
         self._hits = self._misses = self._reused = self._failures = self._evictions = 0
+        self._too_large = 0
 
     def fetch(self, namespace: Hashable, prompt: list[int]) -> CacheHit | None:
         """Return the longest reusable prefix of `prompt`, leaving >= 1 token to prefill."""
@@ -165,7 +171,17 @@ class PrefixCache:
     def insert(self, namespace: Hashable, tokens: list[int], cache: list[Any]) -> None:
         """Keep `cache` (the KV state of exactly `tokens`), evicting to stay within budget."""
         nbytes = sum(c.nbytes for c in cache)
-        if not tokens or nbytes > self.max_bytes:
+        if not tokens:
+            return
+        if nbytes > self.max_bytes:  # counted; said once, as it says the bound is too small
+            self._too_large += 1
+            if self._too_large == 1:
+                log.warning(
+                    "a prefix-cache entry of %d tokens (%d bytes) is larger than the prefix"
+                    " cache's bound (%d bytes: --prompt-cache-bytes) and is not kept in"
+                    " memory; such entries are counted (prefix_cache_too_large)",
+                    len(tokens), nbytes, self.max_bytes,
+                )  # fmt: skip
             return
         # A sequence cut from a batch arrives as lazy slices of the batch's KV arrays: until
         # evaluated, they keep every row's KV alive, outside the budget (on an H100 the
@@ -221,4 +237,5 @@ class PrefixCache:
             reused_tokens=self._reused,
             reuse_failures=self._failures,
             evictions=self._evictions,
+            too_large=self._too_large,
         )

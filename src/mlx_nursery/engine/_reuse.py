@@ -12,6 +12,7 @@ memory does; its read runs on its own thread while the sequence waits (`_loading
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from .. import fault_points
 from ..models import LoadedModel
@@ -30,11 +31,18 @@ class PrefixReuse:
     on disk)."""
 
     def __init__(
-        self, model: LoadedModel, cache: PrefixCache | None, disk: DiskKV | None = None
+        self,
+        model: LoadedModel,
+        cache: PrefixCache | None,
+        disk: DiskKV | None = None,
+        prefill_seconds_per_token: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._model = model
         self.cache = cache
         self.disk = disk
+        self._prefill_seconds_per_token = prefill_seconds_per_token
+        """The engine's measured prefill cost (`ChunkSizer`): a read slower than the prefill
+        it spares is skipped (`_disk_rates.py`)."""
         self._image_token = int(model.config["image_token_id"]) if model.vision else None
         """A vision model's image placeholder id (None: a text model)."""
 
@@ -76,7 +84,12 @@ class PrefixReuse:
         cached = hit.cached_tokens if hit is not None else 0
         better_than = max(cached, self._images_end(prompt) - 1)
         try:
-            return self.disk.find(repr(sequence.request.cache_key), key, better_than=better_than)
+            return self.disk.find(
+                repr(sequence.request.cache_key),
+                key,
+                better_than=better_than,
+                prefill_seconds_per_token=self._prefill_seconds_per_token(),
+            )
         except Exception:  # caching is an optimisation, never a failure
             log.exception("could not look the prefix cache's disk tier up")
             return None
@@ -85,10 +98,10 @@ class PrefixReuse:
         assert self.disk is not None
         return self.disk.restorer(kv)
 
-    def disk_hit(self, tokens: int) -> None:
-        """A prefix read from disk started a sequence with `tokens` cached."""
+    def disk_hit(self, read: DiskRead, restoring: Restoring) -> None:
+        """A prefix read from disk started a sequence (counted, and its rate measured)."""
         if self.disk is not None:
-            self.disk.tier.hit(tokens)
+            self.disk.served(read, restoring)
 
     def record_failure(self) -> None:
         """A fetched state would not merge: the caller prefills afresh."""
@@ -118,7 +131,7 @@ class PrefixReuse:
             self.disk.hand_over(step, now=now)
 
     def disk_stats(self) -> DiskCacheStats | None:
-        return self.disk.tier.stats() if self.disk is not None else None
+        return self.disk.stats() if self.disk is not None else None
 
     def close(self) -> None:
         """Finish the disk tier's writes and stop its threads (at the engine's end)."""

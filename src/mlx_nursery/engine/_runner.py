@@ -82,7 +82,8 @@ class Runner:
         self._stepped_since_flush = False
         self._emitter = Emitter(ledger, outbox, counters)
         self.placement = Placement(config, model, ledger, outbox, self._emitter, counters)
-        self._reuse = PrefixReuse(model, cache, disk)
+        chunks = self.placement.chunks
+        self._reuse = PrefixReuse(model, cache, disk, lambda: chunks.seconds_per_token)
         self.imaging = Imaging(model, ledger, self.placement)
         self.loading = Loading(ledger, self.placement, self._reuse, self.imaging, outbox)
         self.recovery = Recovery(

@@ -287,6 +287,8 @@ class _EngineCollector(Collector):
                        cache.reused_tokens)  # fmt: skip
                 sample("gauge", "prefix_cache_bytes", "Bytes the prefix cache holds", model,
                        cache.nbytes)  # fmt: skip
+                sample("counter", "prefix_cache_too_large", "Prefix-cache entries not kept:"
+                       " larger than --prompt-cache-bytes", model, cache.too_large)  # fmt: skip
             disk = worker.prefix_disk
             if disk is not None:
                 for name, text, value in _disk_counters(disk):
@@ -294,6 +296,10 @@ class _EngineCollector(Collector):
                 sample("gauge", "prefix_cache_disk_bytes",
                        "Bytes of prefix-cache files in the directory, every model's", model,
                        disk.nbytes)  # fmt: skip
+                if disk.read_bytes_per_second is not None:
+                    sample("gauge", "prefix_cache_disk_read_bytes_per_second",
+                           "The read rate (read, checked, copied into MLX) a read from disk is"
+                           " expected to run at", model, disk.read_bytes_per_second)  # fmt: skip
         yield from families.values()
         yield from _by_priority(
             {m: e.statistics() for m, e in self.engines.items() if isinstance(e, Engine)}
@@ -345,6 +351,8 @@ def _disk_counters(disk: DiskCacheStats) -> list[tuple[str, str, int]]:
          " another model's) and deleted, never served", disk.rejected),
         ("prefix_cache_disk_evictions", "Prefix-cache files deleted for the byte bound",
          disk.evictions),
+        ("prefix_cache_disk_skipped_slower", "Stored prefixes not read from disk: prefilling"
+         " them was expected to be faster", disk.skipped_slower),
     ]  # fmt: skip
 
 
