@@ -349,3 +349,24 @@ async def test_a_cancel_by_id_stops_a_synthesis(tiny_tts: Path) -> None:
         await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
         stats = engine.statistics()
         assert stats.cancelled == 1 and not stats.running and stats.chunks_synthesized < 100
+
+
+async def test_the_deadline_stops_a_synthesis_between_sentences(tiny_tts: Path) -> None:
+    """--request-timeout bounds a synthesis as it bounds a generation: past it, the stream
+    ends with a `request_timeout` error event (no done) and the thread stops before its next
+    sentence, its lane back."""
+    sentences = 600
+    text = " ".join(["Hi."] * sentences)
+    async with running_server(
+        None, model=(f"{tiny_tts}=tts",), skip_warmup=True, request_timeout=0.5
+    ) as server:
+        engine = synthesis_engine(server)
+        body = {"model": "tts", "input": text, "voice": "alloy", "stream_format": "sse"}
+        connection = await raw_http(port_of(server), post_request("/v1/audio/speech", body))
+        async with connection:
+            raw = await read_until(connection, b"request_timeout")
+        assert b"speech.audio.delta" in raw and b"speech.audio.done" not in raw
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
+        stats = engine.statistics()
+        assert stats.cancelled == 1 and not stats.running
+        assert stats.chunks_synthesized < sentences, "the synthesis ran past its deadline"
