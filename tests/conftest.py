@@ -73,6 +73,11 @@ def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny-tts", "tiny-tts", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_kokoro(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("models") / "tiny-kokoro", "tiny-kokoro", seed=0)
+
+
 @pytest.fixture
 def engine_config(tiny_model: Path) -> EngineConfig:
     return EngineConfig(tiny_model, max_concurrency=8, max_queue=8, prefill_step_size=64)

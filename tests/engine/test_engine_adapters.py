@@ -4,6 +4,7 @@ each exactly as it would alone (engine/_adapters.py, models/_lora.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -73,29 +74,65 @@ async def test_a_batch_of_adapters_gives_each_row_its_solo_tokens(
     assert len({tuple(base), tuple(alone["a"].tokens), tuple(alone["b"].tokens)}) == 3
 
 
+class _Decoded:
+    """A logits processor that keeps how many tokens its row had generated at its last
+    decode step (called on the engine thread with the prompt and every token fed so far)."""
+
+    def __init__(self, prompt: int) -> None:
+        self.prompt, self.generated = prompt, 0
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        self.generated = max(self.generated, len(tokens) - self.prompt)
+        return logits
+
+
 async def test_cancelling_one_row_leaves_the_others_exact(
     tiny_model: Path, adapters: dict[str, Path]
 ) -> None:
+    """The victim (adapter b) decodes in one batch with a base row and rows of a and b, and
+    is cancelled once every other row has tokens out, with most of theirs still to come: the
+    others' outputs are their solo outputs, token for token."""
+    length, seen = 32, 4
     async with open_engine(_config(tiny_model, adapters, prompt_cache_bytes=0)) as engine:
         names: list[str | None] = [None, "a", "b"]
-        alone = [await collect(engine, req) for req in _requests(engine, names)]
-        victim = request(engine, PROMPTS["a"], max_tokens=200, ignore_eos=True, adapter="b")
-        runs: list[Run] = []
-        started = trio.Event()
+        others = [
+            request(engine, PROMPTS[name], max_tokens=length, ignore_eos=True, adapter=name)
+            for name in names
+        ]
+        alone = [await collect(engine, req) for req in others]
+        prompt = engine.model.tokenizer.encode(PROMPTS["a"])
+        decoded = _Decoded(len(prompt))
+        victim = request(
+            engine, PROMPTS["a"], max_tokens=200, ignore_eos=True, adapter="b",
+            logits_processors=(decoded,),
+        )  # fmt: skip
+        runs: list[Run] = [Run([]) for _ in others]
+        all_decoding = trio.Event()
+        stopped: list[int] = []
+
+        async def other(i: int) -> None:
+            async with engine.generate(others[i]) as stream:
+                async for event in stream:
+                    runs[i].events.append(event)
+                    if all(len(run.tokens) >= seen for run in runs):
+                        all_decoding.set()
 
         async def cancelled_one() -> None:
             with trio.CancelScope() as scope:
                 async with engine.generate(victim) as stream:
                     async for _ in stream:
-                        started.set()
-                        scope.cancel()
-            # leaving the block means its compute stopped
-            assert engine.limiter.borrowed_tokens <= 3
+                        if all_decoding.is_set():
+                            scope.cancel()
+            stopped.append(decoded.generated)  # leaving the block: its compute stopped
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cancelled_one)
-            await started.wait()
-            runs = await collect_all(engine, _requests(engine, names))
+            for i in range(len(others)):
+                nursery.start_soon(other, i)
+        stats = engine.statistics().worker
+    assert stats is not None and stats.steps > stats.solo_steps  # rows shared batch steps
+    assert stopped == [decoded.generated], "the victim decoded after its block was left"
+    assert seen <= decoded.generated < length, "the victim stopped amid the others' decoding"
     for run, reference in zip(runs, alone, strict=True):
         assert run.tokens == reference.tokens
 

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from mlx_nursery.tools import make_adapter
+from tests.http.test_http_metrics import weight_bytes
 from tests.http_helpers import (
     engine_of,
     eventually,
@@ -111,3 +112,35 @@ async def test_adapters_are_models_of_their_base_and_load_and_unload_at_runtime(
         assert again.status_code == 404
         validate_error(again.json())
         assert "b" not in {c["id"] for c in (await http.get("/v1/models")).json()["data"]}
+
+
+async def test_an_adapter_past_the_memory_budget_is_a_503_and_not_served(
+    tiny_model: Path, adapter_dirs: dict[str, Path]
+) -> None:
+    """A budget that holds the base (weights and KV) with less room left than the adapter's
+    file: its load is refused with 503 `insufficient_memory` before the engine reads it, no
+    model of its name appears, and the base serves as before."""
+    kv = 1 << 20
+    adapter = (adapter_dirs["b"] / "adapters.safetensors").stat().st_size
+    async with (
+        running_server(
+            tiny_model,
+            enable_lora=True,
+            memory_budget=weight_bytes(tiny_model) + kv + adapter // 2,
+            kv_cache_bytes=kv,
+            prompt_cache_bytes=0,
+            skip_warmup=True,
+        ) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        load = {"lora_name": "b", "lora_path": str(adapter_dirs["b"])}
+        refused = await http.post("/v1/load_lora_adapter", json=load)
+        assert refused.status_code == 503, refused.text
+        validate_error(refused.json())
+        error = refused.json()["error"]
+        assert error["code"] == "insufficient_memory" and "'b'" in error["message"]
+        assert engine_of(server).adapters == {}
+        assert "b" not in {c["id"] for c in (await http.get("/v1/models")).json()["data"]}
+        with pytest.raises(openai.NotFoundError):
+            await _text(sdk(server), "b")
+        assert await _text(sdk(server), "tiny")

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from mlx_nursery.engine import SYNTHESIS_THREAD_NAME, SynthesisEngine
 from mlx_nursery.testing import injected_fault
@@ -349,3 +350,76 @@ async def test_a_cancel_by_id_stops_a_synthesis(tiny_tts: Path) -> None:
         await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
         stats = engine.statistics()
         assert stats.cancelled == 1 and not stats.running and stats.chunks_synthesized < 100
+
+
+async def test_the_deadline_stops_a_synthesis_between_sentences(tiny_tts: Path) -> None:
+    """--request-timeout bounds a synthesis as it bounds a generation: past it, the stream
+    ends with a `request_timeout` error event (no done) and the thread stops before its next
+    sentence, its lane back."""
+    sentences = 600
+    text = " ".join(["Hi."] * sentences)
+    async with running_server(
+        None, model=(f"{tiny_tts}=tts",), skip_warmup=True, request_timeout=0.5
+    ) as server:
+        engine = synthesis_engine(server)
+        body = {"model": "tts", "input": text, "voice": "alloy", "stream_format": "sse"}
+        connection = await raw_http(port_of(server), post_request("/v1/audio/speech", body))
+        async with connection:
+            raw = await read_until(connection, b"request_timeout")
+        assert b"speech.audio.delta" in raw and b"speech.audio.done" not in raw
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "the lane is back")
+        stats = engine.statistics()
+        assert stats.cancelled == 1 and not stats.running
+        assert stats.chunks_synthesized < sentences, "the synthesis ran past its deadline"
+
+
+def _real_ffmpeg() -> str | None:
+    """A real ffmpeg: imageio-ffmpeg's static build where that package is installed (a 68 MB
+    wheel, so not one of the test extra's), else one on PATH that is no stand-in."""
+    try:
+        import imageio_ffmpeg  # type: ignore[import-not-found]
+
+        return str(imageio_ffmpeg.get_ffmpeg_exe())
+    except (ImportError, RuntimeError):
+        return shutil.which("ffmpeg")
+
+
+MAGIC = {
+    "mp3": (b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xe3"),
+    "flac": (b"fLaC",),
+    "opus": (b"OggS",),
+    "aac": (b"\xff\xf1", b"\xff\xf9"),
+}
+
+
+@pytest.mark.skipif(
+    _real_ffmpeg() is None, reason="no real ffmpeg here (pip install imageio-ffmpeg, or on PATH)"
+)
+async def test_a_real_ffmpeg_writes_each_compressed_format(
+    tiny_tts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a real ffmpeg, each compressed format is a file of its kind, and the flac
+    decodes to as many samples as the pcm answer holds (the model's noise makes each
+    synthesis's samples differ, not their count). Skipped where none is installed."""
+    found = _real_ffmpeg()
+    assert found is not None
+    tool = tmp_path / "bin" / "ffmpeg"
+    tool.parent.mkdir()
+    tool.symlink_to(found)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    async with running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server:
+        client = sdk(server)
+        said = {"model": "tts", "input": "Hello there.", "voice": "alloy"}
+        pcm = (await client.audio.speech.create(**said, response_format="pcm")).content
+        files = {
+            audio_format: (await client.audio.speech.create(**said, response_format=audio_format))
+            for audio_format in ("mp3", "flac", "opus", "aac")
+        }
+    for audio_format, reply in files.items():
+        assert reply.content.startswith(MAGIC[audio_format]), (audio_format, reply.content[:8])
+    decoded = await trio.run_process(
+        [str(tool), "-loglevel", "error", "-i", "pipe:0", "-f", "s16le", "-ac", "1", "pipe:1"],
+        stdin=files["flac"].content,
+        capture_stdout=True,
+    )
+    assert len(decoded.stdout) == len(pcm) > 0

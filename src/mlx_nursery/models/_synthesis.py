@@ -3,11 +3,12 @@
 A directory is a TTS model when its config says `"model_type": "kitten_tts"` or `"kokoro"`.
 Both need a grapheme-to-phoneme front end, which is the part that may be missing offline:
 KittenTTS phonemizes with espeak (the `phonemizer` package and the espeak-ng library),
-Kokoro with misaki (English; espeak for words it does not know). The load checks for it
-and says what to install, instead of failing at the first request. A model written by the
+Kokoro with misaki (English, with spaCy's `en_core_web_sm`; `_kokoro.py` says why Kokoro
+does not go through mlx-audio's `generate`). The load checks for it and says what to
+install, instead of failing (or downloading) at the first request. A model written by the
 factory (`"mlx_nursery_g2p": "graphemes"`, `tools/_tts_factory.py`) needs none: its letters
 are its symbols. Voices: KittenTTS's are the names in its `voices.npz` (and its aliases),
-Kokoro's the files under `voices/`.
+Kokoro's the English ones among the files under `voices/`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 import attrs
 import numpy as np
 import numpy.typing as npt
+
+from ._kokoro import KokoroSpeaker, check_kokoro, kokoro_voices
 
 TTS_MODEL_TYPES = ("kitten_tts", "kokoro")
 
@@ -44,6 +47,8 @@ class SynthesisModel:
     model_type: str
     sample_rate: int
     voices: tuple[str, ...]
+    kokoro: KokoroSpeaker | None = None
+    """Kokoro's own path (None: the model's `generate`, KittenTTS's)."""
 
     def synthesize(
         self, text: str, voice: str, speed: float
@@ -51,10 +56,11 @@ class SynthesisModel:
         """The model's own generator for `text`: a piece per segment it makes. Makes MLX
         calls: iterate it on the thread that loaded the model. Closing it early stops it
         between segments (it is a generator: nothing runs between `next` calls)."""
-        extra: dict[str, Any] = {}
-        if self.model_type == "kokoro":
-            extra["lang_code"] = voice[0]  # Kokoro's voices begin with their language
-        for result in self.model.generate(text=text, voice=voice, speed=speed, **extra):
+        if self.kokoro is not None:
+            for audio, phonemes in self.kokoro.pieces(text, voice, speed):
+                yield SynthesizedPiece(audio.astype(np.float32).reshape(-1), phonemes)
+            return
+        for result in self.model.generate(text=text, voice=voice, speed=speed):
             samples = np.asarray(result.audio, dtype=np.float32).reshape(-1)
             yield SynthesizedPiece(samples, int(result.token_count or 0))
 
@@ -78,6 +84,8 @@ def load_synthesis_model(path: Path) -> SynthesisModel:
     config = json.loads((path / "config.json").read_text("utf-8"))
     model_type = str(config.get("model_type"))
     graphemes = config.get("mlx_nursery_g2p") == "graphemes"
+    if model_type == "kokoro":
+        check_kokoro(path, graphemes)
     missing = None if graphemes else _missing_front_end(model_type)
     if missing is not None:
         raise ModelLoadError(f"{path}: this {model_type} model needs {missing}")
@@ -85,18 +93,19 @@ def load_synthesis_model(path: Path) -> SynthesisModel:
         model = load_model(str(path), strict=True)
     except (ValueError, KeyError, OSError, ImportError) as exc:
         raise ModelLoadError(f"{path}: not a TTS model mlx-audio can load ({exc})") from exc
-    if graphemes:
+    kokoro = KokoroSpeaker(model, path, graphemes) if model_type == "kokoro" else None
+    if graphemes and kokoro is None:
         model._phonemizer = _Graphemes()
     voices = synthesis_voices(path, config)
-    return SynthesisModel(path, model, model_type, int(model.sample_rate), voices)
+    return SynthesisModel(path, model, model_type, int(model.sample_rate), voices, kokoro)
 
 
 def synthesis_voices(path: Path, config: dict[str, Any]) -> tuple[str, ...]:
     """The voices of the TTS model at `path` (its `config`), read from its files without
     loading it (the model list shows them before the model loads): KittenTTS's `voices.npz`
-    names and its config's aliases, Kokoro's `voices/*.safetensors`."""
+    names and its config's aliases, Kokoro's English `voices/*.safetensors`."""
     if config.get("model_type") == "kokoro":
-        return tuple(sorted(p.stem for p in (path / "voices").glob("*.safetensors")))
+        return kokoro_voices(path)
     aliases = config.get("voice_aliases")
     names = set(aliases) if isinstance(aliases, dict) else set()
     try:
@@ -109,8 +118,6 @@ def synthesis_voices(path: Path, config: dict[str, Any]) -> tuple[str, ...]:
 
 def _missing_front_end(model_type: str) -> str | None:
     """What the model's grapheme-to-phoneme front end lacks here (None: nothing)."""
-    if model_type == "kokoro" and importlib.util.find_spec("misaki") is None:
-        return "misaki for its phonemes (pip install 'misaki[en]')"
     if model_type == "kitten_tts" and importlib.util.find_spec("phonemizer") is None:
         return "espeak for its phonemes (pip install phonemizer-fork; apt install espeak-ng)"
     return None

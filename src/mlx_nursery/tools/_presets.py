@@ -1,14 +1,14 @@
 """Architecture presets for factory-made models.
 
 `tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding`,
-`tiny-reranker`, `tiny-reranker-xlmr`, `tiny-whisper` and `tiny-tts` (a KittenTTS:
-text-to-speech) are for tests; `qwen3-0.6b`, `llama-3.1-8b`, `qwen2.5-vl-3b`, `bert-base` (an
-embedding model) and `bge-reranker-base` (a cross-encoder) carry the real architecture
-configs (random weights) so benchmarks run at real shapes. `tiny-thinking` and
-`tiny-thinking-open` are `tiny` with a tokenizer whose
-`<think>` / `</think>` are added tokens and a Qwen3-style template that honours
-`enable_thinking`. `tiny-qwen2` is an architecture mlx-lm splits by layers (pipeline
-parallel; `tiny`'s qwen3 splits by tensor only), with two layers for each of two ranks.
+`tiny-reranker`, `tiny-reranker-xlmr`, `tiny-whisper`, `tiny-tts` (a KittenTTS:
+text-to-speech) and `tiny-kokoro` (a Kokoro) are for tests; `qwen3-0.6b`, `llama-3.1-8b`,
+`qwen2.5-vl-3b`, `bert-base` (an embedding model) and `bge-reranker-base` (a cross-encoder)
+carry the real architecture configs (random weights) so benchmarks run at real shapes.
+`tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` /
+`</think>` are added tokens and a Qwen3-style template that honours `enable_thinking`.
+`tiny-qwen2` is an architecture mlx-lm splits by layers (pipeline parallel; `tiny`'s qwen3
+splits by tensor only), with two layers for each of two ranks.
 """
 
 from __future__ import annotations
@@ -35,13 +35,23 @@ class Preset:
     speech: bool = False
     """A Whisper (speech-to-text) preset: written by `_whisper_factory.py`."""
     synthesis: bool = False
-    """A KittenTTS (text-to-speech) preset: written by `_tts_factory.py`."""
+    """A KittenTTS or Kokoro (text-to-speech) preset: written by `_tts_factory.py`."""
     reranker: bool = False
     """A cross-encoder (one-label sequence classifier) preset: `_reranker_factory.py`."""
 
     @property
     def vocab_size(self) -> int:
         return int(self.config["vocab_size"])
+
+
+_TINY_ALBERT = {
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "max_position_embeddings": 512,
+}
+"""The text-to-speech presets' ALBERT (its 512 positions: the symbols of one forward)."""
 
 
 def _qwen3(**overrides: Any) -> dict[str, Any]:
@@ -354,20 +364,46 @@ PRESETS: dict[str, Preset] = {
             "asr_res_dim": 16,
             "decoder_out_dim": 32,
             "sample_rate": 24000,
-            "plbert": {
-                "num_hidden_layers": 1,
-                "num_attention_heads": 2,
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "max_position_embeddings": 512,
-                "embedding_size": 16,
-            },
+            "plbert": _TINY_ALBERT | {"embedding_size": 16},
             "istftnet": {
                 "resblock_kernel_sizes": [3],
                 "upsample_rates": [4, 4],
                 "upsample_initial_channel": 32,
                 "resblock_dilation_sizes": [[1, 3, 5]],
                 "upsample_kernel_sizes": [8, 8],
+                "gen_istft_n_fft": 20,
+                "gen_istft_hop_size": 5,
+            },
+        },
+        trained_vocab=0,
+        synthesis=True,
+    ),
+    "tiny-kokoro": Preset(
+        "tiny-kokoro",
+        {
+            # mlx-audio's Kokoro config (`kokoro.ModelConfig`; `vocab` is the factory's).
+            # Its decoder's widths are fixed (1024 channels; hidden_dim 512 feeds it): 56M
+            # parameters at least, about 0.2 s a short sentence on a CPU.
+            "model_type": "kokoro",
+            "dim_in": 64,
+            "dropout": 0.2,
+            "hidden_dim": 512,
+            "max_conv_dim": 512,
+            "max_dur": 2,  # frames per symbol at most: a speed below 1 still lengthens
+            "multispeaker": True,
+            "n_layer": 1,
+            "n_mels": 80,
+            "n_token": 178,
+            "style_dim": 128,  # the model slices its 256-wide voice vectors at 128
+            "text_encoder_kernel_size": 5,
+            "sample_rate": 24000,
+            "plbert": _TINY_ALBERT,
+            "istftnet": {
+                "resblock_kernel_sizes": [3],
+                "upsample_rates": [2, 2],  # few samples per frame: the vocoder's cost
+                "upsample_initial_channel": 512,
+                "resblock_dilation_sizes": [[1, 3, 5]],
+                "upsample_kernel_sizes": [4, 4],
                 "gen_istft_n_fft": 20,
                 "gen_istft_hop_size": 5,
             },

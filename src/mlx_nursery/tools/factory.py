@@ -45,9 +45,9 @@ def make_model(
         write_whisper(out, spec, dtype, seed)
         return out
     if spec.synthesis:
-        from ._tts_factory import write_kitten
+        from ._tts_factory import write_tts
 
-        write_kitten(out, spec, dtype, seed)
+        write_tts(out, spec, dtype, seed)
         return out
     if spec.image_processor is not None:
         from ._vlm_factory import write_vlm
