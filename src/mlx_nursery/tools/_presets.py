@@ -383,7 +383,7 @@ PRESETS: dict[str, Preset] = {
         {
             # mlx-audio's Kokoro config (`kokoro.ModelConfig`; `vocab` is the factory's).
             # Its decoder's widths are fixed (1024 channels; hidden_dim 512 feeds it): 56M
-            # parameters at least, about 0.2 s a short sentence on a CPU.
+            # parameters at least, so the tests keep its sentences few and short.
             "model_type": "kokoro",
             "dim_in": 64,
             "dropout": 0.2,
