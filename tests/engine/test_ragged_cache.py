@@ -103,6 +103,25 @@ def test_a_padded_prefill_chunk_moves_the_padding_as_mlx_lm_does() -> None:
     assert_same(ours, theirs)
 
 
+def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
+    """`filter` shares the padding arrays between a batch's layers, and mlx-lm's `finalize`
+    adds to `left_padding` in place: each layer must add to its own (a speculative verify's
+    realignment, a padded chunk after a prompt left the prompt batch)."""
+    layers = [pair([6, 2, 4], seed=8) for _ in range(3)]
+    for ours, theirs in layers:
+        ours.filter([0, 2])
+        theirs.filter(mx.array([0, 2]))
+    assert layers[0][0].left_padding is layers[1][0].left_padding  # shared, as designed
+    k, v = mx.random.normal((2, 2, HEADS, 3, DIM), key=mx.random.key(9))
+    for ours, theirs in layers:
+        for cache in (ours, theirs):
+            cache.prepare(lengths=[1, 3], right_padding=[2, 0])
+            cache.update_and_fetch(k, v)
+            cache.finalize()
+    for ours, theirs in layers:
+        assert_same(ours, theirs)
+
+
 def test_everyone_leaving_and_empty_batches() -> None:
     ours = RaggedBatchKVCache.merge(rows([0, 0], seed=5, row_class=RowKVCache))
     assert ours.padding == [0, 0] and ours.keys is None

@@ -54,6 +54,8 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         lengths: list[int] | None = None,
         right_padding: list[int] | None = None,
     ) -> None:
+        if left_padding is not None:
+            self._own_padding()
         super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
         if left_padding is not None:
             self.padding = [p + int(q) for p, q in zip(self.padding, left_padding, strict=True)]
@@ -62,10 +64,18 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
 
     def finalize(self) -> None:
         right = self._right_host
+        if right is not None:
+            self._own_padding()
         super().finalize()
         if right is not None:
             self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
             self._right_host = None
+
+    def _own_padding(self) -> None:
+        """Give this layer a `left_padding` array of its own before mlx-lm adds to it in
+        place (`prepare`, `finalize`: `+=` changes the array object, and `filter` shares one
+        between the layers, which would each add their padding to all)."""
+        self.left_padding = mx.array(self.padding, dtype=mx.int32)
 
     def filter(self, batch_indices: Any) -> None:
         """Keep the rows `batch_indices` (ascending, as mlx-lm passes them): contiguous
