@@ -18,7 +18,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from mlx_nursery.engine._decode_attention import available, ragged_decode_attention, routed
-from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows
+from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows, shift_rows
 
 HEADS, DIM = 2, 8
 
@@ -120,6 +120,25 @@ def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
             cache.finalize()
     for ours, theirs in layers:
         assert_same(ours, theirs)
+
+
+def test_rows_moved_right_after_a_verify_hold_what_mlx_lms_roll_gives() -> None:
+    """Speculation's realignment (`shift_rows`): after a forward of 4 positions a row, rows
+    keep 4, 1, 2 and 0+1 of them; the index goes back to the most kept and the others move
+    right, as mlx-lm's right-padding roll moves them."""
+    ours, theirs = pair([6, 2, 4, 5], seed=10)
+    ours.filter([0, 1, 2, 3])  # shared padding arrays, as in a running batch
+    k, v = mx.random.normal((2, 4, HEADS, 4, DIM), key=mx.random.key(11))
+    kept = [4, 1, 2, 1]
+    for cache in (ours, theirs):
+        cache.update_and_fetch(k, v)
+        cache.trim(4 - max(kept))
+    shift_rows([ours], [max(kept) - n for n in kept])
+    theirs.prepare(right_padding=[max(kept) - n for n in kept])
+    theirs.finalize()
+    assert_same(ours, theirs)
+    decode([ours, theirs], 4, seed=12)
+    assert_same(ours, theirs)
 
 
 def test_everyone_leaving_and_empty_batches() -> None:

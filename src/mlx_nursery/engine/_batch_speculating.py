@@ -15,11 +15,12 @@ kept tokens, token by token, as `next` checks them.
 
 The batch's KV (`_ragged.RaggedBatchKVCache`, left-padded rows sharing one write index)
 then holds each row's kept positions followed by its rejected ones. It is realigned as
-mlx-lm realigns a right-padded prefill chunk: the shared index is trimmed to the most
-positions any row kept, and each row that kept fewer is rolled right by the difference, its
-left padding growing by as much (`prepare(right_padding=...)` then `finalize`, which the
-ragged cache mirrors on the host). No rejected position stays in any row's KV, so nothing
-extracted for the prefix cache holds a draft it did not keep. A step where no row drafts is
+mlx-lm realigns a right-padded prefill chunk, but cheaper: the shared index is trimmed to
+the most positions any row kept, and each row that kept fewer is moved right by the
+difference, its left padding growing by as much (`_ragged.shift_rows`: only the moving
+rows' tokens are copied, in place, where mlx-lm's `finalize` gathers every row's buffer).
+No rejected position stays in any row's KV, so nothing extracted for the prefix cache holds
+a draft it did not keep. A step where no row drafts is
 mlx-lm's `next` itself: the same launches, pipelined as ever.
 
 A verify step is read before it returns (its tokens decide the next inputs), so no verify
@@ -39,7 +40,7 @@ import mlx.core as mx
 
 from ._batch_drafting import BatchCosts, RowDrafter, fair, row_drafter
 from ._drafting import Speculation
-from ._ragged import RaggedBatchKVCache
+from ._ragged import RaggedBatchKVCache, shift_rows
 from ._sampling import Sampler, sample_batch, sample_rows
 from ._sequence import LiveSequence
 
@@ -294,10 +295,7 @@ def realign(cache: list[Any], positions: int, kept: list[int]) -> None:
     fewer right by the difference (its left padding grows by as much), so that every row's
     tokens end at the index again (module docstring)."""
     most = max(kept)
-    shifts = [most - k for k in kept]
-    for layer in cache:
-        if positions > most:
+    if positions > most:
+        for layer in cache:
             layer.trim(positions - most)
-        if any(shifts):
-            layer.prepare(right_padding=shifts)
-            layer.finalize()
+    shift_rows(cache, [most - k for k in kept])

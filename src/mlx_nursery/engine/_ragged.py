@@ -148,6 +148,42 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         self.left_padding, self.offset = arrays
 
 
+def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
+    """Move each row i's tokens `shifts[i]` positions right, to end at the write index
+    again, its left padding growing by as much (speculation's realignment after a verify:
+    the positions a row did not keep lie between its tokens and the index).
+
+    mlx-lm's `finalize` does this with a gather over every row's whole buffer; here only the
+    rows that move, and only their tokens, are copied as contiguous slices, written back in
+    place: the copies are evaluated first, so that each layer's buffer is then referenced by
+    its update alone and MLX writes into it rather than copying it."""
+    moving = [(i, s) for i, s in enumerate(shifts) if s > 0]
+    if not moving:
+        return
+    copies: list[list[tuple[mx.array, mx.array]]] = []
+    for layer in layers:
+        keys, values, index = layer.keys, layer.values, layer._idx
+        assert keys is not None and values is not None
+        copies.append(
+            [
+                (
+                    mx.contiguous(keys[i : i + 1, :, layer.padding[i] : index - s]),
+                    mx.contiguous(values[i : i + 1, :, layer.padding[i] : index - s]),
+                )
+                for i, s in moving
+            ]
+        )
+    mx.eval(copies)
+    for layer, moved in zip(layers, copies, strict=True):
+        assert layer.keys is not None and layer.values is not None
+        for (i, s), (k, v) in zip(moving, moved, strict=True):
+            start = layer.padding[i] + s
+            layer.keys[i : i + 1, :, start : layer._idx] = k
+            layer.values[i : i + 1, :, start : layer._idx] = v
+        layer.padding = [p + s for p, s in zip(layer.padding, shifts, strict=True)]
+        layer._sync_device_padding()
+
+
 _padding_arrays: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}
 """The device arrays (`left_padding`, `offset`) of the last (write index, padding) a cache
 filtered to (engine thread only, as the caches)."""
