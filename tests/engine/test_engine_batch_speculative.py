@@ -164,3 +164,56 @@ def test_a_verify_step_is_cut_so_that_no_row_pays_for_anothers_drafts() -> None:
     sizes = BatchCosts()
     assert sizes.at(3) is sizes.at(4) and sizes.at(5) is not sizes.at(4)
     assert sizes.select(8) is sizes.at(7) and sizes.step_seconds(0) is None
+
+
+def _decode_pair(tiny_model: Path, costs: tuple[float, float]) -> tuple[list[list[int]], int]:
+    """Two greedy rows of the code prompt through a batch stepper whose speculation is
+    adaptive and whose costs for two rows start as `costs` (a plain step, a verify of 4
+    drafts); their tokens and the verify steps run."""
+    from mlx_lm.utils import load
+
+    from mlx_nursery.engine._sequence import LiveSequence
+    from mlx_nursery.engine._stepper import BatchStepper, Start
+    from mlx_nursery.engine._upstream import greedy_sampler
+
+    model, _ = load(str(tiny_model))
+    verifies: list[int] = []
+    stepper = BatchStepper(
+        model,
+        max_concurrency=2,
+        prefill_batch_size=2,
+        prefill_step_size=64,
+        speculation=Speculation(tokens=4),
+        verified=lambda sequence, drafted, accepted: verifies.append(drafted),
+    )
+    speculation = stepper._speculation
+    assert speculation is not None
+    speculation.costs.at(2).plain(costs[0])
+    speculation.costs.at(2).verify(4, costs[1])
+    prompt = list(_tokenized(CODE, tiny_model))
+    tokens: dict[int, list[int]] = {}
+    for seq_id in range(2):
+        request = GenerationRequest(prompt, 24, GREEDY, ignore_eos=True)
+        live = LiveSequence(seq_id, request, greedy_sampler, [], frozenset(), failures=[])
+        tokens[stepper.insert(live, Start(prompt, None, [], 24))] = []
+    done: set[int] = set()
+    while len(done) < 2:
+        for response in stepper.step():
+            tokens[response.uid].append(int(response.token))
+            if response.finish_reason is not None:
+                done.add(response.uid)
+    assert not stepper.uids and not stepper.drafting
+    stepper.close()
+    return list(tokens.values()), len(verifies)
+
+
+def test_the_batch_drafts_where_the_costs_say_it_pays_and_not_where_they_do_not(
+    tiny_model: Path,
+) -> None:
+    """The adaptive control inside the batch (real forwards, the costs seeded): drafted
+    positions at 1% of a step each (a GPU) are drafted; at a whole step each (this CPU)
+    none are. The tokens are the same either way."""
+    cheap, cheap_verifies = _decode_pair(tiny_model, (0.010, 0.0104))
+    linear, linear_verifies = _decode_pair(tiny_model, (0.010, 0.050))
+    assert cheap == linear and len(cheap[0]) == 24
+    assert cheap_verifies > 0 and linear_verifies == 0

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import mlx.core as mx
 
 from ._batch_drafting import BatchCosts, RowDrafter, fair, row_drafter
-from ._drafting import Speculation
+from ._drafting import EXPLORE_DRAFTS, FIRST_PAUSE, LONGEST_PAUSE, Speculation
 from ._ragged import RaggedBatchKVCache, shift_rows
 from ._sampling import Sampler, sample_batch, sample_rows
 from ._sequence import LiveSequence
@@ -75,6 +75,12 @@ class BatchSpeculation:
         self._known: dict[int, int] = {}
         """Rows' next inputs as the last step, a verify, read them (a plain step's are still
         computing when the next step starts: its drafts are looked up one token earlier)."""
+        self._since_try = FIRST_PAUSE
+        self._try_gap = FIRST_PAUSE
+        """Steps since the last try that measures a verify's cost while it is unknown, and
+        the steps the next one waits: doubled after each, since a batch that is never quiet
+        (arrivals every step) measures none, and unmeasured tries must not cost much."""
+        self._was_quiet = False
         self._last_read: float | None = None
         self._last_kind: Literal["plain", "verify"] | None = None
         self._last_rows = 0
@@ -102,6 +108,7 @@ class BatchSpeculation:
         drafts, else `batch.next()`. `quiet`: nothing but this batch's steps ran since the
         last one (no prefill chunk, no join), so its time is a step's cost."""
         rows = len(batch.uids)
+        self._since_try += 1
         drafts = self._plan(batch) if self._rows else None
         if drafts is None:
             responses: list[Any] = batch.next()
@@ -131,6 +138,12 @@ class BatchSpeculation:
             acceptances.append(drafter.control.acceptance)
         if not any(drafts) or not speculable(batch.prompt_cache):
             return None
+        if adaptive and costs.per_draft_s is None:  # a try, to measure: spaced out
+            if self._since_try < self._try_gap:
+                return None
+            self._since_try = 0
+            self._try_gap = min(2 * self._try_gap, LONGEST_PAUSE)
+            return [d[:EXPLORE_DRAFTS] for d in drafts]
         if adaptive:
             drafts = fair(drafts, acceptances, costs)
         return drafts if any(drafts) else None
@@ -139,6 +152,9 @@ class BatchSpeculation:
         """A step was read: teach the costs of `rows` rows its time where it is its own."""
         now = time.perf_counter()
         costs = self.costs.at(rows)
+        # A read waits for the forward launched a call earlier, behind that call's chunk if
+        # any: two quiet calls in a row make the interval the steps' own.
+        quiet, self._was_quiet = quiet and self._was_quiet, quiet
         if self._last_read is not None and quiet and rows == self._last_rows:
             seconds = now - self._last_read
             if kind == "plain" and self._last_kind == "plain":
