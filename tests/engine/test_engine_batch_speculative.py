@@ -28,7 +28,7 @@ from mlx_nursery.engine import (
 )
 from mlx_nursery.engine._batch_drafting import BatchCosts, expected_tokens, fair
 from mlx_nursery.engine._drafting import VerifyCosts
-from tests.helpers import Run, collect
+from tests.helpers import Run, collect, collect_all
 
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 3
 CHAT = "The cat sat on the mat. The dog sat on the log. The cat sat on the"
@@ -217,3 +217,22 @@ def test_the_batch_drafts_where_the_costs_say_it_pays_and_not_where_they_do_not(
     linear, linear_verifies = _decode_pair(tiny_model, (0.010, 0.050))
     assert cheap == linear and len(cheap[0]) == 24
     assert cheap_verifies > 0 and linear_verifies == 0
+
+
+async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path) -> None:
+    """`--draft-model` in the batch: each row drafts with the draft model (here the served
+    model itself, so greedy drafts agree) and the tokens stay plain decoding's."""
+    prompt = _tokenized("Once upon a time, in a land far away,", tiny_model)
+    requests = [
+        GenerationRequest(prompt, 16, GREEDY, ignore_eos=True),
+        GenerationRequest(prompt[:6], 16, GREEDY, ignore_eos=True),
+        GenerationRequest(prompt, 16, SamplingParams(temperature=0.8, seed=5), ignore_eos=True),
+    ]
+    async with open_engine(_config(tiny_model)) as plain:
+        reference = [await collect(plain, r) for r in requests]
+    spec = Speculation("draft", tokens=3, adaptive=False, draft_model=str(tiny_model))
+    async with open_engine(_config(tiny_model, speculation=spec)) as engine:
+        runs = await collect_all(engine, requests)
+        verify_steps, drafted, accepted = _drafts(engine)
+    assert [r.tokens for r in runs] == [r.tokens for r in reference]
+    assert verify_steps > 0 and drafted >= accepted > 0
