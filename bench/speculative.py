@@ -196,6 +196,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         else await together(engine, prompt, tokens, streams)
                     )
                     results[name][workload].append(run)
+                    print(f"{workload} {name}: {run['decode_tok_s']:.2f} tok/s", flush=True)
         nursery.cancel_scope.cancel()
     return summarize(results, streams)
 
