@@ -1,4 +1,5 @@
-"""Speculative decoding by prompt lookup (`--speculative ngram`): decode rate, one stream.
+"""Speculative decoding by prompt lookup (`--speculative ngram`): decode rate, one stream or
+several in one batch (`--streams`).
 
 The built-in default model (SmolLM2-135M-Instruct), greedy, one stream on the fast path, two
 workloads in its chat template:
@@ -12,8 +13,15 @@ variants, each request once per round. The decode rate is tokens after the first
 time from the first to the last; the acceptance, drafted tokens accepted. Outputs must equal
 the `off` variant's (greedy): a difference is reported.
 
+With `--streams N` (N > 1) each request is sent N times at once, so the N streams decode
+in one batch and each row verifies its own drafts in the batch's forward
+(decisions/0049); the rate is the aggregate one: every stream's tokens after its first over
+the time from the first stream's first token to the last stream's last.
+
 Usage:
   python -P bench/speculative.py --rounds 2 --tokens 128 --out bench/results/spec-cpu.json
+  python -P bench/speculative.py --streams 8 --rounds 1 --tokens 32 --variants off \
+      "ngram (adaptive, 4)" "ngram fixed 4"
 """
 
 from __future__ import annotations
@@ -127,6 +135,8 @@ async def one(engine: Engine, prompt: list[int], tokens: int) -> dict[str, Any]:
     assert usage is not None
     span = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
     return {
+        "first": stamps[0],
+        "last": stamps[-1],
         "tokens": out,
         "decode_tok_s": (len(stamps) - 1) / span,
         "drafted": usage.draft_tokens,
@@ -134,15 +144,38 @@ async def one(engine: Engine, prompt: list[int], tokens: int) -> dict[str, Any]:
     }
 
 
+async def together(engine: Engine, prompt: list[int], tokens: int, streams: int) -> dict[str, Any]:
+    """`streams` copies of the request at once: one batch."""
+    runs: list[dict[str, Any]] = []
+
+    async def stream() -> None:
+        runs.append(await one(engine, prompt, tokens))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(streams):
+            nursery.start_soon(stream)
+    first = min(r["first"] for r in runs)
+    last = max(r["last"] for r in runs)
+    return {
+        "tokens": runs[0]["tokens"],
+        "same_across_streams": all(r["tokens"] == runs[0]["tokens"] for r in runs),
+        "decode_tok_s": sum(len(r["tokens"]) - 1 for r in runs) / (last - first),
+        "drafted": sum(r["drafted"] for r in runs),
+        "accepted": sum(r["accepted"] for r in runs),
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     model = ensure_default_model()
-    base = EngineConfig(model, max_concurrency=1, prompt_cache_bytes=0, warmup=False)
+    streams = args.streams
+    base = EngineConfig(model, max_concurrency=streams, prompt_cache_bytes=0, warmup=False)
+    variants = {name: VARIANTS[name] for name in args.variants or VARIANTS}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
-        v: {w: [] for w in WORKLOADS} for v in VARIANTS
+        v: {w: [] for w in WORKLOADS} for v in variants
     }
     async with trio.open_nursery() as nursery:
         engines: dict[str, Engine] = {}
-        for name, spec in VARIANTS.items():
+        for name, spec in variants.items():
             engines[name] = await nursery.start(Engine(attrs.evolve(base, speculation=spec)).run)
         tokenizer: Any = engines["off"].model.tokenizer
         prompts = {
@@ -153,15 +186,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await one(engine, prompts["chat"], 8)
         for round_ in range(args.rounds):
             for workload, prompt in prompts.items():
-                names = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
+                names = list(variants) if round_ % 2 == 0 else list(reversed(variants))
                 tokens = int(args.tokens * WORKLOADS[workload][1])
                 for name in names:
-                    results[name][workload].append(await one(engines[name], prompt, tokens))
+                    engine = engines[name]
+                    run = (
+                        await one(engine, prompt, tokens)
+                        if streams == 1
+                        else await together(engine, prompt, tokens, streams)
+                    )
+                    results[name][workload].append(run)
+                    print(f"{workload} {name}: {run['decode_tok_s']:.2f} tok/s", flush=True)
         nursery.cancel_scope.cancel()
-    return summarize(results)
+    return summarize(results, streams)
 
 
-def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+def summarize(
+    results: dict[str, dict[str, list[dict[str, Any]]]], streams: int = 1
+) -> dict[str, Any]:
     table = []
     for workload in WORKLOADS:
         reference = results["off"][workload]
@@ -184,9 +226,10 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
                         r["tokens"] == ref["tokens"] for r, ref in zip(runs, reference, strict=True)
                     ),
                     "tokens": len(runs[0]["tokens"]),
+                    "same_across_streams": all(r.get("same_across_streams", True) for r in runs),
                 }
             )
-    return {"rows": table}
+    return {"rows": table, "streams": streams}
 
 
 def _commit() -> str:
@@ -199,6 +242,10 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--streams", type=int, default=1, help="concurrent copies of each request (one batch)"
+    )
+    parser.add_argument("--variants", nargs="*", choices=list(VARIANTS), help="default: all")
     args = parser.parse_args()
     try:
         report = trio.run(main, args)

@@ -16,10 +16,12 @@ from mlx_nursery.engine._sequence import LiveSequence
 
 
 class Holding:
-    """A stepper that holds the uids it is told (only `uids` is consulted by the check)."""
+    """A stepper that holds the uids it is told (only `uids` and `drafting`, the rows with
+    speculation's state, are consulted by the check)."""
 
-    def __init__(self, *uids: int) -> None:
+    def __init__(self, *uids: int, drafting: frozenset[int] = frozenset()) -> None:
         self.uids = frozenset(uids)
+        self.drafting = drafting
 
 
 def sequence(seq_id: int, *, newcomer: bool = False) -> LiveSequence:
@@ -76,6 +78,16 @@ def test_a_stepper_not_in_use_must_hold_nothing() -> None:
     book, _ = ledger()
     with pytest.raises(InvariantViolation, match="not in use"):
         book.check(Holding(), Holding(3))
+    with pytest.raises(InvariantViolation, match="not in use"):
+        book.check(Holding(), Holding(drafting=frozenset({3})))
+
+
+def test_batch_rows_draft_only_for_sequences_the_batch_holds() -> None:
+    book, _ = ledger()
+    book.activate(sequence(0), 7)
+    book.check(Holding(7, drafting=frozenset({7})), Holding())
+    with pytest.raises(InvariantViolation, match="drafts for a sequence"):
+        book.check(Holding(7, drafting=frozenset({7, 8})), Holding())
 
 
 def test_a_sequence_ends_once_and_never_comes_back() -> None:

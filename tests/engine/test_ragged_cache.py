@@ -18,7 +18,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from mlx_nursery.engine._decode_attention import available, ragged_decode_attention, routed
-from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows
+from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows, shift_rows
 
 HEADS, DIM = 2, 8
 
@@ -100,6 +100,44 @@ def test_a_padded_prefill_chunk_moves_the_padding_as_mlx_lm_does() -> None:
     assert_same(ours, theirs)
     ours.filter([1])
     theirs.filter(mx.array([1]))
+    assert_same(ours, theirs)
+
+
+def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
+    """`filter` shares the padding arrays between a batch's layers, and mlx-lm's `finalize`
+    adds to `left_padding` in place: each layer must add to its own (a speculative verify's
+    realignment, a padded chunk after a prompt left the prompt batch)."""
+    layers = [pair([6, 2, 4], seed=8) for _ in range(3)]
+    for ours, theirs in layers:
+        ours.filter([0, 2])
+        theirs.filter(mx.array([0, 2]))
+    assert layers[0][0].left_padding is layers[1][0].left_padding  # shared, as designed
+    k, v = mx.random.normal((2, 2, HEADS, 3, DIM), key=mx.random.key(9))
+    for ours, theirs in layers:
+        for cache in (ours, theirs):
+            cache.prepare(lengths=[1, 3], right_padding=[2, 0])
+            cache.update_and_fetch(k, v)
+            cache.finalize()
+    for ours, theirs in layers:
+        assert_same(ours, theirs)
+
+
+def test_rows_moved_right_after_a_verify_hold_what_mlx_lms_roll_gives() -> None:
+    """Speculation's realignment (`shift_rows`): after a forward of 4 positions a row, rows
+    keep 4, 1, 2 and 0+1 of them; the index goes back to the most kept and the others move
+    right, as mlx-lm's right-padding roll moves them."""
+    ours, theirs = pair([6, 2, 4, 5], seed=10)
+    ours.filter([0, 1, 2, 3])  # shared padding arrays, as in a running batch
+    k, v = mx.random.normal((2, 4, HEADS, 4, DIM), key=mx.random.key(11))
+    kept = [4, 1, 2, 1]
+    for cache in (ours, theirs):
+        cache.update_and_fetch(k, v)
+        cache.trim(4 - max(kept))
+    shift_rows([ours], [max(kept) - n for n in kept])
+    theirs.prepare(right_padding=[max(kept) - n for n in kept])
+    theirs.finalize()
+    assert_same(ours, theirs)
+    decode([ours, theirs], 4, seed=12)
     assert_same(ours, theirs)
 
 

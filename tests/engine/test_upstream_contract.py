@@ -5,7 +5,8 @@ so that an upgrade that breaks one fails here, by name.
 Upstream functions the engine replaces or copies are asserted unchanged (by their syntax
 tree): `BatchGenerator._next` (replaced by `_schedule.ServingBatchGenerator._next`),
 `GenerationBatch._step` and `__init__` (`_first_tokens.FirstFromChunk` copies the step's
-lines after the forward and reads the fields `__init__` sets), `GreedyDecoder.update`
+lines after the forward and reads the fields `__init__` sets), `GenerationBatch.next` and
+`filter` (`_batch_speculating`'s verify step stands in for `next`), `GreedyDecoder.update`
 (copied in `_whisper._KeyedDecoder`); when one changes, the engine's version must be
 compared with the new one and the digest updated.
 """
@@ -239,6 +240,15 @@ def test_the_generation_batch_step_our_first_step_copies(model: Any) -> None:
     and relies on the fields `__init__` sets: both unchanged since they were read."""
     assert _digest(_upstream.GenerationBatch._step) == "a18de19b690ba1fa"
     assert _digest(_upstream.GenerationBatch.__init__) == "f4966a4d5b090ae8"
+
+
+def test_the_generation_batch_step_a_batch_verify_stands_in_for(model: Any) -> None:
+    """`_batch_speculating.BatchSpeculation` runs a verify step in place of
+    `GenerationBatch.next` (its `_step` and the checks after it, for several tokens a row),
+    reading and setting the fields `__init__` sets, and calls `filter` and `extract_cache`
+    as `next` does: `next` and `filter` unchanged since they were read."""
+    assert _digest(_upstream.GenerationBatch.next) == "c47ddeb4b6577d19"
+    assert _digest(_upstream.GenerationBatch.filter) == "280f084fc3a97e38"
 
 
 @pytest.fixture(scope="module")

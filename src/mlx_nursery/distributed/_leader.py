@@ -211,3 +211,7 @@ class MirroredStepper:
     @property
     def token_in_flight(self) -> bool:
         return False
+
+    @property
+    def drafting(self) -> frozenset[int]:
+        return self._inner.drafting  # none: the batch drafts nothing across devices

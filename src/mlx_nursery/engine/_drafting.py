@@ -18,6 +18,7 @@ so that speculation costs a request little where it never helps. Engine thread o
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 import attrs
 from attrs import validators as v
@@ -150,10 +151,19 @@ class VerifyCosts:
         return self.plain_s + drafts * self.per_draft_s
 
 
+class Costs(Protocol):
+    """What `DraftControl` asks of the measured costs: `VerifyCosts` on the fast path, the
+    running batch's size's on the batch (`_batch_speculating.BatchCosts`)."""
+
+    def step_seconds(self, drafts: int) -> float | None: ...
+
+    def promising(self, most: int) -> bool: ...
+
+
 class DraftControl:
     """How many tokens one sequence drafts for its next step."""
 
-    def __init__(self, most: int, costs: VerifyCosts, *, adaptive: bool = True) -> None:
+    def __init__(self, most: int, costs: Costs, *, adaptive: bool = True) -> None:
         self._most = most
         self._adaptive = adaptive
         self._costs = costs

@@ -371,8 +371,10 @@ class Ledger:
             problems.append("a uid maps to no active sequence, or an active one to no uid")
         if set(self._by_uid) != stepper.uids:
             problems.append("the current stepper does not hold exactly the active sequences")
-        if idle.uids:
+        if idle.uids or idle.drafting:
             problems.append("the stepper not in use holds sequences")
+        if not stepper.drafting <= stepper.uids:
+            problems.append("a batch row drafts for a sequence the batch does not hold")
         if self._misplaced():
             problems.append("a sequence is in two places, or where its state does not say")
         not_ended = [i for i, state in self._state.items() if state in _NOT_ENDED]

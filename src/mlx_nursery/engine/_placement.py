@@ -166,4 +166,7 @@ class Placement:
             chunk_sizer=self.chunks,
             make_cache=make_cache,
             adapters=self.adapters,
+            speculation=self._config.speculation,
+            verified=self._counters.verified,  # not a method of this object: as the solo's
+            draft_model=self._model.draft,
         )

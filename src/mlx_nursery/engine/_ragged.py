@@ -54,6 +54,8 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         lengths: list[int] | None = None,
         right_padding: list[int] | None = None,
     ) -> None:
+        if left_padding is not None:
+            self._own_padding()
         super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
         if left_padding is not None:
             self.padding = [p + int(q) for p, q in zip(self.padding, left_padding, strict=True)]
@@ -62,10 +64,18 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
 
     def finalize(self) -> None:
         right = self._right_host
+        if right is not None:
+            self._own_padding()
         super().finalize()
         if right is not None:
             self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
             self._right_host = None
+
+    def _own_padding(self) -> None:
+        """Give this layer a `left_padding` array of its own before mlx-lm adds to it in
+        place (`prepare`, `finalize`: `+=` changes the array object, and `filter` shares one
+        between the layers, which would each add their padding to all)."""
+        self.left_padding = mx.array(self.padding, dtype=mx.int32)
 
     def filter(self, batch_indices: Any) -> None:
         """Keep the rows `batch_indices` (ascending, as mlx-lm passes them): contiguous
@@ -136,6 +146,42 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
                 mx.array([self._idx - p for p in self.padding], dtype=mx.int32),
             )
         self.left_padding, self.offset = arrays
+
+
+def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
+    """Move each row i's tokens `shifts[i]` positions right, to end at the write index
+    again, its left padding growing by as much (speculation's realignment after a verify:
+    the positions a row did not keep lie between its tokens and the index).
+
+    mlx-lm's `finalize` does this with a gather over every row's whole buffer; here only the
+    rows that move, and only their tokens, are copied as contiguous slices, written back in
+    place: the copies are evaluated first, so that each layer's buffer is then referenced by
+    its update alone and MLX writes into it rather than copying it."""
+    moving = [(i, s) for i, s in enumerate(shifts) if s > 0]
+    if not moving:
+        return
+    copies: list[list[tuple[mx.array, mx.array]]] = []
+    for layer in layers:
+        keys, values, index = layer.keys, layer.values, layer._idx
+        assert keys is not None and values is not None
+        copies.append(
+            [
+                (
+                    mx.contiguous(keys[i : i + 1, :, layer.padding[i] : index - s]),
+                    mx.contiguous(values[i : i + 1, :, layer.padding[i] : index - s]),
+                )
+                for i, s in moving
+            ]
+        )
+    mx.eval(copies)
+    for layer, moved in zip(layers, copies, strict=True):
+        assert layer.keys is not None and layer.values is not None
+        for (i, s), (k, v) in zip(moving, moved, strict=True):
+            start = layer.padding[i] + s
+            layer.keys[i : i + 1, :, start : layer._idx] = k
+            layer.values[i : i + 1, :, start : layer._idx] = v
+        layer.padding = [p + s for p, s in zip(layer.padding, shifts, strict=True)]
+        layer._sync_device_padding()
 
 
 _padding_arrays: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}

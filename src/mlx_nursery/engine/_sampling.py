@@ -237,6 +237,13 @@ class PositionDraws:
             draws=range(first, first + length),
         )
 
+    def parts(self) -> tuple[KeyedSampler | None, LogitBias | None, int]:
+        """Its keyed sampler (None: the argmax), its bias, and the index of its next draw:
+        what `sample_rows` needs to draw its positions among other rows' (the batch's
+        verify, `_batch_speculating.py`)."""
+        keyed = self._keyed
+        return keyed, self._bias, keyed.draws if keyed is not None else 0
+
     def advance(self, tokens: int) -> None:
         if self._keyed is not None:
             self._keyed.draws += tokens

@@ -35,6 +35,9 @@ here neither happens while sequences run (the engine flushes it when it goes idl
 (`GapMeter`). A chunk with nothing decoding beside it is evaluated at once and timed
 directly: nobody waits for it, and the time is exact.
 
+With speculation on, the decode step is `_batch_speculating.BatchSpeculation.decode`'s: a
+verify step where a row drafts, else `GenerationBatch.next` as here.
+
 Prompts that all end their prefill together leave the prompt batch whole, without the copy
 of its KV that `PromptProcessingBatch.split` makes.
 
@@ -53,6 +56,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ._batch_speculating import BatchSpeculation
 from ._chunking import ChunkSizer, GapMeter
 from ._first_tokens import FirstFromChunk, Head, last_logits, model_head
 from ._upstream import BatchGenerator, PromptProcessingBatch
@@ -86,6 +90,11 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         """Sizes each chunk and is told its time (None: chunks of `prefill_step_size`)."""
         self._gaps = GapMeter(chunk_sizer) if chunk_sizer is not None else None
         """Times the chunks launched beside decoding sequences (None: no sizer to tell)."""
+        self.speculation: BatchSpeculation | None = None
+        """Runs the decode steps where rows draft (`_batch_speculating.py`; None: off)."""
+        self._quiet = False
+        """The last call launched no prefill chunk and moved no row in: the next decode
+        step's time is its own (speculation's costs learn from it)."""
 
     @property
     def prefilled_tokens(self) -> int:
@@ -99,7 +108,12 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         if len(self._generation_batch) > 0:
             tic = time.perf_counter()
             with self._rows(list(self._generation_batch.uids)):
-                generation_responses = self._generation_batch.next()
+                if self.speculation is None:
+                    generation_responses = self._generation_batch.next()
+                else:
+                    generation_responses = self.speculation.decode(
+                        self._generation_batch, quiet=self._quiet
+                    )
             toc = time.perf_counter()
             counters.decode_time += toc - tic
             counters.generation_tokens += len(generation_responses)
@@ -109,6 +123,7 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         elif self._gaps is not None:
             self._gaps.paused()
         if len(self._generation_batch) >= self.completion_batch_size:
+            self._quiet = True
             return prompt_responses, generation_responses
 
         room = min(
@@ -168,6 +183,7 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
                 self._start_from_chunk(finishing, logits, prompt_responses)
 
         self._start_generating(prompt_responses)
+        self._quiet = not chunks and not prompt_responses
         return prompt_responses, generation_responses
 
     def _leave_prompt_batch(self, rows: list[int]) -> Any:

@@ -62,6 +62,7 @@ class ScriptedStepper:
     """Steps sequences by their scripts: no MLX compute, only the scripts' waits."""
 
     kind: Literal["solo", "batch"] = "batch"
+    drafting: frozenset[int] = frozenset()  # no batch rows drafting here
 
     def __init__(
         self,

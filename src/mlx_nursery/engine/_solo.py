@@ -14,9 +14,8 @@ in chunks of at most `prefill_step_size` so that a cancel is honoured between ch
 lone prompt's chunks are never shrunk: nothing decodes beside them; their times still
 teach the chunk sizer, `_chunking.py`, what a token costs).
 
-With speculation on (`EngineConfig.speculation`), a step may instead verify tokens drafted
-by prompt lookup, and return several (`_speculating.py`); a step without drafts is the one
-above, pipelined as ever.
+With speculation on, a step may verify drafted tokens and return several (`_speculating.py`;
+the batch's rows: `_batch_speculating.py`); a step without drafts is the one above.
 
 We do not call `generate_step` itself: a generator can't hand its KV cache and its
 in-flight token over to the batch, and the handover is what keeps behaviour identical.
@@ -316,6 +315,7 @@ class SoloStepper:
     """The fast path as a stepper: it holds at most one sequence."""
 
     kind: Literal["solo", "batch"] = "solo"
+    drafting: frozenset[int] = frozenset()  # no batch rows drafting here
 
     def __init__(
         self,

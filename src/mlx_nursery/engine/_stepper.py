@@ -23,7 +23,9 @@ import attrs
 import mlx.core as mx
 
 from ._adapters import RowAdapters
+from ._batch_speculating import BatchSpeculation, Report
 from ._chunking import ChunkSizer
+from ._drafting import Speculation
 from ._kv_quant import CacheFactory
 from ._ragged import ragged_rows
 from ._sampling import Sampler, sample_batch
@@ -77,6 +79,11 @@ class Stepper(Protocol):
     def token_in_flight(self) -> bool:
         """A token is computing that the next `step` returns (the posting rule asks)."""
 
+    @property
+    def drafting(self) -> frozenset[int]:
+        """The batch rows holding speculation's drafting state (a subset of `uids`, for the
+        invariant checks; the fast path's lone sequence keeps its own: empty there)."""
+
 
 class _RowSamplers:
     """The one sampler object every row of the batch is given, so that `BatchGenerator`
@@ -118,10 +125,16 @@ class BatchStepper:
         draw: Draw = sample_batch,
         fold_first_tokens: bool = True,
         adapters: RowAdapters | None = None,
+        speculation: Speculation | None = None,
+        verified: Report | None = None,
+        draft_model: Any = None,
     ) -> None:
         """`fold_first_tokens`: a prompt's first token comes from its last prefill chunk
         where the model allows it (`_first_tokens.py`); off, from a forward of its own.
-        `adapters`: the rows' LoRA adapters (`_adapters.py`; None: the base model only)."""
+        `adapters`: the rows' LoRA adapters (`_adapters.py`; None: the base model only).
+        `speculation`: rows draft and verify inside the batch (`_batch_speculating.py`;
+        None: off), each verify reported to `verified`; `draft_model`: drafts come from it
+        where the method is "draft"."""
         self._model = model
         self._adapters = adapters or RowAdapters(None)
         self._slots: dict[int, int] = {}
@@ -139,16 +152,25 @@ class BatchStepper:
         )
         self._samplers = _RowSamplers(draw)
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""
+        self._speculation = (
+            None
+            if speculation is None
+            else BatchSpeculation(speculation, model, self._samplers.by_uid, verified, draft_model)
+        )
+        self._generator.speculation = self._speculation
 
     def insert(self, sequence: LiveSequence, start: Start) -> int:
         adapter = sequence.request.adapter
-        return self.insert_row(
+        uid = self.insert_row(
             start,
             sampler=sequence.sampler,
             processors=sequence.processors,
             stop_ids=sequence.stop_ids,
             slot=self._adapters.slot(adapter),
         )
+        if self._speculation is not None:
+            self._speculation.add(uid, sequence)
+        return uid
 
     def insert_row(
         self,
@@ -189,6 +211,8 @@ class BatchStepper:
             if response.finish_reason is not None:
                 self._samplers.by_uid.pop(response.uid, None)  # the generator drops it itself
                 self._slots.pop(response.uid, None)
+                if self._speculation is not None:
+                    self._speculation.drop(response.uid)
         return responses
 
     def remove(self, uids: list[int], *, keep_state: bool) -> dict[int, KVState]:
@@ -197,16 +221,24 @@ class BatchStepper:
         for uid in uids:
             self._samplers.by_uid.pop(uid, None)
             self._slots.pop(uid, None)
+            if self._speculation is not None:
+                self._speculation.drop(uid)
         return caches if keep_state else {}
 
     def close(self) -> None:
         self._samplers.by_uid.clear()
         self._slots.clear()
+        if self._speculation is not None:
+            self._speculation.clear()
         self._generator.close()
 
     @property
     def uids(self) -> frozenset[int]:
         return frozenset(self._samplers.by_uid)
+
+    @property
+    def drafting(self) -> frozenset[int]:
+        return frozenset() if self._speculation is None else self._speculation.rows
 
     @property
     def prefilled(self) -> int:

@@ -14,7 +14,10 @@ Private parts relied on, and where:
   and reads `_counters`, `_prompt_batch`, `_generation_batch`, `_unprocessed_sequences`,
   `_currently_processing` and `_make_batch`.
 - `GenerationBatch`'s internals: `_first_tokens.FirstFromChunk` replaces its first `_step`
-  with that method's lines after the forward, and sets the fields `_step` reads.
+  with that method's lines after the forward, and sets the fields `_step` reads;
+  `_batch_speculating.BatchSpeculation` runs a verify step in place of `next` (its `_step`
+  and checks, for several tokens a row), reading and setting the same fields (`_next_tokens`,
+  `_next_logprobs`, `_current_*`, `_num_tokens`, `_matchers`, `_token_context`, `tokens`).
 - `sampler_rows`: which rows a batched sampler call is for, read from the calling frame
   (mlx-lm's `GenerationBatch._step`): `BatchGenerator` passes a sampler only the logprobs.
 - `byte_decoder` (mlx-lm's `_byte_decoder`): the GPT-2 byte table, for token bytes

@@ -225,9 +225,10 @@ class ServerSettings:
         default=None,
         validator=v.optional(v.in_(SPECULATION_METHODS)),
         metadata=described(
-            "speculative decoding for a request running alone: ngram drafts the next tokens"
-            " from its own context (prompt lookup), draft by --draft-model, and verifies them"
-            " in one forward; the same output, faster where the drafts hold",
+            "speculative decoding: ngram drafts each request's next tokens from its own"
+            " context (prompt lookup), draft by --draft-model, and verifies them in one"
+            " forward, every request of the batch in the same one; the same output, faster"
+            " where the drafts hold",
             none="off",
         ),
     )
