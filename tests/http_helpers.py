@@ -82,8 +82,15 @@ async def running_server(
     `model_dir` None serves the built-in default model, or the models `settings` name. The
     server runs with the testing package's harness, as `mlx-nursery serve` does (unless
     not `harnessed`), and with `extra_processors` (`mlx_nursery.testing.extra_processors`)
-    when given."""
-    defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:", "port": 0}
+    when given. Its warm-up is minimal unless `settings` say otherwise: its first phase
+    runs (the fast path), the rest of its budget is none (tests/engine/test_warmup.py and
+    the engine's startup test run every phase)."""
+    defaults: dict[str, Any] = {
+        "shutdown_grace": 5.0,
+        "responses_db": ":memory:",
+        "port": 0,
+        "warmup_budget": 0.0,
+    }
     if model_dir is not None:
         defaults.update(model=str(model_dir), served_model_name="tiny")
     config = Settings(**{**defaults, **settings})
