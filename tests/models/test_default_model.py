@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+import trio
 
 from mlx_nursery.engine import SamplingParams
 from mlx_nursery.models.default import DEFAULT_MODEL_NAME, ensure_default_model
@@ -56,8 +57,9 @@ async def test_speculation_gives_the_default_models_greedy_tokens() -> None:
     # step, and the answer copies it all the same (drafts accepted, some refused).
     code = "def area(width, height):\n    return width * height\n\n"
     ask = f"Rewrite this code, renaming `area` to `surface`:\n\n{code}"
-    runs = []
-    for speculation in (None, Speculation(tokens=4, adaptive=False)):
+    runs: dict[bool, list[Any]] = {}
+
+    async def run(speculation: Speculation | None) -> None:
         config = EngineConfig(ensure_default_model(), warmup=False, speculation=speculation)
         async with open_engine(config) as engine:
             tokenizer: Any = engine.model.tokenizer
@@ -66,8 +68,16 @@ async def test_speculation_gives_the_default_models_greedy_tokens() -> None:
             )
             request = GenerationRequest(prompt, 20, SamplingParams(temperature=0.0))
             async with engine.generate(request) as stream:
-                runs.append([event async for event in stream])
-    plain, speculated = ([e.token_id for e in run if e.token_id is not None] for run in runs)
+                runs[speculation is not None] = [event async for event in stream]
+
+    # Both engines at once: each computes on its own thread, one core apiece on the 2-core
+    # CI machine (their answers do not depend on each other).
+    async with trio.open_nursery() as nursery:
+        for speculation in (None, Speculation(tokens=4, adaptive=False)):
+            nursery.start_soon(run, speculation)
+    plain, speculated = (
+        [e.token_id for e in runs[k] if e.token_id is not None] for k in (False, True)
+    )
     assert speculated == plain
-    usage = runs[1][-1].usage
+    usage = runs[True][-1].usage
     assert usage is not None and usage.accepted_draft_tokens > 0
