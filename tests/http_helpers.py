@@ -48,8 +48,15 @@ def _nullable_to_json_schema(node: Any) -> Any:
 
 
 @cache
+def openapi_spec() -> Any:
+    """The official OpenAPI spec as parsed from its YAML (about 2 s of parsing: once a session).
+    Shared: read it, never change it."""
+    return yaml.load(SPEC.read_text("utf-8"), Loader=yaml.CSafeLoader)
+
+
+@cache
 def _registry() -> Registry:
-    spec = _nullable_to_json_schema(yaml.load(SPEC.read_text("utf-8"), Loader=yaml.CSafeLoader))
+    spec = _nullable_to_json_schema(openapi_spec())
     return Registry().with_resource(SPEC_URI, Resource.from_contents(spec, DRAFT202012))
 
 
