@@ -80,7 +80,11 @@ def tiny_kokoro(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def engine_config(tiny_model: Path) -> EngineConfig:
-    return EngineConfig(tiny_model, max_concurrency=8, max_queue=8, prefill_step_size=64)
+    """The tiny model's engine for tests, its warm-up minimal: the first phase only (the
+    warm-up's own tests run every phase)."""
+    return EngineConfig(
+        tiny_model, max_concurrency=8, max_queue=8, prefill_step_size=64, warmup_budget_s=0.0
+    )
 
 
 @pytest.fixture

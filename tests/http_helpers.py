@@ -48,8 +48,15 @@ def _nullable_to_json_schema(node: Any) -> Any:
 
 
 @cache
+def openapi_spec() -> Any:
+    """The official OpenAPI spec as parsed from its YAML (about 2 s of parsing: once a session).
+    Shared: read it, never change it."""
+    return yaml.load(SPEC.read_text("utf-8"), Loader=yaml.CSafeLoader)
+
+
+@cache
 def _registry() -> Registry:
-    spec = _nullable_to_json_schema(yaml.load(SPEC.read_text("utf-8"), Loader=yaml.CSafeLoader))
+    spec = _nullable_to_json_schema(openapi_spec())
     return Registry().with_resource(SPEC_URI, Resource.from_contents(spec, DRAFT202012))
 
 
@@ -82,8 +89,15 @@ async def running_server(
     `model_dir` None serves the built-in default model, or the models `settings` name. The
     server runs with the testing package's harness, as `mlx-nursery serve` does (unless
     not `harnessed`), and with `extra_processors` (`mlx_nursery.testing.extra_processors`)
-    when given."""
-    defaults: dict[str, Any] = {"shutdown_grace": 5.0, "responses_db": ":memory:", "port": 0}
+    when given. Its warm-up is minimal unless `settings` say otherwise: its first phase
+    runs (the fast path), the rest of its budget is none (tests/engine/test_warmup.py and
+    the engine's startup test run every phase)."""
+    defaults: dict[str, Any] = {
+        "shutdown_grace": 5.0,
+        "responses_db": ":memory:",
+        "port": 0,
+        "warmup_budget": 0.0,
+    }
     if model_dir is not None:
         defaults.update(model=str(model_dir), served_model_name="tiny")
     config = Settings(**{**defaults, **settings})

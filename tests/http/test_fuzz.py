@@ -48,11 +48,10 @@ import attrs
 import httpx
 import pytest
 import trio
-import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from tests.http_helpers import SPEC, running_server, validate, validate_error
+from tests.http_helpers import openapi_spec, running_server, validate, validate_error
 
 MODEL = "tiny"
 VOCAB = 2048  # the tiny model's vocabulary: top_k and token ids beyond it are out of range
@@ -1420,7 +1419,7 @@ class Outcome:
 @cache
 def _event_schemas() -> dict[str, str]:
     """Responses stream event type -> its schema's name in the spec."""
-    spec = yaml.load(SPEC.read_text("utf-8"), Loader=yaml.CSafeLoader)["components"]["schemas"]
+    spec = openapi_spec()["components"]["schemas"]
     names = [ref["$ref"].rsplit("/", 1)[1] for ref in spec["ResponseStreamEvent"]["anyOf"]]
     return {spec[name]["properties"]["type"]["enum"][0]: name for name in names}
 

@@ -11,7 +11,11 @@ import httpx
 import openai
 import pytest
 import trio
+from hypercorn.config import Config as HypercornConfig
 
+from mlx_nursery import server as server_module
+from mlx_nursery.server import hypercorn_config
+from mlx_nursery.settings import Settings
 from tests.http_helpers import (
     ThreadedServer,
     borrowed,
@@ -155,13 +159,25 @@ async def test_queue_full_is_503_with_retry_after(tiny_model: Path) -> None:
         assert reply.usage.completion_tokens == 2
 
 
-async def test_idle_keep_alive_connections_are_closed(tiny_model: Path) -> None:
+async def test_idle_keep_alive_connections_are_closed(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hypercorn's keep_alive_timeout must close the idle connection (see _keepalive.py). The
+    server's is 5 s; this one's is cut to 0.5 s, so that the test waits on the mechanism, not on
+    the production value (which the first assertion holds)."""
+    assert hypercorn_config(Settings(model=str(tiny_model))).keep_alive_timeout == 5
+
+    def short_keep_alive(settings: Settings) -> HypercornConfig:
+        config = hypercorn_config(settings)
+        config.keep_alive_timeout = 0.5
+        return config
+
+    monkeypatch.setattr(server_module, "hypercorn_config", short_keep_alive)
     async with running_server(tiny_model) as server:
         connection = await raw_http(
             port_of(server), b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         )
         await read_until(connection, b'{"status": "ok"}')
-        # Hypercorn's keep_alive_timeout (5 s) must close the idle connection (see _keepalive.py).
         with trio.fail_after(30):
             while await connection.receive_some(65536):
                 pass

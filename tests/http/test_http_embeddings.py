@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,15 @@ from transformers import AutoTokenizer
 
 from mlx_nursery.engine import Embedder
 from tests.http_helpers import (
+    ThreadedServer,
+    borrowed,
     eventually,
     port_of,
     post_request,
     raw_http,
     running_server,
     sdk,
+    server_thread,
     validate,
     validate_error,
 )
@@ -32,13 +36,14 @@ CONTEXT = 128  # the preset's max_seq_length
 WIDTH = 64  # its hidden size
 
 
-def serving(embedding: Path, chat: Path, **settings: Any) -> Any:
-    return running_server(
-        None,
-        model=(f"{embedding}=emb", f"{chat}=chat"),
-        max_loaded_models=2,
-        **settings,
-    )
+@pytest.fixture(scope="module")
+def beside_chat(tiny_embedding: Path, tiny_model: Path) -> Iterator[ThreadedServer]:
+    """The embedding model served as `emb` beside the tiny chat model as `chat`, for the tests
+    that ask only `emb` (none loads `chat`: one of them checks that it stays unloaded)."""
+    with server_thread(
+        None, model=(f"{tiny_embedding}=emb", f"{tiny_model}=chat"), max_loaded_models=2
+    ) as served:
+        yield served
 
 
 def unit(vector: np.ndarray) -> np.ndarray:
@@ -46,12 +51,12 @@ def unit(vector: np.ndarray) -> np.ndarray:
 
 
 async def test_texts_and_token_ids_in_floats_and_base64_through_the_sdk(
-    tiny_embedding: Path, tiny_model: Path
+    tiny_embedding: Path, beside_chat: ThreadedServer
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_embedding))
     texts = ["hello world", "the model is a server that answers"]
     ids = [tokenizer.encode(t) for t in texts]
-    async with serving(tiny_embedding, tiny_model) as running:
+    async with borrowed(beside_chat) as running:
         client = sdk(running)
         floats = await client.embeddings.create(model="emb", input=texts, encoding_format="float")
         # The SDK asks for base64 by default when numpy is installed, and decodes it.
@@ -134,10 +139,10 @@ async def test_dimensions_cut_a_matryoshka_model_and_are_refused_elsewhere(
 
 
 async def test_bad_inputs_get_400s_and_each_route_refuses_the_other_kind(
-    tiny_embedding: Path, tiny_model: Path
+    beside_chat: ThreadedServer,
 ) -> None:
     async with (
-        serving(tiny_embedding, tiny_model) as running,
+        borrowed(beside_chat) as running,
         httpx.AsyncClient(base_url=running.base_url) as http,
     ):
 
@@ -192,9 +197,9 @@ async def test_bad_inputs_get_400s_and_each_route_refuses_the_other_kind(
 
 
 async def test_usage_counts_special_tokens_of_texts_and_none_for_token_ids(
-    tiny_embedding: Path, tiny_model: Path
+    tiny_embedding: Path, beside_chat: ThreadedServer
 ) -> None:
-    async with serving(tiny_embedding, tiny_model) as running:
+    async with borrowed(beside_chat) as running:
         client = sdk(running)
         text = await client.embeddings.create(model="emb", input="hello")
         ids = await client.embeddings.create(model="emb", input=[5, 6, 7])

@@ -27,7 +27,7 @@ from tests.http_helpers import engine_of, eventually, running_server
 
 pytestmark = pytest.mark.slow
 
-REQUESTS = int(os.environ.get("MLX_NURSERY_SOAK_REQUESTS") or 200)
+REQUESTS = int(os.environ.get("MLX_NURSERY_SOAK_REQUESTS") or 120)
 CONCURRENCY = 16
 WORDS = [
     "the",
