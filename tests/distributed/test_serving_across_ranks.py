@@ -11,6 +11,7 @@ exit status).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -170,15 +171,17 @@ def served(
             stdout=out,
             stderr=subprocess.STDOUT,
             env=_env(),
+            start_new_session=True,  # its ranks too can be ended together (a failed test)
         )
     launched = Launched(launcher, port, log)
     try:
         trio.run(_until_healthy, port, launcher)
         yield Served(launched, model.name, reference, kv_bytes_per_token)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        # The launcher and any rank it left: a killed launcher does not end its ranks.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
 
 
 async def _complete(client: httpx.AsyncClient, model: str, prompt: list[int], **fields: Any) -> str:
