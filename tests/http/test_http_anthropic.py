@@ -200,7 +200,13 @@ async def test_create_and_stream_give_the_same_message(plain: ThreadedServer) ->
                 async with http.stream(
                     "POST",
                     "/v1/messages",
-                    json={"model": "tiny", "messages": ASK, "max_tokens": 4, "stream": True},
+                    json={
+                        "model": "tiny",
+                        "messages": ASK,
+                        "max_tokens": 4,
+                        "stream": True,
+                        "temperature": 0,  # greedy: a sampled token could end the turn early
+                    },
                 ) as response:
                     assert response.headers["content-type"].startswith("text/event-stream")
                     assert response.headers["request-id"] == response.headers["x-request-id"]
