@@ -40,6 +40,7 @@ import mlx.core as mx
 
 from ._batch_drafting import BatchCosts, RowDrafter, fair, row_drafter
 from ._drafting import EXPLORE_DRAFTS, FIRST_PAUSE, LONGEST_PAUSE, Speculation
+from ._first_tokens import apply_processors
 from ._ragged import RaggedBatchKVCache, shift_rows
 from ._sampling import Sampler, sample_batch, sample_rows
 from ._sequence import LiveSequence
@@ -182,17 +183,9 @@ class BatchSpeculation:
         first = logits[:, 0, :]
         context: list[mx.array] = []
         if any(batch.logits_processors):  # as `_step` applies them, on the first position
-            processed = []
-            for e in range(rows):
-                row_logits = first[e : e + 1]
-                processors = batch.logits_processors[e] or ()
-                if processors:
-                    held = batch._token_context[e].update_and_fetch(current[e : e + 1])
-                    context.append(held)
-                    for processor in processors:
-                        row_logits = processor(held, row_logits)
-                processed.append(row_logits)
-            first = mx.concatenate(processed, axis=0)
+            first, context = apply_processors(
+                first, current, batch.logits_processors, batch._token_context
+            )
         first_logprobs = first - mx.logsumexp(first, axis=-1, keepdims=True)
         drafting = [i for i in range(rows) if drafts[i]]
         plain = [i for i in range(rows) if not drafts[i]]

@@ -18,7 +18,7 @@ mlx-lm's way (`model_head` returns None).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -57,6 +57,25 @@ def last_logits(hidden: mx.array, rows: list[int], positions: list[int], head: H
     return logits[:, -1, :]
 
 
+def apply_processors(
+    logits: mx.array, inputs: mx.array, processors: Sequence[Any], token_context: Sequence[Any]
+) -> tuple[mx.array, list[mx.array]]:
+    """Each row's logits processors on its logits, as `GenerationBatch._step` applies them:
+    the row's token context takes its input first. Returns the logits and the contexts
+    updated (to evaluate with the step). Lazy; engine thread."""
+    held: list[mx.array] = []
+    rows = []
+    for e, row_processors in enumerate(processors):
+        row = logits[e : e + 1]
+        if row_processors:
+            context = token_context[e].update_and_fetch(inputs[e : e + 1])
+            held.append(context)
+            for processor in row_processors:
+                row = processor(context, row)
+        rows.append(row)
+    return mx.concatenate(rows, axis=0), held
+
+
 class FirstFromChunk(GenerationBatch):  # type: ignore[misc]  # mlx-lm is untyped
     """A `GenerationBatch` of prompts whose last token ran in their last prefill chunk: built
     with those tokens as `inputs` (they are in the KV cache already, not in `tokens`), its
@@ -82,19 +101,11 @@ class FirstFromChunk(GenerationBatch):  # type: ignore[misc]  # mlx-lm is untype
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
-        token_context = []
+        token_context: list[mx.array] = []
         if any(self.logits_processors):
-            processed_logits = []
-            for e in range(len(self.uids)):
-                sample_logits = logits[e : e + 1]
-                processors = self.logits_processors[e] or ()
-                if processors:
-                    context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
-                    token_context.append(context)
-                    for processor in processors:
-                        sample_logits = processor(context, sample_logits)
-                processed_logits.append(sample_logits)
-            logits = mx.concatenate(processed_logits, axis=0)
+            logits, token_context = apply_processors(
+                logits, inputs, self.logits_processors, self._token_context
+            )
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samplers = [
             self.fallback_sampler if s is None else s
