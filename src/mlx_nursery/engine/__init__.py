@@ -5,7 +5,7 @@ Knows nothing of HTTP or OpenAI: token ids in, `TokenEvent`s out.
 
 from ._adapters import AdapterBusy, AdapterError, AdaptersDisabled, UnknownAdapter
 from ._config import EngineConfig
-from ._disk_tier import DiskCacheStats
+from ._disk_entries import DiskCacheStats
 from ._drafting import SPECULATION_METHODS, Speculation
 from ._embedder import EMBEDDING_THREAD_NAME, Embedder, EmbedderConfig, EmbeddingRequest
 from ._embedding_worker import EmbeddingModelInfo

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..models import LoadedModel
 from ._config import EngineConfig
+from ._disk_entries import DiskCacheStats, DiskRead, DiskWrite, HostKV
 from ._disk_format import (
     FORMAT,
     SEQUENCE_AXIS,
@@ -36,7 +37,7 @@ from ._disk_format import (
     namespace_root,
 )
 from ._disk_rates import ReadRate
-from ._disk_tier import DiskCacheStats, DiskRead, DiskTier, DiskWrite, HostKV
+from ._disk_tier import DiskTier
 from ._kv_quant import CacheFactory, QuantizedKVRow
 from ._upstream import KVCache
 

@@ -15,8 +15,8 @@ import logging
 
 import attrs
 
+from ._disk_entries import DiskRead
 from ._disk_kv import RESTORE_BYTES_PER_ITERATION, Restoring
-from ._disk_tier import DiskRead
 from ._imaging import Imaging
 from ._ledger import Ledger
 from ._messages import StepEvent

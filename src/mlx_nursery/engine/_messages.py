@@ -14,7 +14,7 @@ import attrs
 
 from ._adapters import AdapterChange
 from ._detokenizer import TokenTexts
-from ._disk_tier import DiskCacheStats
+from ._disk_entries import DiskCacheStats
 from ._prefix_cache import PrefixCacheStats
 from ._types import FinishReason, GenerationRequest, Tokenizer, TokenLogprob, Usage
 from ._vision import VisionProcessor

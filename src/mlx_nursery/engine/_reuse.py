@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from .. import fault_points
 from ..models import LoadedModel
+from ._disk_entries import DiskCacheStats, DiskRead, HostKV
 from ._disk_kv import DiskKV, Restoring
-from ._disk_tier import DiskCacheStats, DiskRead, HostKV
 from ._prefix_cache import CacheHit, PrefixCache
 from ._sequence import LiveSequence
 from ._stepper import KVState
