@@ -13,6 +13,11 @@ variants, each request once per round. The decode rate is tokens after the first
 time from the first to the last; the acceptance, drafted tokens accepted. Outputs must equal
 the `off` variant's (greedy): a difference is reported.
 
+`--model DIR` runs another model (a preset at real shapes on a GPU: random weights accept
+few drafts, so this measures what speculation costs where it does not pay); `--draft-model
+DIR` adds the draft-model variants (a smaller model with the same tokenizer). Several engines
+share the device: give each a KV budget (`--kv-cache-bytes`) on a GPU.
+
 With `--streams N` (N > 1) each request is sent N times at once, so the N streams decode
 in one batch and each row verifies its own drafts in the batch's forward
 (decisions/0049); the rate is the aggregate one: every stream's tokens after its first over
@@ -117,7 +122,19 @@ VARIANTS: dict[str, Speculation | None] = {
     "ngram fixed 2": Speculation(tokens=2, adaptive=False),
     "ngram fixed 4": Speculation(tokens=4, adaptive=False),
     "ngram fixed 8": Speculation(tokens=8, adaptive=False),
+    "draft (adaptive, 4)": Speculation("draft", tokens=4, draft_model="(--draft-model)"),
+    "draft fixed 4": Speculation("draft", tokens=4, draft_model="(--draft-model)", adaptive=False),
 }
+DEFAULT_VARIANTS = [n for n, spec in VARIANTS.items() if spec is None or spec.method == "ngram"]
+
+
+def _variant(name: str, draft_model: Path | None) -> Speculation | None:
+    spec = VARIANTS[name]
+    if spec is None or spec.method == "ngram":
+        return spec
+    if draft_model is None:
+        raise SystemExit(f"variant {name!r} needs --draft-model")
+    return attrs.evolve(spec, draft_model=str(draft_model))
 
 
 async def one(engine: Engine, prompt: list[int], tokens: int) -> dict[str, Any]:
@@ -166,10 +183,20 @@ async def together(engine: Engine, prompt: list[int], tokens: int, streams: int)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    model = ensure_default_model()
+    model = args.model or ensure_default_model()
     streams = args.streams
-    base = EngineConfig(model, max_concurrency=streams, prompt_cache_bytes=0, warmup=False)
-    variants = {name: VARIANTS[name] for name in args.variants or VARIANTS}
+    base = EngineConfig(
+        model,
+        max_concurrency=streams,
+        prompt_cache_bytes=0,
+        kv_cache_bytes=args.kv_cache_bytes,
+        warmup=False,
+    )
+    variants = {
+        name: _variant(name, args.draft_model) for name in args.variants or DEFAULT_VARIANTS
+    }
+    if "off" not in variants:
+        raise SystemExit("the variants must include 'off' (the reference)")
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
         v: {w: [] for w in WORKLOADS} for v in variants
     }
@@ -245,7 +272,16 @@ if __name__ == "__main__":
     parser.add_argument(
         "--streams", type=int, default=1, help="concurrent copies of each request (one batch)"
     )
-    parser.add_argument("--variants", nargs="*", choices=list(VARIANTS), help="default: all")
+    parser.add_argument(
+        "--variants", nargs="*", choices=list(VARIANTS), help="default: off and every ngram one"
+    )
+    parser.add_argument("--model", type=Path, help="default: the built-in SmolLM2-135M")
+    parser.add_argument("--draft-model", type=Path, help="for the draft variants")
+    parser.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        help="each engine's KV budget (several engines share one device here)",
+    )
     args = parser.parse_args()
     try:
         report = trio.run(main, args)
