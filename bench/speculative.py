@@ -292,7 +292,7 @@ if __name__ == "__main__":
         commit=_commit(),
         machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
         device=str(mx.default_device()),
-        args=vars(args) | {"out": str(args.out) if args.out else None},
+        args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     )
     for row in report["rows"]:
         acceptance = "-" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
