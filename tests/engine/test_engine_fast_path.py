@@ -180,7 +180,7 @@ def test_handover_in_the_middle_of_a_chunked_prefill(tiny_model: Path) -> None:
     from mlx_lm.sample_utils import make_sampler
     from mlx_lm.utils import load
 
-    from mlx_nursery.engine._solo import SoloSequence
+    from mlx_nursery.engine._solo_sequence import SoloSequence
     from mlx_nursery.engine._stepper import Start
 
     model, tokenizer = load(str(tiny_model))

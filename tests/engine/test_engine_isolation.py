@@ -25,7 +25,7 @@ from mlx_nursery.engine import (
     _prefix_cache,
     _sampling,
     _sequence,
-    _solo,
+    _solo_sequence,
     open_engine,
 )
 from tests.helpers import CallSignal, Run, collect, collect_all, request
@@ -237,7 +237,7 @@ async def test_a_failing_handover_fails_only_the_lone_sequence(
     def handover(self: Any) -> Any:
         raise RuntimeError("handover broke")
 
-    monkeypatch.setattr(_solo.SoloSequence, "handover", handover)
+    monkeypatch.setattr(_solo_sequence.SoloSequence, "handover", handover)
     signal = CallSignal(trio.lowlevel.current_trio_token(), after_calls=3)
     lone = request(engine, PROMPTS[4], max_tokens=200, ignore_eos=True, logits_processors=[signal])
     results: dict[str, Run] = {}

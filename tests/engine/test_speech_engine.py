@@ -48,6 +48,7 @@ def test_transcript_equals_mlx_audio_generate_over_several_windows(tiny_whisper:
 def test_a_stop_ends_the_decode_at_the_next_token(tiny_whisper: Path) -> None:
     """`check` runs before every decoder step: the step after a stop never runs."""
     from mlx_nursery.engine import _whisper
+    from mlx_nursery.engine._lane_worker import Stopped
 
     loaded = load_speech_model(tiny_whisper)
     calls = {"check": 0, "tokens": 0}
@@ -55,13 +56,13 @@ def test_a_stop_ends_the_decode_at_the_next_token(tiny_whisper: Path) -> None:
     def check() -> None:
         calls["check"] += 1
         if calls["check"] > 5:  # window check, then four decoder steps
-            raise _whisper.Stopped
+            raise Stopped
 
     def on_token() -> None:
         calls["tokens"] += 1
 
     windows: list[Window] = []
-    with pytest.raises(_whisper.Stopped):
+    with pytest.raises(Stopped):
         _whisper.transcribe(
             loaded.model, TranscriptionRequest(clip(2)), check, windows.append, on_token
         )

@@ -1,32 +1,24 @@
 """The speech thread: it loads a Whisper and runs its transcriptions, one at a time.
 
-It knows nothing of Trio. Transcriptions arrive on a thread-safe queue (None: stop), each
-with its stop flag, which the Trio side sets and the window loop checks (`_whisper.py`).
-Everything leaves through one `post` (the engine's `DeviceThread.bind`): a `SpeechPost` with
-the transcription's event (a window, its transcript or its failure), whether it ended (its
-confirmation: it computes nothing more), and this thread's counters as they are then. The
-counters are this thread's alone; the Trio side knows them only from the posts.
+It knows nothing of Trio; the queue, the stop flags, the posts and the confirmations are
+`LaneWorker`'s (`_lane_worker.py`). What is its own: the model (mlx-audio's Whisper and the
+window loop, `_whisper.py`), which checks a transcription's stop flag before every window
+and every decoder step, and posts each window as it ends; and its counters.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import attrs
 
-from .. import fault_points
-from ..fault_points import request_label
-from ._device_thread import run_device_thread
 from ._errors import EngineUnavailable
+from ._lane_worker import LaneJob, LanePost, LaneWorker
 from ._speech_types import SpeechModelInfo, Transcript, TranscriptionRequest, Window
-
-log = logging.getLogger("mlx_nursery.engine")
 
 SpeechEvent = Window | Transcript | EngineUnavailable
 """What a transcription's channel carries: windows, then a transcript or an error."""
@@ -42,28 +34,20 @@ class SpeechCounters:
     cancelled: int = 0
 
 
-@attrs.frozen
-class SpeechPost:
-    """One hop to Trio: a transcription's news, with the thread's counters."""
+SpeechPost = LanePost[Window | Transcript, SpeechCounters]
+"""One hop to Trio: a transcription's news, with the thread's counters."""
 
-    job_id: int
-    counters: SpeechCounters
-    event: SpeechEvent | None = None
-    ended: bool = False
-    """The transcription's confirmation: it computes nothing more (its last post)."""
+_Whisper = tuple[Any, ModuleType]
+"""mlx-audio's Whisper (unchecked: mlx-audio has no type hints) and the window loop."""
 
 
-@attrs.frozen(eq=False)
-class _Transcribe:
-    job_id: int
-    request: TranscriptionRequest
-    stop: threading.Event
-    label: str | None
-    """The request's label (its HTTP request id), for the fault seam (`fault_points`)."""
+class SpeechWorker(
+    LaneWorker[TranscriptionRequest, SpeechModelInfo, _Whisper, Window | Transcript, SpeechCounters]
+):
+    """A Whisper's thread (`LaneWorker`): `submit` and `stop` from the Trio thread."""
 
-
-class SpeechWorker:
-    """Runs on its own thread (`run`); `submit` and `stop` are called from the Trio thread."""
+    what = "speech engine"
+    job_name = "transcription"
 
     def __init__(
         self,
@@ -72,32 +56,13 @@ class SpeechWorker:
         on_ready: Callable[[SpeechModelInfo | None, BaseException | None], None],
         on_exit: Callable[[BaseException | None], None],
     ) -> None:
+        super().__init__(post, on_ready, on_exit)
         self._model_path = model
-        self._post = post
-        self._on_ready = on_ready
-        self._on_exit = on_exit
-        self._commands: queue.SimpleQueue[_Transcribe | None] = queue.SimpleQueue()
-        # This thread's alone; they reach Trio in posts only (`_counters`).
-        self._running = False
+        # This thread's alone, as the base's are.
         self._windows = 0
         self._tokens = 0
-        self._cancelled = 0
 
-    # -- from the Trio thread -----------------------------------------------------------------
-    def submit(self, job_id: int, request: TranscriptionRequest, stop: threading.Event) -> None:
-        self._commands.put(_Transcribe(job_id, request, stop, request_label.get()))
-
-    def stop(self) -> None:
-        """Once the transcription running now (if any) ends, the thread exits."""
-        self._commands.put(None)
-
-    # -- the thread ---------------------------------------------------------------------------
-    def run(self) -> None:
-        run_device_thread(
-            "speech engine", self._load, self._serve, self._finish, self._on_ready, self._on_exit
-        )
-
-    def _load(self) -> tuple[SpeechModelInfo, tuple[Any, ModuleType]]:
+    def _load(self) -> tuple[SpeechModelInfo, _Whisper]:
         from ..models import load_speech_model
 
         model = load_speech_model(self._model_path)
@@ -109,51 +74,20 @@ class SpeechWorker:
         )
         return info, (model.model, _whisper)
 
-    def _serve(self, loaded: tuple[Any, ModuleType]) -> None:
+    def _work(self, job: LaneJob[TranscriptionRequest], loaded: _Whisper) -> Transcript:
+        """One transcription, window by window: a post per window as it ends."""
         model, whisper = loaded
-        while (job := self._commands.get()) is not None:
-            self._transcribe(job, model, whisper)
-
-    def _finish(self, exc: BaseException | None) -> None:
-        """Transcriptions queued behind the stop: confirmed, never run."""
-        while True:
-            try:
-                left = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if left is not None:
-                stopped = EngineUnavailable("the speech engine stopped")
-                self._post(SpeechPost(left.job_id, self._counters(), stopped, ended=True))
-
-    def _transcribe(self, job: _Transcribe, model: Any, whisper: ModuleType) -> None:
-        """Run one transcription; its events and its confirmation go to Trio."""
-
-        def check() -> None:
-            if job.stop.is_set():
-                raise whisper.Stopped
-            if fault_points.ARMED:
-                fault_points.reach("whisper_window", job.label)
 
         def on_token() -> None:
             self._tokens += 1
 
         def emit(window: Window) -> None:
             self._windows += 1
-            self._post(SpeechPost(job.job_id, self._counters(), window))
+            self._send(job.job_id, window, ended=False)
 
-        outcome: SpeechEvent | None = None
-        self._running = True
-        self._post(SpeechPost(job.job_id, self._counters()))
-        try:
-            outcome = whisper.transcribe(model, job.request, check, emit, on_token)
-        except whisper.Stopped:
-            self._cancelled += 1
-        except Exception:
-            log.exception("a transcription failed")
-            outcome = EngineUnavailable("the transcription failed; the server's log says why")
-        finally:
-            self._running = False
-            self._post(SpeechPost(job.job_id, self._counters(), outcome, ended=True))
+        check = partial(job.check, "whisper_window")
+        transcript: Transcript = whisper.transcribe(model, job.request, check, emit, on_token)
+        return transcript
 
     def _counters(self) -> SpeechCounters:
         return SpeechCounters(self._running, self._windows, self._tokens, self._cancelled)

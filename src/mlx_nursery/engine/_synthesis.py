@@ -1,39 +1,31 @@
 """The speech-synthesis runtime: a TTS model on a thread of its own, one synthesis at a time.
 
 A TTS model (KittenTTS, Kokoro) makes audio a sentence at a time through its own generator;
-it does not go through the text engine's batch. It keeps the rules of the speech-to-text
-engine (`_speech.py`), which it mirrors, and shares their lifecycle (`DeviceThread`):
-
-- One thread (`mlx-nursery-synthesis`, `SynthesisWorker`), started and joined by
-  `SynthesisEngine.run`, makes every MLX call on the model: load, and every piece of audio.
-- One lane (`FairLanes(1)`, FIFO and cancellable), borrowed before a synthesis is handed
-  to the thread and returned by the thread's confirmation that it ended, never by the
-  caller. In front of it a bounded queue (`max_queue`): past it, `EngineOverloaded` at once.
-- Cancellation is cooperative: leaving `synthesize`'s block sets the synthesis's stop
-  flag; the thread checks it before each sentence and each piece the model yields, so the
-  compute stops within one piece, and confirms. The caller waits for the confirmation
-  shielded, bounded by `cancel_ack_timeout`.
-- Chunks cross to Trio once per piece (`run_sync_soon`) into a bounded channel; a consumer
-  that stops reading is stopped rather than buffered without bound (the lane, the channel
-  and the confirmation are `LaneJobs`, shared with the speech engine). The thread's counters
-  come with every post; nothing is written across threads.
+it does not go through the text engine's batch. It is a `LaneEngine` (`_lane_engine.py`,
+shared with the speech-to-text engine): one thread (`mlx-nursery-synthesis`,
+`SynthesisWorker`) makes every MLX call on the model (load, and every piece of audio), one
+lane, a bounded queue, a stop flag the thread checks before each sentence and each piece
+the model yields, so a cancel stops the compute within one piece. Chunks cross to Trio
+once per piece.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import attrs
 import trio
 
-from ._device_thread import DeviceThread
-from ._errors import EngineUnavailable
-from ._lane_jobs import LaneJobs
-from ._lanes import FairLanes
-from ._synthesis_types import SynthesisModelInfo, SynthesisRequest, SynthesisStatistics
+from ._lane_engine import LaneEngine
+from ._synthesis_types import (
+    AudioChunk,
+    SynthesisModelInfo,
+    SynthesisRequest,
+    SynthesisStatistics,
+    Synthesized,
+)
 from ._synthesis_worker import SynthesisCounters, SynthesisEvent, SynthesisPost, SynthesisWorker
 
 __all__ = ["SYNTHESIS_THREAD_NAME", "SynthesisConfig", "SynthesisEngine", "SynthesisEvent"]
@@ -50,63 +42,31 @@ class SynthesisConfig:
     max_buffered_chunks: int = 64
 
 
-class SynthesisEngine:
-    """A TTS model served from its own thread. Start it with `nursery.start(engine.run)`."""
+class SynthesisEngine(
+    LaneEngine[SynthesisRequest, SynthesisModelInfo, AudioChunk | Synthesized, SynthesisCounters]
+):
+    """A TTS model served from its own thread. Start it with `nursery.start(engine.run)`;
+    `run` returns once the thread is joined (cancelled: within one piece)."""
 
     def __init__(self, config: SynthesisConfig) -> None:
-        self.config = config
-        self._device = DeviceThread[SynthesisModelInfo](
+        super().__init__(
             SYNTHESIS_THREAD_NAME,
-            lanes=1,
+            "synthesis engine",
+            "synthesis",
             max_queue=config.max_queue,
             cancel_ack_timeout=config.cancel_ack_timeout,
-            what="synthesis engine",
+            max_buffered=config.max_buffered_chunks,
+            counters=SynthesisCounters(),
         )
-        self._jobs = LaneJobs[SynthesisRequest, SynthesisEvent](
-            self._device, config.max_buffered_chunks, "synthesis"
-        )
-        self._worker: SynthesisWorker | None = None
-        self._counters = SynthesisCounters()
-        """The thread's counters, as of its last post."""
+        self.config = config
 
-    # -- lifecycle ---------------------------------------------------------------------------
-    async def run(
-        self, *, task_status: trio.TaskStatus[SynthesisEngine] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Start the synthesis thread, load the model on it, serve until `close()`.
-
-        Raises what the load raised. Returns only once the thread has ended and been
-        joined; cancelled, it stops the thread first (shielded: within one piece)."""
-        device = self._device
-        self._worker = SynthesisWorker(
-            self.config.model, device.bind(self._deliver), device.report_ready, device.report_exit
-        )
-        await device.run(
-            self._worker, started=lambda: task_status.started(self), on_exit=self._on_exit
-        )
-
-    def close(self) -> None:
-        """Refuse new work: syntheses waiting for the lane get `EngineUnavailable` at once;
-        the thread finishes (or stops) its synthesis and exits. Not a checkpoint."""
-        self._device.close()
-
-    @property
-    def ended(self) -> trio.Event:
-        """Set once `run` is over: the thread has exited (closed, or dead) and been joined."""
-        return self._device.ended
-
-    # -- public surface ----------------------------------------------------------------------
-    @property
-    def healthy(self) -> bool:
-        return self._device.healthy
-
-    @property
-    def info(self) -> SynthesisModelInfo:
-        return self._device.loaded()
-
-    @property
-    def limiter(self) -> FairLanes:
-        return self._device.lanes
+    def _start_worker(
+        self,
+        post: Callable[[SynthesisPost], None],
+        on_ready: Callable[[SynthesisModelInfo | None, BaseException | None], None],
+        on_exit: Callable[[BaseException | None], None],
+    ) -> SynthesisWorker:
+        return SynthesisWorker(self.config.model, post, on_ready, on_exit)
 
     def statistics(self) -> SynthesisStatistics:
         lanes, counters = self._device.lanes, self._counters
@@ -120,10 +80,9 @@ class SynthesisEngine:
             cancelled=counters.cancelled,
         )
 
-    @asynccontextmanager
-    async def synthesize(
+    def synthesize(
         self, request: SynthesisRequest
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[SynthesisEvent]]:
+    ) -> AbstractAsyncContextManager[trio.MemoryReceiveChannel[SynthesisEvent]]:
         """Synthesize `request`; the block reads its events: an `AudioChunk` per piece the
         model made, in order, then `Synthesized` (or an `EngineUnavailable` when it failed).
 
@@ -135,17 +94,4 @@ class SynthesisEngine:
         early (a cancelled scope, a `break`) stops the synthesis within one piece: the
         block's exit waits, shielded and bounded by `cancel_ack_timeout`, for the thread's
         confirmation, and the lane returns with that confirmation only."""
-        async with self._jobs.open(request, self._submit) as events:
-            yield events
-
-    def _submit(self, job_id: int, request: SynthesisRequest, stop: threading.Event) -> None:
-        assert self._worker is not None  # the lane is only lent while the engine runs
-        self._worker.submit(job_id, request, stop)
-
-    # -- the Trio side of the thread's posts ---------------------------------------------------
-    def _deliver(self, post: SynthesisPost) -> None:
-        self._counters = post.counters
-        self._jobs.deliver(post.job_id, post.event, post.ended)
-
-    def _on_exit(self, exc: BaseException | None) -> None:
-        self._jobs.fail_all(EngineUnavailable("the synthesis engine stopped"))  # died under them
+        return self._open(request)

@@ -7,8 +7,9 @@ spectrogram, its `DecodingTask` for each window (the same options, filters, time
 and fallback thresholds), its `add_word_timestamps`. Three things differ, and only these:
 
 - `check()` runs before every decoder step (`_Inference.logits`, the one call
-  `DecodingTask` makes per token) and before every window; it raises `Stopped` to end the
-  transcription there. Nothing after it runs: the compute stops within a token.
+  `DecodingTask` makes per token) and before every window; it raises (the speech thread's
+  `_lane_worker.Stopped`) to end the transcription there. Nothing after it runs: the
+  compute stops within a token.
 - Each window's segments and new text go out as it ends (`emit`), for streaming.
 - Sampling above temperature 0 draws from a key seeded per request (`_KeyedDecoder`),
   not MLX's global random state, which other models' threads share.
@@ -58,10 +59,6 @@ LANGUAGES: dict[str, str] = {**{code: code for code in _CODES_TO_NAMES}, **TO_LA
 """Whisper's languages, by ISO-639-1 code or English name, to their code."""
 
 
-class Stopped(Exception):
-    """The transcription was stopped by its `check` (cancelled); raised between tokens."""
-
-
 Check = Callable[[], None]
 
 
@@ -84,9 +81,9 @@ def transcribe(
 ) -> Transcript:
     """Transcribe `request.audio` with `model` (mlx-audio's Whisper), window by window.
 
-    `check` is called before each window and each decoder step, and may raise (`Stopped`)
-    to end it there; `emit` gets each window's segments and text as the window ends;
-    `on_token` is called per decoder step (statistics)."""
+    `check` is called before each window and each decoder step, and may raise to end it
+    there; `emit` gets each window's segments and text as the window ends; `on_token` is
+    called per decoder step (statistics)."""
     check()
     mel = log_mel_spectrogram(mx.array(request.audio), n_mels=model.dims.n_mels, padding=N_SAMPLES)
     content_frames = mel.shape[-2] - N_FRAMES

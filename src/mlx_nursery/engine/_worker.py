@@ -1,49 +1,31 @@
 """The engine thread: the only thread that touches MLX for the engine's whole life.
 
-It loads the model, then runs `Worker`'s loop until told to stop. It knows nothing of
-Trio: commands arrive on a thread-safe queue, and everything leaves through the `Outbox`.
+It starts up (`_startup.py`: the model loaded, the warm-up run, a `Runner` built), then runs
+`Worker`'s loop until told to stop. It knows nothing of Trio: commands arrive on a
+thread-safe queue, and everything leaves through the `Outbox`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import time
 from collections.abc import Callable
-from typing import Any, cast
-
-import mlx.core as mx
 
 from .. import fault_points
 from ..fault_points import request_label
-from ..models import LoadedModel, load_model
-from ._adapters import AdapterChange, RowAdapters, adapter_bytes, with_adapters
+from ._adapters import AdapterChange, RowAdapters
 from ._config import EngineConfig
-from ._decode_attention import install as install_ragged_attention
-from ._detokenizer import TokenTexts
-from ._device_thread import keep_compiled_kernels, release_streams
-from ._disk_kv import DiskKV, open_disk_kv
-from ._draft_model import with_draft_model
+from ._device_thread import release_streams
 from ._errors import EngineUnavailable
-from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
-from ._memory import (
-    MIN_KV_TOKENS,
-    KVBudget,
-    derive_kv_bytes,
-    device_memory,
-    kv_budget,
-    kv_bytes_per_token,
-)
 from ._messages import Cancel, Command, Delivery, ModelInfo, Stop, Submit, Wake, WorkerStats
 from ._outbox import Outbox
 from ._prefix_cache import PrefixCache
 from ._runner import FatalEngineError, Runner
 from ._sequence import FAILED_WHILE_SERVING
-from ._types import FinishReason, GenerationRequest, Tokenizer
-from ._vision import vision_processor
-from ._warmup import WARMUP_PATIENCE_S, WarmupPlan, plan_for, warm_up
+from ._startup import start_up
+from ._types import FinishReason, GenerationRequest
 
 __all__ = ["FatalEngineError", "Worker"]
 
@@ -108,7 +90,6 @@ class Worker:
         self._outbox = Outbox(post, self._stats)
         self._ledger = Ledger(self._outbox, config.check_invariants, config.priority_aging)
         self._cache: PrefixCache | None = None
-        self._disk: DiskKV | None = None
         self._runner: Runner | None = None
 
     @property
@@ -143,71 +124,13 @@ class Worker:
 
     def run(self) -> None:
         try:
-            # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
-            os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if self._config.cudnn_attention else "0"
-            # Read by MLX's CUDA backend at its first command buffer (`EngineConfig.cuda_graphs`).
-            os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if self._config.cuda_graphs else "0"
-            keep_compiled_kernels()
-            distribution = self._config.distribution
-            model = (
-                load_model(self._config.model, fuse_weights=self._config.fuse_weights)
-                if distribution is None
-                else distribution.load(self._config)
-            )
-            model = with_adapters(with_draft_model(model, self._config), self._config)
-            ragged = self._config.ragged_attention and model.kind == "lm"
-            if ragged and install_ragged_attention(model.model):
-                log.info("batched decode attention: the ragged kernel (CUDA)")
-            # The scripted model has no weights: no KV to measure, no kernels to warm, no
-            # prefix to cache (engine/_scripted.py).
-            scripted = model.kind == "scripted"
-            if self._config.prompt_cache_bytes > 0 and not scripted:
-                self._cache = PrefixCache(
-                    max_bytes=self._config.prompt_cache_bytes,
-                    max_entries=self._config.prompt_cache_entries,
-                    ttl=self._config.prompt_cache_ttl,
-                )
-            quantization = self._config.kv_quantization
-            if quantization is not None and not scripted:
-                check_quantizable(model.model, quantization)
-            make_cache = cache_factory(quantization)
-            if not scripted:  # its directory's scan runs beside the warm-up
-                self._disk = open_disk_kv(self._config, model, make_cache, self.wake)
-            budget, per_token = (
-                (KVBudget(None), 0)
-                if scripted
-                else self._kv_budget(model.model, make_cache, model.context_length)
-            )
-            if self._config.warmup and not scripted:
-                seconds = self._warm_up(model, make_cache, quantization is not None)
-                log.info("warm-up done in %.1f s", seconds)
-            if self._disk is not None:
-                self._disk.tier.wait_ready()  # its files indexed: a restart serves them
-            self._runner = Runner(
-                self._config, model, self._cache, self._outbox, self._ledger, budget, self._disk
-            )
-            info = ModelInfo(
-                path=str(model.path),
-                # A text model's is mlx-lm's wrapper, which mypy sees as Any (it skips mlx-lm).
-                tokenizer=cast(Tokenizer, model.tokenizer),
-                context_length=budget.served_context(model.context_length),
-                kv_budget_tokens=budget.tokens,
-                kv_bytes_per_token=per_token,
-                vision=vision_processor(model),
-                eos_token_ids=frozenset(int(t) for t in model.tokenizer.eos_token_ids),
-                texts=TokenTexts(model.tokenizer),
-                vocab_size=model.vocab_size,
-                scripted=scripted,
-                adapters=adapter_bytes(model),
-                serves_adapters=model.adapters is not None,
-            )
-            del model  # the runner holds it, until `_release_memory`
+            ready = start_up(self._config, self._outbox, self._ledger, self.wake)
         except BaseException as exc:  # noqa: BLE001 - reported to the Trio side, which raises it
-            if self._disk is not None:
-                self._disk.close()
             self._on_ready(None, exc)
             self._on_exit(exc)
             return
+        self._runner, self._cache, info = ready.runner, ready.cache, ready.info
+        del ready  # the runner holds the model, until `_release_memory`
         self._on_ready(info, None)
         reason: BaseException | None = None
         try:
@@ -220,64 +143,6 @@ class Worker:
             self._outbox.post(closing="failed" if reason else "closed")
             self._release_memory(failed=reason is not None)
             self._on_exit(reason)
-
-    def _warm_up(self, model: LoadedModel, make_cache: CacheFactory, kv_quantized: bool) -> float:
-        """The warm-up; distributed, on the engine's own mirrored batch stepper, every rank
-        compiling as rank 0 does (each first step may take long: every rank waits)."""
-        plan = self._warmup_plan()
-        distribution = self._config.distribution
-        if distribution is None:
-            return warm_up(model, plan, make_cache, kv_quantized=kv_quantized)
-        mirrored_cache = make_cache if kv_quantized else None
-        with distribution.patient(WARMUP_PATIENCE_S + plan.budget_s):
-            return warm_up(
-                model,
-                plan,
-                make_cache,
-                kv_quantized=kv_quantized,
-                make_batch=lambda: distribution.batch_stepper(
-                    model.model, self._config, mirrored_cache
-                ),
-            )
-
-    def _warmup_plan(self) -> WarmupPlan:
-        config = self._config
-        return plan_for(
-            gpu=mx.default_device().type == mx.DeviceType.gpu,
-            max_concurrency=config.max_concurrency,
-            prefill_step_size=config.prefill_step_size,
-            prefill_batch_size=config.prefill_batch_size,
-            fast_path=config.single_sequence_fast_path,
-            budget_s=config.warmup_budget_s,
-        )
-
-    def _kv_budget(
-        self, model: Any, make_cache: CacheFactory, context: int
-    ) -> tuple[KVBudget, int]:
-        """The KV budget in tokens, from `kv_cache_bytes` or the device's memory (right after
-        loading, when MLX's active memory is the weights), at what a token costs in the
-        caches the engine makes (quantized ones cost less: more tokens fit); and that cost."""
-        per_token = kv_bytes_per_token(model, make_cache)
-        kv_bytes = self._config.kv_cache_bytes
-        if kv_bytes is None:
-            kv_bytes = derive_kv_bytes(
-                device_memory(mx.device_info()),
-                mx.get_active_memory(),
-                self._config.prompt_cache_bytes,
-            )
-        if self._config.distribution is not None:  # every rank must hold the batch's KV
-            kv_bytes = self._config.distribution.agree_kv_bytes(kv_bytes, per_token)
-        if kv_bytes is None or per_token == 0:
-            return KVBudget(None), per_token
-        if kv_bytes // per_token < MIN_KV_TOKENS:
-            log.warning(
-                "KV memory for %d tokens only; serving %d anyway (set --kv-cache-bytes)",
-                kv_bytes // per_token,
-                MIN_KV_TOKENS,
-            )
-        budget = kv_budget(kv_bytes, per_token, context, self._config.max_concurrency)
-        log.info("KV budget: %d tokens (%d bytes per token)", budget.tokens, per_token)
-        return budget, per_token
 
     def _loop(self, runner: Runner) -> None:
         ledger = self._ledger

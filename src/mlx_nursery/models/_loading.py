@@ -139,7 +139,12 @@ def resolve_model_path(spec: str | Path) -> Path:
 
 
 def model_kind(path: Path) -> ModelKind:
-    return _kind_of(path, json.loads((path / "config.json").read_text("utf-8")))
+    return _kind_of(path, _read_config(path))
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    config: dict[str, Any] = json.loads((path / "config.json").read_text("utf-8"))
+    return config
 
 
 def _kind_of(path: Path, config: dict[str, Any]) -> ModelKind:
@@ -196,14 +201,16 @@ def model_facts(path: Path) -> ModelFacts:
     return ModelFacts(kind, context, weights, layout, voices)
 
 
-def _load_lm(path: Path) -> LoadedModel:
+def _load_lm(path: Path, _: dict[str, Any]) -> LoadedModel:
+    """mlx-lm's model and tokenizer, and the config as mlx-lm reads it: its loader reads the
+    file itself and adds generation_config.json's eos ids, so the one read here is unused."""
     from mlx_lm.utils import load
 
     model, tokenizer, config = load(str(path), return_config=True)
     return LoadedModel(path=path, kind="lm", model=model, tokenizer=tokenizer, config=config)
 
 
-def _load_vlm(path: Path) -> LoadedModel:
+def _load_vlm(path: Path, config: dict[str, Any]) -> LoadedModel:
     """mlx-vlm loads the checkpoint; mlx-lm's text model for it is built on the same arrays
     (no second copy of the weights), so that the engine batches its decoding as any text
     model's. Only architectures that both packages know are served."""
@@ -212,7 +219,6 @@ def _load_vlm(path: Path) -> LoadedModel:
     from mlx_lm.utils import _get_classes
     from mlx_vlm.utils import load as load_vlm
 
-    config = json.loads((path / "config.json").read_text("utf-8"))
     try:
         model_class, args_class = _get_classes(config)
     except ValueError as exc:
@@ -234,20 +240,18 @@ def _load_vlm(path: Path) -> LoadedModel:
     )
 
 
-def _load_scripted(path: Path) -> LoadedModel:
+def _load_scripted(path: Path, config: dict[str, Any]) -> LoadedModel:
     """The scripted model: its tokenizer alone (no MLX arrays: nothing to compute)."""
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    config = json.loads((path / "config.json").read_text("utf-8"))
     tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     return LoadedModel(path=path, kind="scripted", model=None, tokenizer=tokenizer, config=config)
 
 
-def _load_embedding(path: Path) -> LoadedModel:
+def _load_embedding(path: Path, config: dict[str, Any]) -> LoadedModel:
     """mlx-embeddings' model and the checkpoint's tokenizer; pooling from its files."""
     from ._embedding_loading import EmbeddingConfigError, load_embedding_parts
 
-    config = json.loads((path / "config.json").read_text("utf-8"))
     try:
         model, tokenizer, spec = load_embedding_parts(path, config)
     except EmbeddingConfigError as exc:
@@ -259,12 +263,11 @@ def _load_embedding(path: Path) -> LoadedModel:
     )
 
 
-def _load_reranker(path: Path) -> LoadedModel:
+def _load_reranker(path: Path, config: dict[str, Any]) -> LoadedModel:
     """The cross-encoder's encoder (mlx-embeddings') under its head, the tokenizer."""
     from ._cross_encoder import load_cross_encoder_parts
     from ._embedding_loading import EmbeddingConfigError
 
-    config = json.loads((path / "config.json").read_text("utf-8"))
     try:
         model, tokenizer, spec = load_cross_encoder_parts(path, config)
     except EmbeddingConfigError as exc:
@@ -276,11 +279,11 @@ def _load_reranker(path: Path) -> LoadedModel:
     )
 
 
-def _not_generative(path: Path) -> LoadedModel:
+def _not_generative(path: Path, _: dict[str, Any]) -> LoadedModel:
     raise ModelLoadError(f"{path}: a speech model; the speech runtimes serve it")
 
 
-_LOADERS: dict[ModelKind, Callable[[Path], LoadedModel]] = {
+_LOADERS: dict[ModelKind, Callable[[Path, dict[str, Any]], LoadedModel]] = {
     "lm": _load_lm,
     "vlm": _load_vlm,
     "scripted": _load_scripted,
@@ -296,7 +299,8 @@ def load_model(spec: str | Path, *, fuse_weights: bool = True) -> LoadedModel:
     model's) q/k/v and gate/up projections run as one matmul each (`_fusing`), where its
     architecture is covered. Makes MLX calls: call it on the engine thread."""
     path = resolve_model_path(spec)
-    loaded = _LOADERS[model_kind(path)](path)
+    config = _read_config(path)  # read once: it says the kind, and its loader builds on it
+    loaded = _LOADERS[_kind_of(path, config)](path, config)
     if fuse_weights and loaded.model is not None and loaded.kind in ("lm", "vlm"):
         _fuse(loaded.model, loaded.vision)
     return loaded
