@@ -42,6 +42,7 @@ Point = Literal[
     "embedding_forward",
     "whisper_window",
     "synthesis_chunk",
+    "speech_encoding",
     "engine_loop",
 ]
 POINTS: tuple[Point, ...] = get_args(Point)

@@ -7,16 +7,21 @@ deadline or a shutdown stops the synthesis thread before its next piece of audio
 
 The response waits for the first piece, so that a synthesis that fails at once is a clean
 error in OpenAI's envelope; from then on audio goes out as each piece is made: raw bytes
-(wav, pcm) or `speech.audio.delta` events (sse). A failure after the first piece ends an
-sse stream with an error event; raw audio has no place for one, so its body is cut (the
-client sees a broken transfer, never a short file that looks whole). mp3, opus, aac and flac
-go through ffmpeg once the audio is all made (one encoder run, not one per piece).
+(any format) or `speech.audio.delta` events (sse: pcm or wav). A failure after the first
+piece ends an sse stream with an error event; raw audio has no place for one, so its body
+is cut, whether the synthesis or the encoder failed (the client sees a broken transfer,
+never a short file that looks whole).
+
+mp3, opus, aac and flac stream too: each piece goes through the request's own encoder
+(`openai.SpeechEncoder`, PyAV) on a worker thread, so that no encode stalls the Trio thread,
+and what it completed goes out at once. A cancel (disconnect, deadline, shutdown) between
+pieces stops there; one that comes while a piece is on the thread waits for that piece
+(one encode), whose bytes are dropped. The encoder is closed when the body ends, however.
 """
 
 from __future__ import annotations
 
 import base64
-import subprocess
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
@@ -28,10 +33,10 @@ from ..engine import AudioChunk, Synthesized
 from ..generation import OpenAIError, parse_json, requested_model
 from ..openai import (
     PreparedSynthesis,
+    SpeechEncoder,
     audio_delta_event,
     audio_done_event,
-    ffmpeg_command,
-    ffmpeg_found,
+    encodable,
     pcm16,
     prepare_synthesis,
     wav_header,
@@ -57,8 +62,8 @@ async def create_speech() -> Response:
         slot = models.find(requested_model(body)).expect("synthesis")
         async with models.lease(slot, deadline) as leased:
             hosted, engine = synthesizing(leased)
-            info, ffmpeg = engine.info, ffmpeg_found()
-            prepared = prepare_synthesis(body, info, ffmpeg)
+            writable = await trio.to_thread.run_sync(encodable)  # loads FFmpeg at first
+            prepared = prepare_synthesis(body, engine.info, writable)
             events = partial(engine.synthesize, prepared.request)
             job = own(
                 await hosted.jobs.start_audio(
@@ -96,42 +101,38 @@ async def _first(job: Job) -> AudioChunk | Synthesized:
 async def _audio(
     job: Job, prepared: PreparedSynthesis, first: JobItem, request: str
 ) -> AsyncIterator[bytes]:
-    """The raw audio body: wav and pcm a piece at a time (a wav's header first, its length
-    unknown), other formats encoded by ffmpeg at the end. Where the synthesis (or ffmpeg)
-    failed midway it yields `DROP_CONNECTION`: the transfer is cut (`_keepalive.py`)."""
-    rate, encode = prepared.sample_rate, prepared.format not in ("wav", "pcm")
+    """The raw audio body, a piece at a time: wav (its header first, its length unknown) and
+    pcm written here, other formats by the request's encoder as they come. Where the
+    synthesis or the encoder failed midway it yields `DROP_CONNECTION`: the transfer is cut
+    (`_keepalive.py`). Cancelled with the request (see the module's docstring)."""
+    rate, compressed = prepared.sample_rate, prepared.compressed
     if prepared.format == "wav":
         yield wav_header(rate, None)
-    kept: list[bytes] = []
-    item: JobItem | None = first
-    while item is not None:
-        if isinstance(item, AudioChunk):
-            pcm = pcm16(item.samples)
-            if encode:
-                kept.append(pcm)
-            else:
-                yield pcm
-        elif isinstance(item, Synthesized):
-            if encode:
-                yield await _encoded(prepared, b"".join(kept), request)
-            await job.settled()
-            return
-        elif isinstance(item, OpenAIError):
-            break
-        item = await anext(job.receive, None)
-    yield DROP_CONNECTION  # failed, or ended early: cut, never a short file that looks whole
-
-
-async def _encoded(prepared: PreparedSynthesis, pcm: bytes, request: str) -> bytes:
-    """`pcm` as `prepared.format`, by ffmpeg (cancelled with the request: the process is
-    killed); `DROP_CONNECTION` when ffmpeg fails (logged)."""
-    command = ffmpeg_command(prepared.format, prepared.sample_rate)
+    encoder: SpeechEncoder | None = None
     try:
-        done = await trio.run_process(command, stdin=pcm, capture_stdout=True, capture_stderr=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        log_failure(request, "while encoding speech with ffmpeg", exc)
-        return DROP_CONNECTION
-    return bytes(done.stdout)
+        if compressed is not None:
+            encoder = SpeechEncoder.open(compressed, rate)
+        item: JobItem | None = first
+        while item is not None:
+            if isinstance(item, AudioChunk):
+                if encoder is None:
+                    yield pcm16(item.samples)
+                elif piece := await trio.to_thread.run_sync(encoder.encode, item.samples):
+                    yield piece
+            elif isinstance(item, Synthesized):
+                if encoder is not None and (rest := await trio.to_thread.run_sync(encoder.finish)):
+                    yield rest
+                await job.settled()
+                return
+            else:  # the synthesis failed
+                break
+            item = await anext(job.receive, None)
+    except Exception as exc:  # noqa: BLE001 - raw audio has no place for an error: cut
+        log_failure(request, f"while writing speech as {prepared.format}", exc)
+    finally:
+        if encoder is not None:
+            encoder.close()
+    yield DROP_CONNECTION  # failed, or ended early: cut, never a short file that looks whole
 
 
 class _SpeechEvents:

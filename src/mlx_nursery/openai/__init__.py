@@ -33,21 +33,14 @@ from ._scoring_endpoint import (
     rerank_body,
     score_body,
 )
-from ._speech import (
-    PreparedSynthesis,
-    audio_delta_event,
-    audio_done_event,
-    ffmpeg_command,
-    ffmpeg_found,
-    pcm16,
-    prepare_synthesis,
-    wav_header,
-)
+from ._speech import PreparedSynthesis, audio_delta_event, audio_done_event, prepare_synthesis
+from ._speech_encoding import EncodingFailed, SpeechEncoder, encodable, pcm16, wav_header
 from ._tokenize import Tokenized, prepare_detokenize, prepare_tokenize
 
 __all__ = [
     "RESPONSE_FORMATS",
     "EmbeddingLimits",
+    "EncodingFailed",
     "PreparedEmbeddings",
     "PreparedRerank",
     "PreparedResponse",
@@ -57,15 +50,15 @@ __all__ = [
     "ResponseBuilder",
     "ResponsesRequest",
     "ServedEmbedder",
+    "SpeechEncoder",
     "Tokenized",
     "audio_delta_event",
     "audio_done_event",
     "delta_event",
     "done_event",
     "embeddings_body",
+    "encodable",
     "failed_event",
-    "ffmpeg_command",
-    "ffmpeg_found",
     "input_items_page",
     "parse_responses_request",
     "pcm16",

@@ -3,26 +3,24 @@ the audio it answers with: raw bytes (`stream_format` "audio"), or `speech.audio
 `speech.audio.done` SSE events ("sse").
 
 Formats: wav and pcm (16-bit little-endian mono at the model's rate: KittenTTS and Kokoro
-make 24 kHz, OpenAI's pcm rate) are written here; mp3, opus, aac and flac need ffmpeg on
-PATH (as decoding an uploaded m4a does), else they are a 400 that names the format. OpenAI's
-default is mp3; without ffmpeg a request that names no format gets wav (its Content-Type
-says so) rather than a refusal that the official SDK's plain call would hit. A wav streamed
-chunk by chunk cannot know its length up front: its header says "unknown" (0xFFFFFFFF), as
-OpenAI's own streamed wav does; players read to the end.
+make 24 kHz, OpenAI's pcm rate); mp3, opus, aac and flac encoded in process as the audio is
+made (`_speech_encoding`). A format this server's PyAV build cannot write is a 400 that
+names it; OpenAI's default, mp3, is written by every PyPI wheel (a build without LAME
+answers a request that names no format with wav, its Content-Type saying so). A wav
+streamed chunk by chunk cannot know its length up front: its header says "unknown"
+(0xFFFFFFFF), as OpenAI's own streamed wav does; players read to the end.
 """
 
 from __future__ import annotations
 
-import shutil
-import struct
+from collections.abc import Set
 from typing import Any, Literal
 
 import attrs
-import numpy as np
-import numpy.typing as npt
 
 from ..engine import SynthesisModelInfo, SynthesisRequest, Synthesized
 from ..generation import InvalidRequest, quoted, structure
+from ._speech_encoding import Compressed
 
 Format = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 FORMATS: tuple[Format, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
@@ -34,12 +32,7 @@ CONTENT_TYPES: dict[Format, str] = {
     "wav": "audio/wav",
     "pcm": "audio/pcm",
 }
-FFMPEG_ARGS: dict[Format, tuple[str, ...]] = {
-    "mp3": ("-f", "mp3"),
-    "opus": ("-c:a", "libopus", "-f", "ogg"),
-    "aac": ("-c:a", "aac", "-f", "adts"),
-    "flac": ("-f", "flac"),
-}
+COMPRESSED: dict[Format, Compressed] = {"mp3": "mp3", "opus": "opus", "aac": "aac", "flac": "flac"}
 MAX_INPUT_CHARS = 4096
 """OpenAI's limit on `input`."""
 
@@ -66,17 +59,21 @@ class PreparedSynthesis:
     sample_rate: int
 
     @property
+    def compressed(self) -> Compressed | None:
+        """The format, where an encoder writes it (`SpeechEncoder`); None: wav and pcm."""
+        return COMPRESSED.get(self.format)
+
+    @property
     def content_type(self) -> str:
         return "text/event-stream" if self.sse else CONTENT_TYPES[self.format]
 
 
-def ffmpeg_found() -> bool:
-    return shutil.which("ffmpeg") is not None
-
-
-def prepare_synthesis(body: Any, model: SynthesisModelInfo, ffmpeg: bool) -> PreparedSynthesis:
-    """Check `body` against OpenAI's schema and the model (its voices), `ffmpeg`: whether
-    the compressed formats can be made. Raises InvalidRequest (the 400) naming the field."""
+def prepare_synthesis(
+    body: Any, model: SynthesisModelInfo, writable: Set[Compressed]
+) -> PreparedSynthesis:
+    """Check `body` against OpenAI's schema and the model (its voices); `writable`: the
+    compressed formats this server writes (`encodable`). Raises InvalidRequest (the 400)
+    naming the field."""
     parsed = structure(body, SpeechBody)
     if not parsed.input.strip():
         raise InvalidRequest("input must not be empty", param="input", code="invalid_value")
@@ -112,14 +109,14 @@ def prepare_synthesis(body: Any, model: SynthesisModelInfo, ffmpeg: bool) -> Pre
             code="invalid_value",
         )
     sse = parsed.stream_format == "sse"
-    audio_format = _format(parsed.response_format, ffmpeg, sse)
+    audio_format = _format(parsed.response_format, writable, sse)
     request = SynthesisRequest(parsed.input, parsed.voice, parsed.speed)
     return PreparedSynthesis(request, audio_format, sse, model.sample_rate)
 
 
-def _format(name: str | None, ffmpeg: bool, sse: bool) -> Format:
+def _format(name: str | None, writable: Set[Compressed], sse: bool) -> Format:
     if name is None:
-        return "mp3" if ffmpeg and not sse else "wav" if not sse else "pcm"
+        return "pcm" if sse else "mp3" if "mp3" in writable else "wav"
     for known in FORMATS:
         if name == known:
             break
@@ -135,46 +132,14 @@ def _format(name: str | None, ffmpeg: bool, sse: bool) -> Format:
             param="response_format",
             code="unsupported_value",
         )
-    if known in FFMPEG_ARGS and not ffmpeg:
+    if known in COMPRESSED and COMPRESSED[known] not in writable:
         raise InvalidRequest(
-            f"response_format {quoted(known)} needs ffmpeg, which this server does not have: "
-            "use wav or pcm",
+            f"response_format {quoted(known)} has no encoder on this server (its PyAV build "
+            "lacks it): use wav or pcm",
             param="response_format",
             code="unsupported_value",
         )
     return known
-
-
-def pcm16(samples: npt.NDArray[np.float32]) -> bytes:
-    """16-bit little-endian PCM of float samples (NaN as silence, clipped to [-1, 1])."""
-    clean = np.clip(np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
-    return (clean * 32767).astype("<i2").tobytes()
-
-
-def wav_header(sample_rate: int, data_bytes: int | None) -> bytes:
-    """A 44-byte RIFF/WAVE header of 16-bit mono PCM; `data_bytes` None: length unknown (a
-    stream), both sizes 0xFFFFFFFF."""
-    data = 0xFFFFFFFF if data_bytes is None else data_bytes
-    riff = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return (
-        b"RIFF"
-        + struct.pack("<I", riff)
-        + b"WAVEfmt "
-        + struct.pack("<I", 16)
-        + fmt
-        + b"data"
-        + struct.pack("<I", data)
-    )
-
-
-def ffmpeg_command(audio_format: Format, sample_rate: int) -> list[str]:
-    """ffmpeg reading 16-bit mono PCM on stdin, writing `audio_format` to stdout."""
-    return [
-        "ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin",
-        "-f", "s16le", "-ar", str(sample_rate), "-ac", "1", "-i", "pipe:0",
-        *FFMPEG_ARGS[audio_format], "pipe:1",
-    ]  # fmt: skip
 
 
 def audio_delta_event(audio: str) -> dict[str, Any]:
