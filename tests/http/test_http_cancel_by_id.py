@@ -284,10 +284,9 @@ async def test_a_cancel_during_a_long_prefill_stops_it_between_chunks(tiny_model
                 assert answer.status_code == 200, answer.text
                 await trio.testing.wait_all_tasks_blocked()  # its Cancel is queued
                 prefilling.open()
-            after = worker()
             decoding.cancel_scope.cancel()  # the decoder's client leaves: its stream ends
         await eventually(lambda: engine.statistics().lanes_borrowed == 0, "lanes back")
-        confirmed = engine.statistics().cancellations
+        after, confirmed = worker(), engine.statistics().cancellations
         metrics = (await http.get("/metrics")).text
     prefilled = at_cancel.prompt_tokens_processed - before.prompt_tokens_processed
     assert 16 <= prefilled < len(prompt) - 16, prefilled  # mid-prefill when cancelled
