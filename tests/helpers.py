@@ -91,14 +91,21 @@ class Gate:
         self.calls = 0
         self._token = token
         self._at = at_call
+        self._shut = False
         self._open = threading.Event()
+
+    def arm(self, more_calls: int) -> None:
+        """Shut `more_calls` calls from now instead (the engine thread keeps calling meanwhile:
+        it shuts at the first call at or past that)."""
+        self._at = self.calls + more_calls
 
     def open(self) -> None:
         self._open.set()
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         self.calls += 1
-        if self.calls == self._at:
+        if not self._shut and self.calls >= self._at:
+            self._shut = True
             trio.from_thread.run_sync(self.reached.set, trio_token=self._token)
             if not self._open.wait(timeout=60):  # a bound for a broken test, not a wait
                 raise RuntimeError("the gate was never opened")

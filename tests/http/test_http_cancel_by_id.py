@@ -2,21 +2,32 @@
 the scripted model: a stream, a non-streaming request and a queued one end with the cancel's
 error and give their lane back, the engine's cancel counter and /metrics count it; ids are
 found only by the key that made the request (or an admin key), another key's is the 404 of
-an id that never existed."""
+an id that never existed. On the tiny model, a cancel mid-prefill stops it between chunks."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import trio
+import trio.testing
 
+from mlx_nursery.engine import WorkerStats
 from mlx_nursery.server import Running
-from tests.http_helpers import engine_of, eventually, server_thread, validate_error
+from tests.helpers import Gate
+from tests.http_helpers import (
+    engine_of,
+    eventually,
+    running_server,
+    sdk,
+    server_thread,
+    validate_error,
+)
 
 KEYS = {"a": "key-a", "b": "key-b", "admin": "root-key"}
 STALLED: dict[str, Any] = {
@@ -211,3 +222,83 @@ async def test_only_the_requests_key_or_an_admin_key_finds_its_id(
         assert (await anonymous.post("/v1/requests/x/cancel")).status_code == 401
     with_body = await a.post("/v1/requests/x/cancel", json={"reason": "why not"})
     assert with_body.status_code == 400
+
+
+async def test_a_cancel_during_a_long_prefill_stops_it_between_chunks(tiny_model: Path) -> None:
+    """A real model prefilling a 1,024-token prompt in 16-token chunks beside a decoding
+    stream, cancelled by id mid-prefill: a 409 the SDK does not retry, and at most the chunk
+    in flight ran after the cancel. The decoding stream's gates hold the engine thread at known
+    steps: first while the long request is submitted, then a few chunks into its prefill."""
+    token = trio.lowlevel.current_trio_token()
+    submitting, prefilling = Gate(token, at_call=2), Gate(token, at_call=1 << 30)
+
+    def processors(body: Any) -> tuple[Any, ...]:
+        return (submitting, prefilling) if body.get("user") == "decoder" else ()
+
+    async with (
+        running_server(
+            tiny_model, skip_warmup=True, max_concurrency=2, prefill_step_size=16,
+            extra_processors=processors,
+        ) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):  # fmt: skip
+        client, engine = sdk(server, max_retries=2), engine_of(server)
+        no_eos = {str(eos): -100 for eos in engine.model.eos_token_ids}
+        prompt = [10 + i % 1900 for i in range(1024)]
+        outcome: list[BaseException] = []
+
+        def worker() -> WorkerStats:
+            stats = engine.statistics().worker
+            assert stats is not None
+            return stats
+
+        async def decode() -> None:
+            stream = await client.chat.completions.create(
+                model="tiny", messages=USER, max_tokens=3000, stream=True,  # type: ignore[arg-type]
+                logit_bias=no_eos, user="decoder",
+            )  # fmt: skip
+            async for _ in stream:
+                pass
+
+        async def ask() -> None:
+            try:
+                await client.completions.create(
+                    model="tiny", prompt=prompt, max_tokens=4,
+                    extra_headers={"x-request-id": "long-prefill"},
+                )  # fmt: skip
+            except openai.APIStatusError as exc:
+                outcome.append(exc)
+
+        async with trio.open_nursery() as decoding:
+            decoding.start_soon(decode)
+            await submitting.reached.wait()
+            before, cancels = worker(), engine.statistics().cancellations
+            async with trio.open_nursery() as asking:
+                asking.start_soon(ask)
+                await eventually(lambda: engine.statistics().lanes_borrowed == 2, "submitted")
+                prefilling.arm(5)  # five decode steps on: the prompt's first chunks ran
+                submitting.open()
+                await prefilling.reached.wait()
+                at_cancel = worker()
+                answer = await http.post("/v1/requests/long-prefill/cancel")
+                assert answer.status_code == 200, answer.text
+                await trio.testing.wait_all_tasks_blocked()  # its Cancel is queued
+                prefilling.open()
+            decoding.cancel_scope.cancel()  # the decoder's client leaves: its stream ends
+        await eventually(lambda: engine.statistics().lanes_borrowed == 0, "lanes back")
+        after, confirmed = worker(), engine.statistics().cancellations
+        metrics = (await http.get("/metrics")).text
+    prefilled = at_cancel.prompt_tokens_processed - before.prompt_tokens_processed
+    assert 16 <= prefilled < len(prompt) - 16, prefilled  # mid-prefill when cancelled
+    [raised] = outcome
+    assert isinstance(raised, openai.ConflictError)
+    assert raised.response.headers["x-should-retry"] == "false"
+    validate_error(raised.response.json())
+    _assert_cancel_error(raised.response.json()["error"], "long-prefill")
+    # No chunk was launched after the cancel reached the engine thread: only the one in
+    # flight (the step the gate held) ran.
+    assert after.prefill_forwards - at_cancel.prefill_forwards <= 1
+    assert after.prompt_tokens_processed - at_cancel.prompt_tokens_processed <= 16
+    assert confirmed.confirmed == cancels.confirmed + 2  # the long request's, the decoder's
+    assert confirmed.steps_in_flight[2:] == cancels.steps_in_flight[2:]  # one step at most
+    assert 'request_cancelled_total{cause="cancel",model_name="tiny"} 1.0' in metrics

@@ -1,8 +1,9 @@
 """Background responses (`background: true`) through a real server and the official SDK: queued
 at once, polled to their end, cancelled (queued, before the first token, mid-decode) with the
-engine's counters showing the compute stopped, outliving the request that made them,
-streamed live and resumed after any event, kept apart per key, bounded, and never left in
-progress by a server that stopped or died.
+engine's counters showing the compute stopped, outliving the request that made them (a
+streamed one too, its stream closed by its creator), streamed live and resumed after any
+event, kept apart per key, bounded, and never left in progress by a server that stopped or
+died.
 
 One scripted-model server (one lane, two keys) serves the module; each test leaves it idle.
 Long generations are the script's waits (`ttft`, `stalls`): they are there to be cut short,
@@ -221,6 +222,29 @@ async def test_a_background_response_outlives_the_request_that_made_it(
     await client.responses.cancel(holder.id)  # the lane frees: the orphan runs now
     done = await _ended(client, response_id)
     assert (done.status, done.output_text) == ("completed", "".join(CHUNKS))
+
+
+async def test_a_streamed_response_whose_creator_left_runs_on_and_replays_the_rest(
+    server: Running, client: openai.AsyncOpenAI
+) -> None:
+    """Its stream closed by its creator while it waits for the lane, it runs to its end
+    unread; a resumed stream gives every event the creator missed."""
+    holder = await client.responses.create(**_create(HOLD))
+    await eventually(lambda: _stats(server).lanes_borrowed == 1, "the holder has the lane")
+    stream = await client.responses.create(stream=True, **_create({"output": {"chunks": CHUNKS}}))
+    seen = [await stream.__anext__() for _ in range(2)]
+    await stream.close()  # the creator disconnects
+    assert [e.type for e in seen] == ["response.created", "response.queued"]
+    await client.responses.cancel(holder.id)  # the lane frees: the response runs unread
+    done = await _ended(client, seen[0].response.id)
+    assert (done.status, done.output_text) == ("completed", "".join(CHUNKS))
+    resumed = await client.responses.retrieve(done.id, stream=True, starting_after=1)
+    rest = [event async for event in resumed]
+    assert [e.sequence_number for e in rest] == list(range(2, 2 + len(rest)))
+    assert rest[0].type == "response.in_progress" and rest[-1].type == "response.completed"
+    assert rest[-1].response.model_dump() == done.model_dump()
+    deltas = [e.delta for e in rest if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == "".join(CHUNKS)
 
 
 async def test_a_stream_resumes_after_any_event_then_goes_on_live(
