@@ -4,7 +4,8 @@
 `tiny-reranker`, `tiny-reranker-xlmr`, `tiny-whisper`, `tiny-tts` (a KittenTTS:
 text-to-speech) and `tiny-kokoro` (a Kokoro) are for tests; `qwen3-0.6b`, `llama-3.1-8b`,
 `llama-3.2-1b` (its draft model), `qwen2.5-vl-3b`, `bert-base` (an embedding model) and
-`bge-reranker-base` (a cross-encoder) carry the real architecture configs (random weights) so benchmarks run at real shapes.
+`bge-reranker-base` (a cross-encoder) carry the real architecture configs (random weights)
+so benchmarks run at real shapes.
 `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` /
 `</think>` are added tokens and a Qwen3-style template that honours `enable_thinking`.
 `tiny-qwen2` is an architecture mlx-lm splits by layers (pipeline parallel; `tiny`'s qwen3
