@@ -166,10 +166,12 @@ def test_a_verify_step_is_cut_so_that_no_row_pays_for_anothers_drafts() -> None:
     assert sizes.select(8) is sizes.at(7) and sizes.step_seconds(0) is None
 
 
-def _decode_pair(tiny_model: Path, costs: tuple[float, float]) -> tuple[list[list[int]], int]:
+def _decode_pair(
+    tiny_model: Path, costs: tuple[float, float], length: int = 24
+) -> tuple[list[list[int]], int, float | None]:
     """Two greedy rows of the code prompt through a batch stepper whose speculation is
     adaptive and whose costs for two rows start as `costs` (a plain step, a verify of 4
-    drafts); their tokens and the verify steps run."""
+    drafts); their tokens, the verify steps run and the cost of a draft at the end."""
     from mlx_lm.utils import load
 
     from mlx_nursery.engine._sequence import LiveSequence
@@ -193,9 +195,9 @@ def _decode_pair(tiny_model: Path, costs: tuple[float, float]) -> tuple[list[lis
     prompt = list(_tokenized(CODE, tiny_model))
     tokens: dict[int, list[int]] = {}
     for seq_id in range(2):
-        request = GenerationRequest(prompt, 24, GREEDY, ignore_eos=True)
+        request = GenerationRequest(prompt, length, GREEDY, ignore_eos=True)
         live = LiveSequence(seq_id, request, greedy_sampler, [], frozenset(), failures=[])
-        tokens[stepper.insert(live, Start(prompt, None, [], 24))] = []
+        tokens[stepper.insert(live, Start(prompt, None, [], length))] = []
     done: set[int] = set()
     while len(done) < 2:
         for response in stepper.step():
@@ -204,7 +206,7 @@ def _decode_pair(tiny_model: Path, costs: tuple[float, float]) -> tuple[list[lis
                 done.add(response.uid)
     assert not stepper.uids and not stepper.drafting
     stepper.close()
-    return list(tokens.values()), len(verifies)
+    return list(tokens.values()), len(verifies), speculation.costs.at(2).per_draft_s
 
 
 def test_the_batch_drafts_where_the_costs_say_it_pays_and_not_where_they_do_not(
@@ -213,10 +215,34 @@ def test_the_batch_drafts_where_the_costs_say_it_pays_and_not_where_they_do_not(
     """The adaptive control inside the batch (real forwards, the costs seeded): drafted
     positions at 1% of a step each (a GPU) are drafted; at a whole step each (this CPU)
     none are. The tokens are the same either way."""
-    cheap, cheap_verifies = _decode_pair(tiny_model, (0.010, 0.0104))
-    linear, linear_verifies = _decode_pair(tiny_model, (0.010, 0.050))
+    cheap, cheap_verifies, _ = _decode_pair(tiny_model, (0.010, 0.0104))
+    linear, linear_verifies, _ = _decode_pair(tiny_model, (0.010, 0.050))
     assert cheap == linear and len(cheap[0]) == 24
     assert cheap_verifies > 0 and linear_verifies == 0
+
+
+def test_costs_measured_under_a_stall_do_not_stop_the_batch_drafting_for_good(
+    tiny_model: Path,
+) -> None:
+    """A verify timed under a stall (here: seeded at a second for 4 drafts) says drafts never
+    pay; the batch still tries one now and then, spaced out, and learns the real cost."""
+    stalled = 1.0
+    tokens, retries, per_draft = _decode_pair(tiny_model, (0.010, stalled), length=600)
+    assert len(tokens[0]) == 600 and tokens[0] == tokens[1]
+    assert retries >= 2  # the first run of a verify's shape teaches nothing
+    assert per_draft is not None and per_draft < (stalled - 0.010) / 4 / 2
+
+
+def test_a_verify_shapes_first_run_teaches_no_cost() -> None:
+    """A shape's first run may build its kernels: its time is not the shape's cost."""
+    costs = VerifyCosts()
+    costs.plain(0.010)
+    costs.observed(8, 1, 0.900)  # the first verify of 8 rows and one draft: a build
+    assert costs.step_seconds(1) is None
+    costs.observed(8, 1, 0.011)
+    assert costs.step_seconds(1) == pytest.approx(0.011)
+    costs.observed(4, 1, 0.500)  # another shape's first run
+    assert costs.step_seconds(1) == pytest.approx(0.011)
 
 
 async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path) -> None:

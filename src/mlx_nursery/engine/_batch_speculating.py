@@ -47,6 +47,11 @@ from ._sequence import LiveSequence
 
 Report = Callable[[LiveSequence, int, int], None]
 
+RETRY_GAP = 32
+"""Steps before the first try against costs that say drafts do not pay; doubled after each,
+up to `LONGEST_PAUSE`: a try drafts one token, so where drafts truly do not pay the tries
+cost a small share of the steps."""
+
 
 def speculable(cache: list[Any]) -> bool:
     """Every layer is a ragged batch cache, which trims and realigns exactly (quantized
@@ -81,6 +86,10 @@ class BatchSpeculation:
         """Steps since the last try that measures a verify's cost while it is unknown, and
         the steps the next one waits: doubled after each, since a batch that is never quiet
         (arrivals every step) measures none, and unmeasured tries must not cost much."""
+        self._since_retry = 0
+        self._retry_gap = RETRY_GAP
+        """The same for tries while the costs say drafts do not pay (they may have been
+        measured under a stall); back to the first gap once drafts pay."""
         self._was_quiet = False
         self._last_read: float | None = None
         self._last_kind: Literal["plain", "verify"] | None = None
@@ -110,6 +119,7 @@ class BatchSpeculation:
         last one (no prefill chunk, no join), so its time is a step's cost."""
         rows = len(batch.uids)
         self._since_try += 1
+        self._since_retry += 1
         drafts = self._plan(batch) if self._rows else None
         if drafts is None:
             responses: list[Any] = batch.next()
@@ -146,7 +156,17 @@ class BatchSpeculation:
             self._try_gap = min(2 * self._try_gap, LONGEST_PAUSE)
             return [d[:EXPLORE_DRAFTS] for d in drafts]
         if adaptive:
-            drafts = fair(drafts, acceptances, costs)
+            fitting = fair(drafts, acceptances, costs)
+            if any(fitting):
+                self._retry_gap = RETRY_GAP
+                return fitting
+            # The costs say no: still try now and then, spaced out, so that costs measured
+            # under a stall cannot stop the batch drafting for good.
+            if self._since_retry < self._retry_gap:
+                return None
+            self._since_retry = 0
+            self._retry_gap = min(2 * self._retry_gap, LONGEST_PAUSE)
+            return [d[:EXPLORE_DRAFTS] for d in drafts]
         return drafts if any(drafts) else None
 
     def _timed(self, kind: Literal["plain", "verify"], rows: int, drafts: int, quiet: bool) -> None:
@@ -163,7 +183,7 @@ class BatchSpeculation:
             elif kind == "verify" and costs.plain_s is not None:
                 if self._last_kind == "plain":  # the plain step before it ran in that time too
                     seconds -= costs.plain_s
-                costs.verify(drafts, seconds)
+                costs.observed(rows, drafts, seconds)
         self._last_read, self._last_kind, self._last_rows = now, kind, rows
 
     def _verify(self, batch: Any, drafts: list[list[int]], quiet: bool) -> list[Any]:

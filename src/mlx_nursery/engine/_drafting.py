@@ -126,13 +126,31 @@ class VerifyCosts:
     def __init__(self) -> None:
         self.plain_s: float | None = None
         self.per_draft_s: float | None = None
+        self._shapes_run: set[tuple[int, int]] = set()
 
     def plain(self, seconds: float) -> None:
         self.plain_s = _average(self.plain_s, seconds)
 
     def verify(self, drafts: int, seconds: float) -> None:
-        if self.plain_s is not None and drafts > 0:
-            self.per_draft_s = _average(self.per_draft_s, max(0.0, seconds - self.plain_s) / drafts)
+        if self.plain_s is None or drafts <= 0:
+            return
+        per_draft = max(0.0, seconds - self.plain_s) / drafts
+        if self.per_draft_s is not None and per_draft < self.per_draft_s / 2:
+            # Steps do not get twice as cheap by themselves: the estimate held a stall
+            # (a kernel build, a burst of load), which a moving average would keep for long.
+            self.per_draft_s = per_draft
+        else:
+            self.per_draft_s = _average(self.per_draft_s, per_draft)
+
+    def observed(self, rows: int, drafts: int, seconds: float) -> None:
+        """A verify step of `rows` rows and `drafts` drafted positions took `seconds`: learn
+        from it unless it was that shape's first run. A shape's first run may build kernels
+        (CUDA's attention graphs and compiled blocks, Metal's JIT), which can take many
+        steps' time; learnt, that one sample would make drafting look too dear to try."""
+        if (rows, drafts) not in self._shapes_run:
+            self._shapes_run.add((rows, drafts))
+            return
+        self.verify(drafts, seconds)
 
     def promising(self, most: int) -> bool:
         """Whether drafting up to `most` tokens, all accepted, would be `PROMISING_GAIN`

@@ -176,7 +176,7 @@ class Speculator:
         seconds = now - verify.started
         if verify.ahead:  # the plain step of its first input ran in that time too
             seconds -= self.costs.plain_s if self.costs.plain_s is not None else seconds
-        self.costs.verify(len(verify.drafts), seconds)
+        self.costs.observed(1, len(verify.drafts), seconds)
         self.last_read = now
         drafts = verify.drafts
         accepted = 0
