@@ -120,64 +120,96 @@ class BatchSpeculation:
         rows = len(batch.uids)
         self._since_try += 1
         self._since_retry += 1
+        planning = time.perf_counter()
         drafts = self._plan(batch) if self._rows else None
         if drafts is None:
+            planned = time.perf_counter() - planning  # drafts looked up but not used
             responses: list[Any] = batch.next()
-            self._timed("plain", rows, 0, quiet)
+            self._timed("plain", rows, 0, quiet, spent=planned)
             self._known.clear()
             return responses
         return self._verify(batch, drafts, quiet)
 
     def _plan(self, batch: Any) -> list[list[int]] | None:
-        """Each row's drafts for this step (batch order), or None for a plain step."""
+        """Each row's drafts for this step (batch order), or None for a plain step. The
+        step's length is chosen before any row drafts, so that a draft model runs only for
+        drafts the step will carry."""
         costs = self.costs.select(len(batch.uids))
         adaptive = self._spec.adaptive
         if adaptive and costs.plain_s is None:
             return None  # a plain step's cost first: a verify's is measured against it
-        drafts: list[list[int]] = []
+        if not speculable(batch.prompt_cache):
+            return None
+        wanted: list[int] = []
         acceptances: list[float | None] = []
         for i, uid in enumerate(batch.uids):
             drafter = self._rows.get(uid)
             if drafter is None:
-                drafts.append([])
+                wanted.append(0)
                 acceptances.append(None)
                 continue
             room = batch.max_tokens[i] - batch._num_tokens[i] - 1
-            most = min(drafter.control.drafts(), room)
-            known = self._known.get(uid)
-            drafts.append(drafter.drafts(batch.tokens[i], most, known) if most > 0 else [])
+            wanted.append(max(0, min(drafter.control.drafts(), room)))
             acceptances.append(drafter.control.acceptance)
-        if not any(drafts) or not speculable(batch.prompt_cache):
+        if not any(wanted):
             return None
+        trying: Literal["first", "again"] | None = None
+        longest = max(wanted)
         if adaptive and costs.per_draft_s is None:  # a try, to measure: spaced out
             if self._since_try < self._try_gap:
                 return None
+            trying, longest = "first", EXPLORE_DRAFTS
+        elif adaptive:
+            longest = max(map(len, fair([[0] * n for n in wanted], acceptances, costs)))
+            if not longest:
+                # The costs say no: still try now and then, spaced out, so that costs
+                # measured under a stall cannot stop the batch drafting for good.
+                if self._since_retry < self._retry_gap:
+                    return None
+                trying, longest = "again", EXPLORE_DRAFTS
+        drafts = self._drafts(batch, [min(n, longest) for n in wanted])
+        if adaptive and trying is None:
+            drafts = fair(drafts, acceptances, costs)  # lookups may find fewer than wanted
+        if not any(drafts):
+            return None
+        if trying == "first":
             self._since_try = 0
             self._try_gap = min(2 * self._try_gap, LONGEST_PAUSE)
-            return [d[:EXPLORE_DRAFTS] for d in drafts]
-        if adaptive:
-            fitting = fair(drafts, acceptances, costs)
-            if any(fitting):
-                self._retry_gap = RETRY_GAP
-                return fitting
-            # The costs say no: still try now and then, spaced out, so that costs measured
-            # under a stall cannot stop the batch drafting for good.
-            if self._since_retry < self._retry_gap:
-                return None
+        elif trying == "again":
             self._since_retry = 0
             self._retry_gap = min(2 * self._retry_gap, LONGEST_PAUSE)
-            return [d[:EXPLORE_DRAFTS] for d in drafts]
-        return drafts if any(drafts) else None
+        elif adaptive:
+            self._retry_gap = RETRY_GAP
+        return drafts
 
-    def _timed(self, kind: Literal["plain", "verify"], rows: int, drafts: int, quiet: bool) -> None:
-        """A step was read: teach the costs of `rows` rows its time where it is its own."""
+    def _drafts(self, batch: Any, most: list[int]) -> list[list[int]]:
+        """Each row's drafts, at most `most[i]` for row i (batch order)."""
+        drafts: list[list[int]] = []
+        for i, uid in enumerate(batch.uids):
+            drafter = self._rows.get(uid)
+            if drafter is None or most[i] <= 0:
+                drafts.append([])
+                continue
+            drafts.append(drafter.drafts(batch.tokens[i], most[i], self._known.get(uid)))
+        return drafts
+
+    def _timed(
+        self,
+        kind: Literal["plain", "verify"],
+        rows: int,
+        drafts: int,
+        quiet: bool,
+        spent: float = 0.0,
+    ) -> None:
+        """A step was read: teach the costs of `rows` rows its time where it is its own
+        (`spent`: time in the interval that was not the step's, as drafts not used)."""
         now = time.perf_counter()
         costs = self.costs.at(rows)
         # A read waits for the forward launched a call earlier, behind that call's chunk if
         # any: two quiet calls in a row make the interval the steps' own.
         quiet, self._was_quiet = quiet and self._was_quiet, quiet
         if self._last_read is not None and quiet and rows == self._last_rows:
-            seconds = now - self._last_read
+            seconds = now - self._last_read - spent
             if kind == "plain" and self._last_kind == "plain":
                 costs.plain(seconds)  # after a verify the read waited for nothing
             elif kind == "verify" and costs.plain_s is not None:
