@@ -208,14 +208,17 @@ class BatchSpeculation:
         # A read waits for the forward launched a call earlier, behind that call's chunk if
         # any: two quiet calls in a row make the interval the steps' own.
         quiet, self._was_quiet = quiet and self._was_quiet, quiet
+        seconds: float | None = None
         if self._last_read is not None and quiet and rows == self._last_rows:
             seconds = now - self._last_read - spent
-            if kind == "plain" and self._last_kind == "plain":
+        if kind == "plain":
+            if seconds is not None and self._last_kind == "plain":
                 costs.plain(seconds)  # after a verify the read waited for nothing
-            elif kind == "verify" and costs.plain_s is not None:
-                if self._last_kind == "plain":  # the plain step before it ran in that time too
-                    seconds -= costs.plain_s
-                costs.observed(rows, drafts, seconds)
+        else:
+            if seconds is not None and self._last_kind == "plain":
+                # The plain step before it ran in that time too (its cost unknown: untimed).
+                seconds = None if costs.plain_s is None else seconds - costs.plain_s
+            costs.observed(rows, drafts, seconds)  # untimed, it still ran its shape
         self._last_read, self._last_kind, self._last_rows = now, kind, rows
 
     def _verify(self, batch: Any, drafts: list[list[int]], quiet: bool) -> list[Any]:
