@@ -48,9 +48,10 @@ from ._sequence import LiveSequence
 Report = Callable[[LiveSequence, int, int], None]
 
 RETRY_GAP = 32
-"""Steps before the first try against costs that say drafts do not pay; doubled after each,
-up to `LONGEST_PAUSE`: a try drafts one token, so where drafts truly do not pay the tries
-cost a small share of the steps."""
+"""Steps between tries against costs that say drafts do not pay, counted from the last try
+(or the start: costs that turn to no after a longer stretch get a try at once); doubled
+after each, up to `LONGEST_PAUSE`: a try drafts one token, so where drafts truly do not pay
+the tries cost a small share of the steps."""
 
 
 def speculable(cache: list[Any]) -> bool:
@@ -89,7 +90,7 @@ class BatchSpeculation:
         self._since_retry = 0
         self._retry_gap = RETRY_GAP
         """The same for tries while the costs say drafts do not pay (they may have been
-        measured under a stall); back to the first gap once drafts pay."""
+        measured under a stall); back to the first gap once drafts pay (the count goes on)."""
         self._was_quiet = False
         self._last_read: float | None = None
         self._last_kind: Literal["plain", "verify"] | None = None
