@@ -27,6 +27,7 @@ from mlx_nursery.engine import (
     open_engine,
 )
 from mlx_nursery.engine._batch_drafting import BatchCosts, expected_tokens, fair
+from mlx_nursery.engine._batch_speculating import BatchSpeculation
 from mlx_nursery.engine._drafting import VerifyCosts
 from tests.helpers import Run, collect, collect_all
 
@@ -243,6 +244,20 @@ def test_a_verify_shapes_first_run_teaches_no_cost() -> None:
     assert costs.step_seconds(1) == pytest.approx(0.011)
     costs.observed(4, 1, 0.500)  # another shape's first run
     assert costs.step_seconds(1) == pytest.approx(0.011)
+
+
+def test_an_untimed_verify_is_its_shapes_first_run_too() -> None:
+    """A busy batch's verify (not quiet: untimed) still builds its shape's kernels, so the
+    next, quiet, verify of that shape is a cost the batch learns, not a second first run."""
+    speculation = BatchSpeculation(Speculation(tokens=4), None, {})
+    costs = speculation.costs.at(2)
+    costs.plain(0.010)
+    speculation._timed("verify", 2, 1, quiet=False)  # a prefill chunk ran beside it
+    for _ in range(2):
+        speculation._timed("plain", 2, 0, quiet=True)
+    assert costs.step_seconds(1) is None
+    speculation._timed("verify", 2, 1, quiet=True)
+    assert costs.step_seconds(1) is not None
 
 
 async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path) -> None:

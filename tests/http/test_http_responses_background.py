@@ -2,8 +2,8 @@
 at once, polled to their end, cancelled (queued, before the first token, mid-decode) with the
 engine's counters showing the compute stopped, outliving the request that made them (a
 streamed one too, its stream closed by its creator), streamed live and resumed after any
-event, kept apart per key, bounded, and never left in progress by a server that stopped or
-died.
+event, kept apart per key, and bounded. Never left in progress by a server that stopped or
+died: tests/http/test_http_responses_restarts.py.
 
 One scripted-model server (one lane, two keys) serves the module; each test leaves it idle.
 Long generations are the script's waits (`ttft`, `stalls`): they are there to be cut short,
@@ -12,10 +12,7 @@ so no test waits them out.
 
 from __future__ import annotations
 
-import signal
-import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,16 +21,13 @@ import pytest
 import trio
 
 from mlx_nursery.server import Running
-from mlx_nursery.store import ResponsesStore, StoredResponse
 from tests.http_helpers import (
     engine_of,
     eventually,
     post_request,
     raw_http,
     read_until,
-    running_server,
     server_thread,
-    spawned_server,
     validate,
     validate_error,
 )
@@ -342,63 +336,3 @@ async def test_background_responses_are_capped_per_key_and_server_wide(
         assert (await client.responses.cancel(response.id)).status == "cancelled"
     again = await client.responses.create(**_create({"output": {"text": "room again"}}))
     assert (await _ended(client, again.id)).output_text == "room again"
-
-
-async def test_a_shutdown_leaves_a_background_response_failed(tmp_path: Path) -> None:
-    """A server that stops while a response runs stores it failed (its drain cancels it);
-    the next server on the same store tells the same. One left in progress by a process
-    that is gone, found after this server started, is settled when it is polled."""
-    db = str(tmp_path / "responses.db")
-    async with (
-        running_server(None, model=["scripted"], responses_db=db, shutdown_grace=0) as first,
-        _client(first, "unused") as client,
-    ):
-        created = await client.responses.create(**_create(HOLD))
-        await eventually(lambda: _stats(first).lanes_borrowed == 1, "running")
-    async with (
-        running_server(None, model=["scripted"], responses_db=db) as second,
-        _client(second, "unused") as client,
-    ):
-        failed = await client.responses.retrieve(created.id)
-        left = ResponsesStore(db)  # another process's store, that process gone since
-        await left.open()
-        body = {**failed.model_dump(mode="json"), "id": "resp_left", "status": "in_progress"}
-        await left.put(StoredResponse("resp_left", time.time(), body, [], [], None, "gone"))
-        await left.close()
-        settled = await client.responses.retrieve("resp_left")
-    assert failed.status == "failed" and failed.error is not None
-    assert (failed.error.code, "shutting down" in failed.error.message) == ("server_error", True)
-    assert settled.status == "failed" and settled.error is not None
-    assert "restarted" in settled.error.message
-
-
-async def test_a_killed_server_leaves_its_background_responses_failed_not_in_progress(
-    tmp_path: Path,
-) -> None:
-    """kill -9 mid-response: nothing stored it failed; the next server on the store does, at
-    startup, and a resumed stream ends with that."""
-    db = str(tmp_path / "responses.db")
-    flags = ("--served-model-name", "tiny", "--responses-db", db)
-    async with (
-        spawned_server(Path("scripted"), *flags) as (process, port),
-        openai.AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0
-        ) as client,
-    ):
-        stream = await client.responses.create(stream=True, **{**_create(HOLD), "model": "tiny"})
-        opening = [await stream.__anext__() for _ in range(3)]
-        assert opening[2].type == "response.in_progress"
-        running = await client.responses.retrieve(opening[0].response.id)
-        assert running.status == "in_progress"
-        process.send_signal(signal.SIGKILL)
-        await trio.to_thread.run_sync(process.wait)
-    async with (
-        running_server(None, model=["scripted"], responses_db=db) as server,
-        _client(server, "unused") as client,
-    ):
-        failed = await client.responses.retrieve(running.id)
-        resumed = await client.responses.retrieve(running.id, stream=True, starting_after=2)
-        tail = [event async for event in resumed]
-    assert failed.status == "failed" and failed.error is not None
-    assert failed.error.code == "server_error" and "restarted" in failed.error.message
-    assert [e.type for e in tail] == ["response.failed"] and tail[0].sequence_number == 3

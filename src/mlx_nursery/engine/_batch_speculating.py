@@ -48,9 +48,10 @@ from ._sequence import LiveSequence
 Report = Callable[[LiveSequence, int, int], None]
 
 RETRY_GAP = 32
-"""Steps before the first try against costs that say drafts do not pay; doubled after each,
-up to `LONGEST_PAUSE`: a try drafts one token, so where drafts truly do not pay the tries
-cost a small share of the steps."""
+"""Steps between tries against costs that say drafts do not pay, counted from the last try
+(or the start: costs that turn to no after a longer stretch get a try at once); doubled
+after each, up to `LONGEST_PAUSE`: a try drafts one token, so where drafts truly do not pay
+the tries cost a small share of the steps."""
 
 
 def speculable(cache: list[Any]) -> bool:
@@ -89,7 +90,7 @@ class BatchSpeculation:
         self._since_retry = 0
         self._retry_gap = RETRY_GAP
         """The same for tries while the costs say drafts do not pay (they may have been
-        measured under a stall); back to the first gap once drafts pay."""
+        measured under a stall); back to the first gap once drafts pay (the count goes on)."""
         self._was_quiet = False
         self._last_read: float | None = None
         self._last_kind: Literal["plain", "verify"] | None = None
@@ -208,14 +209,17 @@ class BatchSpeculation:
         # A read waits for the forward launched a call earlier, behind that call's chunk if
         # any: two quiet calls in a row make the interval the steps' own.
         quiet, self._was_quiet = quiet and self._was_quiet, quiet
+        seconds: float | None = None
         if self._last_read is not None and quiet and rows == self._last_rows:
             seconds = now - self._last_read - spent
-            if kind == "plain" and self._last_kind == "plain":
+        if kind == "plain":
+            if seconds is not None and self._last_kind == "plain":
                 costs.plain(seconds)  # after a verify the read waited for nothing
-            elif kind == "verify" and costs.plain_s is not None:
-                if self._last_kind == "plain":  # the plain step before it ran in that time too
-                    seconds -= costs.plain_s
-                costs.observed(rows, drafts, seconds)
+        else:
+            if seconds is not None and self._last_kind == "plain":
+                # The plain step before it ran in that time too (its cost unknown: untimed).
+                seconds = None if costs.plain_s is None else seconds - costs.plain_s
+            costs.observed(rows, drafts, seconds)  # untimed, it still ran its shape
         self._last_read, self._last_kind, self._last_rows = now, kind, rows
 
     def _verify(self, batch: Any, drafts: list[list[int]], quiet: bool) -> list[Any]:

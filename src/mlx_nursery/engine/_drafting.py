@@ -142,15 +142,17 @@ class VerifyCosts:
         else:
             self.per_draft_s = _average(self.per_draft_s, per_draft)
 
-    def observed(self, rows: int, drafts: int, seconds: float) -> None:
-        """A verify step of `rows` rows and `drafts` drafted positions took `seconds`: learn
-        from it unless it was that shape's first run. A shape's first run may build kernels
-        (CUDA's attention graphs and compiled blocks, Metal's JIT), which can take many
-        steps' time; learnt, that one sample would make drafting look too dear to try."""
-        if (rows, drafts) not in self._shapes_run:
-            self._shapes_run.add((rows, drafts))
-            return
-        self.verify(drafts, seconds)
+    def observed(self, rows: int, drafts: int, seconds: float | None) -> None:
+        """A verify step of `rows` rows and `drafts` drafted positions ran and took `seconds`
+        (None: not timed, other work shared its interval): learn from it unless it was that
+        shape's first run. A shape's first run may build kernels (CUDA's attention graphs
+        and compiled blocks, Metal's JIT), which can take many steps' time; learnt, that one
+        sample would make drafting look too dear to try. An untimed run is still the shape's
+        first: its kernels are built, so the next timed run teaches."""
+        first = (rows, drafts) not in self._shapes_run
+        self._shapes_run.add((rows, drafts))
+        if not first and seconds is not None:
+            self.verify(drafts, seconds)
 
     def promising(self, most: int) -> bool:
         """Whether drafting up to `most` tokens, all accepted, would be `PROMISING_GAIN`
