@@ -194,7 +194,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"response_format": "ogg"}, "response_format", "ogg"),
     ({"speed": 9}, "speed", "speed"),
     ({"input": ""}, "input", "empty"),
-    ({"stream_format": "sse", "response_format": "flac"}, "response_format", "flac"),
+    ({"stream_format": "sse", "response_format": "wave"}, "response_format", "wave"),
     ({"instructions": "cheerful"}, "instructions", "instructions"),
     ({"surprise": 1}, "surprise", "surprise"),
 ]

@@ -6,6 +6,8 @@ a failing encoder stops the synthesis."""
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,9 @@ padding (two AAC frames; Ogg Opus and FLAC mark their exact length)."""
 
 
 async def test_each_compressed_format_streams_audio_that_decodes(tiny_tts: Path) -> None:
-    """mp3, opus, aac and flac through the SDK's streaming response: each decodes (PyAV) to
-    the pcm answer's duration, within the codec's padding, at its codec's rate. An encoder
-    that fails midway cuts the transfer and stops the synthesis."""
+    """mp3, opus, aac and flac through the SDK's streaming response, raw and as sse events:
+    each decodes (PyAV) to the pcm answer's duration, within the codec's padding, at its
+    codec's rate. An encoder that fails midway cuts the transfer and stops the synthesis."""
     async with running_server(None, model=(f"{tiny_tts}=tts",), skip_warmup=True) as server:
         client = sdk(server)
         said: dict[str, Any] = {"model": "tts", "input": THREE, "voice": "fable"}
@@ -43,6 +45,20 @@ async def test_each_compressed_format_streams_audio_that_decodes(tiny_tts: Path)
             name, decoded_rate, samples = decoded(data)
             assert (name, decoded_rate) == (container, rate), audio_format
             assert 0 <= samples / rate - seconds <= PADDING / RATE, (audio_format, samples)
+            # The same audio base64 in sse events; OpenAI's own sse example names no format
+            # and gets its default, mp3.
+            chosen = {} if audio_format == "mp3" else {"response_format": audio_format}
+            async with client.audio.speech.with_streaming_response.create(
+                **said, **chosen, stream_format="sse"
+            ) as events_response:
+                lines = [line async for line in events_response.iter_lines()]
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+            assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}, audio_format
+            assert events[-1]["type"] == "speech.audio.done" and len(events) > 2
+            audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+            name, decoded_rate, samples = decoded(audio)
+            assert (name, decoded_rate) == (container, rate), ("sse", audio_format)
+            assert 0 <= samples / rate - seconds <= PADDING / RATE, ("sse", audio_format)
 
         engine = synthesis_engine(server)
         before = engine.statistics()

@@ -52,4 +52,6 @@ def test_a_missing_encoder_is_a_400_naming_its_format() -> None:
     assert refused.value.param == "response_format" and "mp3" in str(refused.value)
     assert prepare_synthesis(body, MODEL, without_mp3).format == "wav"
     assert prepare_synthesis(body, MODEL, encodable()).format == "mp3"
-    assert prepare_synthesis(body | {"stream_format": "sse"}, MODEL, encodable()).format == "pcm"
+    sse = body | {"stream_format": "sse"}
+    assert prepare_synthesis(sse, MODEL, encodable()).format == "mp3"  # as OpenAI's example
+    assert prepare_synthesis(sse, MODEL, without_mp3).format == "pcm"

@@ -7,7 +7,7 @@ deadline or a shutdown stops the synthesis thread before its next piece of audio
 
 The response waits for the first piece, so that a synthesis that fails at once is a clean
 error in OpenAI's envelope; from then on audio goes out as each piece is made: raw bytes
-(any format) or `speech.audio.delta` events (sse: pcm or wav). A failure after the first
+or `speech.audio.delta` events (sse), in any format. A failure after the first
 piece ends an sse stream with an error event; raw audio has no place for one, so its body
 is cut, whether the synthesis or the encoder failed (the client sees a broken transfer,
 never a short file that looks whole).
@@ -77,7 +77,8 @@ async def create_speech() -> Response:
         done = data_event(audio_done_event(first))
         return Response(done, content_type=prepared.content_type, headers=HEADERS)
     if prepared.sse:
-        stream = pump(job, _SpeechEvents(prepared, first), serving.writes, request_id())
+        speech_events = _SpeechEvents(prepared, first)
+        stream = _closing(pump(job, speech_events, serving.writes, request_id()), speech_events)
         response = Response(stream, content_type=prepared.content_type, headers=HEADERS)
     else:
         audio = _audio(job, prepared, first, request_id())
@@ -135,31 +136,71 @@ async def _audio(
     yield DROP_CONNECTION  # failed, or ended early: cut, never a short file that looks whole
 
 
+async def _closing(stream: AsyncIterator[bytes], events: _SpeechEvents) -> AsyncIterator[bytes]:
+    """`stream`, then the events' encoder closed, however the stream ends (a cancel too:
+    the close runs as the body's iterator is closed)."""
+    try:
+        async for piece in stream:
+            yield piece
+    finally:
+        events.close()
+
+
 class _SpeechEvents:
     """OpenAI's speech events, a `StreamFormat`: a `speech.audio.delta` per piece of audio
-    (base64; a wav's header in the first), then `speech.audio.done`."""
+    (base64 of the format's bytes: pcm, a wav's header in the first, or what the request's
+    encoder completed, encoded on a worker thread), then `speech.audio.done`. An encoded
+    format's first piece goes out with the first render, so that no encode runs on the Trio
+    thread; `close` closes the encoder (the route's `_closing` calls it)."""
 
     def __init__(self, prepared: PreparedSynthesis, first: JobItem) -> None:
         self._header = prepared.format == "wav"
         self._rate = prepared.sample_rate
-        self._first = first
+        self._first: JobItem | None = first
+        self._compressed = prepared.compressed
+        self._encoder: SpeechEncoder | None = None
+        """Opened by the first render (not before the stream runs, so that nothing is left
+        open by a response never sent)."""
 
     def opening(self) -> bytes:
-        out, _ = self._render([self._first])
+        if self._compressed is not None:
+            return b""  # the first render encodes it
+        first, self._first = self._first, None
+        assert first is not None
+        out, _ = self._render([first], [])
         return out
 
     async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
-        return self._render(items)
+        if self._first is not None:
+            items, self._first = [self._first, *items], None
+        encoded: list[bytes] = []
+        if self._compressed is not None:
+            if self._encoder is None:
+                self._encoder = SpeechEncoder.open(self._compressed, self._rate)
+            encoder = self._encoder
+            for item in items:
+                if isinstance(item, AudioChunk):
+                    encoded.append(await trio.to_thread.run_sync(encoder.encode, item.samples))
+                elif isinstance(item, Synthesized):
+                    encoded.append(await trio.to_thread.run_sync(encoder.finish))
+                    break
+        return self._render(items, encoded)
 
-    def _render(self, items: list[JobItem]) -> tuple[bytes, bool]:
+    def _render(self, items: list[JobItem], encoded: list[bytes]) -> tuple[bytes, bool]:
+        """`encoded`: the encoder's bytes for each chunk of `items` and, at the end, its rest."""
         out: list[bytes] = []
+        pieces = iter(encoded)
         for item in items:
             if isinstance(item, AudioChunk):
-                audio = pcm16(item.samples)
+                audio = next(pieces) if self._compressed is not None else pcm16(item.samples)
                 if self._header:
                     audio, self._header = wav_header(self._rate, None) + audio, False
-                out.append(data_event(audio_delta_event(base64.b64encode(audio).decode())))
+                if audio:
+                    out.append(data_event(audio_delta_event(base64.b64encode(audio).decode())))
             elif isinstance(item, Synthesized):
+                rest = next(pieces, b"")
+                if rest:
+                    out.append(data_event(audio_delta_event(base64.b64encode(rest).decode())))
                 out.append(data_event(audio_done_event(item)))
                 return b"".join(out), True
             elif isinstance(item, OpenAIError):
@@ -169,3 +210,7 @@ class _SpeechEvents:
 
     def error(self, error: OpenAIError) -> bytes:
         return data_event(error.envelope())
+
+    def close(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()

@@ -1,12 +1,14 @@
 """/v1/audio/speech: OpenAI's request (`CreateSpeechRequest`) checked against the model, and
 the audio it answers with: raw bytes (`stream_format` "audio"), or `speech.audio.delta` /
-`speech.audio.done` SSE events ("sse").
+`speech.audio.done` SSE events ("sse"), whose deltas carry the same bytes in base64, in any
+format (OpenAI's own example streams its default, mp3, as sse).
 
 Formats: wav and pcm (16-bit little-endian mono at the model's rate: KittenTTS and Kokoro
 make 24 kHz, OpenAI's pcm rate); mp3, opus, aac and flac encoded in process as the audio is
 made (`_speech_encoding`). A format this server's PyAV build cannot write is a 400 that
 names it; OpenAI's default, mp3, is written by every PyPI wheel (a build without LAME
-answers a request that names no format with wav, its Content-Type saying so). A wav
+answers a request that names no format with wav, its Content-Type saying so, or pcm in sse
+events). A wav
 streamed chunk by chunk cannot know its length up front: its header says "unknown"
 (0xFFFFFFFF), as OpenAI's own streamed wav does; players read to the end.
 """
@@ -115,8 +117,8 @@ def prepare_synthesis(
 
 
 def _format(name: str | None, writable: Set[Compressed], sse: bool) -> Format:
-    if name is None:
-        return "pcm" if sse else "mp3" if "mp3" in writable else "wav"
+    if name is None:  # OpenAI's default, in the body or base64 in sse events alike
+        return "mp3" if "mp3" in writable else "pcm" if sse else "wav"
     for known in FORMATS:
         if name == known:
             break
@@ -125,12 +127,6 @@ def _format(name: str | None, writable: Set[Compressed], sse: bool) -> Format:
             f"response_format must be one of {', '.join(FORMATS)}, got {quoted(name)}",
             param="response_format",
             code="invalid_value",
-        )
-    if sse and known not in ("pcm", "wav"):
-        raise InvalidRequest(
-            f"response_format {quoted(known)} cannot be streamed as sse here: use pcm or wav",
-            param="response_format",
-            code="unsupported_value",
         )
     if known in COMPRESSED and COMPRESSED[known] not in writable:
         raise InvalidRequest(
