@@ -135,10 +135,11 @@ class VerifyCosts:
         if self.plain_s is None or drafts <= 0:
             return
         per_draft = max(0.0, seconds - self.plain_s) / drafts
-        if self.per_draft_s is not None and 0.0 < per_draft < self.per_draft_s / 2:
+        if self.per_draft_s is not None and per_draft < self.per_draft_s / 2:
             # Steps do not get twice as cheap by themselves: the estimate held a stall
             # (a kernel build, a burst of load), which a moving average would keep for long.
-            # A sample of nothing (a verify timed faster than a plain step) is noise: averaged.
+            # A sample of nothing counts too: where a drafted position costs next to nothing
+            # (a GPU's step is bound by launches and weights), timings often round to it.
             self.per_draft_s = per_draft
         else:
             self.per_draft_s = _average(self.per_draft_s, per_draft)
