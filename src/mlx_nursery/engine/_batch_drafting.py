@@ -24,6 +24,7 @@ from ._draft_model import ModelDrafter
 from ._drafting import DraftControl, NgramIndex, Speculation, VerifyCosts
 from ._sampling import PositionDraws, position_draws
 from ._sequence import LiveSequence
+from ._speculating import draft_source, verify_counter
 
 FAIR_SLOWDOWN = 0.05
 """The most a verify step may lower any row's expected tokens per second, by the measured
@@ -98,17 +99,10 @@ def row_drafter(
     if draws is None:
         return None
 
-    def verified(drafted: int, accepted: int) -> None:
-        sequence.drafted_tokens += drafted
-        sequence.accepted_tokens += accepted
-        if report is not None:
-            report(sequence, drafted, accepted)
-
-    index: NgramIndex | ModelDrafter = (
-        NgramIndex(spec) if draft_model is None else ModelDrafter(draft_model, ())
-    )
     control = DraftControl(spec.tokens, costs, adaptive=spec.adaptive)
-    return RowDrafter(index, control, draws, verified)
+    return RowDrafter(
+        draft_source(spec, draft_model, []), control, draws, verify_counter(sequence, report)
+    )
 
 
 def expected_tokens(acceptance: float, drafts: int) -> float:

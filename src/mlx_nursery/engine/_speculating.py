@@ -93,9 +93,7 @@ class Speculator:
         draft_model: Any = None,
     ) -> None:
         self._model = model
-        self.index: NgramIndex | ModelDrafter = (
-            NgramIndex(spec, context) if draft_model is None else ModelDrafter(draft_model, context)
-        )
+        self.index = draft_source(spec, draft_model, context)
         """Where drafts come from: the context's n-grams, or the draft model."""
         self.control = DraftControl(spec.tokens, costs, adaptive=spec.adaptive)
         self.costs = costs
@@ -202,6 +200,30 @@ class Speculator:
         trim_prompt_cache(cache, verify.positions)
 
 
+def draft_source(
+    spec: Speculation, draft_model: Any, context: list[int]
+) -> NgramIndex | ModelDrafter:
+    """A sequence's drafts' source: its context's n-grams, or the draft model (if given)."""
+    if draft_model is None:
+        return NgramIndex(spec, context)
+    return ModelDrafter(draft_model, context)
+
+
+def verify_counter(
+    sequence: LiveSequence, report: Callable[[LiveSequence, int, int], None] | None
+) -> Verified:
+    """What each verify of `sequence` tells (its drafted and kept tokens): counted on the
+    sequence (its usage) and told to `report` (the engine's counters)."""
+
+    def verified(drafted: int, accepted: int) -> None:
+        sequence.drafted_tokens += drafted
+        sequence.accepted_tokens += accepted
+        if report is not None:
+            report(sequence, drafted, accepted)
+
+    return verified
+
+
 def speculator_factory(
     spec: Speculation | None,
     model: Any,
@@ -217,11 +239,7 @@ def speculator_factory(
     # Verify forwards are decode steps: the shape statistics count prefill forwards only.
     unwatched = getattr(model, "unwatched", model)
 
-    def verified(drafted: int, accepted: int) -> None:
-        sequence.drafted_tokens += drafted
-        sequence.accepted_tokens += accepted
-        if report is not None:
-            report(sequence, drafted, accepted)
+    verified = verify_counter(sequence, report)
 
     def speculate(cache: list[Any], context: list[int]) -> Speculator | None:
         return Speculator.build(
