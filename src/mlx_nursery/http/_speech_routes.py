@@ -77,8 +77,15 @@ async def create_speech() -> Response:
         done = data_event(audio_done_event(first))
         return Response(done, content_type=prepared.content_type, headers=HEADERS)
     if prepared.sse:
-        speech_events = _SpeechEvents(prepared, first)
-        stream = _closing(pump(job, speech_events, serving.writes, request_id()), speech_events)
+        assert isinstance(first, AudioChunk)
+        audio_bytes = _AudioBytes(prepared, header=prepared.format == "wav")
+        try:  # the first piece goes out at once, as the stream's opening
+            opening = _delta(await audio_bytes.piece(first))
+        except BaseException:
+            audio_bytes.close()
+            raise
+        speech_events = _SpeechEvents(audio_bytes, opening)
+        stream = _closing(pump(job, speech_events, serving.writes, request_id()), audio_bytes)
         response = Response(stream, content_type=prepared.content_type, headers=HEADERS)
     else:
         audio = _audio(job, prepared, first, request_id())
@@ -99,29 +106,65 @@ async def _first(job: Job) -> AudioChunk | Synthesized:
     return item
 
 
+class _AudioBytes:
+    """A synthesis's audio as the bytes of the request's format, a piece at a time: pcm
+    (16-bit, a wav's header before its first piece where `header`) written here; mp3, opus,
+    aac and flac by the request's own encoder, opened at its first use, each piece encoded on
+    a worker thread so that no encode stalls the Trio thread (a cancel waits for the piece
+    on the thread). `close` closes the encoder: call it however the body ends."""
+
+    def __init__(self, prepared: PreparedSynthesis, *, header: bool) -> None:
+        self._compressed = prepared.compressed
+        self._rate = prepared.sample_rate
+        self._header = header
+        self._encoder: SpeechEncoder | None = None
+
+    def _opened(self) -> SpeechEncoder:
+        if self._encoder is None:
+            assert self._compressed is not None
+            self._encoder = SpeechEncoder.open(self._compressed, self._rate)
+        return self._encoder
+
+    async def piece(self, chunk: AudioChunk) -> bytes:
+        """The bytes of `chunk`'s audio (an encoder may hold them back: b"")."""
+        if self._compressed is None:
+            audio = pcm16(chunk.samples)
+        else:
+            audio = await trio.to_thread.run_sync(self._opened().encode, chunk.samples)
+        if self._header:
+            audio, self._header = wav_header(self._rate, None) + audio, False
+        return audio
+
+    async def rest(self) -> bytes:
+        """What the encoder held back, at the audio's end (a whole file's ends, for audio
+        with no piece); nothing for pcm and wav."""
+        if self._compressed is None:
+            return b""
+        return await trio.to_thread.run_sync(self._opened().finish)
+
+    def close(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()
+
+
 async def _audio(
     job: Job, prepared: PreparedSynthesis, first: JobItem, request: str
 ) -> AsyncIterator[bytes]:
-    """The raw audio body, a piece at a time: wav (its header first, its length unknown) and
-    pcm written here, other formats by the request's encoder as they come. Where the
-    synthesis or the encoder failed midway it yields `DROP_CONNECTION`: the transfer is cut
-    (`_keepalive.py`). Cancelled with the request (see the module's docstring)."""
-    rate, compressed = prepared.sample_rate, prepared.compressed
+    """The raw audio body, a piece at a time (`_AudioBytes`; a wav's header first, its
+    length unknown). Where the synthesis or the encoder failed midway it yields
+    `DROP_CONNECTION`: the transfer is cut (`_keepalive.py`). Cancelled with the request (see
+    the module's docstring)."""
     if prepared.format == "wav":
-        yield wav_header(rate, None)
-    encoder: SpeechEncoder | None = None
+        yield wav_header(prepared.sample_rate, None)
+    audio_bytes = _AudioBytes(prepared, header=False)
     try:
-        if compressed is not None:
-            encoder = SpeechEncoder.open(compressed, rate)
         item: JobItem | None = first
         while item is not None:
             if isinstance(item, AudioChunk):
-                if encoder is None:
-                    yield pcm16(item.samples)
-                elif piece := await trio.to_thread.run_sync(encoder.encode, item.samples):
+                if piece := await audio_bytes.piece(item):
                     yield piece
             elif isinstance(item, Synthesized):
-                if encoder is not None and (rest := await trio.to_thread.run_sync(encoder.finish)):
+                if rest := await audio_bytes.rest():
                     yield rest
                 await job.settled()
                 return
@@ -131,76 +174,44 @@ async def _audio(
     except Exception as exc:  # noqa: BLE001 - raw audio has no place for an error: cut
         log_failure(request, f"while writing speech as {prepared.format}", exc)
     finally:
-        if encoder is not None:
-            encoder.close()
+        audio_bytes.close()
     yield DROP_CONNECTION  # failed, or ended early: cut, never a short file that looks whole
 
 
-async def _closing(stream: AsyncIterator[bytes], events: _SpeechEvents) -> AsyncIterator[bytes]:
-    """`stream`, then the events' encoder closed, however the stream ends (a cancel too:
+async def _closing(stream: AsyncIterator[bytes], audio_bytes: _AudioBytes) -> AsyncIterator[bytes]:
+    """`stream`, then the audio's encoder closed, however the stream ends (a cancel too:
     the close runs as the body's iterator is closed)."""
     try:
         async for piece in stream:
             yield piece
     finally:
-        events.close()
+        audio_bytes.close()
+
+
+def _delta(audio: bytes) -> bytes:
+    """A `speech.audio.delta` event of `audio` (base64), or nothing for no audio."""
+    return data_event(audio_delta_event(base64.b64encode(audio).decode())) if audio else b""
 
 
 class _SpeechEvents:
     """OpenAI's speech events, a `StreamFormat`: a `speech.audio.delta` per piece of audio
-    (base64 of the format's bytes: pcm, a wav's header in the first, or what the request's
-    encoder completed, encoded on a worker thread), then `speech.audio.done`. An encoded
-    format's first piece goes out with the first render, so that no encode runs on the Trio
-    thread; `close` closes the encoder (the route's `_closing` calls it)."""
+    (base64 of the format's bytes, `_AudioBytes`), then `speech.audio.done`. `opening` is the
+    first piece's delta, made by the route before the stream starts."""
 
-    def __init__(self, prepared: PreparedSynthesis, first: JobItem) -> None:
-        self._header = prepared.format == "wav"
-        self._rate = prepared.sample_rate
-        self._first: JobItem | None = first
-        self._compressed = prepared.compressed
-        self._encoder: SpeechEncoder | None = None
-        """Opened by the first render (not before the stream runs, so that nothing is left
-        open by a response never sent)."""
+    def __init__(self, audio_bytes: _AudioBytes, opening: bytes) -> None:
+        self._audio_bytes = audio_bytes
+        self._opening = opening
 
     def opening(self) -> bytes:
-        if self._compressed is not None:
-            return b""  # the first render encodes it
-        first, self._first = self._first, None
-        assert first is not None
-        out, _ = self._render([first], [])
-        return out
+        return self._opening
 
     async def render(self, items: list[JobItem]) -> tuple[bytes, bool]:
-        if self._first is not None:
-            items, self._first = [self._first, *items], None
-        encoded: list[bytes] = []
-        if self._compressed is not None:
-            if self._encoder is None:
-                self._encoder = SpeechEncoder.open(self._compressed, self._rate)
-            encoder = self._encoder
-            for item in items:
-                if isinstance(item, AudioChunk):
-                    encoded.append(await trio.to_thread.run_sync(encoder.encode, item.samples))
-                elif isinstance(item, Synthesized):
-                    encoded.append(await trio.to_thread.run_sync(encoder.finish))
-                    break
-        return self._render(items, encoded)
-
-    def _render(self, items: list[JobItem], encoded: list[bytes]) -> tuple[bytes, bool]:
-        """`encoded`: the encoder's bytes for each chunk of `items` and, at the end, its rest."""
         out: list[bytes] = []
-        pieces = iter(encoded)
         for item in items:
             if isinstance(item, AudioChunk):
-                audio = next(pieces) if self._compressed is not None else pcm16(item.samples)
-                if self._header:
-                    audio, self._header = wav_header(self._rate, None) + audio, False
-                if audio:
-                    out.append(data_event(audio_delta_event(base64.b64encode(audio).decode())))
+                out.append(_delta(await self._audio_bytes.piece(item)))
             elif isinstance(item, Synthesized):
-                rest = next(pieces, b"")
-                if rest:
-                    out.append(data_event(audio_delta_event(base64.b64encode(rest).decode())))
+                out.append(_delta(await self._audio_bytes.rest()))
                 out.append(data_event(audio_done_event(item)))
                 return b"".join(out), True
             elif isinstance(item, OpenAIError):
@@ -210,7 +221,3 @@ class _SpeechEvents:
 
     def error(self, error: OpenAIError) -> bytes:
         return data_event(error.envelope())
-
-    def close(self) -> None:
-        if self._encoder is not None:
-            self._encoder.close()
