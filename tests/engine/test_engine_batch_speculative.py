@@ -261,8 +261,8 @@ def test_an_untimed_verify_is_its_shapes_first_run_too() -> None:
 
 
 async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path) -> None:
-    """`--draft-model` in the batch: each row drafts with the draft model (here the served
-    model itself, so greedy drafts agree) and the tokens stay plain decoding's."""
+    """`--draft-model` in the batch: the draft model drafts for every row at once (here the
+    served model itself, so greedy drafts agree) and the tokens stay plain decoding's."""
     prompt = _tokenized("Once upon a time, in a land far away,", tiny_model)
     requests = [
         GenerationRequest(prompt, 16, GREEDY, ignore_eos=True),
@@ -277,3 +277,68 @@ async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path)
         verify_steps, drafted, accepted = _drafts(engine)
     assert [r.tokens for r in runs] == [r.tokens for r in reference]
     assert verify_steps > 0 and drafted >= accepted > 0
+    for greedy in runs[:2]:  # the served model drafting for itself: every greedy draft holds
+        usage = greedy.final.usage
+        assert usage is not None and usage.accepted_draft_tokens == usage.draft_tokens > 0
+
+
+def test_batched_draft_model_rounds_draft_what_each_row_would_alone(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`BatchModelDrafter` keeps every row's draft KV exact through what a batch does to it:
+    rows joining with long contexts (fed in chunks), rejected drafts trimmed per row, a next
+    input still computing (its guess dropped), rows asking none, a row leaving and one
+    missing a round (filtered, then prefilled again), and padding compacted. Each round's
+    drafts equal the ones `ModelDrafter` gives the row alone."""
+    import random
+
+    from mlx_nursery.engine._batch_model_drafting import BatchModelDrafter, DraftAsk, batchable
+    from mlx_nursery.engine._draft_model import ModelDrafter
+    from mlx_nursery.models import load_model
+
+    monkeypatch.setattr("mlx_nursery.engine._batch_model_drafting.COMPACT_PADDING", 3)
+    model = load_model(tiny_model).model
+    assert batchable(model)
+    rng = random.Random(7)
+    base = list(_tokenized(CODE, tiny_model))
+    contexts = {0: base[:9], 1: (base * 20)[:700], 2: base[:2]}
+    alone = {uid: ModelDrafter(model, context) for uid, context in contexts.items()}
+    batch = BatchModelDrafter(model)
+    for round_ in range(10):
+        if round_ == 3:
+            contexts[3] = (base * 12)[:530]
+            alone[3] = ModelDrafter(model, contexts[3])
+        if round_ == 6:
+            del contexts[0], alone[0]
+            batch.drop(0)
+        missing = 2 if round_ == 4 else None
+        asks: dict[int, DraftAsk] = {}
+        for uid, context in contexts.items():
+            known = None if rng.random() < 0.3 else rng.randrange(64)
+            most = 0 if uid == 1 and round_ % 3 == 1 else rng.randint(1, 4)
+            asks[uid] = DraftAsk(context, known, most)
+        drafted = batch.draft({u: a for u, a in asks.items() if u != missing})
+        assert batch.uids == set(contexts) - {missing}
+        assert batch._cache is not None and min(batch._cache[0].padding) < 3  # compacted
+        for uid, ask in asks.items():
+            if uid == missing:
+                continue
+            solo = alone[uid]
+            if ask.known is None:
+                want = solo.draft(ask.most + 1)[1:] if ask.most else []
+            else:
+                solo.extend([ask.known])
+                want = solo.draft(ask.most)
+            assert drafted[uid] == want, (round_, uid)
+            # The verify keeps a prefix of the drafts and draws the next token itself.
+            kept = drafted[uid][: rng.randint(0, len(drafted[uid]))]
+            confirmed = ([] if ask.known is None else [ask.known]) + kept
+            contexts[uid] = list(contexts[uid]) + confirmed + [rng.randrange(64)]
+            solo.extend(kept + contexts[uid][-1:])
+        if missing is not None:  # it confirmed tokens while it did not draft
+            contexts[missing] = [*contexts[missing], 5, 6]
+            alone[missing].extend([5, 6])
+    batch.drop(1)
+    batch.drop(2)
+    batch.drop(3)
+    assert batch.uids == frozenset() and batch._cache is None

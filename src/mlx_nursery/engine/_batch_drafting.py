@@ -64,7 +64,9 @@ class RowDrafter:
     tokens in its KV, mlx-lm's `GenerationBatch.tokens`) only when it drafts: plain steps
     cost it nothing."""
 
-    index: NgramIndex | ModelDrafter
+    index: NgramIndex | ModelDrafter | None
+    """None: the batch's draft model drafts for it with the other rows
+    (`_batch_model_drafting.BatchModelDrafter`)."""
     control: DraftControl
     draws: PositionDraws
     verified: Callable[[int, int], None]
@@ -75,6 +77,7 @@ class RowDrafter:
         """At most `most` drafts to follow `context` and its next input: `known`, or, while
         it computes (None), the guess the lookup makes at it, dropped."""
         index = self.index
+        assert index is not None, "the batch's draft model drafts for this row"
         if len(index) < len(context):
             index.extend(context[len(index) :])
         if known is None:
@@ -90,9 +93,12 @@ def row_drafter(
     costs: BatchCosts,
     report: Callable[[LiveSequence, int, int], None] | None,
     draft_model: Any = None,
+    *,
+    batched: bool = False,
 ) -> RowDrafter | None:
     """A drafter for `sequence`'s row, or None where it decodes without drafts (logits
-    processors, a sampler not ours: `_speculating.py`'s docstring says why)."""
+    processors, a sampler not ours: `_speculating.py`'s docstring says why); `batched`: the
+    batch's draft model drafts for it (no source of its own)."""
     if sequence.processors:
         return None
     draws = position_draws(sequence.sampler)
@@ -100,9 +106,8 @@ def row_drafter(
         return None
 
     control = DraftControl(spec.tokens, costs, adaptive=spec.adaptive)
-    return RowDrafter(
-        draft_source(spec, draft_model, []), control, draws, verify_counter(sequence, report)
-    )
+    source = None if batched else draft_source(spec, draft_model, [])
+    return RowDrafter(source, control, draws, verify_counter(sequence, report))
 
 
 def expected_tokens(acceptance: float, drafts: int) -> float:

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import mlx.core as mx
 
 from ._batch_drafting import BatchCosts, RowDrafter, fair, row_drafter
+from ._batch_model_drafting import BatchModelDrafter, DraftAsk, batchable
 from ._drafting import EXPLORE_DRAFTS, FIRST_PAUSE, LONGEST_PAUSE, Speculation
 from ._first_tokens import apply_processors
 from ._ragged import RaggedBatchKVCache, shift_rows
@@ -77,6 +78,12 @@ class BatchSpeculation:
         """Each row's sampler by uid (the batch stepper's): rows without drafts draw by it."""
         self._report = report
         self._draft_model = draft_model
+        self._model_drafter = (
+            BatchModelDrafter(draft_model)
+            if draft_model is not None and batchable(draft_model)
+            else None
+        )
+        """Drafts for every row at once, where the draft model's cache batches."""
         self.costs = BatchCosts()
         self._rows: dict[int, RowDrafter] = {}
         self._known: dict[int, int] = {}
@@ -97,22 +104,35 @@ class BatchSpeculation:
         self._last_rows = 0
 
     def add(self, uid: int, sequence: LiveSequence) -> None:
-        drafter = row_drafter(self._spec, sequence, self.costs, self._report, self._draft_model)
+        drafter = row_drafter(
+            self._spec,
+            sequence,
+            self.costs,
+            self._report,
+            self._draft_model,
+            batched=self._model_drafter is not None,
+        )
         if drafter is not None:
             self._rows[uid] = drafter
 
     def drop(self, uid: int) -> None:
         self._rows.pop(uid, None)
         self._known.pop(uid, None)
+        if self._model_drafter is not None:
+            self._model_drafter.drop(uid)
 
     def clear(self) -> None:
         self._rows.clear()
         self._known.clear()
+        if self._model_drafter is not None:
+            self._model_drafter.clear()
 
     @property
     def rows(self) -> frozenset[int]:
-        """The rows that may draft (uids), each with its drafter."""
-        return frozenset(self._rows)
+        """The rows that may draft (uids), each with its drafter, and those whose draft KV
+        the batch's draft model holds (the invariant checker holds both to the batch's)."""
+        held = frozenset() if self._model_drafter is None else self._model_drafter.uids
+        return frozenset(self._rows) | held
 
     def decode(self, batch: Any, *, quiet: bool) -> list[Any]:
         """One decode step of `batch` (mlx-lm's `GenerationBatch`): a verify step where a row
@@ -185,6 +205,14 @@ class BatchSpeculation:
 
     def _drafts(self, batch: Any, most: list[int]) -> list[list[int]]:
         """Each row's drafts, at most `most[i]` for row i (batch order)."""
+        if self._model_drafter is not None:
+            asks = {
+                uid: DraftAsk(batch.tokens[i], self._known.get(uid), max(0, most[i]))
+                for i, uid in enumerate(batch.uids)
+                if uid in self._rows
+            }
+            drafted = self._model_drafter.draft(asks)
+            return [drafted.get(uid, []) for uid in batch.uids]
         drafts: list[list[int]] = []
         for i, uid in enumerate(batch.uids):
             drafter = self._rows.get(uid)
