@@ -16,11 +16,12 @@ def _make_model(args: argparse.Namespace) -> int:
     from .tools import make_model
 
     try:
-        path = make_model(args.out, args.preset, dtype=args.dtype, seed=args.seed)
-    except ModuleNotFoundError as exc:  # a preset whose extra is not installed
+        path = make_model(args.out, args.preset, dtype=args.dtype, seed=args.seed, bits=args.bits)
+    except (ModuleNotFoundError, ValueError) as exc:  # an extra not installed; bad bits
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.preset} model ({args.dtype}, seed {args.seed}) to {path}")
+    quantized = "" if args.bits is None else f", {args.bits}-bit"
+    print(f"wrote {args.preset} model ({args.dtype}{quantized}, seed {args.seed}) to {path}")
     return 0
 
 
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     make.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--bits", type=int, choices=[4, 8], help="quantize the weights (text models)")
     make.set_defaults(handler=_make_model)
 
     adapter = commands.add_parser(

@@ -3,9 +3,10 @@
 `tiny`, `tiny-thinking`, `small`, `tiny-qwen2`, `tiny-vlm`, `tiny-embedding`,
 `tiny-reranker`, `tiny-reranker-xlmr`, `tiny-whisper`, `tiny-tts` (a KittenTTS:
 text-to-speech) and `tiny-kokoro` (a Kokoro) are for tests; `qwen3-0.6b`, `llama-3.1-8b`,
-`llama-3.2-1b` (its draft model), `qwen2.5-vl-3b`, `bert-base` (an embedding model) and
-`bge-reranker-base` (a cross-encoder) carry the real architecture configs (random weights)
-so benchmarks run at real shapes.
+`llama-3.1-70b` (quantized, for serving across devices), `llama-3.2-1b` (the 8B's draft
+model), `qwen2.5-vl-3b`, `bert-base` (an embedding model) and `bge-reranker-base` (a
+cross-encoder) carry the real architecture configs (random weights) so benchmarks run at
+real shapes.
 `tiny-thinking` and `tiny-thinking-open` are `tiny` with a tokenizer whose `<think>` /
 `</think>` are added tokens and a Qwen3-style template that honours `enable_thinking`.
 `tiny-qwen2` is an architecture mlx-lm splits by layers (pipeline parallel; `tiny`'s qwen3
@@ -110,6 +111,35 @@ PRESETS: dict[str, Preset] = {
             "num_hidden_layers": 32,
             "intermediate_size": 14336,
             "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-5,
+            "vocab_size": 128_256,
+            "rope_theta": 500_000.0,
+            "max_position_embeddings": 131_072,
+            "rope_scaling": {
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+        },
+        trained_vocab=4096,
+    ),
+    # A model too large for one 80 GB GPU even at 8 bits: served across devices (issue 33).
+    "llama-3.1-70b": Preset(
+        "llama-3.1-70b",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_act": "silu",
+            "hidden_size": 8192,
+            "num_hidden_layers": 80,
+            "intermediate_size": 28672,
+            "num_attention_heads": 64,
             "num_key_value_heads": 8,
             "rms_norm_eps": 1e-5,
             "vocab_size": 128_256,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
@@ -22,14 +23,24 @@ from ._tokenizer_factory import EOS_TOKEN, PAD_TOKEN, THINK_TOKENS, write_tokeni
 
 DType = Literal["float32", "bfloat16", "float16"]
 _SHARD_BYTES = 4 << 30
+QUANT_GROUP = 64
+"""The quantization group of `bits` models (mlx-lm's default)."""
 
 __all__ = ["PRESETS", "make_model"]
 
 
 def make_model(
-    out: str | Path, preset: str = "tiny", *, dtype: DType = "float32", seed: int = 0
+    out: str | Path,
+    preset: str = "tiny",
+    *,
+    dtype: DType = "float32",
+    seed: int = 0,
+    bits: int | None = None,
 ) -> Path:
-    """Write a model directory for `preset` into `out` and return its path.
+    """Write a model directory for `preset` into `out` and return its path; `bits` (4 or 8,
+    text models): its weights quantized as mlx-lm quantizes them (affine, groups of
+    `QUANT_GROUP`), drawn and written a shard at a time, so a model larger than the
+    device's memory can be written.
 
     Must run on the thread that will not race other MLX work (it uses the global
     MLX random state, seeded here).
@@ -37,6 +48,15 @@ def make_model(
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     spec = PRESETS[preset]
+    text = not (
+        spec.speech
+        or spec.synthesis
+        or spec.image_processor is not None
+        or spec.reranker
+        or spec.embedding is not None
+    )
+    if bits is not None and (bits not in (4, 8) or not text):
+        raise ValueError("bits must be 4 or 8, for a text model's preset")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if spec.speech:
@@ -75,8 +95,10 @@ def make_model(
         chat_template=thinking_template(spec.thinking == "prompt") if thinking else CHAT_TEMPLATE,
     )
     config = _model_config(spec, token_ids, dtype)
+    if bits is not None:
+        config["quantization"] = {"group_size": QUANT_GROUP, "bits": bits}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True), "utf-8")
-    _write_weights(out, config, getattr(mx, dtype), seed)
+    _write_weights(out, config, getattr(mx, dtype), seed, bits)
     return out
 
 
@@ -89,17 +111,23 @@ def _model_config(spec: Preset, token_ids: dict[str, int], dtype: str) -> dict[s
     return config
 
 
-def _write_weights(out: Path, config: dict[str, Any], dtype: mx.Dtype, seed: int) -> None:
+def _write_weights(
+    out: Path, config: dict[str, Any], dtype: mx.Dtype, seed: int, bits: int | None
+) -> None:
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
     model: Any = model_class(args_class.from_dict(config))
     model.set_dtype(dtype)
+    if bits is not None:  # still lazy: each weight is drawn and quantized when its shard is
+        nn.quantize(model, group_size=QUANT_GROUP, bits=bits)
     flat: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    weights = sorted(flat, key=lambda kv: kv[0])
-    shards = _shard(weights)
+    del model
+    shards = _shard(sorted(flat, key=lambda kv: kv[0]))
+    del flat  # the shards hold the only references: each is freed once written
     weight_map: dict[str, str] = {}
     total = 0
-    for index, shard in enumerate(shards, start=1):
+    for index in range(1, len(shards) + 1):
+        shard, shards[index - 1] = shards[index - 1], []
         name = (
             "model.safetensors"
             if len(shards) == 1
