@@ -119,7 +119,7 @@ def _write_weights(
     model: Any = model_class(args_class.from_dict(config))
     model.set_dtype(dtype)
     if bits is not None:  # still lazy: each weight is drawn and quantized when its shard is
-        nn.quantize(model, group_size=QUANT_GROUP, bits=bits)
+        nn.quantize(model, group_size=QUANT_GROUP, bits=bits)  # type: ignore[attr-defined]
     flat: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
     del model
     shards = _shard(sorted(flat, key=lambda kv: kv[0]))
