@@ -53,6 +53,35 @@ def test_the_gpu_plan_runs_every_phase_and_variant(
     assert not any("skipped" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculation_warms_verify_steps_on_the_fast_path_and_in_a_batch(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture, method: str
+) -> None:
+    """With speculative decoding on, a phase of its own runs verify steps (prompt lookup
+    finds drafts in its repeating prompts; a draft model always drafts), after the batches."""
+    import attrs
+
+    from mlx_nursery.engine import Speculation
+    from mlx_nursery.engine._config import EngineConfig
+    from mlx_nursery.engine._draft_model import with_draft_model
+
+    draft = str(tiny_model) if method == "draft" else None
+    speculation = Speculation(method, tokens=3, draft_model=draft)
+    config = EngineConfig(tiny_model, speculation=speculation)
+    model = with_draft_model(load_model(tiny_model), config)
+    plan = attrs.evolve(
+        WarmupPlan(batch_sizes=(2, 3), solo_variants=1, prefill_step_size=16, prefill_batch_size=2),
+        speculation=speculation,
+    )
+    with caplog.at_level(logging.INFO, logger="mlx_nursery.engine"):
+        warm_up(model, plan, cache_factory(None), kv_quantized=False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("warm-up 4/4: speculation's verify steps") for m in messages)
+    (verifies,) = [m for m in messages if m.startswith("warm-up: verify steps: ")]
+    solo, batched = (int(w) for w in verifies.split() if w.isdigit())
+    assert solo >= 1 and batched >= 2  # a batch's verify counts once per drafting row
+
+
 def test_a_spent_budget_skips_the_remaining_phases(
     tiny_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

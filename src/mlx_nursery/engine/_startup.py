@@ -164,6 +164,7 @@ def _warmup_plan(config: EngineConfig) -> WarmupPlan:
         prefill_batch_size=config.prefill_batch_size,
         fast_path=config.single_sequence_fast_path,
         budget_s=config.warmup_budget_s,
+        speculation=config.speculation,
     )
 
 

@@ -10,7 +10,11 @@ exactly as requests are, with the sampling a server meets (greedy; temperature w
 top-k, min-p and seeds; a logit bias; penalties; log-probabilities), prompts longer than a
 prefill chunk, a sequence leaving with its KV kept for the prefix cache, and batches of
 growing size up to the engine's concurrency (a batch of one broadcasts differently from a
-batch of many, and the batch's joins and leaves have kernels of their own).
+batch of many, and the batch's joins and leaves have kernels of their own). With speculative
+decoding on, verify steps too (the fast path's and a batch's: forwards of several positions,
+their draws, the realignment, and the draft model's rounds), drafting on every step from
+prompts that repeat, since a verify's first run of a shape would otherwise build them in a
+request's step and teach the control a cost that is not a verify's.
 
 It is bounded in time: each batch size is one phase, each phase is logged, and once
 `budget_s` has passed the remaining phases are skipped (logged; their kernels are then built
@@ -27,6 +31,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from ..models import LoadedModel
+from ._drafting import Speculation
 from ._kv_quant import CacheFactory
 from ._messages import Submit
 from ._sequence import LiveSequence, build_sequence, token_logprob
@@ -43,6 +48,10 @@ WARMUP_PATIENCE_S = 300.0
 one step's first compiles, every kernel at once on a machine that never built them."""
 SOLO_COMMON = 2
 """The fast path's variants warmed before the batches (greedy, a temperature draw)."""
+REPEAT_CYCLE = 5
+"""The period of the verify phase's prompts (short: drafts are found at once)."""
+VERIFY_TOKENS = 8
+"""Tokens more that the verify phase's sequences generate: a few verify steps each."""
 MAX_STEPS = 200
 """Steps of one phase at most: more than a phase needs, a bound should a stepper change."""
 
@@ -73,6 +82,8 @@ class WarmupPlan:
     prefill_batch_size: int
     fast_path: bool = True
     budget_s: float = 60.0
+    speculation: Speculation | None = None
+    """The engine's speculative decoding (None: off): its verify steps are warmed too."""
 
 
 def plan_for(
@@ -83,6 +94,7 @@ def plan_for(
     prefill_batch_size: int,
     fast_path: bool,
     budget_s: float,
+    speculation: Speculation | None = None,
 ) -> WarmupPlan:
     """The warm-up for a backend: on a GPU every variant alone and batches up to
     `max_concurrency`; on the CPU, which compiles per function rather than per broadcasting
@@ -95,6 +107,7 @@ def plan_for(
         prefill_batch_size=prefill_batch_size,
         fast_path=fast_path,
         budget_s=budget_s,
+        speculation=speculation,
     )
 
 
@@ -131,17 +144,19 @@ def warm_up(
     vocabulary = model.vocab_size
     seq_ids = itertools.count()
 
-    def sequences(count: int, offset: int) -> list[LiveSequence]:
+    def sequences(count: int, offset: int, *, repeating: bool = False) -> list[LiveSequence]:
         made = []
         for i in range(count):
             params, logprobs = VARIANTS[(offset + i) % len(VARIANTS)]
             seq_id = next(seq_ids)
-            # Prompts of several lengths, longer than a chunk: chunked prefill, padded rows.
+            # Prompts of several lengths, longer than a chunk: chunked prefill, padded rows;
+            # `repeating`: a short cycle, so that prompt lookup finds drafts on every step.
             length = PROMPT_TOKENS + 5 * (seq_id % 4)
-            prompt = [1 + (7 * j + seq_id) % (min(vocabulary, 256) - 1) for j in range(length)]
+            cycle = REPEAT_CYCLE if repeating else min(vocabulary, 256) - 1
+            prompt = [1 + (7 * j + seq_id) % cycle for j in range(length)]
             request = GenerationRequest(
                 prompt_tokens=prompt,
-                max_tokens=NEW_TOKENS + (seq_id % 3),
+                max_tokens=NEW_TOKENS + (seq_id % 3) + (VERIFY_TOKENS if repeating else 0),
                 sampling=params,
                 logprobs=logprobs,
                 ignore_eos=True,
@@ -157,6 +172,9 @@ def warm_up(
     if plan.fast_path:
         phases.append(("the fast path", 1, 0, common))
     phases += [(f"a batch of {size}", size, 0, 0) for size in plan.batch_sizes]
+    speculation = None if make_batch is not None else plan.speculation  # none across devices
+    if speculation is not None:
+        phases.append(("speculation's verify steps", 0, 0, 0))
     if plan.fast_path and plan.solo_variants > common:
         phases.append(("the fast path's other sampling", 1, common, plan.solo_variants))
     for index, (name, size, first, last) in enumerate(phases, 1):
@@ -171,7 +189,10 @@ def warm_up(
             )
             break
         log.info("warm-up %d/%d: %s (%.1f s so far)", index, len(phases), name, elapsed)
-        if size == 1:
+        if size == 0:
+            assert speculation is not None
+            _verify_steps(model, plan, speculation, make_cache, kv_quantized, sequences)
+        elif size == 1:
             for sequence in sequences(last - first, first):
                 solo = SoloStepper(
                     model.model,
@@ -197,6 +218,67 @@ def warm_up(
             finally:
                 batch.close()
     return time.perf_counter() - started
+
+
+def _verify_steps(
+    model: LoadedModel,
+    plan: WarmupPlan,
+    speculation: Speculation,
+    make_cache: CacheFactory,
+    kv_quantized: bool,
+    sequences: Callable[..., list[LiveSequence]],
+) -> None:
+    """Verify steps on the fast path (if the engine has one) and in a batch of the largest
+    warmed size: drafts of `speculation`'s full length on every step (`adaptive` off)."""
+    fixed = attrs.evolve(speculation, adaptive=False)
+    verifies = {"the fast path": 0, "a batch": 0}
+    path = "the fast path"
+
+    def verified(sequence: LiveSequence, drafted: int, accepted: int) -> None:
+        verifies[path] += 1
+
+    if plan.fast_path:
+        solo = SoloStepper(
+            model.model,
+            prefill_step_size=PROMPT_TOKENS // 2,
+            before_launch=_nothing,
+            make_cache=make_cache,
+            speculation=fixed,
+            verified=verified,
+            draft_model=model.draft,
+        )
+        _run(solo, sequences(1, 0, repeating=True), keep_one=False)
+    size = max(plan.batch_sizes, default=0)
+    if size >= 2:
+        path = "a batch"
+        _verify_in_batch(model, plan, size, fixed, make_cache, kv_quantized, sequences, verified)
+    log.info("warm-up: verify steps: %s", ", ".join(f"{n} on {p}" for p, n in verifies.items()))
+
+
+def _verify_in_batch(
+    model: LoadedModel,
+    plan: WarmupPlan,
+    size: int,
+    fixed: Speculation,
+    make_cache: CacheFactory,
+    kv_quantized: bool,
+    sequences: Callable[..., list[LiveSequence]],
+    verified: Callable[[LiveSequence, int, int], None],
+) -> None:
+    batch = BatchStepper(
+        model.model,
+        max_concurrency=size,
+        prefill_batch_size=min(plan.prefill_batch_size, size),
+        prefill_step_size=min(plan.prefill_step_size, PROMPT_TOKENS // 2),
+        make_cache=make_cache if kv_quantized else None,
+        speculation=fixed,
+        verified=verified,
+        draft_model=model.draft,
+    )
+    try:
+        _run(batch, sequences(size, 0, repeating=True), keep_one=True)
+    finally:
+        batch.close()
 
 
 def _run(stepper: Stepper, sequences: Sequence[LiveSequence], *, keep_one: bool) -> None:
