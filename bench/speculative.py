@@ -17,6 +17,16 @@ the `off` variant's (greedy): a difference is reported.
 few drafts, so this measures what speculation costs where it does not pay); `--draft-model
 DIR` adds the draft-model variants (a smaller model with the same tokenizer). Several engines
 share the device: give each a KV budget (`--kv-cache-bytes`) on a GPU.
+`bench/agreeing_draft.py` makes a draft model that agrees with a random-weight target.
+
+A peer, one stream only: `mlx-lm` and `mlx-lm draft` run mlx-lm's own decoding
+(`stream_generate`, with `--draft-model` as its `draft_model`, 4 drafts a step as the fixed
+variants) on the same prompts and models, greedy, timed alike and compared with `off`. The
+peer loads the models with `mlx_lm.load`, as mlx_lm.server does: q/k/v and gate/up
+projections unfused, where our engines fuse them (`EngineConfig.fuse_weights`), so
+`mlx-lm` against `off` holds both the decode loop and the fusion, and `mlx-lm draft`
+against `mlx-lm` is mlx-lm's own gain. mlx_lm.server with a draft model serves one request
+at a time (it does not batch then), so there is no peer for `--streams N`.
 
 With `--streams N` (N > 1) each request is sent N times at once, so the N streams decode
 in one batch and each row verifies its own drafts in the batch's forward
@@ -37,6 +47,8 @@ import platform
 import statistics
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +138,10 @@ VARIANTS: dict[str, Speculation | None] = {
     "draft fixed 4": Speculation("draft", tokens=4, draft_model="(--draft-model)", adaptive=False),
 }
 DEFAULT_VARIANTS = [n for n, spec in VARIANTS.items() if spec is None or spec.method == "ngram"]
+PEERS = {"mlx-lm": False, "mlx-lm draft": True}
+"""name -> whether it drafts with `--draft-model` (mlx-lm's `num_draft_tokens`, PEER_DRAFTS)."""
+PEER_DRAFTS = 4
+Runner = Callable[[list[int], int], Awaitable[dict[str, Any]]]
 
 
 def _variant(name: str, draft_model: Path | None) -> Speculation | None:
@@ -150,18 +166,55 @@ async def one(engine: Engine, prompt: list[int], tokens: int) -> dict[str, Any]:
             if event.usage is not None:
                 usage = event.usage
     assert usage is not None
+    return _run(stamps, out, usage.draft_tokens, usage.accepted_draft_tokens)
+
+
+def _run(stamps: list[float], out: list[int], drafted: int, accepted: int) -> dict[str, Any]:
     span = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
     return {
         "first": stamps[0],
         "last": stamps[-1],
         "tokens": out,
         "decode_tok_s": (len(stamps) - 1) / span,
-        "drafted": usage.draft_tokens,
-        "accepted": usage.accepted_draft_tokens,
+        "drafted": drafted,
+        "accepted": accepted,
     }
 
 
-async def together(engine: Engine, prompt: list[int], tokens: int, streams: int) -> dict[str, Any]:
+class MlxLmPeer:
+    """mlx-lm's own generation (`PEERS`), run on this thread: it blocks the Trio loop while
+    it generates, when no engine has work."""
+
+    def __init__(self, model: Path, draft_model: Path | None) -> None:
+        from mlx_lm import load
+
+        self.model, self.tokenizer = load(str(model))
+        self.draft = load(str(draft_model))[0] if draft_model is not None else None
+
+    async def run(self, prompt: list[int], tokens: int, *, draft: bool) -> dict[str, Any]:
+        from mlx_lm.generate import stream_generate
+
+        extra = {"draft_model": self.draft, "num_draft_tokens": PEER_DRAFTS} if draft else {}
+        stamps: list[float] = []
+        out: list[int] = []
+        drafted = accepted = 0
+        new_round = True  # speculative_generate_step: accepted drafts, then the target's token
+        responses = stream_generate(self.model, self.tokenizer, prompt, max_tokens=tokens, **extra)
+        for response in responses:
+            if response.finish_reason == "stop":
+                break  # an EOS token: our engine does not emit it either
+            stamps.append(time.perf_counter())
+            out.append(response.token)
+            if draft and new_round:
+                drafted += min(tokens - len(out) + 1, PEER_DRAFTS)
+            accepted += response.from_draft
+            new_round = not response.from_draft
+        return _run(stamps, out, drafted, accepted)
+
+
+async def together(
+    engine: Engine, prompt: list[int], tokens: int, *, streams: int
+) -> dict[str, Any]:
     """`streams` copies of the request at once: one batch."""
     runs: list[dict[str, Any]] = []
 
@@ -192,36 +245,46 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         kv_cache_bytes=args.kv_cache_bytes,
         warmup=False,
     )
-    variants = {
-        name: _variant(name, args.draft_model) for name in args.variants or DEFAULT_VARIANTS
-    }
-    if "off" not in variants:
+    names = list(dict.fromkeys(args.variants or DEFAULT_VARIANTS))
+    if "off" not in names:
         raise SystemExit("the variants must include 'off' (the reference)")
+    peers = [name for name in names if name in PEERS]
+    if peers and streams > 1:
+        raise SystemExit("the mlx-lm variants run one stream (see the module's docstring)")
+    peer_draft = args.draft_model if any(PEERS[name] for name in peers) else None
+    if peer_draft is None and any(PEERS[name] for name in peers):
+        raise SystemExit("variant 'mlx-lm draft' needs --draft-model")
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
-        v: {w: [] for w in WORKLOADS} for v in variants
+        v: {w: [] for w in WORKLOADS} for v in names
     }
     async with trio.open_nursery() as nursery:
-        engines: dict[str, Engine] = {}
-        for name, spec in variants.items():
-            engines[name] = await nursery.start(Engine(attrs.evolve(base, speculation=spec)).run)
-        tokenizer: Any = engines["off"].model.tokenizer
+        runners: dict[str, Runner] = {}
+        warmers: list[Runner] = []  # a lone request each, whatever --streams
+        for name in (name for name in names if name in VARIANTS):
+            config = attrs.evolve(base, speculation=_variant(name, args.draft_model))
+            engine = await nursery.start(Engine(config).run)
+            runner = one if streams == 1 else partial(together, streams=streams)
+            runners[name] = partial(runner, engine)
+            warmers.append(partial(one, engine))
+            if name == "off":
+                tokenizer: Any = engine.model.tokenizer
+        if peers:
+            peer = MlxLmPeer(model, peer_draft)
+            for name in peers:
+                runners[name] = partial(peer.run, draft=PEERS[name])
+                warmers.append(runners[name])
         prompts = {
             w: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
             for w, (messages, _) in WORKLOADS.items()
         }
-        for engine in engines.values():  # shapes and kernels, off the clock
-            await one(engine, prompts["chat"], 8)
+        for warm in warmers:  # shapes and kernels, off the clock
+            await warm(prompts["chat"], 8)
         for round_ in range(args.rounds):
             for workload, prompt in prompts.items():
-                names = list(variants) if round_ % 2 == 0 else list(reversed(variants))
+                order = names if round_ % 2 == 0 else names[::-1]
                 tokens = int(args.tokens * WORKLOADS[workload][1])
-                for name in names:
-                    engine = engines[name]
-                    run = (
-                        await one(engine, prompt, tokens)
-                        if streams == 1
-                        else await together(engine, prompt, tokens, streams)
-                    )
+                for name in order:
+                    run = await runners[name](prompt, tokens)
                     results[name][workload].append(run)
                     print(f"{workload} {name}: {run['decode_tok_s']:.2f} tok/s", flush=True)
         nursery.cancel_scope.cancel()
@@ -273,7 +336,10 @@ if __name__ == "__main__":
         "--streams", type=int, default=1, help="concurrent copies of each request (one batch)"
     )
     parser.add_argument(
-        "--variants", nargs="*", choices=list(VARIANTS), help="default: off and every ngram one"
+        "--variants",
+        nargs="*",
+        choices=[*VARIANTS, *PEERS],
+        help="default: off and every ngram one",
     )
     parser.add_argument("--model", type=Path, help="default: the built-in SmolLM2-135M")
     parser.add_argument("--draft-model", type=Path, help="for the draft variants")
@@ -294,6 +360,8 @@ if __name__ == "__main__":
         device=str(mx.default_device()),
         args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     )
+    if set(args.variants or ()) & set(PEERS):
+        report["peer"] = {"loader": "mlx_lm.load (unfused)", "num_draft_tokens": PEER_DRAFTS}
     for row in report["rows"]:
         acceptance = "-" if row["acceptance"] is None else f"{row['acceptance']:.2f}"
         print(
