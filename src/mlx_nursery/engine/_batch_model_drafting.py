@@ -115,10 +115,12 @@ class BatchModelDrafter:
             pending = [p[len(piece) :] for p, piece in zip(pending, pieces, strict=True)]
         steps = max(asks[uid].count for uid in order)
         token = mx.argmax(_feed(self._model, cache, pending), axis=-1)
+        mx.async_eval(token)  # type: ignore[no-untyped-call]  # runs while the next is built
         drafted = [token]
         for _ in range(steps - 1):
             logits = self._model(token[:, None], cache=cache)
             token = mx.argmax(logits[:, -1, :], axis=-1)
+            mx.async_eval(token)  # type: ignore[no-untyped-call]
             drafted.append(token)
         listed: list[list[int]] = mx.stack(drafted, axis=1).tolist()  # type: ignore[assignment]
         drafts: dict[int, list[int]] = {}

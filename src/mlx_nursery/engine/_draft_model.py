@@ -104,10 +104,12 @@ class ModelDrafter:
         logits = self._model(mx.array([pending]), cache=self._cache)
         self._cached += pending
         token = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.async_eval(token)  # type: ignore[no-untyped-call]  # runs while the next is built
         drafted = [token]
         for _ in range(most - 1):
             logits = self._model(token[:, None], cache=self._cache)
             token = mx.argmax(logits[:, -1, :], axis=-1)
+            mx.async_eval(token)  # type: ignore[no-untyped-call]
             drafted.append(token)
         listed = mx.concatenate(drafted).tolist()
         assert isinstance(listed, list)
