@@ -14,9 +14,9 @@ $LAUNCH -n 2 --backend nccl -- python3 -m mlx_nursery serve --model /tmp/l70 --d
 s=$(date +%s); for i in $(seq 1 1600); do health 8100 && break; sleep 0.25; done; echo "ready after $(( $(date +%s) - s )) s"
 nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
 B="python3 -P bench/serving.py --url http://127.0.0.1:8100 --model /tmp/l70"
-timeout 70 $B --clients 1 --input-len 128 --output-len 128 --mix greedy:1 --ignore-eos --duration 20 --warmup 2 --out $OUT/tp70-1.json > $OUT/tp70-1.log 2>&1; grep -E "^\| http" $OUT/tp70-1.log | head -1
+timeout 70 $B --clients 1 --input-len 128 --output-len 128 --mix greedy:1 --ignore-eos --duration 12 --warmup 1 --out $OUT/tp70-1.json > $OUT/tp70-1.log 2>&1; grep -E "^\| http" $OUT/tp70-1.log | head -1
 echo "one: $(( $(date +%s) - t0 )) s"
-timeout 120 $B --clients 32 --input-len 500:1000 --output-len 64:192 --mix temperature --temperature 0.7 --ignore-eos --duration 45 --warmup 8 --out $OUT/tp70-32.json > $OUT/tp70-32.log 2>&1; grep -E "^\| http" $OUT/tp70-32.log | head -1
+timeout 120 $B --clients 32 --input-len 500:1000 --output-len 64:192 --mix temperature --temperature 0.7 --ignore-eos --duration 30 --warmup 8 --out $OUT/tp70-32.json > $OUT/tp70-32.log 2>&1; grep -E "^\| http" $OUT/tp70-32.log | head -1
 echo "32: $(( $(date +%s) - t0 )) s"
 python3 - <<'PY' > $OUT/drop70.txt 2>&1
 import httpx, time

@@ -5,12 +5,12 @@
 set -u
 t0=$(date +%s)
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-[ -d /tmp/l8b ] || python3 -m mlx_nursery make-model /tmp/l8b --preset llama-3.1-8b --dtype bfloat16 > $OUT/make8.log 2>&1
-cat /tmp/l8b/*.safetensors > /dev/null; echo "model: $(( $(date +%s) - t0 )) s"
+[ -d ${MODEL:-/tmp/l8b} ] || python3 -m mlx_nursery make-model ${MODEL:-/tmp/l8b} --preset llama-3.1-8b --dtype bfloat16 > $OUT/make8.log 2>&1
+cat ${MODEL:-/tmp/l8b}/*.safetensors > /dev/null; echo "model: $(( $(date +%s) - t0 )) s"
 health() { python3 -c "import urllib.request,sys;sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$1/health',timeout=2).status==200 else 1)" 2>/dev/null; }
-B="python3 -P bench/serving.py --url http://127.0.0.1:8100 --model /tmp/l8b --ignore-eos --warmup 0 --save-records"
+B="python3 -P bench/serving.py --url http://127.0.0.1:8100 --model ${MODEL:-/tmp/l8b} --ignore-eos --warmup 0 --save-records"
 for n in 1 2; do
-  python3 -m mlx_nursery serve --model /tmp/l8b --port 8100 --max-concurrency 32 > $OUT/start$n.log 2>&1 &
+  python3 -m mlx_nursery serve --model ${MODEL:-/tmp/l8b} --port 8100 --max-concurrency 32 > $OUT/start$n.log 2>&1 &
   s=$(date +%s.%N); for i in $(seq 1 1200); do health 8100 && break; sleep 0.1; done
   echo "start $n: ready after $(python3 -c "import time;print(round(time.time()-$s,1))") s"
   timeout 40 $B --clients 1 --input-len 300 --output-len 16 --mix greedy:1 --duration 3 --out $OUT/first$n-one.json > /dev/null 2>&1
