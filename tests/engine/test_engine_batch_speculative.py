@@ -156,10 +156,12 @@ def test_a_verify_step_is_cut_so_that_no_row_pays_for_anothers_drafts() -> None:
     costs = VerifyCosts()
     costs.plain(0.010)
     costs.verify(4, 0.010 + 4 * 0.0002)  # 2%: two drafts at most beside a plain row
+    costs.verify(1, 0.010 + 0.0002)
     assert fair([[1, 2, 3, 4], []], [0.9, None], costs) == [[1, 2], []]
     linear = VerifyCosts()  # this CPU: a drafted position costs about a step
     linear.plain(0.010)
     linear.verify(4, 0.050)
+    linear.verify(1, 0.020)
     assert fair([[1, 2, 3, 4], [5, 6]], [0.95, 0.95], linear) == [[], []]
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
     sizes = BatchCosts()
@@ -207,7 +209,7 @@ def _decode_pair(
                 done.add(response.uid)
     assert not stepper.uids and not stepper.drafting
     stepper.close()
-    return list(tokens.values()), len(verifies), speculation.costs.at(2).per_draft_s
+    return list(tokens.values()), len(verifies), speculation.costs.at(2).step_seconds(4)
 
 
 def test_the_batch_drafts_where_the_costs_say_it_pays_and_not_where_they_do_not(
@@ -228,10 +230,10 @@ def test_costs_measured_under_a_stall_do_not_stop_the_batch_drafting_for_good(
     """A verify timed under a stall (here: seeded at a second for 4 drafts) says drafts never
     pay; the batch still tries one now and then, spaced out, and learns the real cost."""
     stalled = 1.0
-    tokens, retries, per_draft = _decode_pair(tiny_model, (0.010, stalled), length=600)
+    tokens, retries, verify_4 = _decode_pair(tiny_model, (0.010, stalled), length=600)
     assert len(tokens[0]) == 600 and tokens[0] == tokens[1]
     assert retries >= 2  # the first run of a verify's shape teaches nothing
-    assert per_draft is not None and per_draft < (stalled - 0.010) / 4 / 2
+    assert verify_4 is not None and verify_4 < stalled / 2
 
 
 def test_a_verify_shapes_first_run_teaches_no_cost() -> None:

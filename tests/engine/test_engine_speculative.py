@@ -185,12 +185,33 @@ def test_ngram_lookup_takes_the_longest_suffix_and_its_latest_occurrence() -> No
     assert index.draft(4) == []  # (3, 1) never occurred before; a lone 1 is too short
 
 
+def test_a_verifys_fixed_part_is_not_charged_to_each_draft() -> None:
+    """A verify costs a fixed part (it is read before the next step is built; a draft model
+    runs first) and a part per draft: each length's cost is kept, others interpolated, and a
+    length measured alone is a guess for the others that the control then tries."""
+    costs = VerifyCosts()
+    costs.plain(0.010)
+    costs.verify(1, 0.015)  # one draft: half a step more, nearly all of it the fixed part
+    assert costs.step_seconds(4) == pytest.approx(0.015)
+    control = DraftControl(4, costs)
+    for _ in range(10):
+        control.verified(1, 1)
+    assert control.drafts() == 4  # charged 5 ms a draft, 4 drafts would look a loss
+    costs.verify(4, 0.018)
+    assert costs.step_seconds(2) == pytest.approx(0.016)
+    assert costs.step_seconds(8) == pytest.approx(0.022)  # the slope of the longest two
+    costs.verify(1, 0.011)  # far cheaper: the earlier samples held a stall
+    assert costs.step_seconds(1) == pytest.approx(0.011)
+    assert costs.step_seconds(4) == pytest.approx(0.011)  # 0.018 could not be: forgotten
+
+
 def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:
     costs = VerifyCosts()
     control = DraftControl(8, costs)
     assert control.drafts() == 1  # costs unknown: a short try, to measure
     costs.plain(0.010)
-    costs.verify(4, 0.012)  # cheap drafts (a GPU): 0.5 ms each
+    costs.verify(4, 0.012)  # cheap drafts (a GPU): a fixed part, then 0.5 ms each
+    costs.verify(1, 0.0105)
     for _ in range(20):
         control.verified(4, 4)
     assert control.drafts() == 8
@@ -204,6 +225,7 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
     linear = VerifyCosts()  # each draft costs a whole step (this CPU): only certainty pays
     linear.plain(0.010)
     linear.verify(4, 0.050)
+    linear.verify(1, 0.020)
     assert not linear.promising(8)
     control = DraftControl(8, linear)
     control.verified(4, 0)
@@ -213,6 +235,7 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
     sublinear = VerifyCosts()  # drafts cost a fifth of a step: worth retrying soon
     sublinear.plain(0.010)
     sublinear.verify(4, 0.018)
+    sublinear.verify(1, 0.012)
     control = DraftControl(8, sublinear)
     for _ in range(20):
         control.verified(4, 0)

@@ -176,7 +176,7 @@ class BatchSpeculation:
             return None
         trying: Literal["first", "again"] | None = None
         longest = max(wanted)
-        if adaptive and costs.per_draft_s is None:  # a try, to measure: spaced out
+        if adaptive and not costs.measured:  # a try, to measure: spaced out
             if self._since_try < self._try_gap:
                 return None
             trying, longest = "first", EXPLORE_DRAFTS

@@ -121,12 +121,27 @@ def _average(old: float | None, new: float) -> float:
 
 class VerifyCosts:
     """What a step costs on this engine's backend and model, measured on the fast path and
-    shared by its sequences: a plain decode step, and each drafted position beyond it."""
+    shared by its sequences: a plain decode step, and a verify step by its number of drafts.
+
+    A verify costs more than a plain step even with few drafts: it is read before the next
+    step is built (a plain step's building overlaps the one before it), and a draft model
+    runs before it. So a verify's cost is a fixed part and a part per draft, and one length's
+    cost does not tell another's. Each length measured is kept (a moving average); between
+    lengths measured, costs are interpolated; beyond the longest, extrapolated by the slope
+    of the two longest, or, with one length measured, taken as equal to it: an optimistic
+    guess that the control then tries, so that the fixed part is not charged to every draft
+    (which kept drafts off where they paid)."""
 
     def __init__(self) -> None:
         self.plain_s: float | None = None
-        self.per_draft_s: float | None = None
+        self._verify_s: dict[int, float] = {}
+        """A verify's seconds by its number of drafts (those measured)."""
         self._shapes_run: set[tuple[int, int]] = set()
+
+    @property
+    def measured(self) -> bool:
+        """A verify's cost is known (of some length)."""
+        return self.plain_s is not None and bool(self._verify_s)
 
     def plain(self, seconds: float) -> None:
         self.plain_s = _average(self.plain_s, seconds)
@@ -134,15 +149,26 @@ class VerifyCosts:
     def verify(self, drafts: int, seconds: float) -> None:
         if self.plain_s is None or drafts <= 0:
             return
-        per_draft = max(0.0, seconds - self.plain_s) / drafts
-        if self.per_draft_s is not None and per_draft < self.per_draft_s / 2:
+        old = self._verify_s.get(drafts)
+        if old is not None and seconds - self.plain_s < (old - self.plain_s) / 2:
             # Steps do not get twice as cheap by themselves: the estimate held a stall
             # (a kernel build, a burst of load), which a moving average would keep for long.
-            # A sample of nothing counts too: where a drafted position costs next to nothing
-            # (a GPU's step is bound by launches and weights), timings often round to it.
-            self.per_draft_s = per_draft
+            self._verify_s[drafts] = seconds
         else:
-            self.per_draft_s = _average(self.per_draft_s, per_draft)
+            self._verify_s[drafts] = _average(old, seconds)
+        self._drop_stale(drafts)
+
+    def _drop_stale(self, drafts: int) -> None:
+        """Forget the lengths whose cost the one just measured shows held a stall: a shorter
+        verify costing more than this one, or a longer one costing more than this one plus,
+        per extra draft, all that this one costs beyond a plain step (a verify's fixed part
+        and its drafts both lie within that)."""
+        assert self.plain_s is not None
+        cost = self._verify_s[drafts]
+        for k, seconds in list(self._verify_s.items()):
+            bound = cost if k < drafts else cost + (k - drafts) * (cost - self.plain_s)
+            if k != drafts and seconds > bound:
+                del self._verify_s[k]
 
     def observed(self, rows: int, drafts: int, seconds: float | None) -> None:
         """A verify step of `rows` rows and `drafts` drafted positions ran and took `seconds`
@@ -160,17 +186,36 @@ class VerifyCosts:
         """Whether drafting up to `most` tokens, all accepted, would be `PROMISING_GAIN`
         times as fast as plain decoding by the costs measured (True while unknown)."""
         plain = self.step_seconds(0)
-        if plain is None or self.per_draft_s is None:
+        if plain is None or not self.measured:
             return True
         return any(
-            (k + 1) * plain >= PROMISING_GAIN * (plain + k * self.per_draft_s)
-            for k in range(1, most + 1)
+            (k + 1) * plain >= PROMISING_GAIN * self._verify_seconds(k) for k in range(1, most + 1)
         )
 
     def step_seconds(self, drafts: int) -> float | None:
-        if self.plain_s is None or self.per_draft_s is None:
+        """A step's expected seconds with `drafts` drafts (0: a plain step); None while a
+        plain step's or any verify's cost is unknown."""
+        if self.plain_s is None or not self._verify_s:
             return None
-        return self.plain_s + drafts * self.per_draft_s
+        return self.plain_s if drafts <= 0 else self._verify_seconds(drafts)
+
+    def _verify_seconds(self, drafts: int) -> float:
+        known = self._verify_s
+        if drafts in known:
+            return known[drafts]
+        lengths = sorted(known)
+        shorter = [k for k in lengths if k < drafts]
+        longer = [k for k in lengths if k > drafts]
+        if shorter and longer:
+            a, b = shorter[-1], longer[0]
+            return known[a] + (known[b] - known[a]) * (drafts - a) / (b - a)
+        if longer:  # shorter than any measured: at most that one's cost
+            return known[longer[0]]
+        if len(lengths) == 1:
+            return known[lengths[0]]
+        a, b = lengths[-2], lengths[-1]
+        slope = max(0.0, (known[b] - known[a]) / (b - a))
+        return known[b] + slope * (drafts - b)
 
 
 class Costs(Protocol):
