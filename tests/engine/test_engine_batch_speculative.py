@@ -344,3 +344,29 @@ def test_batched_draft_model_rounds_draft_what_each_row_would_alone(
     batch.drop(2)
     batch.drop(3)
     assert batch.uids == frozenset() and batch._cache is None
+
+
+def test_a_verify_after_a_plain_step_costs_its_whole_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A verify after a plain step emits that step's token too (each row's first), which the
+    control counts as the "1" of its 1 + a + ...: the interval is the verify's whole cost, not
+    less a plain step (which made drafts look nearly free where the host builds each step)."""
+    import types
+
+    from mlx_nursery.engine import _batch_speculating
+
+    clock = [0.0]
+    monkeypatch.setattr(
+        _batch_speculating, "time", types.SimpleNamespace(perf_counter=lambda: clock[0])
+    )
+    speculation = BatchSpeculation(Speculation(tokens=4), None, {})
+    for kind, seconds in [("plain", 0.0), ("plain", 0.010), ("plain", 0.010), ("verify", 0.013)]:
+        clock[0] += seconds
+        speculation._timed(kind, 2, 1 if kind == "verify" else 0, quiet=True)  # type: ignore[arg-type]
+    for kind, seconds in [("plain", 0.010), ("plain", 0.010), ("verify", 0.013)]:
+        clock[0] += seconds
+        speculation._timed(kind, 2, 1 if kind == "verify" else 0, quiet=True)  # type: ignore[arg-type]
+    costs = speculation.costs.at(2)
+    assert costs.step_seconds(0) == pytest.approx(0.010)
+    assert costs.step_seconds(1) == pytest.approx(0.013)

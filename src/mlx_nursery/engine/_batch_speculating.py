@@ -244,9 +244,9 @@ class BatchSpeculation:
             if seconds is not None and self._last_kind == "plain":
                 costs.plain(seconds)  # after a verify the read waited for nothing
         else:
-            if seconds is not None and self._last_kind == "plain":
-                # The plain step before it ran in that time too (its cost unknown: untimed).
-                seconds = None if costs.plain_s is None else seconds - costs.plain_s
+            # The whole interval is the verify's: the plain step before it, still computing
+            # at the last read, gives its token in this interval too (each row's first
+            # emitted token), which the control counts as the verify's "1" of 1 + a + ...
             costs.observed(rows, drafts, seconds)  # untimed, it still ran its shape
         self._last_read, self._last_kind, self._last_rows = now, kind, rows
 
