@@ -123,7 +123,7 @@ def model_identity(path: Path) -> list[int]:
     """A digest of the model's config and weight files (names and contents), as four
     int64s: what every rank compares before serving. Reads every weight file, several at
     once (hashlib releases the GIL): a large model's shards take one core's hashing rate
-    each, where one after another a 70B model's took most of its loading time."""
+    each (one after another, a 70B model's 70 GB was a large part of its loading)."""
     digest = hashlib.sha256()
     digest.update((path / "config.json").read_bytes())
     files = sorted(path.glob("*.safetensors"))
