@@ -153,11 +153,17 @@ class SpeechEncoder:
             container = av.open(sink, "w", format=spec.container, options=spec.container_options)
         except (ValueError, av.FFmpegError) as exc:
             raise EncodingFailed(f"cannot write {audio_format}") from exc
-        rate = _codec_rate(codec.audio_rates, sample_rate)
-        stream = container.add_stream(spec.codec, rate=rate, layout="mono")
-        assert isinstance(stream, av.audio.stream.AudioStream)
-        if spec.bit_rate is not None:
-            stream.bit_rate = spec.bit_rate
+        try:
+            rate = _codec_rate(codec.audio_rates, sample_rate)
+            stream = container.add_stream(spec.codec, rate=rate, layout="mono")
+            assert isinstance(stream, av.audio.stream.AudioStream)
+            if spec.bit_rate is not None:
+                stream.bit_rate = spec.bit_rate
+        except BaseException as exc:
+            container.close()  # its FFmpeg context now, not whenever the collector runs
+            if isinstance(exc, ValueError | av.FFmpegError):
+                raise EncodingFailed(f"cannot write {audio_format}") from exc
+            raise
         return cls(sample_rate, container, stream, sink)
 
     def encode(self, samples: npt.NDArray[np.float32]) -> bytes:
