@@ -43,7 +43,11 @@ with httpx.Client(timeout=120) as c:
     print("rank 0 generated for it:", None if before is None or after is None else after - before)
 PY
 cat $OUT/drop70.txt
-pkill -TERM -f "mlx_nursery serve"; for i in $(seq 1 90); do pgrep -f "mlx_nursery serve" >/dev/null || break; sleep 0.5; done
+# SIGTERM to rank 0 alone (it drains and ends the group): a pattern that also matches
+# mlx.launch ends the launcher first, and with it the group's log. (The run of 2026-11-28
+# used `pkill -TERM -f "mlx_nursery serve"`, so rank 1's counters were never printed.)
+for p in $(pgrep -f "^python3 -m mlx_nursery serve"); do grep -qz "^MLX_RANK=0$" /proc/$p/environ && kill -TERM $p; done
+for i in $(seq 1 90); do pgrep -f "mlx_nursery serve" >/dev/null || break; sleep 0.5; done
 grep -E "mlx-nursery follower" $OUT/tp70.log | tail -2 | cut -c1-600
 grep -E "Node with rank" $OUT/tp70.log | tail -2
 pkill -9 -f "mlx_nursery serve|mlx.launch|distributed_utils"
