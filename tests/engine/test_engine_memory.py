@@ -94,6 +94,20 @@ async def test_the_served_context_is_capped_by_the_kv_budget(tiny_model: Path) -
         assert engine.model.kv_budget_tokens == 1024
 
 
+async def test_a_draft_models_kv_is_counted_in_the_budget(tiny_model: Path) -> None:
+    """With a draft model (here the served model itself: the same KV a token), every running
+    token holds the draft's KV too: the same bytes hold half the tokens."""
+    from mlx_nursery.engine import Speculation
+
+    speculation = Speculation("draft", draft_model=str(tiny_model))
+    config = EngineConfig(
+        tiny_model, kv_cache_bytes=2048 * TINY_BYTES_PER_TOKEN, speculation=speculation
+    )
+    async with open_engine(config) as engine:
+        assert engine.model.kv_budget_tokens == 1024
+        assert engine.model.kv_bytes_per_token == TINY_BYTES_PER_TOKEN  # a cached prefix's
+
+
 async def test_an_arrival_that_cannot_fit_beside_the_batch_waits_and_is_served_unchanged(
     tiny_model: Path,
 ) -> None:

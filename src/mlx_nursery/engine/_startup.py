@@ -103,7 +103,7 @@ def start_up(
         budget, per_token = (
             (KVBudget(None), 0)
             if scripted
-            else _kv_budget(config, model.model, make_cache, model.context_length)
+            else _kv_budget(config, model.model, make_cache, model.context_length, model.draft)
         )
         if config.warmup and not scripted:
             seconds = _warm_up(config, model, make_cache, quantization is not None)
@@ -169,12 +169,16 @@ def _warmup_plan(config: EngineConfig) -> WarmupPlan:
 
 
 def _kv_budget(
-    config: EngineConfig, model: Any, make_cache: CacheFactory, context: int
+    config: EngineConfig, model: Any, make_cache: CacheFactory, context: int, draft: Any = None
 ) -> tuple[KVBudget, int]:
     """The KV budget in tokens, from `kv_cache_bytes` or the device's memory (right after
     loading, when MLX's active memory is the weights), at what a token costs in the
-    caches the engine makes (quantized ones cost less: more tokens fit); and that cost."""
+    caches the engine makes (quantized ones cost less: more tokens fit); and that cost.
+    With a draft model, each running token holds the draft's KV too: the tokens are
+    counted at both costs, the cost returned is the served model's (what a cached prefix
+    holds)."""
     per_token = kv_bytes_per_token(model, make_cache)
+    draft_per_token = 0 if draft is None else kv_bytes_per_token(draft)
     kv_bytes = config.kv_cache_bytes
     if kv_bytes is None:
         kv_bytes = derive_kv_bytes(
@@ -192,6 +196,13 @@ def _kv_budget(
             kv_bytes // per_token,
             MIN_KV_TOKENS,
         )
+    if draft_per_token:
+        kv_bytes = kv_bytes * per_token // (per_token + draft_per_token)
     budget = kv_budget(kv_bytes, per_token, context, config.max_concurrency)
-    log.info("KV budget: %d tokens (%d bytes per token)", budget.tokens, per_token)
+    log.info(
+        "KV budget: %d tokens (%d bytes per token%s)",
+        budget.tokens,
+        per_token,
+        f", and {draft_per_token} of the draft model's" if draft_per_token else "",
+    )
     return budget, per_token
