@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import mlx.core as mx
 
-from ._draft_model import FEED_CHUNK
+from ._draft_model import FEED_CHUNK, shared_prefix
 from ._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows, shift_rows
 from ._upstream import make_prompt_cache
 
@@ -103,7 +103,7 @@ class BatchModelDrafter:
         order = [uid for uid in self._uids if uid is not None]
         contexts = [asks[uid].tokens() for uid in order]
         shared = [
-            min(sure + _shared_prefix(held[sure:], context[sure:]), len(context) - 1)
+            min(sure + shared_prefix(held[sure:], context[sure:]), len(context) - 1)
             for held, sure, context in zip(self._held, self._sure, contexts, strict=True)
         ]
         surplus = [len(held) - n for held, n in zip(self._held, shared, strict=True)]
@@ -201,11 +201,3 @@ def _compact(cache: list[RaggedBatchKVCache]) -> None:
         every = list(range(len(cache[0].padding)))
         for layer in cache:
             layer.filter(every)
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

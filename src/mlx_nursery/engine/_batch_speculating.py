@@ -207,7 +207,7 @@ class BatchSpeculation:
         """Each row's drafts, at most `most[i]` for row i (batch order)."""
         if self._model_drafter is not None:
             asks = {
-                uid: DraftAsk(batch.tokens[i], self._known.get(uid), max(0, most[i]))
+                uid: DraftAsk(batch.tokens[i], self._known.get(uid), most[i])
                 for i, uid in enumerate(batch.uids)
                 if uid in self._rows
             }

@@ -16,7 +16,7 @@ k forwards of the draft model, launched together and read once. Engine thread on
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -88,7 +88,7 @@ class ModelDrafter:
         context). Waits for them (one read of all)."""
         if most <= 0 or not self._context:
             return []
-        shared = _shared_prefix(self._cached, self._context)
+        shared = shared_prefix(self._cached, self._context)
         # The last context token is fed again if held: its logits give the first draft.
         shared = min(shared, len(self._context) - 1)
         surplus = len(self._cached) - shared
@@ -118,7 +118,8 @@ class ModelDrafter:
         return tokens
 
 
-def _shared_prefix(a: list[int], b: list[int]) -> int:
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
