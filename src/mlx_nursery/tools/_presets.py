@@ -35,6 +35,33 @@ def _qwen3(**overrides: Any) -> dict[str, Any]:
     return config
 
 
+def _llama3(*, rope_factor: float = 8.0, **overrides: Any) -> dict[str, Any]:
+    """A Llama 3.x config: its tokenizer's vocabulary, grouped KV of 8 heads, llama3 RoPE
+    scaling (by `rope_factor`) to a context of 131,072."""
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": 128_256,
+        "rope_theta": 500_000.0,
+        "max_position_embeddings": 131_072,
+        "rope_scaling": {
+            "factor": rope_factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+    config.update(overrides)
+    return config
+
+
 _TINY = _qwen3(
     hidden_size=64,
     num_hidden_layers=2,
@@ -103,89 +130,37 @@ PRESETS: dict[str, Preset] = {
     ),
     "llama-3.1-8b": Preset(
         "llama-3.1-8b",
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_act": "silu",
-            "hidden_size": 4096,
-            "num_hidden_layers": 32,
-            "intermediate_size": 14336,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "rms_norm_eps": 1e-5,
-            "vocab_size": 128_256,
-            "rope_theta": 500_000.0,
-            "max_position_embeddings": 131_072,
-            "rope_scaling": {
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-                "rope_type": "llama3",
-            },
-            "tie_word_embeddings": False,
-            "attention_bias": False,
-            "mlp_bias": False,
-        },
+        _llama3(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            intermediate_size=14336,
+            num_attention_heads=32,
+        ),
         trained_vocab=4096,
     ),
     # A model too large for one 80 GB GPU even at 8 bits: served across devices (issue 33).
     "llama-3.1-70b": Preset(
         "llama-3.1-70b",
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_act": "silu",
-            "hidden_size": 8192,
-            "num_hidden_layers": 80,
-            "intermediate_size": 28672,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "rms_norm_eps": 1e-5,
-            "vocab_size": 128_256,
-            "rope_theta": 500_000.0,
-            "max_position_embeddings": 131_072,
-            "rope_scaling": {
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-                "rope_type": "llama3",
-            },
-            "tie_word_embeddings": False,
-            "attention_bias": False,
-            "mlp_bias": False,
-        },
+        _llama3(
+            hidden_size=8192,
+            num_hidden_layers=80,
+            intermediate_size=28672,
+            num_attention_heads=64,
+        ),
         trained_vocab=4096,
     ),
     # Llama-3.1-8B's usual draft model: the same tokenizer (this preset's is built alike).
     "llama-3.2-1b": Preset(
         "llama-3.2-1b",
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_act": "silu",
-            "hidden_size": 2048,
-            "num_hidden_layers": 16,
-            "intermediate_size": 8192,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "rms_norm_eps": 1e-5,
-            "vocab_size": 128_256,
-            "rope_theta": 500_000.0,
-            "max_position_embeddings": 131_072,
-            "rope_scaling": {
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-                "rope_type": "llama3",
-            },
-            "tie_word_embeddings": True,
-            "attention_bias": False,
-            "mlp_bias": False,
-        },
+        _llama3(
+            rope_factor=32.0,
+            hidden_size=2048,
+            num_hidden_layers=16,
+            intermediate_size=8192,
+            num_attention_heads=32,
+            head_dim=64,
+            tie_word_embeddings=True,
+        ),
         trained_vocab=4096,
     ),
     "tiny-vlm": Preset(
