@@ -52,6 +52,8 @@ REPEAT_CYCLE = 5
 """The period of the verify phase's prompts (short: drafts are found at once)."""
 VERIFY_TOKENS = 8
 """Tokens more that the verify phase's sequences generate: a few verify steps each."""
+Verified = Callable[[LiveSequence, int, int], None]
+"""Told of each verify step of a sequence (its drafted and accepted tokens)."""
 MAX_STEPS = 200
 """Steps of one phase at most: more than a phase needs, a bound should a stepper change."""
 
@@ -194,24 +196,12 @@ def warm_up(
             _verify_steps(model, plan, speculation, make_cache, kv_quantized, sequences)
         elif size == 1:
             for sequence in sequences(last - first, first):
-                solo = SoloStepper(
-                    model.model,
-                    prefill_step_size=PROMPT_TOKENS // 2,
-                    before_launch=_nothing,
-                    make_cache=make_cache,
-                )
-                _run(solo, [sequence], keep_one=False)
+                _run(_solo(model, make_cache), [sequence], keep_one=False)
         else:
             batch = (
                 make_batch()
                 if make_batch is not None
-                else BatchStepper(
-                    model.model,
-                    max_concurrency=size,
-                    prefill_batch_size=min(plan.prefill_batch_size, size),
-                    prefill_step_size=min(plan.prefill_step_size, PROMPT_TOKENS // 2),
-                    make_cache=make_cache if kv_quantized else None,
-                )
+                else _batch(model, plan, size, make_cache, kv_quantized)
             )
             try:
                 _run(batch, sequences(size, index), keep_one=True)
@@ -232,53 +222,65 @@ def _verify_steps(
     warmed size: drafts of `speculation`'s full length on every step (`adaptive` off)."""
     fixed = attrs.evolve(speculation, adaptive=False)
     verifies = {"the fast path": 0, "a batch": 0}
-    path = "the fast path"
 
-    def verified(sequence: LiveSequence, drafted: int, accepted: int) -> None:
-        verifies[path] += 1
+    def counting(path: str) -> Verified:
+        def verified(sequence: LiveSequence, drafted: int, accepted: int) -> None:
+            verifies[path] += 1
+
+        return verified
 
     if plan.fast_path:
-        solo = SoloStepper(
-            model.model,
-            prefill_step_size=PROMPT_TOKENS // 2,
-            before_launch=_nothing,
-            make_cache=make_cache,
-            speculation=fixed,
-            verified=verified,
-            draft_model=model.draft,
-        )
+        solo = _solo(model, make_cache, fixed, counting("the fast path"))
         _run(solo, sequences(1, 0, repeating=True), keep_one=False)
     size = max(plan.batch_sizes, default=0)
     if size >= 2:
-        path = "a batch"
-        _verify_in_batch(model, plan, size, fixed, make_cache, kv_quantized, sequences, verified)
+        batch = _batch(model, plan, size, make_cache, kv_quantized, fixed, counting("a batch"))
+        try:
+            _run(batch, sequences(size, 0, repeating=True), keep_one=True)
+        finally:
+            batch.close()
     log.info("warm-up: verify steps: %s", ", ".join(f"{n} on {p}" for p, n in verifies.items()))
 
 
-def _verify_in_batch(
+def _solo(
+    model: LoadedModel,
+    make_cache: CacheFactory,
+    speculation: Speculation | None = None,
+    verified: Verified | None = None,
+) -> SoloStepper:
+    """A fast-path stepper as the engine's, its prefill chunks shorter than the prompts."""
+    return SoloStepper(
+        model.model,
+        prefill_step_size=PROMPT_TOKENS // 2,
+        before_launch=_nothing,
+        make_cache=make_cache,
+        speculation=speculation,
+        verified=verified,
+        draft_model=model.draft,
+    )
+
+
+def _batch(
     model: LoadedModel,
     plan: WarmupPlan,
     size: int,
-    fixed: Speculation,
     make_cache: CacheFactory,
     kv_quantized: bool,
-    sequences: Callable[..., list[LiveSequence]],
-    verified: Callable[[LiveSequence, int, int], None],
-) -> None:
-    batch = BatchStepper(
+    speculation: Speculation | None = None,
+    verified: Verified | None = None,
+) -> BatchStepper:
+    """A batch stepper `size` rows wide, as the engine's, its prefill chunks shorter than
+    the prompts."""
+    return BatchStepper(
         model.model,
         max_concurrency=size,
         prefill_batch_size=min(plan.prefill_batch_size, size),
         prefill_step_size=min(plan.prefill_step_size, PROMPT_TOKENS // 2),
         make_cache=make_cache if kv_quantized else None,
-        speculation=fixed,
+        speculation=speculation,
         verified=verified,
         draft_model=model.draft,
     )
-    try:
-        _run(batch, sequences(size, 0, repeating=True), keep_one=True)
-    finally:
-        batch.close()
 
 
 def _run(stepper: Stepper, sequences: Sequence[LiveSequence], *, keep_one: bool) -> None:
