@@ -37,12 +37,13 @@ import json
 import os
 import re
 import shutil
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+
+from mlx_nursery.models._kv_layout import _header
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _PARAM = r"(weight|bias|scales|biases)"
@@ -61,10 +62,7 @@ MARKER = "mlx_nursery_agreeing_layers"
 
 def _keys(shard: Path) -> list[str]:
     """The tensor names in a safetensors file, read from its header (no tensor is read)."""
-    with shard.open("rb") as file:
-        (length,) = struct.unpack("<Q", file.read(8))
-        header: dict[str, Any] = json.loads(file.read(length))
-    return [k for k in header if k != "__metadata__"]
+    return [k for k in _header(shard) if k != "__metadata__"]
 
 
 def _shards(model: Path) -> list[Path]:

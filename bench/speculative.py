@@ -251,9 +251,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     peers = [name for name in names if name in PEERS]
     if peers and streams > 1:
         raise SystemExit("the mlx-lm variants run one stream (see the module's docstring)")
-    peer_draft = args.draft_model if any(PEERS[name] for name in peers) else None
-    if peer_draft is None and any(PEERS[name] for name in peers):
+    peer_drafts = any(PEERS[name] for name in peers)
+    if peer_drafts and args.draft_model is None:
         raise SystemExit("variant 'mlx-lm draft' needs --draft-model")
+    peer_draft = args.draft_model if peer_drafts else None
     results: dict[str, dict[str, list[dict[str, Any]]]] = {
         v: {w: [] for w in WORKLOADS} for v in names
     }
