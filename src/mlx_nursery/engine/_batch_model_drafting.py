@@ -55,8 +55,15 @@ class DraftAsk:
     known: int | None
     most: int
 
-    def tokens(self) -> list[int]:
-        return list(self.context) if self.known is None else [*self.context, self.known]
+    @property
+    def length(self) -> int:
+        """The tokens the draft model follows: the context, and the next input if known."""
+        return len(self.context) + (self.known is not None)
+
+    def tail(self, start: int) -> list[int]:
+        """Those tokens from `start` on (only they are copied)."""
+        tail = list(self.context[start:])
+        return tail if self.known is None else [*tail, self.known]
 
     @property
     def count(self) -> int:
@@ -71,11 +78,12 @@ class BatchModelDrafter:
         self._model = model
         self._uids: list[int | None] = []
         """Each draft row's sequence (batch uid), None once it left (filtered next round)."""
-        self._held: list[list[int]] = []
-        """The tokens each draft row's KV holds, in order."""
         self._sure: list[int] = []
-        """How many of each row's held tokens are confirmed context (the rest were drafts):
-        only those after them are compared with the context."""
+        """How many tokens of its context each draft row's KV holds (confirmed: the context
+        only grows)."""
+        self._fed: list[list[int]] = []
+        """The drafts each row's KV holds after them (the last round's, maybe rejected since):
+        only these are compared with the context."""
         self._cache: list[RaggedBatchKVCache] | None = None
 
     @property
@@ -91,7 +99,7 @@ class BatchModelDrafter:
             self.clear()
 
     def clear(self) -> None:
-        self._uids, self._held, self._sure, self._cache = [], [], [], None
+        self._uids, self._sure, self._fed, self._cache = [], [], [], None
 
     def draft(self, asks: dict[int, DraftAsk]) -> dict[int, list[int]]:
         """Each row's drafts (`asks` by uid: every row that drafts with this model, in any
@@ -101,19 +109,21 @@ class BatchModelDrafter:
         cache = self._cache
         assert cache is not None
         order = [uid for uid in self._uids if uid is not None]
-        contexts = [asks[uid].tokens() for uid in order]
+        asked = [asks[uid] for uid in order]
         shared = [
-            min(sure + shared_prefix(held[sure:], context[sure:]), len(context) - 1)
-            for held, sure, context in zip(self._held, self._sure, contexts, strict=True)
+            min(sure + shared_prefix(fed, ask.tail(sure)), ask.length - 1)
+            for ask, sure, fed in zip(asked, self._sure, self._fed, strict=True)
         ]
-        surplus = [len(held) - n for held, n in zip(self._held, shared, strict=True)]
+        surplus = [
+            sure + len(fed) - n for sure, fed, n in zip(self._sure, self._fed, shared, strict=True)
+        ]
         _drop_last(cache, surplus)
-        pending = [context[n:] for context, n in zip(contexts, shared, strict=True)]
+        pending = [ask.tail(n) for ask, n in zip(asked, shared, strict=True)]
         while max(map(len, pending)) > FEED_CHUNK:
             pieces = [p[: min(FEED_CHUNK, len(p) - 1)] for p in pending]
             _feed(self._model, cache, pieces)
             pending = [p[len(piece) :] for p, piece in zip(pending, pieces, strict=True)]
-        steps = max(asks[uid].count for uid in order)
+        steps = max(ask.count for ask in asked)
         token = mx.argmax(_feed(self._model, cache, pending), axis=-1)
         mx.async_eval(token)  # type: ignore[no-untyped-call]  # runs while the next is built
         drafted = [token]
@@ -124,11 +134,9 @@ class BatchModelDrafter:
             drafted.append(token)
         listed: list[list[int]] = mx.stack(drafted, axis=1).tolist()  # type: ignore[assignment]
         drafts: dict[int, list[int]] = {}
-        for i, uid in enumerate(order):
+        for i, (uid, ask) in enumerate(zip(order, asked, strict=True)):
             row = [int(t) for t in listed[i]]
-            self._held[i] = contexts[i] + row[:-1]  # the last draft was not fed
-            self._sure[i] = len(contexts[i])
-            ask = asks[uid]
+            self._sure[i], self._fed[i] = ask.length, row[:-1]  # the last draft was not fed
             drafts[uid] = row[: ask.count][ask.count - ask.most :]
         _compact(cache)
         return drafts
@@ -145,8 +153,8 @@ class BatchModelDrafter:
         for layer in self._cache:
             layer.filter(keep)
         self._uids = [self._uids[i] for i in keep]
-        self._held = [self._held[i] for i in keep]
         self._sure = [self._sure[i] for i in keep]
+        self._fed = [self._fed[i] for i in keep]
 
     def _join(self, uids: list[int], asks: dict[int, DraftAsk]) -> None:
         """Prefill each new row alone (its context but the last token) and add them."""
@@ -154,15 +162,15 @@ class BatchModelDrafter:
             return
         rows: list[list[Any]] = []
         for uid in uids:
-            context = asks[uid].tokens()[:-1]
+            context = asks[uid].tail(0)[:-1]
             row = ragged_rows(make_prompt_cache(self._model))
             for start in range(0, len(context), FEED_CHUNK):
                 self._model(mx.array([context[start : start + FEED_CHUNK]]), cache=row)
                 mx.eval([layer.state for layer in row])
             rows.append(row)
             self._uids.append(uid)
-            self._held.append(context)
             self._sure.append(len(context))
+            self._fed.append([])
         joined = [RaggedBatchKVCache.merge(list(layers)) for layers in zip(*rows, strict=True)]
         if self._cache is None:
             self._cache = joined
