@@ -75,6 +75,9 @@ class ModelDrafter:
         self._cache = make_prompt_cache(model)
         self._cached: list[int] = []
         """The tokens the draft cache holds, in order."""
+        self._sure = 0
+        """How many of them are context (the context only grows): only those after them
+        are compared with it."""
 
     def __len__(self) -> int:
         return len(self._context)
@@ -88,7 +91,8 @@ class ModelDrafter:
         context). Waits for them (one read of all)."""
         if most <= 0 or not self._context:
             return []
-        shared = shared_prefix(self._cached, self._context)
+        sure = self._sure
+        shared = sure + shared_prefix(self._cached[sure:], self._context[sure:])
         # The last context token is fed again if held: its logits give the first draft.
         shared = min(shared, len(self._context) - 1)
         surplus = len(self._cached) - shared
@@ -103,6 +107,7 @@ class ModelDrafter:
             pending = pending[FEED_CHUNK:]
         logits = self._model(mx.array([pending]), cache=self._cache)
         self._cached += pending
+        self._sure = len(self._context)
         token = mx.argmax(logits[:, -1, :], axis=-1)
         mx.async_eval(token)  # type: ignore[no-untyped-call]  # runs while the next is built
         drafted = [token]
