@@ -8,7 +8,8 @@ workloads in its chat template:
   - chat: a question whose answer repeats little of it.
 Each variant is an engine of its own in this process: off, the adaptive default, and fixed
 draft lengths (`adaptive=False`: every step drafts that many tokens when a draft is found),
-which show what a verify step costs and gives on this backend. Rounds interleave the
+which show what a verify step costs and gives on this backend. Each engine warms up as a
+server's does (`--no-warmup` skips it). Rounds interleave the
 variants, each request once per round. The decode rate is tokens after the first over the
 time from the first to the last; the acceptance, drafted tokens accepted. Outputs must equal
 the `off` variant's (greedy): a difference is reported.
@@ -131,6 +132,7 @@ file's copy past the small model's preamble."""
 VARIANTS: dict[str, Speculation | None] = {
     "off": None,
     "ngram (adaptive, 4)": Speculation(tokens=4),
+    "ngram (adaptive, 8)": Speculation(tokens=8),
     "ngram fixed 2": Speculation(tokens=2, adaptive=False),
     "ngram fixed 4": Speculation(tokens=4, adaptive=False),
     "ngram fixed 8": Speculation(tokens=8, adaptive=False),
@@ -243,7 +245,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         max_concurrency=streams,
         prompt_cache_bytes=0,
         kv_cache_bytes=args.kv_cache_bytes,
-        warmup=False,
+        warmup=args.warmup,
     )
     names = list(dict.fromkeys(args.variants or DEFAULT_VARIANTS))
     if "off" not in names:
@@ -332,6 +334,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each engine warms up as a server's does (its verify steps included), so that "
+        "kernels a shape builds on first use are not timed (--no-warmup: faster, on the CPU)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument(
         "--streams", type=int, default=1, help="concurrent copies of each request (one batch)"

@@ -78,8 +78,10 @@ def test_speculation_warms_verify_steps_on_the_fast_path_and_in_a_batch(
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("warm-up 4/4: speculation's verify steps") for m in messages)
     (verifies,) = [m for m in messages if m.startswith("warm-up: verify steps: ")]
-    solo, batched = (int(w) for w in verifies.split() if w.isdigit())
-    assert solo >= 1 and batched >= 2  # a batch's verify counts once per drafting row
+    counts, lengths = verifies.split(";")
+    solo, batched = (int(w) for w in counts.split() if w.isdigit())
+    assert solo >= 3 and batched >= 2  # a batch's verify counts once per drafting row
+    assert lengths.endswith("drafts a step on the fast path: 1, 2, 3")  # every length's shapes
 
 
 def test_a_spent_budget_skips_the_remaining_phases(

@@ -17,7 +17,7 @@ so that speculation costs a request little where it never helps. Engine thread o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import attrs
@@ -82,18 +82,26 @@ class NgramIndex:
                     after[tuple(context[end - n : end])] = end
             context.append(token)
 
-    def draft(self, most: int) -> list[int]:
+    def draft(self, most: int, assumed: Sequence[int] = ()) -> list[int]:
         """`most` tokens that followed the latest earlier occurrence of the context's last
         n-gram, the longest n that occurred; none if none did. A copy that reaches the
         context's end goes on from its own start (an overlapping copy, as LZ77's): a
-        repeating pattern is drafted on."""
+        repeating pattern is drafted on. `assumed`: tokens taken to follow the context
+        (drafts still being verified), looked up as if it held them; it is not changed."""
         context = self._tokens
+        held = len(context)
+        total = held + len(assumed)
+
+        def at(i: int) -> int:
+            return context[i] if i < held else assumed[i - held]
+
         for n in self._longest_first:
-            if len(context) >= n:
-                start = self._after.get(tuple(context[-n:]))
+            if total >= n:
+                tail = tuple(map(at, range(total - n, total)))
+                start = self._after.get(tail)
                 if start is not None:
-                    drafted = context[start : start + most]
-                    period = len(context) - start
+                    drafted = [at(i) for i in range(start, min(start + most, total))]
+                    period = total - start
                     while len(drafted) < most:
                         drafted.append(drafted[len(drafted) - period])
                     return drafted
@@ -237,6 +245,8 @@ class DraftControl:
         self._acceptance = 0.5
         """Moving average of the share of drafted tokens accepted (an unknown sequence starts
         halfway, so that its first tries are short ones)."""
+        self._whole = 0.5
+        """Moving average of the share of verifies whose drafts were all accepted."""
         self._pause = 0
         self._next_pause = FIRST_PAUSE
         self._explore = False
@@ -244,6 +254,13 @@ class DraftControl:
     @property
     def acceptance(self) -> float:
         return self._acceptance
+
+    @property
+    def follows_through(self) -> bool:
+        """A verify launched behind the one in flight, as if all its drafts held, is more
+        often kept than wasted: more than half of this sequence's verifies kept every draft
+        lately (none known yet: not). A wasted one costs the device a forward."""
+        return self._whole > 0.5
 
     def drafts(self) -> int:
         """The drafts the next step may carry (0: decode plainly). Called once per step."""
@@ -267,6 +284,7 @@ class DraftControl:
         """A step drafted `drafted` tokens, of which the first `accepted` were right."""
         if drafted:
             self._acceptance = _average(self._acceptance, accepted / drafted)
+            self._whole = _average(self._whole, float(accepted == drafted))
         if self.best():
             self._next_pause = FIRST_PAUSE
 

@@ -225,11 +225,12 @@ class PositionDraws:
         self._keyed = keyed
         self._bias = bias
 
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        """Tokens for the rows of `logprobs` (L, V): row i as the sampler's next draw plus i."""
+    def __call__(self, logprobs: mx.array, skip: int = 0) -> mx.array:
+        """Tokens for the rows of `logprobs` (L, V): row i as the sampler's next draw plus
+        `skip` plus i (`skip`: the positions of a verify still in flight before these)."""
         length = logprobs.shape[0]
         keyed = self._keyed
-        first = keyed.draws if keyed is not None else 0
+        first = (keyed.draws if keyed is not None else 0) + skip
         return sample_rows(
             [keyed] * length,
             logprobs,

@@ -32,7 +32,7 @@ import attrs
 import mlx.core as mx
 
 from ._kv_quant import CacheFactory
-from ._speculating import SpeculatorFactory, Verify
+from ._speculating import Speculator, SpeculatorFactory, Verify
 from ._stepper import Start
 from ._upstream import generation_stream, make_prompt_cache
 
@@ -136,10 +136,14 @@ class SoloSequence:
         """Tokens this sequence may still return."""
         return self._max_tokens - self._returned
 
-    def _launch_after(self, token: int) -> None:
-        """Launch the step after `token` (read, not fed): a verify if drafts are found."""
+    def _launch_after(self, token: int, planned: int | None = None) -> None:
+        """Launch the step after `token` (read, not fed): a verify if drafts are found.
+        `planned`: the drafts the control chose for this step already (None: ask it)."""
         speculator = self._speculator
-        drafts = speculator.drafts(self._room() - 1, ahead=False) if speculator else []
+        drafts: list[int] = []
+        if speculator is not None:
+            planned = speculator.plan() if planned is None else planned
+            drafts = speculator.drafts(planned, self._room() - 1, ahead=False)
         first = mx.array([token], dtype=mx.uint32)
         if speculator is not None and drafts:
             self._verify = speculator.launch(
@@ -160,7 +164,11 @@ class SoloSequence:
             # Launch the next token before reading this one: the device keeps busy while Python
             # handles this token (generate_step's pipelining). A stop token wastes that step,
             # as it does in generate_step and BatchGenerator.
-            drafts = speculator.drafts(self._room() - 1, ahead=True) if speculator else []
+            drafts = (
+                speculator.drafts(speculator.plan(), self._room() - 1, ahead=True)
+                if speculator
+                else []
+            )
             if speculator is not None and drafts:
                 self._verify = speculator.launch(
                     self._cache, token_array, drafts, self._before_launch, ahead=True
@@ -196,12 +204,15 @@ class SoloSequence:
         )
 
     def _take_verify(self) -> list[SoloResponse]:
-        """Read the verify in flight; launch the next step unless this one ended; return
-        its tokens."""
+        """Launch the next verify behind the one in flight, as if all its drafts were
+        accepted, then read it (so the device computes while the host reads and emits, as
+        plain steps do); keep the next one if they were, else launch the next step now;
+        return its tokens."""
         verify, speculator = self._verify, self._speculator
         assert verify is not None and speculator is not None
         self._verify = None
-        outcome = speculator.resolve(verify, self._cache, self._room(), self._stop)
+        planned, behind = self._launch_behind(verify, speculator)
+        outcome = speculator.resolve(verify, self._cache, self._room(), self._stop, behind)
         self._cache_tokens.append(outcome.first)
         self._cache_tokens.extend(outcome.tokens[: outcome.accepted])
         speculator.index.extend(outcome.tokens)
@@ -219,7 +230,10 @@ class SoloSequence:
             else None
         )
         if reason is None:
-            self._launch_after(last)
+            if outcome.continued:
+                self._verify = behind
+            else:
+                self._launch_after(last, planned)
             responses.append(SoloResponse(self.uid, last, logprobs, None, None, None))
         else:
             responses.append(
@@ -228,6 +242,29 @@ class SoloSequence:
                 )
             )
         return responses
+
+    def _launch_behind(
+        self, verify: Verify, speculator: Speculator
+    ) -> tuple[int | None, Verify | None]:
+        """The control's drafts for the step after `verify`, and that step launched behind
+        it if prompt lookup finds drafts past all of `verify`'s and the sequence's verifies
+        mostly keep all their drafts (None: not launched)."""
+        room = self._room() - verify.positions  # left if every draft is accepted
+        if room <= 1 or not speculator.pipelines or not speculator.control.follows_through:
+            return None, None
+        planned = speculator.plan()
+        drafts = speculator.drafts(planned, room - 1, ahead=True, assumed=verify.drafts)
+        if not drafts:
+            return planned, None
+        behind = speculator.launch(
+            self._cache,
+            verify.tokens[-1:],
+            drafts,
+            self._before_launch,
+            ahead=False,
+            behind=verify,
+        )
+        return planned, behind
 
     def _prefill_chunk(self) -> None:
         chunk = self._pending[: self._step_size]

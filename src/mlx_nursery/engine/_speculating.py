@@ -25,7 +25,7 @@ without drafts too: they cannot be trimmed back exactly. Engine thread only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -72,6 +72,8 @@ class Outcome:
     tokens: list[int]
     accepted: int
     first: int
+    continued: bool = False
+    """The verify launched behind it holds: every draft was accepted and the sequence goes on."""
 
 
 def speculable(cache: list[Any]) -> bool:
@@ -124,13 +126,32 @@ class Speculator:
             return None
         return cls(spec, model, context, draws, costs, verified, draft_model)
 
-    def drafts(self, room: int, *, ahead: bool) -> list[int]:
-        """Drafts for the next step, at most `room`. `ahead`: the context lacks the next
-        input token (still computing), so the draft is looked up one token earlier and its
-        first token, the guess at that input, is dropped."""
-        most = min(self.control.drafts(), room)
+    def plan(self) -> int:
+        """How many tokens the next step may draft (the control's choice: 0 decodes
+        plainly). Asked once per step."""
+        return self.control.drafts()
+
+    @property
+    def pipelines(self) -> bool:
+        """Its drafts can be looked up past drafts still being verified (prompt lookup; a
+        draft model would have to wait for the verify to know what to draft after)."""
+        return isinstance(self.index, NgramIndex)
+
+    def drafts(
+        self, planned: int, room: int, *, ahead: bool, assumed: Sequence[int] = ()
+    ) -> list[int]:
+        """Drafts for the next step, at most `planned` and `room`. `ahead`: the context lacks
+        the next input token (still computing), so the draft is looked up one token earlier
+        and its first token, the guess at that input, is dropped. `assumed`: drafts of a
+        verify in flight, taken as accepted (before them, the context; prompt lookup only)."""
+        most = min(planned, room)
         if most <= 0:
             return []
+        if assumed:
+            assert isinstance(self.index, NgramIndex)
+            if ahead:
+                return self.index.draft(most + 1, assumed)[1:]
+            return self.index.draft(most, assumed)
         if ahead:
             return self.index.draft(most + 1)[1:]
         return self.index.draft(most)
@@ -152,23 +173,36 @@ class Speculator:
         before_launch: Callable[[], None] | None,
         *,
         ahead: bool,
+        behind: Verify | None = None,
     ) -> Verify:
         """Start the verify forward of `first` (a 1-element token array; `ahead`: still
-        computing) and `drafts`."""
+        computing) and `drafts`. `behind`: a verify in flight whose last drawn token is
+        `first`; this one follows it as if all its drafts were accepted (its positions are
+        drawn after that one's) and is kept only if they are (`resolve`)."""
         inputs = mx.concatenate([first.astype(mx.uint32), mx.array(drafts, dtype=mx.uint32)])
         with mx.stream(generation_stream):
             logits = self._model(inputs[None], cache=cache)[0]
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            tokens = self._draws(logprobs)
+            tokens = self._draws(logprobs, skip=behind.positions if behind else 0)
         if before_launch is not None:
             before_launch()
         mx.async_eval(tokens, logprobs)  # type: ignore[no-untyped-call]
         started = self.last_read if self.last_read is not None else time.perf_counter()
         return Verify(None, drafts, tokens, logprobs, started, ahead)
 
-    def resolve(self, verify: Verify, cache: list[Any], room: int, stop: frozenset[int]) -> Outcome:
+    def resolve(
+        self,
+        verify: Verify,
+        cache: list[Any],
+        room: int,
+        stop: frozenset[int],
+        after: Verify | None = None,
+    ) -> Outcome:
         """Read a verify, keep its tokens up to the first stop token, at most `room`, and trim
-        the KV of the rest; the control and the counters learn how it went."""
+        the KV of the rest; the control and the counters learn how it went. `after`: a verify
+        launched behind this one (`launch`), kept (`Outcome.continued`) only if every draft
+        was accepted and the sequence goes on; else its KV is trimmed too, its draws never
+        counted."""
         drawn: list[int] = verify.tokens.tolist()  # type: ignore[assignment]
         now = time.perf_counter()
         seconds = now - verify.started
@@ -187,11 +221,24 @@ class Speculator:
                 del tokens[i + 1 :]
                 break
         kept = min(accepted, len(tokens))  # drafts whose KV stays: those emitted
-        trim_prompt_cache(cache, len(drafts) - kept)
+        continued = (
+            after is not None
+            and len(tokens) == verify.positions
+            and tokens[-1] not in stop
+            and len(tokens) < room
+        )
+        dropped = len(drafts) - kept
+        if after is not None:
+            if continued:
+                after.first = tokens[-1]
+                after.started = now  # from here the device runs it alone
+            else:
+                dropped += after.positions
+        trim_prompt_cache(cache, dropped)
         self._draws.advance(len(tokens))
         self._verified(len(drafts), kept)
         assert verify.first is not None
-        return Outcome(tokens, kept, verify.first)
+        return Outcome(tokens, kept, verify.first, continued)
 
     def discard(self, verify: Verify, cache: list[Any]) -> None:
         """Drop a verify in flight (a handover, a cancel): its KV goes, its draws were never

@@ -218,20 +218,28 @@ def _verify_steps(
     kv_quantized: bool,
     sequences: Callable[..., list[LiveSequence]],
 ) -> None:
-    """Verify steps on the fast path (if the engine has one) and in a batch of the largest
-    warmed size: drafts of `speculation`'s full length on every step (`adaptive` off)."""
+    """Verify steps on the fast path (if the engine has one), of every draft length up to
+    `speculation`'s (on CUDA a forward of each new length builds kernels of its own on first
+    use, in a request's step otherwise), and in a batch of the largest warmed size, of the
+    full length: drafts on every step (`adaptive` off)."""
     fixed = attrs.evolve(speculation, adaptive=False)
     verifies = {"the fast path": 0, "a batch": 0}
+    lengths: set[int] = set()
+    """The fast path's verify lengths run (drafts a step)."""
 
     def counting(path: str) -> Verified:
         def verified(sequence: LiveSequence, drafted: int, accepted: int) -> None:
             verifies[path] += 1
+            if path == "the fast path":
+                lengths.add(drafted)
 
         return verified
 
-    if plan.fast_path:
-        solo = _solo(model, make_cache, fixed, counting("the fast path"))
-        _run(solo, sequences(1, 0, repeating=True), keep_one=False)
+    if plan.fast_path:  # every length: a lone sequence drafts any up to the most
+        for tokens in range(1, fixed.tokens + 1):
+            length = attrs.evolve(fixed, tokens=tokens)
+            solo = _solo(model, make_cache, length, counting("the fast path"))
+            _run(solo, sequences(1, 0, repeating=True), keep_one=False)
     size = max(plan.batch_sizes, default=0)
     if size >= 2:
         batch = _batch(model, plan, size, make_cache, kv_quantized, fixed, counting("a batch"))
@@ -239,7 +247,11 @@ def _verify_steps(
             _run(batch, sequences(size, 0, repeating=True), keep_one=True)
         finally:
             batch.close()
-    log.info("warm-up: verify steps: %s", ", ".join(f"{n} on {p}" for p, n in verifies.items()))
+    log.info(
+        "warm-up: verify steps: %s; drafts a step on the fast path: %s",
+        ", ".join(f"{n} on {p}" for p, n in verifies.items()),
+        ", ".join(map(str, sorted(lengths))) or "none",
+    )
 
 
 def _solo(
