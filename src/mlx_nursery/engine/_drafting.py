@@ -118,6 +118,11 @@ where drafts could not pay much even if all were accepted waits this long at onc
 EXPLORE_DRAFTS = 1
 """Drafts of a try made to measure (a verify's cost unknown, or after a pause): one, so that
 a try that fails costs little where each drafted position costs a step's time."""
+GUESS_MARGIN = 0.02
+"""A length longer than any measured is guessed to cost the longest's, plus this share of it
+per draft more: a guess, so a longer draft must promise more than that to be tried; where
+drafts are rarely accepted, the few more tokens they promise do not (equal costs made the
+longest length win every near tie)."""
 PROMISING_GAIN = 1.25
 """The speed-up drafting must promise on this backend with every draft accepted for a
 sequence to try again soon after a pause."""
@@ -136,9 +141,10 @@ class VerifyCosts:
     runs before it. So a verify's cost is a fixed part and a part per draft, and one length's
     cost does not tell another's. Each length measured is kept (a moving average); between
     lengths measured, costs are interpolated; beyond the longest, extrapolated by the slope
-    of the two longest, or, with one length measured, taken as equal to it: an optimistic
-    guess that the control then tries, so that the fixed part is not charged to every draft
-    (which kept drafts off where they paid)."""
+    of the two longest, or, with one length measured, taken as nearly equal to it
+    (`GUESS_MARGIN`): an optimistic guess that the control then tries where acceptance
+    promises a gain, so that the fixed part is not charged to every draft (which kept drafts
+    off where they paid)."""
 
     def __init__(self) -> None:
         self.plain_s: float | None = None
@@ -219,10 +225,12 @@ class VerifyCosts:
             return known[a] + (known[b] - known[a]) * (drafts - a) / (b - a)
         if longer:  # shorter than any measured: at most that one's cost
             return known[longer[0]]
+        b = lengths[-1]
+        least = GUESS_MARGIN * known[b]  # a draft more costs at least this, as far as known
         if len(lengths) == 1:
-            return known[lengths[0]]
-        a, b = lengths[-2], lengths[-1]
-        slope = max(0.0, (known[b] - known[a]) / (b - a))
+            return known[b] + least * (drafts - b)
+        a = lengths[-2]
+        slope = max(least, (known[b] - known[a]) / (b - a))
         return known[b] + slope * (drafts - b)
 
 
