@@ -8,6 +8,7 @@ their cost compares on this machine); the tokens, usage and logprobs must agree.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -245,6 +246,36 @@ def test_a_verifys_fixed_part_is_not_charged_to_each_draft() -> None:
     costs.verify(1, 0.011)  # far cheaper: the earlier samples held a stall
     assert costs.step_seconds(1) == pytest.approx(0.011)
     assert costs.step_seconds(4) == pytest.approx(0.011 * (1 + 3 * GUESS_MARGIN))  # 0.018: gone
+
+
+def test_the_step_built_after_a_verifys_read_is_charged_to_the_verify(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain step overlaps its building with the step before; the one launched after a
+    verify's read cannot, so its time beyond a plain step's is the verify's, not a plain
+    step's (counted as plain, it made verifies look cheap where they cost)."""
+    import mlx.core as mx
+
+    from mlx_nursery.engine import _speculating
+    from mlx_nursery.engine._sampling import PositionDraws
+
+    clock = [100.0]
+    monkeypatch.setattr(_speculating, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    costs = VerifyCosts()
+    costs.plain(0.010)
+    costs.observed(1, 1, None)  # the shape's first run, which teaches nothing
+    speculator = Speculator(
+        Speculation(), None, [1, 2, 3], PositionDraws(None, None), costs, lambda d, a: None
+    )
+    speculator.last_read = 100.0
+    rejected = Verify(5, [7], mx.array([9, 9]), mx.zeros((2, 4)), started=100.0, ahead=False)
+    clock[0] = 100.012
+    outcome = speculator.resolve(rejected, [], 10, frozenset())
+    assert outcome.tokens == [9] and not outcome.continued
+    clock[0] = 100.030  # the step after: 18 ms, built only once the verify was read
+    speculator.plain_read(timed=True)
+    assert costs.plain_s == pytest.approx(0.010)
+    assert costs.step_seconds(1) == pytest.approx(0.012 + 0.008)
 
 
 def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:

@@ -103,6 +103,10 @@ class Speculator:
         self._verified = verified
         self.last_read: float | None = None
         """When the engine thread last waited for a token (a plain one or a verify's)."""
+        self._restarting: tuple[int, float | None] | None = None
+        """A verify just read and nothing launched behind it (its drafts, its seconds): the
+        step after it was built only then, so its time beyond a plain step's is the
+        verify's too (a plain step's building overlaps the step before it)."""
 
     @classmethod
     def build(
@@ -161,7 +165,14 @@ class Speculator:
         (not when a verify launched before the read ran meanwhile: waiting for a token waits
         for the work launched after it on the stream too, on MLX's CPU backend at least)."""
         now = time.perf_counter()
-        if self.last_read is not None and timed:
+        restarting, self._restarting = self._restarting, None
+        if restarting is not None:  # launched after a verify's read: charged to the verify
+            drafts, seconds = restarting
+            plain = self.costs.plain_s
+            if seconds is not None and plain is not None and self.last_read is not None:
+                seconds += max(0.0, now - self.last_read - plain)
+            self.costs.observed(1, drafts, seconds)
+        elif self.last_read is not None and timed:
             self.costs.plain(now - self.last_read)
         self.last_read = now
 
@@ -205,10 +216,11 @@ class Speculator:
         counted."""
         drawn: list[int] = verify.tokens.tolist()  # type: ignore[assignment]
         now = time.perf_counter()
-        seconds = now - verify.started
+        self._flush_restart()
+        seconds: float | None = now - verify.started
+        plain = self.costs.plain_s
         if verify.ahead:  # the plain step of its first input ran in that time too
-            seconds -= self.costs.plain_s if self.costs.plain_s is not None else seconds
-        self.costs.observed(1, len(verify.drafts), seconds)
+            seconds = None if plain is None else now - verify.started - plain
         self.last_read = now
         drafts = verify.drafts
         accepted = 0
@@ -228,17 +240,27 @@ class Speculator:
             and len(tokens) < room
         )
         dropped = len(drafts) - kept
-        if after is not None:
-            if continued:
-                after.first = tokens[-1]
-                after.started = now  # from here the device runs it alone
-            else:
-                dropped += after.positions
+        if continued:
+            assert after is not None
+            after.first = tokens[-1]
+            after.started = now  # from here the device runs it alone
+            self.costs.observed(1, len(drafts), seconds)
+        else:
+            dropped += after.positions if after is not None else 0
+            self._restarting = (len(drafts), seconds)  # the next read tells the rest
         trim_prompt_cache(cache, dropped)
         self._draws.advance(len(tokens))
         self._verified(len(drafts), kept)
         assert verify.first is not None
         return Outcome(tokens, kept, verify.first, continued)
+
+    def _flush_restart(self) -> None:
+        """A verify read before this one, with a verify (not a plain step) launched after
+        it: that one's interval holds its own building, so the earlier is charged as read."""
+        if self._restarting is not None:
+            drafts, seconds = self._restarting
+            self._restarting = None
+            self.costs.observed(1, drafts, seconds)
 
     def discard(self, verify: Verify, cache: list[Any]) -> None:
         """Drop a verify in flight (a handover, a cancel): its KV goes, its draws were never
