@@ -16,15 +16,19 @@ millions of taps and take minutes. Those rates are resampled by miniaudio's own 
 instead, at a cost linear in the samples.
 
 Other containers (Ogg, M4A, WebM), and a file whose header miniaudio cannot read (an ID3
-tag before AAC), go to mlx-audio's reader, which runs ffmpeg when it is on PATH: a
-subprocess that ffmpeg's own resampler and the duration limit bound.
+tag before AAC), go to ffmpeg when it is on PATH (`decode_other`): a subprocess that
+ffmpeg's own resampler and the duration limit bound, read a second at a time after a
+cancellation check, and killed when its request is cancelled.
 """
 
 from __future__ import annotations
 
-import io
 import math
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
+from typing import IO
 
 import attrs
 import numpy as np
@@ -114,21 +118,55 @@ def decode_native(data: bytes, header: AudioHeader, max_seconds: float) -> npt.N
 
 
 def decode_other(data: bytes, max_seconds: float) -> npt.NDArray[np.float32]:
-    """Samples of a container miniaudio does not read, through mlx-audio's reader (ffmpeg).
-    Raises InvalidRequest for a file that does not decode. Blocking; not cancellable."""
-    from mlx_audio.audio_io import read
+    """Samples of a container miniaudio does not read, through ffmpeg (on PATH), mono at
+    16 kHz, at most a second past `max_seconds` (so that the caller can tell too long audio).
+    Raises InvalidRequest for a file that does not decode. Cancellable between seconds of
+    audio: a cancelled request's ffmpeg is killed and reaped before `trio.Cancelled` rises.
 
-    try:
-        samples, _ = read(
-            io.BytesIO(data),
-            dtype="float32",
-            sample_rate=SAMPLE_RATE,
-            nchannels=1,
-            duration=max_seconds + 1,
+    Why not mlx-audio's reader, which runs ffmpeg too: it waits for the whole decoding in
+    one `subprocess.run`, which nothing can stop, after an `ffprobe` run."""
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        raise undecodable()
+    frames = round((max_seconds + 1) * SAMPLE_RATE)
+    # Seconds as ffmpeg takes them (fixed point that fits int64 microseconds); asetpts sets
+    # timestamps to the sample count, so that -t cuts at a frame count even where a file's
+    # timestamps jump.
+    seconds = min((frames + 1) / SAMPLE_RATE, 1e12)
+    with tempfile.NamedTemporaryFile() as source, tempfile.TemporaryFile() as errors:
+        source.write(data)  # a file, not a pipe: an M4A's index may follow its audio
+        source.flush()
+        command = [
+            ffmpeg, "-nostdin", "-v", "error", "-i", source.name,
+            "-af", "asetpts=N/SR/TB", "-t", f"{seconds:.6f}",
+            "-f", "f32le", "-ac", "1", "-ar", str(SAMPLE_RATE), "pipe:1",
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors
         )
-    except Exception as exc:  # any decoder failure (ffmpeg, format) is the file's
-        raise undecodable() from exc
-    return np.asarray(samples, dtype=np.float32)
+        assert process.stdout is not None
+        read: list[bytes] = []
+        try:
+            while chunk := _second(process.stdout):
+                read.append(chunk)
+            status = process.wait()
+        finally:
+            if process.poll() is None:  # cancelled: stop it now, not when it is done
+                process.kill()
+                process.wait()
+            process.stdout.close()
+    joined = b"".join(read)
+    if status != 0 or not joined:
+        raise undecodable()
+    usable = len(joined) - len(joined) % 4  # whole float32 samples
+    return np.frombuffer(joined[:usable], dtype=np.float32)[:frames].copy()
+
+
+def _second(stdout: IO[bytes]) -> bytes:
+    """The next second of ffmpeg's float32 samples (less at the end, none past it), after a
+    cancellation check."""
+    checkpoint()
+    return stdout.read(4 * SAMPLE_RATE)
 
 
 def _chunks(
