@@ -34,6 +34,9 @@ in one batch and each row verifies its own drafts in the batch's forward
 (decisions/0049); the rate is the aggregate one: every stream's tokens after its first over
 the time from the first stream's first token to the last stream's last.
 
+`--temperature T` samples, seeded (`--seed`): drafts are accepted less than greedy, and the
+outputs must still equal `off`'s (the same key draws each position with or without drafts).
+
 Usage:
   python -P bench/speculative.py --rounds 2 --tokens 128 --out bench/results/spec-cpu.json
   python -P bench/speculative.py --streams 8 --rounds 1 --tokens 32 --variants off \
@@ -155,8 +158,13 @@ def _variant(name: str, draft_model: Path | None) -> Speculation | None:
     return attrs.evolve(spec, draft_model=str(draft_model))
 
 
-async def one(engine: Engine, prompt: list[int], tokens: int) -> dict[str, Any]:
-    request = GenerationRequest(prompt, tokens, SamplingParams(temperature=0.0))
+GREEDY = SamplingParams(temperature=0.0)
+
+
+async def one(
+    engine: Engine, prompt: list[int], tokens: int, sampling: SamplingParams = GREEDY
+) -> dict[str, Any]:
+    request = GenerationRequest(prompt, tokens, sampling)
     stamps: list[float] = []
     out: list[int] = []
     usage = None
@@ -215,13 +223,18 @@ class MlxLmPeer:
 
 
 async def together(
-    engine: Engine, prompt: list[int], tokens: int, *, streams: int
+    engine: Engine,
+    prompt: list[int],
+    tokens: int,
+    sampling: SamplingParams = GREEDY,
+    *,
+    streams: int,
 ) -> dict[str, Any]:
     """`streams` copies of the request at once: one batch."""
     runs: list[dict[str, Any]] = []
 
     async def stream() -> None:
-        runs.append(await one(engine, prompt, tokens))
+        runs.append(await one(engine, prompt, tokens, sampling))
 
     async with trio.open_nursery() as nursery:
         for _ in range(streams):
@@ -251,6 +264,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if "off" not in names:
         raise SystemExit("the variants must include 'off' (the reference)")
     peers = [name for name in names if name in PEERS]
+    sampling = GREEDY
+    if args.temperature > 0:
+        if peers:
+            raise SystemExit("the mlx-lm variants run greedy only")
+        sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     if peers and streams > 1:
         raise SystemExit("the mlx-lm variants run one stream (see the module's docstring)")
     peer_drafts = any(PEERS[name] for name in peers)
@@ -267,7 +285,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             config = attrs.evolve(base, speculation=_variant(name, args.draft_model))
             engine = await nursery.start(Engine(config).run)
             runner = one if streams == 1 else partial(together, streams=streams)
-            runners[name] = partial(runner, engine)
+            runners[name] = partial(runner, engine, sampling=sampling)
             warmers.append(partial(one, engine))
             if name == "off":
                 tokenizer: Any = engine.model.tokenizer
@@ -334,6 +352,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample at this temperature, seeded (--seed), where drafts are accepted less "
+        "than greedy (default: greedy); outputs must still equal off's",
+    )
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,
