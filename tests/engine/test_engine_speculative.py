@@ -217,6 +217,10 @@ def test_ngram_lookup_past_drafts_in_flight_leaves_the_context_as_it_was() -> No
     assert index.draft(4, assumed=[8]) == []  # (1, 2, 8), (2, 8), (8,): never before
     index = NgramIndex(spec, [6, 7])
     assert index.draft(5, assumed=[6]) == [7, 6, 7, 6, 7]  # an overlapping copy
+    for context, assumed in (([1, 2, 3, 1, 2], [4, 1, 2]), ([6, 7], [6, 7]), ([5, 5], [6])):
+        extended = NgramIndex(spec, [*context, *assumed])
+        for most in (1, 3, 5):  # n-grams ending in `assumed` count as in the context
+            assert NgramIndex(spec, context).draft(most, assumed) == extended.draft(most)
 
 
 def test_a_verifys_fixed_part_is_not_charged_to_each_draft() -> None:
@@ -276,6 +280,15 @@ def test_the_step_built_after_a_verifys_read_is_charged_to_the_verify(
     speculator.plain_read(timed=True)
     assert costs.plain_s == pytest.approx(0.010)
     assert costs.step_seconds(1) == pytest.approx(0.012 + 0.008)
+    # Untimed: a verify was launched before that read, and its own interval, from the
+    # verify's read on, holds the step's extra time: the rejected verify keeps its own.
+    costs.observed(1, 2, None)
+    rejected = Verify(5, [7, 7], mx.array([9, 9, 9]), mx.zeros((3, 4)), 100.030, False)
+    clock[0] = 100.044
+    speculator.resolve(rejected, [], 10, frozenset())
+    clock[0] = 100.062
+    speculator.plain_read(timed=False)
+    assert costs.step_seconds(2) == pytest.approx(0.014)
 
 
 def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:

@@ -95,10 +95,17 @@ class NgramIndex:
         def at(i: int) -> int:
             return context[i] if i < held else assumed[i - held]
 
+        # The n-grams whose follower is among `assumed`: the latest occurrences, not yet
+        # in `_after` (those ending at the context's last token included).
+        later: dict[tuple[int, ...], int] = {}
+        for end in range(held, total):
+            for n in self._sizes:
+                if end >= n:
+                    later[tuple(map(at, range(end - n, end)))] = end
         for n in self._longest_first:
             if total >= n:
                 tail = tuple(map(at, range(total - n, total)))
-                start = self._after.get(tail)
+                start = later.get(tail, self._after.get(tail))
                 if start is not None:
                     drafted = [at(i) for i in range(start, min(start + most, total))]
                     period = total - start

@@ -104,9 +104,10 @@ class Speculator:
         self.last_read: float | None = None
         """When the engine thread last waited for a token (a plain one or a verify's)."""
         self._restarting: tuple[int, float | None] | None = None
-        """A verify just read and nothing launched behind it (its drafts, its seconds): the
-        step after it was built only then, so its time beyond a plain step's is the
-        verify's too (a plain step's building overlaps the step before it)."""
+        """A verify just read, nothing launched behind it kept (its drafts, its seconds): the
+        step after it was built only then, behind any verify launched behind it and dropped,
+        so its time beyond a plain step's is the verify's too (a plain step's building
+        overlaps the step before it)."""
 
     @classmethod
     def build(
@@ -169,7 +170,9 @@ class Speculator:
         if restarting is not None:  # launched after a verify's read: charged to the verify
             drafts, seconds = restarting
             plain = self.costs.plain_s
-            if seconds is not None and plain is not None and self.last_read is not None:
+            # Untimed (a verify launched before this read): that verify's interval, from
+            # the last read, holds this step's extra time, so it is not charged twice.
+            if timed and seconds is not None and plain is not None and self.last_read:
                 seconds += max(0.0, now - self.last_read - plain)
             self.costs.observed(1, drafts, seconds)
         elif self.last_read is not None and timed:

@@ -146,7 +146,11 @@ def warm_up(
     vocabulary = model.vocab_size
     seq_ids = itertools.count()
 
-    def sequences(count: int, offset: int, *, repeating: bool = False) -> list[LiveSequence]:
+    def sequences(
+        count: int, offset: int, *, repeating: bool = False, longest_draft: int = 0
+    ) -> list[LiveSequence]:
+        """`repeating`: for verify steps, with room for drafts of `longest_draft`."""
+        verifying = max(VERIFY_TOKENS, 2 * (longest_draft + 1)) if repeating else 0
         made = []
         for i in range(count):
             params, logprobs = VARIANTS[(offset + i) % len(VARIANTS)]
@@ -158,7 +162,7 @@ def warm_up(
             prompt = [1 + (7 * j + seq_id) % cycle for j in range(length)]
             request = GenerationRequest(
                 prompt_tokens=prompt,
-                max_tokens=NEW_TOKENS + (seq_id % 3) + (VERIFY_TOKENS if repeating else 0),
+                max_tokens=NEW_TOKENS + (seq_id % 3) + verifying,
                 sampling=params,
                 logprobs=logprobs,
                 ignore_eos=True,
@@ -239,12 +243,16 @@ def _verify_steps(
         for tokens in range(1, fixed.tokens + 1):
             length = attrs.evolve(fixed, tokens=tokens)
             solo = _solo(model, make_cache, length, counting("the fast path"))
-            _run(solo, sequences(1, 0, repeating=True), keep_one=False)
+            _run(solo, sequences(1, 0, repeating=True, longest_draft=tokens), keep_one=False)
     size = max(plan.batch_sizes, default=0)
     if size >= 2:
         batch = _batch(model, plan, size, make_cache, kv_quantized, fixed, counting("a batch"))
         try:
-            _run(batch, sequences(size, 0, repeating=True), keep_one=True)
+            _run(
+                batch,
+                sequences(size, 0, repeating=True, longest_draft=fixed.tokens),
+                keep_one=True,
+            )
         finally:
             batch.close()
     log.info(
