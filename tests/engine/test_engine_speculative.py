@@ -289,6 +289,12 @@ def test_the_step_built_after_a_verifys_read_is_charged_to_the_verify(
     clock[0] = 100.062
     speculator.plain_read(timed=False)
     assert costs.step_seconds(2) == pytest.approx(0.014)
+    # A rejected verify that ends its sequence (max_tokens reached): no step follows it,
+    # so it is charged as read, not left waiting for a read that never comes.
+    ending = Verify(5, [7, 7], mx.array([9, 9, 9]), mx.zeros((3, 4)), 100.062, False)
+    clock[0] = 100.075
+    assert speculator.resolve(ending, [], 1, frozenset()).tokens == [9]
+    assert costs.step_seconds(2) == pytest.approx(0.014 + 0.2 * (0.013 - 0.014))
 
 
 def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:

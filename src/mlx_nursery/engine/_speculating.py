@@ -250,7 +250,10 @@ class Speculator:
             self.costs.observed(1, len(drafts), seconds)
         else:
             dropped += after.positions if after is not None else 0
-            self._restarting = (len(drafts), seconds)  # the next read tells the rest
+            if tokens[-1] in stop or len(tokens) >= room:  # the sequence ends: no step after
+                self.costs.observed(1, len(drafts), seconds)
+            else:
+                self._restarting = (len(drafts), seconds)  # the next read tells the rest
         trim_prompt_cache(cache, dropped)
         self._draws.advance(len(tokens))
         self._verified(len(drafts), kept)
@@ -267,7 +270,8 @@ class Speculator:
 
     def discard(self, verify: Verify, cache: list[Any]) -> None:
         """Drop a verify in flight (a handover, a cancel): its KV goes, its draws were never
-        counted."""
+        counted; a verify read before it is charged as read."""
+        self._flush_restart()
         mx.eval(verify.tokens)  # let it land before the cache is trimmed and kept
         trim_prompt_cache(cache, verify.positions)
 
