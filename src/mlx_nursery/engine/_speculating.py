@@ -152,29 +152,27 @@ class Speculator:
         most = min(planned, room)
         if most <= 0:
             return []
+        wanted = most + 1 if ahead else most
         if assumed:
             assert isinstance(self.index, NgramIndex)
-            if ahead:
-                return self.index.draft(most + 1, assumed)[1:]
-            return self.index.draft(most, assumed)
-        if ahead:
-            return self.index.draft(most + 1)[1:]
-        return self.index.draft(most)
+            drafted = self.index.draft(wanted, assumed)
+        else:
+            drafted = self.index.draft(wanted)
+        return drafted[1:] if ahead else drafted
 
     def plain_read(self, *, timed: bool) -> None:
         """A plain token was read; `timed`: the time since the last read is its step's alone
         (not when a verify launched before the read ran meanwhile: waiting for a token waits
         for the work launched after it on the stream too, on MLX's CPU backend at least)."""
         now = time.perf_counter()
-        restarting, self._restarting = self._restarting, None
-        if restarting is not None:  # launched after a verify's read: charged to the verify
-            drafts, seconds = restarting
+        if self._restarting is not None:
+            # Launched after a verify's read: its extra time is that verify's. Untimed (a
+            # verify launched before this read), that one's interval holds it: not twice.
             plain = self.costs.plain_s
-            # Untimed (a verify launched before this read): that verify's interval, from
-            # the last read, holds this step's extra time, so it is not charged twice.
-            if timed and seconds is not None and plain is not None and self.last_read:
-                seconds += max(0.0, now - self.last_read - plain)
-            self.costs.observed(1, drafts, seconds)
+            extra = 0.0
+            if timed and plain is not None and self.last_read is not None:
+                extra = max(0.0, now - self.last_read - plain)
+            self._flush_restart(extra)
         elif self.last_read is not None and timed:
             self.costs.plain(now - self.last_read)
         self.last_read = now
@@ -236,37 +234,33 @@ class Speculator:
                 del tokens[i + 1 :]
                 break
         kept = min(accepted, len(tokens))  # drafts whose KV stays: those emitted
-        continued = (
-            after is not None
-            and len(tokens) == verify.positions
-            and tokens[-1] not in stop
-            and len(tokens) < room
-        )
+        ends = tokens[-1] in stop or len(tokens) >= room  # no step comes after
+        continued = after is not None and len(tokens) == verify.positions and not ends
         dropped = len(drafts) - kept
         if continued:
             assert after is not None
             after.first = tokens[-1]
             after.started = now  # from here the device runs it alone
+        elif after is not None:
+            dropped += after.positions
+        if continued or ends:
             self.costs.observed(1, len(drafts), seconds)
         else:
-            dropped += after.positions if after is not None else 0
-            if tokens[-1] in stop or len(tokens) >= room:  # the sequence ends: no step after
-                self.costs.observed(1, len(drafts), seconds)
-            else:
-                self._restarting = (len(drafts), seconds)  # the next read tells the rest
+            self._restarting = (len(drafts), seconds)  # the next read tells the rest
         trim_prompt_cache(cache, dropped)
         self._draws.advance(len(tokens))
         self._verified(len(drafts), kept)
         assert verify.first is not None
         return Outcome(tokens, kept, verify.first, continued)
 
-    def _flush_restart(self) -> None:
-        """A verify read before this one, with a verify (not a plain step) launched after
-        it: that one's interval holds its own building, so the earlier is charged as read."""
+    def _flush_restart(self, extra: float = 0.0) -> None:
+        """Charge the verify read before, whose next step was built only after its read, its
+        own seconds and `extra` (that step's time beyond a plain step's, where it is known;
+        a verify launched after it holds its own building in its own interval)."""
         if self._restarting is not None:
             drafts, seconds = self._restarting
             self._restarting = None
-            self.costs.observed(1, drafts, seconds)
+            self.costs.observed(1, drafts, None if seconds is None else seconds + extra)
 
     def discard(self, verify: Verify, cache: list[Any]) -> None:
         """Drop a verify in flight (a handover, a cancel): its KV goes, its draws were never
