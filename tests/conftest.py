@@ -68,6 +68,20 @@ def tiny_whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny-whisper", "tiny-whisper", seed=0)
 
 
+@pytest.fixture
+def ffmpeg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """imageio-ffmpeg's build (a test dependency) on PATH as `ffmpeg`, for the containers
+    only ffmpeg decodes."""
+    import imageio_ffmpeg
+
+    directory = tmp_path / "bin"
+    directory.mkdir()
+    program = directory / "ffmpeg"
+    program.symlink_to(imageio_ffmpeg.get_ffmpeg_exe())
+    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ['PATH']}")
+    return program
+
+
 @pytest.fixture(scope="session")
 def tiny_tts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny-tts", "tiny-tts", seed=0)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import struct
+import subprocess
 import wave
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -89,3 +91,14 @@ def _crc16(data: bytes) -> int:
     for byte in data:
         crc = ((crc << 8) & 0xFFFF) ^ _CRC16[(crc >> 8) ^ byte]
     return crc
+
+
+def encoded_tone(ffmpeg: Path, path: Path, seconds: float, *codec: str) -> bytes:
+    """`seconds` of a 440 Hz tone at 44.1 kHz stereo, encoded by `ffmpeg` into `path`'s
+    container with `codec`'s options."""
+    source = f"sine=frequency=440:sample_rate=44100:duration={seconds}"
+    subprocess.run(
+        [str(ffmpeg), "-v", "error", "-f", "lavfi", "-i", source, "-ac", "2", *codec, str(path)],
+        check=True,
+    )
+    return path.read_bytes()

@@ -1,11 +1,10 @@
 """Containers miniaudio does not read (Ogg, M4A) decoded by ffmpeg: the samples, the length
 limit, and a cancelled request's ffmpeg stopped before its decoding ends. ffmpeg is
-imageio-ffmpeg's build (a test dependency), put on PATH as `ffmpeg`."""
+imageio-ffmpeg's build (a test dependency), put on PATH as `ffmpeg` (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from pathlib import Path
 
@@ -14,28 +13,7 @@ import pytest
 import trio
 
 from mlx_nursery.generation import AudioLimits, AudioUpload, InvalidRequest, decode_audio
-
-
-@pytest.fixture
-def ffmpeg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    import imageio_ffmpeg
-
-    directory = tmp_path / "bin"
-    directory.mkdir()
-    program = directory / "ffmpeg"
-    program.symlink_to(imageio_ffmpeg.get_ffmpeg_exe())
-    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ['PATH']}")
-    return program
-
-
-def _tone(ffmpeg: Path, path: Path, seconds: float, *codec: str) -> bytes:
-    """`seconds` of a 440 Hz tone at 44.1 kHz stereo, encoded into `path`'s container."""
-    source = f"sine=frequency=440:sample_rate=44100:duration={seconds}"
-    subprocess.run(
-        [str(ffmpeg), "-v", "error", "-f", "lavfi", "-i", source, "-ac", "2", *codec, str(path)],
-        check=True,
-    )
-    return path.read_bytes()
+from tests.speech_helpers import encoded_tone
 
 
 @pytest.mark.parametrize(
@@ -44,7 +22,7 @@ def _tone(ffmpeg: Path, path: Path, seconds: float, *codec: str) -> bytes:
 def test_ffmpeg_decodes_other_containers_to_mono_16khz(
     ffmpeg: Path, tmp_path: Path, name: str, codec: tuple[str, ...]
 ) -> None:
-    data = _tone(ffmpeg, tmp_path / name, 2.0, *codec)  # an M4A's index follows its audio
+    data = encoded_tone(ffmpeg, tmp_path / name, 2.0, *codec)  # an M4A's index follows its audio
     samples = decode_audio(AudioUpload(name, data), AudioLimits())
     assert samples.dtype == np.float32 and abs(samples.size - 32_000) < 1_600
     spectrum = np.abs(np.fft.rfft(samples))
@@ -52,7 +30,7 @@ def test_ffmpeg_decodes_other_containers_to_mono_16khz(
 
 
 def test_ffmpeg_output_past_the_length_limit_is_refused(ffmpeg: Path, tmp_path: Path) -> None:
-    data = _tone(ffmpeg, tmp_path / "a.ogg", 4.0, "-c:a", "libvorbis")
+    data = encoded_tone(ffmpeg, tmp_path / "a.ogg", 4.0, "-c:a", "libvorbis")
     with pytest.raises(InvalidRequest) as refused:
         decode_audio(AudioUpload("a.ogg", data), AudioLimits(max_seconds=2.0))
     assert refused.value.code == "audio_too_long"
@@ -76,7 +54,7 @@ def _children_named(name: str) -> list[int]:
 async def test_a_cancelled_decoding_stops_its_ffmpeg(ffmpeg: Path, tmp_path: Path) -> None:
     """The request is cancelled once its preparation thread has started; ffmpeg is killed
     at the next second of audio and reaped before `trio.Cancelled` reaches the thread."""
-    data = _tone(ffmpeg, tmp_path / "a.ogg", 30.0, "-c:a", "libvorbis")
+    data = encoded_tone(ffmpeg, tmp_path / "a.ogg", 30.0, "-c:a", "libvorbis")
     started, go, done = trio.Event(), threading.Event(), threading.Event()
     outcome: list[object] = []
 

@@ -27,7 +27,7 @@ from tests.http_helpers import (
     validate,
     validate_error,
 )
-from tests.speech_helpers import RATE, clip, wav_bytes
+from tests.speech_helpers import RATE, clip, encoded_tone, wav_bytes
 
 CLIP = wav_bytes(clip(2))
 
@@ -211,6 +211,37 @@ async def test_bad_audio_and_bad_fields_are_4xx_in_the_envelope(tiny_whisper: Pa
             for part in ("weights", "prefix_cache", "kv")
         }
         assert reserved == {"weights": weight_bytes(tiny_whisper), "prefix_cache": 0, "kv": 0}
+
+
+async def test_ogg_and_m4a_are_transcribed_through_ffmpeg(
+    tiny_whisper: Path, ffmpeg: Path, tmp_path: Path
+) -> None:
+    """With ffmpeg on PATH, the containers miniaudio does not read are transcribed; a
+    corrupt one is a 400 in the envelope, and the server serves on."""
+    ogg = encoded_tone(ffmpeg, tmp_path / "a.ogg", 2.0, "-c:a", "libvorbis")
+    m4a = encoded_tone(ffmpeg, tmp_path / "a.m4a", 2.0, "-c:a", "aac")
+    async with (
+        running_server(tiny_whisper) as server,
+        httpx.AsyncClient(base_url=server.base_url) as http,
+    ):
+        for name, audio, kind in (("a.ogg", ogg, "audio/ogg"), ("a.m4a", m4a, "audio/mp4")):
+            reply = await http.post(
+                "/v1/audio/transcriptions",
+                data={"model": "tiny", "response_format": "verbose_json"},
+                files={"file": (name, audio, kind)},
+            )
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["duration"] == pytest.approx(2.0, abs=0.05)  # decoded length
+        corrupt = await http.post(
+            "/v1/audio/transcriptions",
+            data={"model": "tiny"},
+            files={"file": ("a.ogg", b"OggS" + bytes(200), "audio/ogg")},
+        )
+        assert corrupt.status_code == 400
+        validate_error(corrupt.json())
+        assert corrupt.json()["error"]["code"] == "invalid_audio"
+        assert (await http.get("/health")).status_code == 200
+        assert speech_engine(server).statistics().lanes_borrowed == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
