@@ -50,6 +50,7 @@ import json
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -69,6 +70,9 @@ from mlx_nursery.engine import (
 )
 from mlx_nursery.models import release_mlx_streams
 from mlx_nursery.models.default import ensure_default_model
+
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _cost_trace import TRACE
 
 CODE = '''import json
 from pathlib import Path
@@ -297,6 +301,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         prompts = {
             w: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
             for w, (messages, _) in WORKLOADS.items()
+            if w in (args.workloads or WORKLOADS)
         }
         for warm in warmers:  # shapes and kernels, off the clock
             await warm(prompts["chat"], 8)
@@ -305,6 +310,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 order = names if round_ % 2 == 0 else names[::-1]
                 tokens = int(args.tokens * WORKLOADS[workload][1])
                 for name in order:
+                    TRACE.current = (workload, name)
                     run = await runners[name](prompt, tokens)
                     results[name][workload].append(run)
                     print(f"{workload} {name}: {run['decode_tok_s']:.2f} tok/s", flush=True)
@@ -316,7 +322,7 @@ def summarize(
     results: dict[str, dict[str, list[dict[str, Any]]]], streams: int = 1
 ) -> dict[str, Any]:
     table = []
-    for workload in WORKLOADS:
+    for workload in (w for w in WORKLOADS if results["off"][w]):
         reference = results["off"][workload]
         off_rate = statistics.median(r["decode_tok_s"] for r in reference)
         for name, by_workload in results.items():
@@ -377,6 +383,12 @@ if __name__ == "__main__":
         choices=[*VARIANTS, *PEERS],
         help="default: off and every ngram one",
     )
+    parser.add_argument("--workloads", nargs="*", choices=list(WORKLOADS), help="default: all")
+    parser.add_argument(
+        "--trace-costs",
+        action="store_true",
+        help="record what the control measured and chose (bench/_cost_trace.py)",
+    )
     parser.add_argument("--model", type=Path, help="default: the built-in SmolLM2-135M")
     parser.add_argument("--draft-model", type=Path, help="for the draft variants")
     parser.add_argument(
@@ -385,6 +397,8 @@ if __name__ == "__main__":
         help="each engine's KV budget (several engines share one device here)",
     )
     args = parser.parse_args()
+    if args.trace_costs:
+        TRACE.install()
     try:
         report = trio.run(main, args)
     finally:
@@ -405,6 +419,9 @@ if __name__ == "__main__":
             f"  x{row['ratio']:.2f}  drafted {row['drafted']:4}  acceptance {acceptance}"
             f"  same output {row['same_output']}"
         )
+    if args.trace_costs:
+        TRACE.print()
+        report["trace"] = TRACE.summary()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))

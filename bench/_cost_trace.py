@@ -1,0 +1,110 @@
+"""What speculation's control measured and chose, step by step: a probe for
+`bench/speculative.py --trace-costs`, kept out of the engine.
+
+It wraps, class-wide, the engine's `VerifyCosts` (each timed sample of a plain step or a
+verify, and the estimate it leaves) and `DraftControl.drafts` (each step's choice), and
+files every event under the run in progress (`TRACE.current`, set by the bench before each
+request). The summary says, per workload and variant: how many steps drafted how much, each
+length's samples (median, mean, 90th percentile: a mean far above the estimate means the
+control learned from the typical verify and not from its tail) and the estimates the run
+ended with.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+from mlx_nursery.engine._drafting import DraftControl, VerifyCosts
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.current = ("", "")
+        self.samples: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        self.untimed: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+        self.choices: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+        self.estimates: dict[tuple[str, str], dict[str, float | None]] = {}
+
+    def install(self) -> None:
+        plain, observed, drafts = VerifyCosts.plain, VerifyCosts.observed, DraftControl.drafts
+
+        @functools.wraps(plain)
+        def traced_plain(costs: VerifyCosts, seconds: float) -> None:
+            plain(costs, seconds)
+            self.samples[self.current][0].append(seconds)
+            self._estimate(costs)
+
+        @functools.wraps(observed)
+        def traced_observed(
+            costs: VerifyCosts, rows: int, drafts: int, seconds: float | None
+        ) -> None:
+            observed(costs, rows, drafts, seconds)
+            if seconds is None:
+                self.untimed[self.current][drafts] += 1
+            else:
+                self.samples[self.current][drafts].append(seconds)
+            self._estimate(costs)
+
+        @functools.wraps(drafts)
+        def traced_drafts(control: DraftControl) -> int:
+            chosen = drafts(control)
+            self.choices[self.current][chosen] += 1
+            return chosen
+
+        VerifyCosts.plain = traced_plain  # type: ignore[method-assign]
+        VerifyCosts.observed = traced_observed  # type: ignore[method-assign]
+        DraftControl.drafts = traced_drafts  # type: ignore[method-assign]
+
+    def _estimate(self, costs: VerifyCosts) -> None:
+        self.estimates[self.current] = {
+            str(k): costs.step_seconds(k) if costs.measured or k == 0 else None for k in range(0, 9)
+        } | {"plain": costs.plain_s}
+
+    def summary(self) -> list[dict[str, Any]]:
+        rows = []
+        for key in sorted(set(self.samples) | set(self.choices)):
+            lengths = {}
+            for k, seconds in sorted(self.samples[key].items()):
+                ordered = sorted(seconds)
+                lengths[str(k)] = {
+                    "n": len(ordered),
+                    "median_ms": 1e3 * statistics.median(ordered),
+                    "mean_ms": 1e3 * statistics.fmean(ordered),
+                    "p90_ms": 1e3 * ordered[math.ceil(0.9 * len(ordered)) - 1],  # nearest rank
+                    "max_ms": 1e3 * ordered[-1],
+                    "untimed": self.untimed[key][k],
+                }
+            rows.append(
+                {
+                    "workload": key[0],
+                    "variant": key[1],
+                    "choices": dict(sorted(self.choices[key].items())),
+                    "samples": lengths,
+                    "estimates_ms": {
+                        k: None if v is None else 1e3 * v
+                        for k, v in self.estimates.get(key, {}).items()
+                    },
+                }
+            )
+        return rows
+
+    def print(self) -> None:
+        for row in self.summary():
+            print(f"{row['workload']} {row['variant']}: choices {row['choices']}")
+            for k, s in row["samples"].items():
+                estimate = row["estimates_ms"].get("0" if k == "0" else k)
+                print(
+                    f"  drafts {k}: n {s['n']} (+{s['untimed']} untimed) median "
+                    f"{s['median_ms']:.2f} mean {s['mean_ms']:.2f} p90 {s['p90_ms']:.2f} "
+                    f"max {s['max_ms']:.1f} ms; estimate at the end "
+                    f"{'-' if estimate is None else f'{estimate:.2f}'} ms"
+                )
+
+
+TRACE = Trace()
