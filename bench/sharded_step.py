@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_nursery.distributed._loading import load_shard
@@ -71,16 +73,46 @@ def _pipelined(step: Any, first: mx.array, steps: int) -> dict[str, float]:
     }
 
 
-def _decode(model: Any, batch: int, args: argparse.Namespace) -> dict[str, float]:
+def _decode(
+    model: Any, batch: int, args: argparse.Namespace, record: Any = None
+) -> dict[str, float]:
     cache, last = _prefill(model, batch, args.context)
 
     def step(y: mx.array) -> mx.array:
+        if record is not None:
+            record()
         logits = model(y.reshape(batch, 1), cache=cache)[:, -1, :]
         return mx.argmax(logits, axis=-1)
 
     result = _pipelined(step, last[:, 0], args.steps)
     result["tok_s"] = batch / (result["wall_mean_ms"] / 1000)
     return result
+
+
+def _records(kind: str, group: Any) -> Any:
+    """Each step's record as the server sends it (`distributed/_channel.py`): rank 0 queues a
+    4 KiB `all_sum` and goes on; the others wait for it before building their step. "nccl":
+    on the step's group and stream (the server's way), so a follower's wait queues behind the
+    step in flight; "ring": on a second group of MLX's ring backend, on the CPU stream."""
+    frame = np.zeros(4096, np.uint8)
+    if kind == "ring":
+        base = int(os.environ.get("NCCL_PORT", "12345")) + 100
+        hosts = Path(tempfile.gettempdir()) / f"mlx-ring-records-{base}.json"
+        hosts.write_text(json.dumps([[f"127.0.0.1:{base + i}"] for i in range(group.size())]))
+        os.environ["MLX_HOSTFILE"] = str(hosts)
+        group, stream = mx.distributed.init(backend="ring"), mx.cpu
+    else:
+        stream = generation_stream
+
+    def record() -> None:
+        with mx.stream(stream):
+            out = mx.distributed.all_sum(mx.array(frame), group=group)
+        if group.rank() == 0:
+            mx.async_eval(out)
+        else:
+            mx.eval(out)
+
+    return record
 
 
 def _collectives(model: Any, group: Any, batch: int, args: argparse.Namespace) -> dict[str, float]:
@@ -103,6 +135,13 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument(
+        "--records",
+        nargs="+",
+        default=["none"],
+        choices=["none", "nccl", "ring"],
+        help="distributed: also run the decode with each step's record sent first (_records)",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     group = mx.distributed.init()
@@ -117,11 +156,17 @@ def main() -> None:
         "ranks": group.size(),
         "device": str(mx.default_device()),
         "settings": vars(args),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("MLX_", "NCCL_"))},
         "decode": {},
         "collectives": {},
     }
+    records = {k: _records(k, group) for k in args.records if k != "none" and group.size() > 1}
     for batch in args.batches:
         report["decode"][batch] = _decode(model, batch, args)
+        for kind, record in records.items():
+            report.setdefault(f"decode with {kind} records", {})[batch] = _decode(
+                model, batch, args, record
+            )
         if group.size() > 1:
             report["collectives"][batch] = _collectives(model, group, batch, args)
     if group.rank() == 0:
