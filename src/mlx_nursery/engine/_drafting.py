@@ -17,6 +17,8 @@ so that speculation costs a request little where it never helps. Engine thread o
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -117,6 +119,9 @@ class NgramIndex:
 
 _EMA = 0.2
 """Weight of a new observation in the moving averages."""
+WINDOW = 9
+"""The latest samples of a step's cost whose median is its estimate (`VerifyCosts`); the
+lower median, so that of a stall and a typical sample the typical one counts."""
 FIRST_PAUSE = 8
 """Plain steps before drafting again after the first try that did not pay."""
 LONGEST_PAUSE = 256
@@ -146,15 +151,23 @@ class VerifyCosts:
     A verify costs more than a plain step even with few drafts: it is read before the next
     step is built (a plain step's building overlaps the one before it), and a draft model
     runs before it. So a verify's cost is a fixed part and a part per draft, and one length's
-    cost does not tell another's. Each length measured is kept (a moving average); between
-    lengths measured, costs are interpolated; beyond the longest, extrapolated by the slope
-    of the two longest, or, with one length measured, taken as nearly equal to it
-    (`GUESS_MARGIN`): an optimistic guess that the control then tries where acceptance
-    promises a gain, so that the fixed part is not charged to every draft (which kept drafts
-    off where they paid)."""
+    cost does not tell another's. Each cost is the (low) median of its latest samples (`WINDOW`):
+    a step's time is noisy both ways (a kernel build or a burst of load above, and below, a
+    verify launched ahead of a plain step's read, whose share of the interval is a
+    difference), and one sample must not move the estimate far; a moving average kept a
+    stall for long, and taking the cheapest sample as the truth made verifies look cheaper
+    than plain steps, so that they were drafted where they lost. No verify is taken as
+    cheaper than a plain step (it computes that step and more). Between lengths measured,
+    costs are interpolated; beyond the longest, extrapolated by the slope of the two longest,
+    or, with one length measured, taken as nearly equal to it (`GUESS_MARGIN`): an optimistic
+    guess that the control then tries where acceptance promises a gain, so that the fixed
+    part is not charged to every draft (which kept drafts off where they paid)."""
 
     def __init__(self) -> None:
+        self._plain: deque[float] = deque(maxlen=WINDOW)
         self.plain_s: float | None = None
+        """A plain step's seconds (the median of its latest samples; None: none yet)."""
+        self._samples: dict[int, deque[float]] = {}
         self._verify_s: dict[int, float] = {}
         """A verify's seconds by its number of drafts (those measured)."""
         self._shapes_run: set[tuple[int, int]] = set()
@@ -165,31 +178,29 @@ class VerifyCosts:
         return self.plain_s is not None and bool(self._verify_s)
 
     def plain(self, seconds: float) -> None:
-        self.plain_s = _average(self.plain_s, seconds)
+        self._plain.append(seconds)
+        self.plain_s = statistics.median_low(self._plain)
 
     def verify(self, drafts: int, seconds: float) -> None:
         if self.plain_s is None or drafts <= 0:
             return
-        old = self._verify_s.get(drafts)
-        if old is not None and seconds - self.plain_s < (old - self.plain_s) / 2:
-            # Steps do not get twice as cheap by themselves: the estimate held a stall
-            # (a kernel build, a burst of load), which a moving average would keep for long.
-            self._verify_s[drafts] = seconds
-        else:
-            self._verify_s[drafts] = _average(old, seconds)
+        samples = self._samples.setdefault(drafts, deque(maxlen=WINDOW))
+        samples.append(seconds)
+        self._verify_s[drafts] = statistics.median_low(samples)
         self._drop_stale(drafts)
 
     def _drop_stale(self, drafts: int) -> None:
         """Forget the lengths whose cost the one just measured shows held a stall: a shorter
         verify costing more than this one, or a longer one costing more than this one plus,
         per extra draft, all that this one costs beyond a plain step (a verify's fixed part
-        and its drafts both lie within that)."""
+        and its drafts both lie within that). A length that looks dear is not drafted, so
+        its cost would not be measured again."""
         assert self.plain_s is not None
-        cost = self._verify_s[drafts]
+        cost = self._verify_seconds(drafts)
         for k, seconds in list(self._verify_s.items()):
             bound = cost if k < drafts else cost + (k - drafts) * (cost - self.plain_s)
             if k != drafts and seconds > bound:
-                del self._verify_s[k]
+                del self._verify_s[k], self._samples[k]
 
     def observed(self, rows: int, drafts: int, seconds: float | None) -> None:
         """A verify step of `rows` rows and `drafts` drafted positions ran and took `seconds`
@@ -221,6 +232,10 @@ class VerifyCosts:
         return self.plain_s if drafts <= 0 else self._verify_seconds(drafts)
 
     def _verify_seconds(self, drafts: int) -> float:
+        assert self.plain_s is not None
+        return max(self.plain_s, self._guess(drafts))
+
+    def _guess(self, drafts: int) -> float:
         known = self._verify_s
         if drafts in known:
             return known[drafts]
