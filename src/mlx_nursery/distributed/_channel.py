@@ -13,23 +13,11 @@ previous step to finish on its device (the stream runs in order). Waiting there 
 served step cost the device's step plus the host's build and launch of the next. The
 followers read each record (they must, to build their step); a follower that never joins
 shows as a stalled step on rank 0.
-
-Over NCCL a follower's read of the record on the step's stream would wait for the step in
-flight to finish, and only then could it build the next: every step would cost the device's
-time plus that rank's building. So there the records travel apart (`separate_records`): a
-second group of MLX's ring backend, beside the NCCL one, on the CPU stream, whose sums wait
-for nothing on the GPU. Each transport keeps its own order, and every rank issues both in
-the same order, so neither can cross the other.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import os
-import socket
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -46,35 +34,8 @@ class Channel:
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog) -> None:
         self.group = group
         self.watchdog = watchdog
-        self._records = group
-        """The group the records travel on: the steps' own, or a ring beside NCCL."""
-        self._stream: mx.Stream | mx.ThreadLocalStream = generation_stream
         self._posted: list[mx.array] = []
         """The last posted record's collectives, held until the next post."""
-
-    def separate_records(self) -> bool:
-        """Over NCCL (`mlx.launch --backend nccl`), move the records to a group of MLX's
-        ring backend on the CPU stream (the module's docstring says why); elsewhere leave
-        them where they are. Collective: every rank calls it once, first. Returns whether
-        they moved. The ring's ports follow NCCL's (`NCCL_PORT` + 1 + rank)."""
-        host, port = os.environ.get("NCCL_HOST_IP"), os.environ.get("NCCL_PORT")
-        if host is None or port is None or not mx.cuda.is_available():
-            return False
-        with self.watchdog.watching("the records' group"):
-            mine = int(ipaddress.IPv4Address(_own_address(host, int(port))))
-            addresses = [row[0] for row in self.gather([mine], "the records' group")]
-            hosts = [
-                [f"{ipaddress.IPv4Address(address)}:{int(port) + 1 + rank}"]
-                for rank, address in enumerate(addresses)
-            ]
-            path = Path(tempfile.gettempdir()) / f"mlx-nursery-records-{port}-{self.rank}.json"
-            path.write_text(json.dumps(hosts))
-            os.environ["MLX_HOSTFILE"] = str(path)
-            self._records = mx.distributed.init(strict=True, backend="ring")
-            # Its own stream and thread in each thread that sends or reads: behind nothing else.
-            self._stream = mx.new_thread_local_stream(mx.cpu)
-            self._sum(np.zeros(1, np.uint8), "the records' group")  # every rank connected
-        return True
 
     @property
     def rank(self) -> int:
@@ -91,11 +52,12 @@ class Channel:
         generation stream, ahead of whatever is queued next there (the step). Returns at
         once; a rank that does not join stalls the next wait on the stream (watched there)."""
         self._posted = []
-        for part in _frames(record):
-            # One launch per frame, in order: the followers sum them one after the other,
-            # and one launch of independent collectives may run them in any order.
-            self._posted.append(self._all_sum(part))
-            mx.async_eval(self._posted[-1])  # type: ignore[no-untyped-call]
+        with mx.stream(generation_stream):
+            for part in _frames(record):
+                # One launch per frame, in order: the followers sum them one after the other,
+                # and one launch of independent collectives may run them in any order.
+                self._posted.append(mx.distributed.all_sum(mx.array(part), group=self.group))
+                mx.async_eval(self._posted[-1])  # type: ignore[no-untyped-call]
 
     def receive(self) -> Any:
         """Ranks > 0: the next record rank 0 sends."""
@@ -117,21 +79,10 @@ class Channel:
         return rows
 
     def _sum(self, data: np.ndarray[Any, Any], what: str) -> np.ndarray[Any, Any]:
-        with self.watchdog.watching(what):
-            out = self._all_sum(data)
+        with self.watchdog.watching(what), mx.stream(generation_stream):
+            out = mx.distributed.all_sum(mx.array(data), group=self.group)
             mx.eval(out)
         return np.array(out)
-
-    def _all_sum(self, data: np.ndarray[Any, Any]) -> mx.array:
-        return mx.distributed.all_sum(mx.array(data), group=self._records, stream=self._stream)
-
-
-def _own_address(peer: str, port: int) -> str:
-    """This host's address on the route to `peer` (a UDP socket's connect sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((peer, port))
-        address: str = probe.getsockname()[0]
-        return address
 
 
 def _frames(record: Any) -> list[np.ndarray[Any, Any]]:

@@ -151,7 +151,6 @@ def run_follower(path: Path, mode: Mode, timeout: float) -> int:
     rank = group.rank()
     watchdog = Watchdog(timeout, lambda what: stall_detail_follower(rank, timeout, what))
     channel = Channel(group, watchdog)
-    channel.separate_records()  # first, as rank 0's leader does
     try:
         model = load_shard(path, mode, group)
         check_identity(channel.gather(model_identity(path), "the model check"), path)

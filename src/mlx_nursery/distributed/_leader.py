@@ -67,8 +67,6 @@ class Leader:
         self.report: Callable[[str], None] | None = None
         """Told a stall before the process exits (the server: /health, in-flight requests)."""
         self._channel = Channel(group, self.watchdog)
-        if self._channel.separate_records():
-            log.info("records travel on a ring group beside NCCL (the CPU's stream)")
         self._pending: list[Op] = []
         self._last_sent = time.monotonic()
         self.closed = False
