@@ -121,7 +121,7 @@ class LoopProfile:
             runner.step, runner.settle = profiled_step, settled
             loop(worker, runner)
 
-        _worker.Worker._loop = profiled  # type: ignore[method-assign]
+        _worker.Worker._loop = profiled  # type: ignore[method-assign,assignment]
 
     def report(self, top: int) -> str:
         out = io.StringIO()
