@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -156,6 +157,8 @@ class KeyedSampler:
         self.min_p = params.min_p if params.min_p > 0.0 else None
         self.top_k = params.top_k if params.top_k > 0 else None
         self.inverse_temperature = 1.0 / params.temperature
+        self._alone: tuple[int, _Columns] | None = None
+        """Its parameters as the arrays of a draw alone, for a vocabulary (`columns`)."""
 
     def rewind(self, draws: int) -> None:
         """Draw next as the `draws`-th token (a replayed sequence discards the token in flight)."""
@@ -163,6 +166,48 @@ class KeyedSampler:
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         return sample_rows([self], logprobs, [self.bias])
+
+    def columns(self, vocabulary: int) -> _Columns:
+        """Its parameters as the arrays of a draw alone: made once, not every token (a lone
+        sequence's step is bound by the host building it)."""
+        if self._alone is None or self._alone[0] != vocabulary:
+            self._alone = (vocabulary, _columns([self], vocabulary))
+        return self._alone[1]
+
+
+class _Columns(NamedTuple):
+    """The rows' sampling parameters as arrays, one row each; a filter's `wanted` (which
+    rows it applies to) is None where it applies to every row, which then needs no select
+    between filtered and unfiltered values."""
+
+    inverse_temperature: mx.array
+    top_p: tuple[mx.array, mx.array | None] | None
+    min_p: tuple[mx.array, mx.array | None] | None
+    top_k: mx.array | None
+
+
+def _columns(rows: Sequence[KeyedSampler | None], vocabulary: int) -> _Columns:
+    keyed = [row for row in rows if row is not None]
+    top_p = min_p = None
+    if any(r.top_p is not None for r in keyed):
+        values = mx.array([[r.top_p or 1.0] if r else [1.0] for r in rows])
+        top_p = values, _wanted([r is not None and r.top_p is not None for r in rows])
+    if any(r.min_p is not None for r in keyed):
+        values = mx.log(mx.array([[r.min_p or 1.0] if r else [1.0] for r in rows]))
+        min_p = values, _wanted([r is not None and r.min_p is not None for r in rows])
+    # k at or past the vocabulary filters nothing.
+    ks = [r.top_k if r and r.top_k and r.top_k < vocabulary else vocabulary for r in rows]
+    top_k = mx.array([[k] for k in ks]) if any(k < vocabulary for k in ks) else None
+    inverse_temperature = mx.array([[r.inverse_temperature if r else 1.0] for r in rows])
+    return _Columns(inverse_temperature, top_p, min_p, top_k)
+
+
+def _wanted(flags: list[bool]) -> mx.array | None:
+    return None if all(flags) else mx.array([[flag] for flag in flags])
+
+
+def _filtered(x: mx.array, filtered: mx.array, wanted: mx.array | None) -> mx.array:
+    return filtered if wanted is None else mx.where(wanted, filtered, x)
 
 
 def sample_rows(
@@ -191,21 +236,16 @@ def sample_rows(
         ],
         dtype=mx.uint32,
     )
-    inverse_temperature = mx.array([[r.inverse_temperature if r else 1.0] for r in rows])
+    alone = rows[0] if len(rows) == 1 else None
+    columns = alone.columns(vocabulary) if alone is not None else _columns(rows, vocabulary)
     x = logprobs
-    if any(r.top_p is not None for r in keyed):
-        top_p = mx.array([[r.top_p or 1.0] if r else [1.0] for r in rows])
-        wanted = mx.array([[bool(r and r.top_p is not None)] for r in rows])
-        x = mx.where(wanted, _top_p(x, top_p), x)
-    if any(r.min_p is not None for r in keyed):
-        log_min_p = mx.log(mx.array([[r.min_p or 1.0] if r else [1.0] for r in rows]))
-        wanted = mx.array([[bool(r and r.min_p is not None)] for r in rows])
-        x = mx.where(wanted, _min_p(x, log_min_p), x)
-    # k at or past the vocabulary filters nothing.
-    ks = [r.top_k if r and r.top_k and r.top_k < vocabulary else vocabulary for r in rows]
-    if any(k < vocabulary for k in ks):
-        x = _kth_largest_floor(x, mx.array([[k] for k in ks]))
-    drawn = _draw_rows(x, keys, inverse_temperature)
+    if columns.top_p is not None:
+        x = _filtered(x, _top_p(x, columns.top_p[0]), columns.top_p[1])
+    if columns.min_p is not None:
+        x = _filtered(x, _min_p(x, columns.min_p[0]), columns.min_p[1])
+    if columns.top_k is not None:
+        x = _kth_largest_floor(x, columns.top_k)
+    drawn = _draw_rows(x, keys, columns.inverse_temperature)
     if len(keyed) < len(rows):
         greedy = mx.array([row is None for row in rows])
         drawn = mx.where(greedy, mx.argmax(logprobs, axis=-1).astype(mx.uint32), drawn)
