@@ -91,8 +91,9 @@ def meter_model(package: types.ModuleType) -> None:
     shapes.ShapeWatch.__call__ = metered(shapes.ShapeWatch.__call__)
     mlx = types.SimpleNamespace(**{name: getattr(mx, name) for name in dir(mx)})
     mlx.async_eval = metered(mx.async_eval)
-    solo: Any = importlib.import_module(package.__name__ + ".engine._solo_sequence")
-    solo.mx = mlx  # its launches, and nothing else, counted
+    for name in ("_solo_sequence", "_speculating"):  # their launches (a verify's too)
+        module: Any = importlib.import_module(f"{package.__name__}.engine.{name}")
+        module.mx = mlx
 
 
 class MeteredModel:
@@ -142,10 +143,13 @@ class Side:
         self.engine: Any = None
         self.ident = 0
 
-    async def start(self, nursery: trio.Nursery, path: Path, fuse: bool) -> None:
+    async def start(
+        self, nursery: trio.Nursery, path: Path, fuse: bool, *, speculating: bool = False
+    ) -> None:
         engine_module = importlib.import_module(self.package.__name__ + ".engine")
         before = {t.ident for t in threading.enumerate()}
-        config = engine_module.EngineConfig(path, fuse_weights=fuse)
+        speculation = engine_module.Speculation() if speculating else None
+        config = engine_module.EngineConfig(path, fuse_weights=fuse, speculation=speculation)
         self.engine = await nursery.start(engine_module.Engine(config).run)
         (self.ident,) = [
             t.ident
@@ -249,8 +253,10 @@ async def run(args: argparse.Namespace, path: Path, profile: LoopProfile | None)
         meter_model(side.package)
     rows: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in SAMPLINGS}
     async with trio.open_nursery() as nursery:
-        for side in sides.values():
-            await side.start(nursery, path, args.fuse_weights)
+        for name, side in sides.items():
+            await side.start(
+                nursery, path, args.fuse_weights, speculating=args.speculation and name == "engine"
+            )
 
         async def one(name: str, sampling: dict[str, Any]) -> dict[str, float]:
             if name == "bare":
@@ -296,6 +302,12 @@ def main() -> None:
         "--fuse-weights",
         action="store_true",
         help="the engines fuse their projections, as they serve (the bare loop never does)",
+    )
+    parser.add_argument(
+        "--speculation",
+        action="store_true",
+        help="the engine side drafts by prompt lookup (adaptive; the base does not): with "
+        "--baseline a copy of the same code, the host work speculation adds per token",
     )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=30)
