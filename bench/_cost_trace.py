@@ -2,12 +2,13 @@
 `bench/speculative.py --trace-costs`, kept out of the engine.
 
 It wraps, class-wide, the engine's `VerifyCosts` (each timed sample of a plain step or a
-verify, and the estimate it leaves) and `DraftControl.drafts` (each step's choice), and
-files every event under the run in progress (`TRACE.current`, set by the bench before each
-request). The summary says, per workload and variant: how many steps drafted how much, each
-length's samples (median, mean, 90th percentile: a mean far above the estimate means the
-control learned from the typical verify and not from its tail) and the estimates the run
-ended with.
+verify, and the estimate it leaves) and `DraftControl.drafts` (each step's choice), times
+every engine's plain reads in a row (`off`'s too: a plain step's cost measured alike for
+every variant), and files every event under the run in progress (`TRACE.current`, set by
+the bench before each request). The summary says, per workload and variant: how many steps
+drafted how much, each length's samples (median, mean, 90th percentile: a mean far above
+the estimate means the control learned from the typical verify and not from its tail), the
+estimates the run ended with, and the plain reads' median.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import time
 from collections import Counter, defaultdict
 from typing import Any
 
 from mlx_nursery.engine._drafting import DraftControl, VerifyCosts
+from mlx_nursery.engine._solo_sequence import SoloSequence
 
 
 class Trace:
@@ -30,6 +33,11 @@ class Trace:
         self.untimed: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
         self.choices: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
         self.estimates: dict[tuple[str, str], dict[str, float | None]] = {}
+        self.reads: dict[tuple[str, str], list[float]] = defaultdict(list)
+        """Every engine's (`off`'s too) intervals between two plain reads in a row of one
+        sequence, the second with no verify launched before it: what a plain step costs
+        each variant, measured alike."""
+        self._last_read: dict[int, tuple[float, bool]] = {}
 
     def install(self) -> None:
         plain, observed, drafts = VerifyCosts.plain, VerifyCosts.observed, DraftControl.drafts
@@ -57,6 +65,28 @@ class Trace:
             self.choices[self.current][chosen] += 1
             return chosen
 
+        take = SoloSequence._take_in_flight
+
+        @functools.wraps(take)
+        def traced_take(sequence: SoloSequence, *, launch_next: bool) -> Any:
+            response = take(sequence, launch_next=launch_next)
+            now = time.perf_counter()
+            last = self._last_read.get(id(sequence))
+            plain = not sequence._verify  # nothing launched before this read but a plain step
+            if last is not None and last[1] and plain:
+                self.reads[self.current].append(now - last[0])
+            self._last_read[id(sequence)] = (now, plain)
+            return response
+
+        take_verify = SoloSequence._take_verify
+
+        @functools.wraps(take_verify)
+        def traced_take_verify(sequence: SoloSequence) -> Any:
+            self._last_read.pop(id(sequence), None)  # the next plain read follows a verify
+            return take_verify(sequence)
+
+        SoloSequence._take_in_flight = traced_take  # type: ignore[method-assign]
+        SoloSequence._take_verify = traced_take_verify  # type: ignore[method-assign]
         VerifyCosts.plain = traced_plain  # type: ignore[method-assign]
         VerifyCosts.observed = traced_observed  # type: ignore[method-assign]
         DraftControl.drafts = traced_drafts  # type: ignore[method-assign]
@@ -68,7 +98,7 @@ class Trace:
 
     def summary(self) -> list[dict[str, Any]]:
         rows = []
-        for key in sorted(set(self.samples) | set(self.choices)):
+        for key in sorted(set(self.samples) | set(self.choices) | set(self.reads)):
             lengths = {}
             for k, seconds in sorted(self.samples[key].items()):
                 ordered = sorted(seconds)
@@ -80,8 +110,13 @@ class Trace:
                     "max_ms": 1e3 * ordered[-1],
                     "untimed": self.untimed[key][k],
                 }
+            reads = sorted(self.reads[key])
             rows.append(
                 {
+                    "plain_reads": {
+                        "n": len(reads),
+                        "median_ms": 1e3 * statistics.median(reads) if reads else None,
+                    },
                     "workload": key[0],
                     "variant": key[1],
                     "choices": dict(sorted(self.choices[key].items())),
@@ -96,7 +131,12 @@ class Trace:
 
     def print(self) -> None:
         for row in self.summary():
-            print(f"{row['workload']} {row['variant']}: choices {row['choices']}")
+            reads = row["plain_reads"]
+            median = "-" if reads["median_ms"] is None else f"{reads['median_ms']:.2f}"
+            print(
+                f"{row['workload']} {row['variant']}: choices {row['choices']}; plain reads "
+                f"in a row: n {reads['n']} median {median} ms"
+            )
             for k, s in row["samples"].items():
                 estimate = row["estimates_ms"].get("0" if k == "0" else k)
                 print(
