@@ -250,7 +250,7 @@ def test_a_verifys_fixed_part_is_not_charged_to_each_draft() -> None:
 
 
 def test_one_odd_sample_moves_no_cost_and_no_verify_looks_cheaper_than_a_plain_step() -> None:
-    """On an H100 one sample far below a plain step's cost (a verify launched ahead of a
+    """On an H200 one sample far below a plain step's cost (a verify launched ahead of a
     plain step's read: its share of the interval is a difference) was taken as the truth
     and made every length look cheaper than a plain step, so a chat that kept a sixth of
     its drafts drafted nearly every step, and lost. Each cost is the median of its latest

@@ -140,8 +140,8 @@ PROMISING_GAIN = 1.25
 sequence to try again soon after a pause."""
 
 
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else old + _EMA * (new - old)
+def _average(old: float, new: float) -> float:
+    return old + _EMA * (new - old)
 
 
 class VerifyCosts:
