@@ -138,6 +138,7 @@ file's copy past the small model's preamble."""
 
 VARIANTS: dict[str, Speculation | None] = {
     "off": None,
+    "off (second engine)": None,
     "ngram (adaptive, 4)": Speculation(tokens=4),
     "ngram (adaptive, 8)": Speculation(tokens=8),
     "ngram fixed 2": Speculation(tokens=2, adaptive=False),
@@ -146,7 +147,14 @@ VARIANTS: dict[str, Speculation | None] = {
     "draft (adaptive, 4)": Speculation("draft", tokens=4, draft_model="(--draft-model)"),
     "draft fixed 4": Speculation("draft", tokens=4, draft_model="(--draft-model)", adaptive=False),
 }
-DEFAULT_VARIANTS = [n for n, spec in VARIANTS.items() if spec is None or spec.method == "ngram"]
+CONTROLS = {"off (second engine)"}
+"""Variants that do not speculate beside `off`: a second engine like `off` in the same
+process, which tells what a variant's engine being another one costs apart from drafting."""
+DEFAULT_VARIANTS = [
+    n
+    for n, spec in VARIANTS.items()
+    if n not in CONTROLS and (spec is None or spec.method == "ngram")
+]
 PEERS = {"mlx-lm": False, "mlx-lm draft": True}
 """name -> whether it drafts with `--draft-model` (mlx-lm's `num_draft_tokens`, PEER_DRAFTS)."""
 PEER_DRAFTS = 4
