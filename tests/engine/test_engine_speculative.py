@@ -32,6 +32,7 @@ from mlx_nursery.engine._drafting import (
     NgramIndex,
     VerifyCosts,
 )
+from mlx_nursery.engine._sampling import PositionDraws
 from mlx_nursery.engine._speculating import Outcome, Speculator, Verify
 from tests.helpers import Run, collect
 
@@ -363,6 +364,47 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
         pauses.append(plain)
         control.verified(1, 0)  # the try after the pause did not pay either
     assert pauses == [FIRST_PAUSE + 1, 2 * FIRST_PAUSE + 1, 4 * FIRST_PAUSE + 1]
+
+
+def test_an_adaptive_sequence_decodes_plainly_until_a_plain_steps_cost_is_known() -> None:
+    """A verify's cost is judged against a plain step's. A source that always has drafts (a
+    draft model) drafted on every step while that cost was unknown, so it never became
+    known, and a draft model whose drafts were never accepted verified every step
+    (0.47x of off on an H200)."""
+    costs = VerifyCosts()
+    adaptive = Speculator(
+        Speculation(tokens=4), None, [1, 2, 3], PositionDraws(None, None), costs, lambda d, a: None
+    )
+    fixed = Speculator(
+        Speculation(tokens=4, adaptive=False),
+        None,
+        [1, 2, 3],
+        PositionDraws(None, None),
+        costs,
+        lambda d, a: None,
+    )
+    assert adaptive.plan() == 0 and adaptive.plan() == 0
+    assert fixed.plan() == 4  # fixed drafts draft whatever is known
+    costs.plain(0.010)
+    assert adaptive.plan() == 1  # a verify's cost unknown: a short try, to measure
+
+
+async def test_an_adaptive_draft_model_that_is_never_right_stops_verifying_every_step(
+    tiny_model: Path, other_weights: Path
+) -> None:
+    """Drafts always come from a draft model: the first steps are plain all the same, so the
+    control learns what a plain step costs (with drafting on every step, it never did)."""
+    spec = Speculation("draft", tokens=4, draft_model=str(other_weights))
+    prompt = _tokenized("Once upon a time, in a land far away,", tiny_model)
+    async with open_engine(_config(tiny_model, speculation=spec)) as fast:
+        run = await collect(fast, GenerationRequest(prompt, 24, GREEDY, ignore_eos=True))
+        steps, drafted, accepted = _drafts(fast)
+    usage = run.final.usage
+    assert usage is not None and usage.completion_tokens == 24
+    # 23 steps after the prompt's: every one a verify before; now the first ones are plain.
+    assert steps + accepted < 23
+    # Then it tries, to measure a verify: the first of a shape teaches nothing (its kernels).
+    assert steps >= 2 and drafted >= steps
 
 
 @pytest.fixture(scope="module")

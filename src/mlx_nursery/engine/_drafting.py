@@ -286,6 +286,11 @@ class DraftControl:
         return self._acceptance
 
     @property
+    def adaptive(self) -> bool:
+        """It chooses by costs and acceptance (False: always the most)."""
+        return self._adaptive
+
+    @property
     def follows_through(self) -> bool:
         """A verify launched behind the one in flight, as if all its drafts held, is more
         often kept than wasted: more than half of this sequence's verifies kept every draft
