@@ -12,7 +12,15 @@ the engine thread's phases to time them:
   extract    copying a finished row's KV out (`GenerationBatch.extract_cache`)
   chunk      launching a prefill chunk (`_schedule.launch_chunk`)
   admit      taking a request in (`Admission._admit`, the prefix cache's lookup included)
+  solo build a lone sequence's step on the fast path (`SoloSequence._forward`: the model's
+             graph built, and launched unless `--launch` times that apart)
+  solo read  the fast path's wait for a token and its handling (`_take_in_flight`, less
+             the next step's build nested in it)
   rest       the engine loop's other work (settling, posting, detokenizing)
+
+`--launch` times MLX's `async_eval` apart ("launch": encoding the graph and launching its
+kernels), out of whichever phase calls it, so that a step's Python graph building and MLX's
+launching read separately (`--clients 1`: a lone stream, the fast path).
 
 `--graph` also counts the primitives each phase hands MLX to evaluate (`mx.eval`,
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
@@ -64,6 +72,7 @@ from mlx_nursery.engine import (
     _worker,
     open_engine,
 )
+from mlx_nursery.engine._solo_sequence import SoloSequence
 from mlx_nursery.tools import make_model
 
 
@@ -156,7 +165,7 @@ def _flat(values: Any) -> list[Any]:
     return [values]
 
 
-def install(phases: Phases) -> None:
+def install(phases: Phases, *, launch: bool = False) -> None:
     targets: list[tuple[Any, str, str]] = [
         (GenerationBatch, "next", "decode"),
         (GenerationBatch, "__init__", "first"),
@@ -175,10 +184,15 @@ def install(phases: Phases) -> None:
         (_worker.Worker, "_take_commands", "commands"),
         (_ragged.RaggedBatchKVCache, "merge", "merge"),
         (_ragged.RaggedBatchKVCache, "extend", "join"),
+        (SoloSequence, "_forward", "solo build"),
+        (SoloSequence, "_take_in_flight", "solo read"),
+        (SoloSequence, "_prefill_chunk", "chunk"),
     ]
     for owner, attr, name in targets:
         setattr(owner, attr, phases.wrap(name, getattr(owner, attr)))
     _schedule.launch_chunk = phases.wrap("chunk", _schedule.launch_chunk)  # type: ignore[assignment]
+    if launch:
+        mx.async_eval = phases.wrap("launch", mx.async_eval)
 
 
 def prompt(n: int, rng: random.Random, vocab: int) -> list[int]:
@@ -188,7 +202,7 @@ def prompt(n: int, rng: random.Random, vocab: int) -> list[int]:
 async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     phases = Phases(sync=False)
-    install(phases)
+    install(phases, launch=args.launch)
     graphs = Graphs(phases, limit=args.graph)
     if args.graph:
         mx.eval = graphs.wrap(mx.eval)
@@ -196,16 +210,23 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     config = EngineConfig(model, max_concurrency=args.clients, max_queue=4 * args.clients)
     results = {}
     async with open_engine(config) as engine:
-        # The engine thread is the one that runs the steps: learn it from a first request.
+        # The engine thread is the one that runs the steps: learn it from a first request
+        # (a lone one runs on the fast path, several in a batch).
         seen: list[int] = []
-        original = GenerationBatch.next
+        original, solo = GenerationBatch.next, SoloSequence.step
 
         def spy(self: Any) -> Any:
             if not seen:
                 seen.append(threading.get_ident())
             return original(self)
 
+        def solo_spy(self: SoloSequence) -> Any:
+            if not seen:
+                seen.append(threading.get_ident())
+            return solo(self)
+
         GenerationBatch.next = spy  # type: ignore[method-assign]
+        SoloSequence.step = solo_spy  # type: ignore[method-assign]
         warm = [
             GenerationRequest(prompt(64, random.Random(i), vocab), max_tokens=8, ignore_eos=True)
             for i in range(2)
@@ -220,6 +241,7 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
 
                 nursery.start_soon(drain)
         GenerationBatch.next = original  # type: ignore[method-assign]
+        SoloSequence.step = solo  # type: ignore[method-assign]
         phases.thread = seen[0] if seen else None
         for mode in ("host", "sync") if args.mode == "both" else (args.mode,):
             phases.sync = mode == "sync"
@@ -355,6 +377,9 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=20)
     p.add_argument("--mode", choices=("host", "sync", "both"), default="both")
     p.add_argument("--kernels", action="store_true", help="CUDA kernel times (torch.profiler)")
+    p.add_argument(
+        "--launch", action="store_true", help="time MLX's async_eval apart (module docstring)"
+    )
     p.add_argument(
         "--graph", type=int, default=0, metavar="N", help="count N evaluations' primitives a phase"
     )
