@@ -389,6 +389,68 @@ def test_an_adaptive_sequence_decodes_plainly_until_a_plain_steps_cost_is_known(
     assert adaptive.plan() == 1  # a verify's cost unknown: a short try, to measure
 
 
+async def test_the_second_tokens_step_teaches_no_plain_cost(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second token's step is built only after the first token's read, so its interval
+    holds that building and the host's work on the read: several plain steps' time. Taught
+    as the first plain cost, it made verifies look cheap (no verify counts as cheaper than
+    a plain step), a sequence that always found drafts never paused to measure again, and
+    a lone request ran at half of plain decoding's rate."""
+    from mlx_nursery.engine import _speculating
+
+    clock = [0.0]
+    taught: list[float] = []
+    plain = VerifyCosts.plain
+
+    def ticking() -> float:
+        clock[0] += 0.001  # every read a millisecond later: any interval would be taught
+        return clock[0]
+
+    def watched(costs: VerifyCosts, seconds: float) -> None:
+        taught.append(seconds)
+        plain(costs, seconds)
+
+    monkeypatch.setattr(_speculating, "time", SimpleNamespace(perf_counter=ticking))
+    monkeypatch.setattr(VerifyCosts, "plain", watched)
+    reads: list[tuple[bool, int]] = []
+    """Each plain read's `pipelined`, and the plain costs taught once it was read."""
+    plain_read = Speculator.plain_read
+
+    def read(self: Speculator, *, timed: bool, pipelined: bool = True) -> None:
+        plain_read(self, timed=timed, pipelined=pipelined)
+        reads.append((pipelined, len(taught)))
+
+    monkeypatch.setattr(Speculator, "plain_read", read)
+    spec = Speculation(tokens=4)
+    prompt = _tokenized("Once upon a time, in a land far away,", tiny_model)
+    async with open_engine(_config(tiny_model, speculation=spec)) as fast:
+        await collect(fast, GenerationRequest(prompt, 6, GREEDY, ignore_eos=True))
+    # The first token (its read starts the clock), the second (built after that read), then
+    # pipelined plain steps: the first plain cost comes from the third token's read.
+    assert reads[:3] == [(True, 0), (False, 0), (True, 1)]
+
+
+def test_a_plain_step_built_after_the_last_read_teaches_no_plain_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mlx_nursery.engine import _speculating
+
+    clock = [100.0]
+    monkeypatch.setattr(_speculating, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    costs = VerifyCosts()
+    speculator = Speculator(
+        Speculation(), None, [1, 2, 3], PositionDraws(None, None), costs, lambda d, a: None
+    )
+    speculator.plain_read(timed=True)  # the first token: nothing to time yet
+    clock[0] = 100.040
+    speculator.plain_read(timed=True, pipelined=False)  # built after that read
+    assert costs.plain_s is None and speculator.plan() == 0
+    clock[0] = 100.050
+    speculator.plain_read(timed=True)
+    assert costs.plain_s == pytest.approx(0.010)
+
+
 async def test_an_adaptive_draft_model_that_is_never_right_stops_verifying_every_step(
     tiny_model: Path, other_weights: Path
 ) -> None:

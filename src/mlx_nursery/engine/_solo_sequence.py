@@ -96,6 +96,9 @@ class SoloSequence:
         self._in_flight: tuple[mx.array, mx.array] | None = None
         self._verify: Verify | None = None
         """A verify step in flight (speculation): its inputs are not in `_cache_tokens` yet."""
+        self._built_after_read = False
+        """The plain step in flight was built only after the last read (not overlapping the
+        step before it): its read's interval is not a plain step's cost."""
         self._speculator = (
             speculate(self._cache, self._cache_tokens + self._pending) if speculate else None
         )
@@ -152,6 +155,7 @@ class SoloSequence:
             self._verify.first = token
         else:
             self._in_flight = self._forward(first)
+            self._built_after_read = True
             self._cache_tokens.append(token)
 
     def _take_in_flight(self, *, launch_next: bool) -> SoloResponse:
@@ -160,6 +164,7 @@ class SoloSequence:
         self._in_flight = None
         self._returned += 1
         speculator = self._speculator
+        built_after_read, self._built_after_read = self._built_after_read, False
         if launch_next and self._returned < self._max_tokens:
             # Launch the next token before reading this one: the device keeps busy while Python
             # handles this token (generate_step's pipelining). A stop token wastes that step,
@@ -177,7 +182,7 @@ class SoloSequence:
                 self._in_flight = self._forward(token_array)
         token = int(token_array.item())  # type: ignore[arg-type]  # a token id is an int
         if speculator is not None:
-            speculator.plain_read(timed=self._verify is None)
+            speculator.plain_read(timed=self._verify is None, pipelined=not built_after_read)
             speculator.index.extend((token,))
         reason = (
             "stop"

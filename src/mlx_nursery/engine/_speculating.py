@@ -165,10 +165,15 @@ class Speculator:
             drafted = self.index.draft(wanted)
         return drafted[1:] if ahead else drafted
 
-    def plain_read(self, *, timed: bool) -> None:
+    def plain_read(self, *, timed: bool, pipelined: bool = True) -> None:
         """A plain token was read; `timed`: the time since the last read is its step's alone
         (not when a verify launched before the read ran meanwhile: waiting for a token waits
-        for the work launched after it on the stream too, on MLX's CPU backend at least)."""
+        for the work launched after it on the stream too, on MLX's CPU backend at least).
+        `pipelined`: its step was built before the last read, as plain steps are; one built
+        after it (the second token's, after the first one's read) also holds its building
+        and the host's work on that read, so it teaches no plain cost, or the first plain
+        cost learned, which a speculating sequence may never correct, is several times a
+        step's (a step after a verify's read is that verify's: `_restarting`)."""
         now = time.perf_counter()
         if self._restarting is not None:
             # Launched after a verify's read: its extra time is that verify's. Untimed (a
@@ -178,7 +183,7 @@ class Speculator:
             if timed and plain is not None and self.last_read is not None:
                 extra = max(0.0, now - self.last_read - plain)
             self._flush_restart(extra)
-        elif self.last_read is not None and timed:
+        elif self.last_read is not None and timed and pipelined:
             self.costs.plain(now - self.last_read)
         self.last_read = now
 
