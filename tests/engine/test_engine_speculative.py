@@ -364,6 +364,16 @@ def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> No
         pauses.append(plain)
         control.verified(1, 0)  # the try after the pause did not pay either
     assert pauses == [FIRST_PAUSE + 1, 2 * FIRST_PAUSE + 1, 4 * FIRST_PAUSE + 1]
+    # A try whose lookup finds nothing is not made: it stays asked for until a step drafts,
+    # and the pause doubles only after that.
+    assert control.drafts() == 0
+    assert [control.drafts() for _ in range(8 * FIRST_PAUSE + 2)][-3:] == [0, 1, 1]
+    control.verified(1, 0)
+    assert control.drafts() == 0
+    plain = 1
+    while control.drafts() == 0:
+        plain += 1
+    assert plain == 16 * FIRST_PAUSE + 1
 
 
 def test_an_adaptive_sequence_decodes_plainly_until_a_plain_steps_cost_is_known() -> None:

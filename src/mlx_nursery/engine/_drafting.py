@@ -306,8 +306,7 @@ class DraftControl:
             self._explore = self._pause == 0
             return 0
         best = self.best()
-        if best is None or self._explore:
-            self._explore = False
+        if best is None or self._explore:  # a try: it lasts until a step drafts (`verified`)
             return min(self._most, max(best or 0, EXPLORE_DRAFTS))
         if best == 0:
             promising = self._costs.promising(self._most)
@@ -320,6 +319,8 @@ class DraftControl:
         if drafted:
             self._acceptance = _average(self._acceptance, accepted / drafted)
             self._whole = _average(self._whole, float(accepted == drafted))
+            self._explore = False  # the try after a pause was made (a step without drafts,
+            # its lookup finding none, was not one: its pause would double untried)
         if self.best():
             self._next_pause = FIRST_PAUSE
 
