@@ -262,6 +262,45 @@ def test_an_untimed_verify_is_its_shapes_first_run_too() -> None:
     assert costs.step_seconds(1) is not None
 
 
+def test_each_batch_size_tries_its_first_verify_soon_however_many_sizes_came_before() -> None:
+    """A batch size whose verify cost is unknown tries one within `FIRST_PAUSE` steps of the
+    last try, however many other sizes tried before it (each size's tries, unmeasured while
+    the batch is busy, double only its own wait: one wait for all had the fourth size wait
+    eight times as long)."""
+    import types
+
+    from mlx_nursery.engine._batch_drafting import RowDrafter
+    from mlx_nursery.engine._drafting import FIRST_PAUSE, DraftControl, NgramIndex
+    from mlx_nursery.engine._ragged import RaggedBatchKVCache
+
+    spec = Speculation(tokens=4)
+    speculation = BatchSpeculation(spec, None, {})
+    context = [1, 2, 3, 4, 5] * 4  # every row's lookup finds drafts
+    waits: list[int] = []
+    for rows in (2, 4, 8, 16, 32):
+        speculation.costs.at(rows).plain(0.010)  # a plain step's cost known, no verify's
+        for uid in range(rows):
+            if uid not in speculation._rows:
+                control = DraftControl(spec.tokens, speculation.costs)
+                index = NgramIndex(spec, context)
+                speculation._rows[uid] = RowDrafter(index, control, None, lambda d, a: None)  # type: ignore[arg-type]
+        batch = types.SimpleNamespace(
+            uids=list(range(rows)),
+            prompt_cache=[RaggedBatchKVCache([0] * rows)],
+            max_tokens=[1000] * rows,
+            _num_tokens=[0] * rows,
+            tokens=[context] * rows,
+        )
+        for step in range(1, 300):
+            speculation._since_try += 1  # as `decode` counts each step
+            if speculation._plan(batch) is not None:
+                waits.append(step)
+                break
+        # The try ran in a busy batch (untimed): this size's cost stays unknown, and its
+        # next try waits twice as long.
+    assert waits[0] <= 1 and max(waits) <= FIRST_PAUSE, waits
+
+
 async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path) -> None:
     """`--draft-model` in the batch: the draft model drafts for every row at once (here the
     served model itself, so greedy drafts agree) and the tokens stay plain decoding's."""

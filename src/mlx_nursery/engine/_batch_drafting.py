@@ -40,8 +40,13 @@ class BatchCosts:
         self._by_size: dict[int, VerifyCosts] = {}
         self.current = self.at(1)
 
+    @staticmethod
+    def size(rows: int) -> int:
+        """The size whose costs a batch of `rows` rows shares."""
+        return 1 << max(0, rows - 1).bit_length()
+
     def at(self, rows: int) -> VerifyCosts:
-        size = 1 << max(0, rows - 1).bit_length()
+        size = self.size(rows)
         costs = self._by_size.get(size)
         if costs is None:
             costs = self._by_size[size] = VerifyCosts()

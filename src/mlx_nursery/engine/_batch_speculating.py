@@ -90,10 +90,13 @@ class BatchSpeculation:
         """Rows' next inputs as the last step, a verify, read them (a plain step's are still
         computing when the next step starts: its drafts are looked up one token earlier)."""
         self._since_try = FIRST_PAUSE
-        self._try_gap = FIRST_PAUSE
-        """Steps since the last try that measures a verify's cost while it is unknown, and
-        the steps the next one waits: doubled after each, since a batch that is never quiet
-        (arrivals every step) measures none, and unmeasured tries must not cost much."""
+        self._try_gaps: dict[int, int] = {}
+        """Steps since the last try that measures a verify's cost while it is unknown, and,
+        by batch size (`BatchCosts.size`), the steps the next try of that size waits:
+        doubled after each, since a batch that is never quiet (arrivals every step) measures
+        none, and unmeasured tries must not cost much. By size, since each size's costs are
+        measured apart: one gap for all had every new size wait for the tries of the sizes
+        before it (drafting hundreds of steps late from the third size on)."""
         self._since_retry = 0
         self._retry_gap = RETRY_GAP
         """The same for tries while the costs say drafts do not pay (they may have been
@@ -155,6 +158,7 @@ class BatchSpeculation:
         """Each row's drafts for this step (batch order), or None for a plain step. The
         step's length is chosen before any row drafts, so that a draft model runs only for
         drafts the step will carry."""
+        size = BatchCosts.size(len(batch.uids))
         costs = self.costs.select(len(batch.uids))
         adaptive = self._spec.adaptive
         if adaptive and costs.plain_s is None:
@@ -177,7 +181,7 @@ class BatchSpeculation:
         trying: Literal["first", "again"] | None = None
         longest = max(wanted)
         if adaptive and not costs.measured:  # a try, to measure: spaced out
-            if self._since_try < self._try_gap:
+            if self._since_try < self._try_gaps.get(size, FIRST_PAUSE):
                 return None
             trying, longest = "first", EXPLORE_DRAFTS
         elif adaptive:
@@ -195,7 +199,8 @@ class BatchSpeculation:
             return None
         if trying == "first":
             self._since_try = 0
-            self._try_gap = min(2 * self._try_gap, LONGEST_PAUSE)
+            gap = self._try_gaps.get(size, FIRST_PAUSE)
+            self._try_gaps[size] = min(2 * gap, LONGEST_PAUSE)
         elif trying == "again":
             self._since_retry = 0
             self._retry_gap = min(2 * self._retry_gap, LONGEST_PAUSE)
