@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -116,11 +115,3 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.skip(f"no PostgreSQL server: {reason}")
     with postgres_server() as server:
         yield server
-
-
-@pytest.fixture
-def kept_switch_interval() -> Iterator[None]:
-    """Python's switch interval as it was before the test (an engine's setting is process-wide)."""
-    before = sys.getswitchinterval()
-    yield
-    sys.setswitchinterval(before)

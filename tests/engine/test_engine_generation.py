@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -189,12 +188,6 @@ async def test_the_engine_sets_mlx_cuda_attention_switch_before_loading(
     monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", "unset by the test")
     async with open_engine(EngineConfig(tiny_model, cudnn_attention=cudnn)):
         assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == ("1" if cudnn else "0")
-
-
-@pytest.mark.usefixtures("kept_switch_interval")
-async def test_the_engine_sets_pythons_switch_interval(tiny_model: Path) -> None:
-    async with open_engine(EngineConfig(tiny_model, gil_switch_interval_ms=0.25)):
-        assert sys.getswitchinterval() == pytest.approx(0.00025)
 
 
 async def test_fused_weights_change_no_greedy_token(

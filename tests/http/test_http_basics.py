@@ -270,12 +270,11 @@ async def test_error_envelopes_and_the_server_keeps_serving(plain: ThreadedServe
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
 
 
-@pytest.mark.usefixtures("kept_switch_interval")
 async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_path: Path) -> None:
     """--prefill-step-size, --prefill-batch-size, --prefill-chunk-ms, --cudnn-attention,
-    --cuda-graphs, --gil-switch-interval-ms, --no-fuse-weights, --no-ragged-attention,
-    --skip-warmup, --prompt-cache-dir and --prompt-cache-disk-bytes configure the engine a
-    server runs: a prompt longer than the step is prefilled in chunks of that size."""
+    --cuda-graphs, --no-fuse-weights, --no-ragged-attention, --skip-warmup, --prompt-cache-dir
+    and --prompt-cache-disk-bytes configure the engine a server runs: a prompt longer than the
+    step is prefilled in chunks of that size."""
     async with (
         running_server(
             tiny_model,
@@ -284,7 +283,6 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_pat
             prefill_chunk_ms=40.0,
             cudnn_attention=True,
             cuda_graphs=True,
-            gil_switch_interval_ms=0.25,
             prompt_cache_bytes=0,
             no_fuse_weights=True,
             no_ragged_attention=True,
@@ -301,7 +299,6 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_pat
         assert config.prefill_chunk_ms == 40.0
         assert config.cudnn_attention
         assert config.cuda_graphs  # --cuda-graphs; off by default
-        assert config.gil_switch_interval_ms == 0.25
         assert not config.fuse_weights  # --no-fuse-weights; on by default
         assert not config.ragged_attention  # --no-ragged-attention; on by default
         assert not config.warmup  # --skip-warmup; on by default

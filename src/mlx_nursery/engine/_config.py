@@ -125,13 +125,6 @@ class EngineConfig:
     step's host time, and a busy batch ran faster without them (docs/benchmarks.md). MLX
     reads the switch once per process, at its first command buffer: the first engine's
     choice holds. No effect on other backends."""
-    gil_switch_interval_ms: float | None = attrs.field(default=None, validator=v.optional(v.gt(0)))
-    """How long Python lets a thread run while another waits for the GIL
-    (`sys.setswitchinterval`), set at start (None: Python's own, 5 ms). The engine thread
-    gives the GIL up in every MLX call that launches or waits (`async_eval`, a token's
-    read) and must take it back to build the next step; while the Trio thread runs Python
-    (delivering tokens, the HTTP side), the engine thread waits until that thread yields or
-    its interval runs out. Process-wide: the last engine started sets it."""
     fuse_weights: bool = True
     """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
     with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -76,8 +75,6 @@ def start_up(
         os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if config.cudnn_attention else "0"
         # Read by MLX's CUDA backend at its first command buffer (`EngineConfig.cuda_graphs`).
         os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if config.cuda_graphs else "0"
-        if config.gil_switch_interval_ms is not None:
-            sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
         keep_compiled_kernels()
         distribution = config.distribution
         model = (

@@ -104,7 +104,6 @@ class ModelOpener:
             prefill_chunk_ms=self.settings.prefill_chunk_ms,
             cudnn_attention=self.settings.cudnn_attention,
             cuda_graphs=self.settings.cuda_graphs,
-            gil_switch_interval_ms=self.settings.gil_switch_interval_ms,
             kv_bits=self.settings.kv_bits,
             kv_group_size=self.settings.kv_group_size,
             fuse_weights=not self.settings.no_fuse_weights,

@@ -121,16 +121,6 @@ class Settings(ServerSettings):
             "a steady step, but a serving batch's changing shapes make it build new ones"
         ),
     )
-    gil_switch_interval_ms: float | None = attrs.field(
-        default=engine_default("gil_switch_interval_ms"),
-        validator=v.optional(v.gt(0)),
-        metadata=described(
-            "how long Python lets a thread run while another waits for the GIL; the engine "
-            "thread waits up to this long to build its next step while the HTTP side runs "
-            "(milliseconds)",
-            none="Python's: 5",
-        ),
-    )
     no_fuse_weights: bool = attrs.field(
         default=False,
         metadata=described(
