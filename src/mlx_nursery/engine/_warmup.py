@@ -222,20 +222,20 @@ def _verify_steps(
     kv_quantized: bool,
     sequences: Callable[..., list[LiveSequence]],
 ) -> None:
-    """Verify steps on the fast path (if the engine has one), of every draft length up to
-    `speculation`'s (on CUDA a forward of each new length builds kernels of its own on first
-    use, in a request's step otherwise), and in a batch of the largest warmed size, of the
-    full length: drafts on every step (`adaptive` off)."""
+    """Verify steps of every draft length up to `speculation`'s, on the fast path (if the
+    engine has one) and in a batch of the largest warmed size (on CUDA a forward of each new
+    shape builds kernels of its own on first use, in a request's step otherwise; the
+    adaptive control's first tries draft one token, then longer): drafts on every step
+    (`adaptive` off)."""
     fixed = attrs.evolve(speculation, adaptive=False)
     verifies = {"the fast path": 0, "a batch": 0}
-    lengths: set[int] = set()
-    """The fast path's verify lengths run (drafts a step)."""
+    lengths: dict[str, set[int]] = {path: set() for path in verifies}
+    """Each path's verify lengths run (drafts a step)."""
 
     def counting(path: str) -> Verified:
         def verified(sequence: LiveSequence, drafted: int, accepted: int) -> None:
             verifies[path] += 1
-            if path == "the fast path":
-                lengths.add(drafted)
+            lengths[path].add(drafted)
 
         return verified
 
@@ -245,20 +245,21 @@ def _verify_steps(
             solo = _solo(model, make_cache, length, counting("the fast path"))
             _run(solo, sequences(1, 0, repeating=True, longest_draft=tokens), keep_one=False)
     size = max(plan.batch_sizes, default=0)
-    if size >= 2:
-        batch = _batch(model, plan, size, make_cache, kv_quantized, fixed, counting("a batch"))
+    for tokens in range(1, fixed.tokens + 1) if size >= 2 else ():
+        length = attrs.evolve(fixed, tokens=tokens)
+        batch = _batch(model, plan, size, make_cache, kv_quantized, length, counting("a batch"))
         try:
             _run(
                 batch,
-                sequences(size, 0, repeating=True, longest_draft=fixed.tokens),
+                sequences(size, 0, repeating=True, longest_draft=tokens),
                 keep_one=True,
             )
         finally:
             batch.close()
     log.info(
-        "warm-up: verify steps: %s; drafts a step on the fast path: %s",
+        "warm-up: verify steps: %s; drafts a step: %s",
         ", ".join(f"{n} on {p}" for p, n in verifies.items()),
-        ", ".join(map(str, sorted(lengths))) or "none",
+        "; ".join(f"{', '.join(map(str, sorted(n))) or 'none'} on {p}" for p, n in lengths.items()),
     )
 
 
