@@ -149,6 +149,8 @@ class Graphs:
             for graph in graphs:
                 total.update(graph)
             n = len(graphs)
+            if not n:  # its evaluations had nothing left to compute
+                continue
             out[phase] = {
                 "evaluations": n,
                 "primitives_mean": round(sum(total.values()) / n, 1),

@@ -88,6 +88,18 @@ def test_a_batch_lives_as_mlx_lms_does() -> None:
         assert mx.array_equal(mine.values, upstream.values)
 
 
+def test_a_steps_layers_share_one_offset_array() -> None:
+    """mlx-lm adds a step's tokens to each layer's `offset`, one kernel per layer for the same
+    values; the ragged cache's layers of a step share one array made from the host."""
+    layers = [RaggedBatchKVCache.merge(rows([3, 5, 2], 7, RowKVCache)) for _ in range(4)]
+    for step in range(2):
+        decode(layers, 3, step)
+        first = layers[0].offset
+        assert all(layer.offset is first for layer in layers)
+        assert first.tolist() == [layers[0]._idx - p for p in layers[0].padding]
+    assert first.tolist() == [5, 7, 4]
+
+
 def test_a_padded_prefill_chunk_moves_the_padding_as_mlx_lm_does() -> None:
     ours, theirs = pair([6, 2, 4], seed=3)
     chunk = [3, 1, 2]  # tokens each row prefills in this chunk

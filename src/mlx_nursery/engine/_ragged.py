@@ -16,7 +16,9 @@ that uses a `BatchKVCache` works unchanged), plus `padding`: each row's left pad
 host list, kept in step by every method that changes it. `filter` then copies the kept
 rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
 `left_padding` from the host (`offset` is always the write index less the row's padding);
-`extract` slices without a sync. The decode attention on CUDA (`_decode_attention.py`)
+`extract` slices without a sync. Each step's `offset` comes from the host too, one array
+for every layer (`update_and_fetch`): mlx-lm adds the step's tokens to each layer's own, a
+kernel per layer per step for the same values. The decode attention on CUDA (`_decode_attention.py`)
 reads the rows' starts from `left_padding` on the device, not from the host list.
 
 `RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
@@ -61,6 +63,11 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self.padding = [p + int(q) for p, q in zip(self.padding, left_padding, strict=True)]
         if right_padding is not None and max(right_padding) > 0:
             self._right_host = [int(q) for q in right_padding]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        fetched: tuple[mx.array, mx.array] = super().update_and_fetch(keys, values)
+        self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
+        return fetched
 
     def finalize(self) -> None:
         right = self._right_host
@@ -183,6 +190,19 @@ def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
         layer.padding = [p + s for p, s in zip(layer.padding, shifts, strict=True)]
         layer._sync_device_padding()
 
+
+def _offsets(index: int, padding: list[int]) -> mx.array:
+    """Each row's tokens (the write index less its padding) as a device array, made once for
+    every layer of a step: a forward's layers ask in turn, with the same index and padding."""
+    key = (index, tuple(padding))
+    array = _offset_arrays.get(key)
+    if array is None:
+        _offset_arrays.clear()  # only the latest forward's layers share it
+        array = _offset_arrays[key] = mx.array([index - p for p in padding], dtype=mx.int32)
+    return array
+
+
+_offset_arrays: dict[tuple[int, tuple[int, ...]], mx.array] = {}
 
 _padding_arrays: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}
 """The device arrays (`left_padding`, `offset`) of the last (write index, padding) a cache
