@@ -87,6 +87,39 @@ def test_speculation_warms_verify_steps_on_the_fast_path_and_in_a_batch(
     assert lengths == f"{every} on the fast path; {every} on a batch"
 
 
+def test_a_budget_spent_during_the_verify_phase_stops_its_longer_lengths(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verify phase runs one warm-up per draft length and path: past the budget each
+    path stops after its current length (the shortest first: the adaptive control's first
+    tries), rather than run them all (up to `--speculative-tokens`, each with its prefill).
+    The warm-up's clock is a count of its runs, a second each."""
+    import types
+
+    import attrs
+
+    from mlx_nursery.engine import Speculation, _warmup
+
+    clock = [0.0]
+    monkeypatch.setattr(_warmup, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    run = _warmup._run
+
+    def counted(*args: object, **kwargs: object) -> None:
+        run(*args, **kwargs)  # type: ignore[arg-type]
+        clock[0] += 1.0
+
+    monkeypatch.setattr(_warmup, "_run", counted)
+    plan = attrs.evolve(
+        WarmupPlan(batch_sizes=(2,), solo_variants=1, prefill_step_size=16, prefill_batch_size=2),
+        speculation=Speculation(tokens=6),
+        budget_s=2.5,  # the fast path and the batch of 2 take 2 s: the verify phase starts
+    )
+    with caplog.at_level(logging.INFO, logger="mlx_nursery.engine"):
+        warm_up(load_model(tiny_model), plan, cache_factory(None), kv_quantized=False)
+    (verifies,) = [r.getMessage() for r in caplog.records if "drafts a step: " in r.getMessage()]
+    assert verifies.endswith("drafts a step: 1 on the fast path; 1 on a batch")
+
+
 def test_a_spent_budget_skips_the_remaining_phases(
     tiny_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 
@@ -197,7 +197,8 @@ def warm_up(
         log.info("warm-up %d/%d: %s (%.1f s so far)", index, len(phases), name, elapsed)
         if size == 0:
             assert speculation is not None
-            _verify_steps(model, plan, speculation, make_cache, kv_quantized, sequences)
+            deadline = started + plan.budget_s
+            _verify_steps(model, plan, speculation, make_cache, kv_quantized, sequences, deadline)
         elif size == 1:
             for sequence in sequences(last - first, first):
                 _run(_solo(model, make_cache), [sequence], keep_one=False)
@@ -221,12 +222,16 @@ def _verify_steps(
     make_cache: CacheFactory,
     kv_quantized: bool,
     sequences: Callable[..., list[LiveSequence]],
+    deadline: float,
 ) -> None:
-    """Verify steps of every draft length up to `speculation`'s, on the fast path (if the
-    engine has one) and in a batch of the largest warmed size (on CUDA a forward of each new
-    shape builds kernels of its own on first use, in a request's step otherwise; the
-    adaptive control's first tries draft one token, then longer): drafts on every step
-    (`adaptive` off)."""
+    """Verify steps of every draft length up to `speculation`'s, shortest first, on the fast
+    path (if the engine has one) and in a batch stepper of the largest warmed size (on CUDA a
+    forward of each new shape builds kernels of its own on first use, in a request's step
+    otherwise; the adaptive control's first tries draft one token, then longer): drafts on
+    every step (`adaptive` off). The batch's rows join in prefill groups and one leaves
+    after its first token, so its verifies run at the row counts on the way, not only the
+    largest. Past `deadline` (`time.perf_counter()`: the warm-up's budget) each path stops
+    after its current length; the longer lengths' kernels are then built on first use."""
     fixed = attrs.evolve(speculation, adaptive=False)
     verifies = {"the fast path": 0, "a batch": 0}
     lengths: dict[str, set[int]] = {path: set() for path in verifies}
@@ -239,13 +244,19 @@ def _verify_steps(
 
         return verified
 
-    if plan.fast_path:  # every length: a lone sequence drafts any up to the most
+    def lengths_in_time() -> Iterator[int]:
         for tokens in range(1, fixed.tokens + 1):
+            if tokens > 1 and time.perf_counter() > deadline:
+                return
+            yield tokens
+
+    if plan.fast_path:  # every length: a lone sequence drafts any up to the most
+        for tokens in lengths_in_time():
             length = attrs.evolve(fixed, tokens=tokens)
             solo = _solo(model, make_cache, length, counting("the fast path"))
             _run(solo, sequences(1, 0, repeating=True, longest_draft=tokens), keep_one=False)
     size = max(plan.batch_sizes, default=0)
-    for tokens in range(1, fixed.tokens + 1) if size >= 2 else ():
+    for tokens in lengths_in_time() if size >= 2 else ():
         length = attrs.evolve(fixed, tokens=tokens)
         batch = _batch(model, plan, size, make_cache, kv_quantized, length, counting("a batch"))
         try:
