@@ -116,9 +116,10 @@ def test_a_padded_prefill_chunk_moves_the_padding_as_mlx_lm_does() -> None:
 
 
 def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
-    """`filter` shares the padding arrays between a batch's layers, and mlx-lm's `finalize`
-    adds to `left_padding` in place: each layer must add to its own (a speculative verify's
-    realignment, a padded chunk after a prompt left the prompt batch)."""
+    """`filter` shares the padding arrays between a batch's layers; a padded chunk after it
+    (a speculative verify's realignment, a padded chunk after a prompt left the prompt
+    batch) must leave every layer's padding right (mlx-lm's `finalize` adds to
+    `left_padding` in place, which on shared arrays would add each layer's to all)."""
     layers = [pair([6, 2, 4], seed=8) for _ in range(3)]
     for ours, theirs in layers:
         ours.filter([0, 2])
@@ -132,6 +133,20 @@ def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
             cache.finalize()
     for ours, theirs in layers:
         assert_same(ours, theirs)
+    first = layers[0][0]  # the roll's index and the padding were made once for all layers
+    assert all(ours.left_padding is first.left_padding for ours, _ in layers)
+    assert all(ours.offset is first.offset for ours, _ in layers)
+
+
+def test_left_padding_prepared_on_empty_caches_is_mlx_lms() -> None:
+    ours, theirs = RaggedBatchKVCache([0, 1, 0]), BatchKVCache([0, 1, 0])
+    k, v = mx.random.normal((2, 3, HEADS, 4, DIM), key=mx.random.key(5))
+    for cache in (ours, theirs):
+        cache.prepare(left_padding=[2, 0, 1])
+        cache.update_and_fetch(k, v)
+    assert_same(ours, theirs)
+    with pytest.raises(ValueError):
+        ours.prepare(left_padding=[1, 1, 1])  # as mlx-lm: only an empty cache
 
 
 def test_rows_moved_right_after_a_verify_hold_what_mlx_lms_roll_gives() -> None:

@@ -16,10 +16,12 @@ that uses a `BatchKVCache` works unchanged), plus `padding`: each row's left pad
 host list, kept in step by every method that changes it. `filter` then copies the kept
 rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
 `left_padding` from the host (`offset` is always the write index less the row's padding);
-`extract` slices without a sync. Each step's `offset` comes from the host too, one array
-for every layer (`update_and_fetch`): mlx-lm adds the step's tokens to each layer's own, a
-kernel per layer per step for the same values. The decode attention on CUDA (`_decode_attention.py`)
-reads the rows' starts from `left_padding` on the device, not from the host list.
+`extract` slices without a sync. `offset` and `left_padding` come from the host after every
+change (`update_and_fetch`, `prepare`, `finalize`), one pair of arrays for all the layers of
+a forward: mlx-lm adds to each layer's own on the device, a kernel per layer for the same
+values (for `offset`, every step); `finalize`'s roll index is made once for all layers too.
+The decode attention on CUDA (`_decode_attention.py`) reads the rows' starts from
+`left_padding` on the device, not from the host list.
 
 `RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
 every row it takes one (`ragged_rows`). Engine thread only.
@@ -56,11 +58,13 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         lengths: list[int] | None = None,
         right_padding: list[int] | None = None,
     ) -> None:
+        """As mlx-lm's, with `left_padding` and `offset` made from the host, one pair for
+        every layer (mlx-lm adds on the device, per layer)."""
         if left_padding is not None:
-            self._own_padding()
-        super().prepare(left_padding=left_padding, lengths=lengths, right_padding=right_padding)
-        if left_padding is not None:
+            if self.keys is not None:
+                raise ValueError("Left padding can only be added to an empty BatchKVCache")
             self.padding = [p + int(q) for p, q in zip(self.padding, left_padding, strict=True)]
+            self._sync_device_padding()
         if right_padding is not None and max(right_padding) > 0:
             self._right_host = [int(q) for q in right_padding]
 
@@ -70,19 +74,19 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         return fetched
 
     def finalize(self) -> None:
+        """As mlx-lm's: each row's tokens rolled right by its right padding, which joins its
+        left padding; the roll's index made once for every layer, and `left_padding` and
+        `offset` from the host."""
         right = self._right_host
-        if right is not None:
-            self._own_padding()
-        super().finalize()
-        if right is not None:
-            self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
-            self._right_host = None
-
-    def _own_padding(self) -> None:
-        """Give this layer a `left_padding` array of its own before mlx-lm adds to it in
-        place (`prepare`, `finalize`: `+=` changes the array object, and `filter` shares one
-        between the layers, which would each add their padding to all)."""
-        self.left_padding = mx.array(self.padding, dtype=mx.int32)
+        if right is None:
+            return
+        assert self.keys is not None and self.values is not None
+        index = _roll_index(self.keys.shape[2], tuple(right))
+        self.keys = mx.take_along_axis(self.keys, index, axis=2)
+        self.values = mx.take_along_axis(self.values, index, axis=2)
+        self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
+        self._right_host = None
+        self._sync_device_padding()
 
     def filter(self, batch_indices: Any) -> None:
         """Keep the rows `batch_indices` (ascending, as mlx-lm passes them): contiguous
@@ -189,6 +193,22 @@ def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
             layer.values[i : i + 1, :, start : layer._idx] = v
         layer.padding = [p + s for p, s in zip(layer.padding, shifts, strict=True)]
         layer._sync_device_padding()
+
+
+def _roll_index(length: int, shifts: tuple[int, ...]) -> mx.array:
+    """mlx-lm's `dynamic_roll` index for rolling each row i of a (B, H, `length`, D) buffer
+    right by `shifts[i]`, made once for every layer (and for keys and values alike)."""
+    key = (length, shifts)
+    index = _roll_indices.get(key)
+    if index is None:
+        _roll_indices.clear()  # only the latest finalize's layers share it
+        positions = mx.arange(length)[None, None, :, None]
+        index = (positions - mx.array(shifts)[:, None, None, None]) % length
+        _roll_indices[key] = index
+    return index
+
+
+_roll_indices: dict[tuple[int, tuple[int, ...]], mx.array] = {}
 
 
 def _offsets(index: int, padding: list[int]) -> mx.array:
