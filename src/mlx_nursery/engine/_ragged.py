@@ -17,7 +17,7 @@ host list, kept in step by every method that changes it. `filter` then copies th
 rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
 `left_padding` from the host (`offset` is always the write index less the row's padding);
 `extract` slices without a sync. `offset` and `left_padding` come from the host after every
-change (`update_and_fetch`, `prepare`, `finalize`), one pair of arrays for all the layers of
+change (`update_and_fetch`, `prepare`, `finalize`, `trim`), one pair of arrays for all the layers of
 a forward: mlx-lm adds to each layer's own on the device, a kernel per layer for the same
 values (for `offset`, every step); `finalize`'s roll index is made once for all layers too.
 The decode attention on CUDA (`_decode_attention.py`) reads the rows' starts from
@@ -72,6 +72,13 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         fetched: tuple[mx.array, mx.array] = super().update_and_fetch(keys, values)
         self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
         return fetched
+
+    def trim(self, n: int) -> int:
+        """As mlx-lm's (speculation's realignment after a verify), `offset` from the host."""
+        n = min(self._idx, n)
+        self._idx -= n
+        self.offset = _offsets(self._idx, self.padding)
+        return n
 
     def finalize(self) -> None:
         """As mlx-lm's: each row's tokens rolled right by its right padding, which joins its
