@@ -98,10 +98,15 @@ def test_a_steps_layers_share_one_offset_array() -> None:
         assert all(layer.offset is first for layer in layers)
         assert first.tolist() == [layers[0]._idx - p for p in layers[0].padding]
     assert first.tolist() == [5, 7, 4]
+    for layer in layers:  # rows joining every layer (their prompt batch's caches)
+        layer.extend(RaggedBatchKVCache.merge(rows([2, 9], 3, RowKVCache)))
+    assert all(layer.offset is layers[0].offset for layer in layers)
+    assert all(layer.left_padding is layers[0].left_padding for layer in layers)
+    assert layers[0].offset.tolist() == [5, 7, 4, 2, 9]
     for layer in layers:  # a verify's rejected positions, dropped from every layer
         assert layer.trim(2) == 2
     assert all(layer.offset is layers[0].offset for layer in layers)
-    assert layers[0].offset.tolist() == [3, 5, 2]
+    assert layers[0].offset.tolist() == [3, 5, 2, 0, 7]
     ours, theirs = pair([3, 5, 2], seed=7)
     decode([ours, theirs], 3, seed=1)
     for cache in (ours, theirs):

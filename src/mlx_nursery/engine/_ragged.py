@@ -17,9 +17,10 @@ host list, kept in step by every method that changes it. `filter` then copies th
 rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
 `left_padding` from the host (`offset` is always the write index less the row's padding);
 `extract` slices without a sync. `offset` and `left_padding` come from the host after every
-change (`update_and_fetch`, `prepare`, `finalize`, `trim`), one pair of arrays for all the layers of
-a forward: mlx-lm adds to each layer's own on the device, a kernel per layer for the same
-values (for `offset`, every step); `finalize`'s roll index is made once for all layers too.
+change (`update_and_fetch`, `prepare`, `finalize`, `trim`, `extend`), one pair of arrays
+for all the layers of a forward: mlx-lm adds to each layer's own on the device, a kernel
+per layer for the same values (for `offset`, every step); `finalize`'s roll index is made
+once for all layers too.
 The decode attention on CUDA (`_decode_attention.py`) reads the rows' starts from
 `left_padding` on the device, not from the host list.
 
@@ -121,6 +122,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             theirs = [p + index - other._idx for p in theirs]
         super().extend(other)
         self.padding = own + theirs
+        self._sync_device_padding()  # mlx-lm's concatenations, per layer, go unused
 
     def extract(self, idx: int) -> KVCache:
         """Row `idx`'s KV as a lone `RowKVCache` (a copy), without waiting for the device."""
