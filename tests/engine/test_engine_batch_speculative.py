@@ -264,9 +264,11 @@ def test_an_untimed_verify_is_its_shapes_first_run_too() -> None:
 
 def test_each_batch_size_tries_its_first_verify_soon_however_many_sizes_came_before() -> None:
     """A batch size whose verify cost is unknown tries one within `FIRST_PAUSE` steps of the
-    last try, however many other sizes tried before it (each size's tries, unmeasured while
-    the batch is busy, double only its own wait: one wait for all had the fourth size wait
-    eight times as long)."""
+    last try, however many other sizes, and row counts within a size, tried before it: each
+    try here runs in a busy batch (untimed), and only a try of a shape that has run before
+    (so that only the busy batch kept it from teaching) doubles its size's wait. One wait for
+    all sizes had the fourth size wait eight times as long; a doubling per untimed try had
+    rows drifting within a size (5, 6, 7, 8) wait 8, 16, 32 and 64 steps."""
     import types
 
     from mlx_nursery.engine._batch_drafting import RowDrafter
@@ -276,8 +278,9 @@ def test_each_batch_size_tries_its_first_verify_soon_however_many_sizes_came_bef
     spec = Speculation(tokens=4)
     speculation = BatchSpeculation(spec, None, {})
     context = [1, 2, 3, 4, 5] * 4  # every row's lookup finds drafts
-    waits: list[int] = []
-    for rows in (2, 4, 8, 16, 32):
+
+    def wait_for_a_try(rows: int) -> int:
+        """Steps of a batch of `rows` until it tries a verify, which then runs untimed."""
         speculation.costs.at(rows).plain(0.010)  # a plain step's cost known, no verify's
         for uid in range(rows):
             if uid not in speculation._rows:
@@ -293,19 +296,18 @@ def test_each_batch_size_tries_its_first_verify_soon_however_many_sizes_came_bef
         )
         for step in range(1, 300):
             speculation._since_try += 1  # as `decode` counts each step
-            if speculation._plan(batch) is not None:
-                waits.append(step)
-                break
-        # The try ran in a busy batch (untimed): this size's cost stays unknown, and its
-        # next try waits twice as long.
-    assert len(waits) == 5 and waits[0] <= 1 and max(waits) <= FIRST_PAUSE, waits
-    again = 0
-    while again < 300:
-        again += 1
-        speculation._since_try += 1
-        if speculation._plan(batch) is not None:
-            break
-    assert again == 2 * FIRST_PAUSE  # the last size's second try, after an untimed first
+            drafts = speculation._plan(batch)
+            if drafts is not None:
+                assert max(map(len, drafts)) == 1  # a try drafts one token
+                speculation._timed("verify", rows, 1, quiet=False)  # busy: untimed
+                return step
+        raise AssertionError(f"a batch of {rows} never tried")
+
+    waits = [wait_for_a_try(rows) for rows in (2, 4, 5, 6, 7, 8, 16, 32)]
+    assert waits[0] <= 1 and max(waits) <= FIRST_PAUSE, waits
+    # The same shape again: its first try ran (untimed), so this one waits as long; from
+    # then on each untimed try of it doubles the wait.
+    assert [wait_for_a_try(32) for _ in range(3)] == [FIRST_PAUSE, 2 * FIRST_PAUSE, 4 * FIRST_PAUSE]
 
 
 async def test_a_draft_model_drafts_for_every_row_of_the_batch(tiny_model: Path) -> None:

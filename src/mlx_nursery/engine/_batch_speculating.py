@@ -199,8 +199,12 @@ class BatchSpeculation:
             return None
         if trying == "first":
             self._since_try = 0
-            gap = self._try_gaps.get(size, FIRST_PAUSE)
-            self._try_gaps[size] = min(2 * gap, LONGEST_PAUSE)
+            if costs.has_run(len(batch.uids), max(map(len, drafts))):
+                # Its shape has run, so only a busy batch keeps it from teaching: wait
+                # longer. A shape's first run teaches nothing anyway (it may build kernels),
+                # so rows drifting within a size do not lengthen the wait.
+                gap = self._try_gaps.get(size, FIRST_PAUSE)
+                self._try_gaps[size] = min(2 * gap, LONGEST_PAUSE)
         elif trying == "again":
             self._since_retry = 0
             self._retry_gap = min(2 * self._retry_gap, LONGEST_PAUSE)

@@ -214,6 +214,10 @@ class VerifyCosts:
         if not first and seconds is not None:
             self.verify(drafts, seconds)
 
+    def has_run(self, rows: int, drafts: int) -> bool:
+        """A verify of this shape has run (its next run can teach a cost)."""
+        return (rows, drafts) in self._shapes_run
+
     def promising(self, most: int) -> bool:
         """Whether drafting up to `most` tokens, all accepted, would be `PROMISING_GAIN`
         times as fast as plain decoding by the costs measured (True while unknown)."""
