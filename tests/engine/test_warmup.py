@@ -67,7 +67,7 @@ def test_speculation_warms_verify_steps_on_the_fast_path_and_in_a_batch(
     from mlx_nursery.engine._draft_model import with_draft_model
 
     draft = str(tiny_model) if method == "draft" else None
-    speculation = Speculation(method, tokens=10, draft_model=draft)
+    speculation = Speculation(method, tokens=5, draft_model=draft)
     config = EngineConfig(tiny_model, speculation=speculation)
     model = with_draft_model(load_model(tiny_model), config)
     plan = attrs.evolve(
@@ -81,8 +81,8 @@ def test_speculation_warms_verify_steps_on_the_fast_path_and_in_a_batch(
     (verifies,) = [m for m in messages if m.startswith("warm-up: verify steps: ")]
     counts, lengths = verifies.split("; drafts a step: ")
     solo, batched = (int(w) for w in counts.split() if w.isdigit())
-    assert solo >= 10 and batched >= 20  # a batch's verify counts once per drafting row
-    every = ", ".join(map(str, range(1, 11)))
+    assert solo >= 5 and batched >= 10  # a batch's verify counts once per drafting row
+    every = ", ".join(map(str, range(1, 6)))
     # Every length's shapes, alone and in a batch (the adaptive control tries short ones first).
     assert lengths == f"{every} on the fast path; {every} on a batch"
 
