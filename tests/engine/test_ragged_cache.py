@@ -245,3 +245,22 @@ def test_the_kernel_equals_masked_attention(
     got = ragged_decode_attention(q, batch_cache, dim**-0.5)
     tolerance = 1e-4 if dtype == mx.float32 else 2e-2
     assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=tolerance).item()
+
+
+def test_each_engine_thread_shares_arrays_of_its_own() -> None:
+    """Engines run on threads of their own, with MLX streams of their own: the arrays one
+    thread's layers share are not handed to another's (the roll index is still lazy)."""
+    import threading
+
+    from mlx_nursery.engine._ragged import _offsets, _roll_index
+
+    here = (_offsets(9, [1, 2]), _roll_index(16, (1, 0)))
+    assert _offsets(9, [1, 2]) is here[0] and _roll_index(16, (1, 0)) is here[1]
+    there: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: there.extend([_offsets(9, [1, 2]), _roll_index(16, (1, 0))])
+    )
+    worker.start()
+    worker.join()
+    assert there[0] is not here[0] and there[1] is not here[1]
+    assert there[0].tolist() == here[0].tolist() == [8, 7]

@@ -30,6 +30,7 @@ every row it takes one (`ragged_rows`). Engine thread only.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -158,10 +159,11 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         of a batch filters to the same rows: the arrays are made once and shared (MLX
         arrays are immutable, and the cache only ever rebinds them)."""
         key = (self._idx, tuple(self.padding))
-        arrays = _padding_arrays.get(key)
+        made = _shared.padding
+        arrays = made.get(key)
         if arrays is None:
-            _padding_arrays.clear()  # only the latest filter's are shared
-            arrays = _padding_arrays[key] = (
+            made.clear()  # only the latest filter's are shared
+            arrays = made[key] = (
                 mx.array(self.padding, dtype=mx.int32),
                 mx.array([self._idx - p for p in self.padding], dtype=mx.int32),
             )
@@ -208,34 +210,41 @@ def _roll_index(length: int, shifts: tuple[int, ...]) -> mx.array:
     """mlx-lm's `dynamic_roll` index for rolling each row i of a (B, H, `length`, D) buffer
     right by `shifts[i]`, made once for every layer (and for keys and values alike)."""
     key = (length, shifts)
-    index = _roll_indices.get(key)
+    made = _shared.rolls
+    index = made.get(key)
     if index is None:
-        _roll_indices.clear()  # only the latest finalize's layers share it
+        made.clear()  # only the latest finalize's layers share it
         positions = mx.arange(length)[None, None, :, None]
         index = (positions - mx.array(shifts)[:, None, None, None]) % length
-        _roll_indices[key] = index
+        made[key] = index
     return index
-
-
-_roll_indices: dict[tuple[int, tuple[int, ...]], mx.array] = {}
 
 
 def _offsets(index: int, padding: list[int]) -> mx.array:
     """Each row's tokens (the write index less its padding) as a device array, made once for
     every layer of a step: a forward's layers ask in turn, with the same index and padding."""
     key = (index, tuple(padding))
-    array = _offset_arrays.get(key)
+    made = _shared.offsets
+    array = made.get(key)
     if array is None:
-        _offset_arrays.clear()  # only the latest forward's layers share it
-        array = _offset_arrays[key] = mx.array([index - p for p in padding], dtype=mx.int32)
+        made.clear()  # only the latest forward's layers share it
+        array = made[key] = mx.array([index - p for p in padding], dtype=mx.int32)
     return array
 
 
-_offset_arrays: dict[tuple[int, tuple[int, ...]], mx.array] = {}
+class _Shared(threading.local):
+    """The arrays the layers of the latest forward share, per engine thread: each engine
+    runs its model on a thread of its own, with MLX streams of that thread, and the roll
+    index is lazy (computed on the stream of the thread that evaluates it first)."""
 
-_padding_arrays: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}
-"""The device arrays (`left_padding`, `offset`) of the last (write index, padding) a cache
-filtered to (engine thread only, as the caches)."""
+    def __init__(self) -> None:
+        self.offsets: dict[tuple[int, tuple[int, ...]], mx.array] = {}
+        self.padding: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}
+        """`left_padding` and `offset` of the last (write index, padding) set from the host."""
+        self.rolls: dict[tuple[int, tuple[int, ...]], mx.array] = {}
+
+
+_shared = _Shared()
 
 
 class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
