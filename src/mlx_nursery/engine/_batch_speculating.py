@@ -91,12 +91,9 @@ class BatchSpeculation:
         computing when the next step starts: its drafts are looked up one token earlier)."""
         self._since_try = FIRST_PAUSE
         self._try_gaps: dict[int, int] = {}
-        """Steps since the last try that measures a verify's cost while it is unknown, and,
-        by batch size (`BatchCosts.size`), the steps the next try of that size waits:
-        doubled after each, since a batch that is never quiet (arrivals every step) measures
-        none, and unmeasured tries must not cost much. By size, since each size's costs are
-        measured apart: one gap for all had every new size wait for the tries of the sizes
-        before it (drafting hundreds of steps late from the third size on)."""
+        """Steps since the last try that measures an unknown verify cost, and by batch size
+        (`BatchCosts.size`, whose costs are measured apart) the steps its next try waits:
+        doubled after each untimed one, since a never quiet batch measures none."""
         self._since_retry = 0
         self._retry_gap = RETRY_GAP
         """The same for tries while the costs say drafts do not pay (they may have been
@@ -200,9 +197,7 @@ class BatchSpeculation:
         if trying == "first":
             self._since_try = 0
             if costs.has_run(len(batch.uids), max(map(len, drafts))):
-                # Its shape has run, so only a busy batch keeps it from teaching: wait
-                # longer. A shape's first run teaches nothing anyway (it may build kernels),
-                # so rows drifting within a size do not lengthen the wait.
+                # Only a busy batch kept it from teaching (a shape's first run never does).
                 gap = self._try_gaps.get(size, FIRST_PAUSE)
                 self._try_gaps[size] = min(2 * gap, LONGEST_PAUSE)
         elif trying == "again":
