@@ -7,22 +7,42 @@ the cache's mask (what mlx-lm runs), over head layouts, head sizes and dtypes; t
 both for a batch shaped like a busy server's (32 rows of 500-1,200 tokens, Llama-3.1-8B's
 heads), as one step's 32 layers. CUDA only (the kernel's backend); elsewhere it says so.
 
-Usage: python -P bench/ragged_attention.py [--out FILE]
+`--previous FILE` checks and times another version of `engine/_decode_attention.py` beside
+the current one, in the same run (a kernel change against the kernel it replaces);
+`--target-blocks N ...` times the current kernel at other grid sizes too.
+
+Usage: python -P bench/ragged_attention.py [--previous FILE] [--target-blocks N ...] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
-from mlx_nursery.engine._decode_attention import available, ragged_decode_attention
+from mlx_nursery.engine import _decode_attention
+from mlx_nursery.engine._decode_attention import available
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
+
+Kernel = Callable[[mx.array, RaggedBatchKVCache, float], mx.array]
+
+
+def load_previous(path: Path) -> Kernel:
+    """`ragged_decode_attention` of another version of the module (its relative imports
+    resolve in the engine package)."""
+    spec = importlib.util.spec_from_file_location("mlx_nursery.engine._previous_attention", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel: Kernel = module.ragged_decode_attention
+    return kernel
 
 
 def batch_cache(
@@ -50,7 +70,7 @@ def reference(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.
     )
 
 
-def check(rng: random.Random) -> list[dict[str, Any]]:
+def check(rng: random.Random, kernel: Kernel) -> list[dict[str, Any]]:
     cases = []
     for batch, heads, kv_heads, dim, dtype in [
         (1, 32, 8, 128, mx.bfloat16),
@@ -66,7 +86,7 @@ def check(rng: random.Random) -> list[dict[str, Any]]:
         queries = mx.random.normal((batch, heads, 1, dim)).astype(dtype)
         scale = dim**-0.5
         want = reference(queries, cache, scale).astype(mx.float32)
-        got = ragged_decode_attention(queries, cache, scale).astype(mx.float32)
+        got = kernel(queries, cache, scale).astype(mx.float32)
         error = float(mx.max(mx.abs(want - got)).item())
         cases.append(
             {
@@ -82,14 +102,16 @@ def check(rng: random.Random) -> list[dict[str, Any]]:
     return cases
 
 
-def timing(rng: random.Random, layers: int = 32, rounds: int = 20) -> dict[str, Any]:
+def timing(
+    rng: random.Random, kernels: dict[str, Kernel], layers: int = 32, rounds: int = 20
+) -> dict[str, Any]:
     lengths = [rng.randint(500, 1200) for _ in range(32)]
     caches = [batch_cache(lengths, 8, 128, mx.bfloat16, rng) for _ in range(4)]
     queries = mx.random.normal((32, 32, 1, 128)).astype(mx.bfloat16)
     mx.eval([c.state for c in caches], queries)
     scale = 128**-0.5
     out: dict[str, Any] = {"rows": 32, "lengths": [min(lengths), max(lengths)], "layers": layers}
-    for name, fn in (("masked_sdpa", reference), ("ragged_kernel", ragged_decode_attention)):
+    for name, fn in {"masked_sdpa": reference, **kernels}.items():
         mx.eval([fn(queries, c, scale) for c in caches])  # build kernels
         times = []
         for _ in range(rounds):
@@ -100,19 +122,48 @@ def timing(rng: random.Random, layers: int = 32, rounds: int = 20) -> dict[str, 
             times.append(time.perf_counter() - tic)
         times.sort()
         out[f"{name}_ms_per_step"] = round(1000 * times[len(times) // 2], 3)
-    out["speedup"] = round(out["masked_sdpa_ms_per_step"] / out["ragged_kernel_ms_per_step"], 2)
+    for name in kernels:
+        out[f"{name}_x_masked"] = round(
+            out["masked_sdpa_ms_per_step"] / out[f"{name}_ms_per_step"], 2
+        )
     return out
+
+
+def at_blocks(blocks: int) -> Kernel:
+    """The current kernel with `blocks` as its grid's target."""
+
+    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
+        saved = _decode_attention._TARGET_BLOCKS
+        _decode_attention._TARGET_BLOCKS = blocks
+        try:
+            return _decode_attention.ragged_decode_attention(queries, cache, scale)
+        finally:
+            _decode_attention._TARGET_BLOCKS = saved
+
+    return kernel
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--previous", type=Path, help="another version of _decode_attention.py")
+    p.add_argument("--target-blocks", type=int, nargs="*", default=[])
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if not available():
         print(json.dumps({"skipped": f"no CUDA ({mx.default_device()})"}))
         return
-    rng = random.Random(0)
-    result = {"device": str(mx.default_device()), "checks": check(rng), "timing": timing(rng)}
+    kernels: dict[str, Kernel] = {"ragged_kernel": _decode_attention.ragged_decode_attention}
+    if args.previous:
+        kernels["previous_kernel"] = load_previous(args.previous)
+    for blocks in args.target_blocks:
+        kernels[f"ragged_kernel_{blocks}_blocks"] = at_blocks(blocks)
+    checks = {name: check(random.Random(0), kernel) for name, kernel in kernels.items()}
+    result = {
+        "device": str(mx.default_device()),
+        "checks": checks,
+        "all_ok": all(c["ok"] for cases in checks.values() for c in cases),
+        "timing": timing(random.Random(1), kernels),
+    }
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

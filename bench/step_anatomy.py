@@ -19,8 +19,10 @@ the engine thread's phases to time them:
   rest       the engine loop's other work (settling, posting, detokenizing)
 
 `--launch` times MLX's `async_eval` apart ("launch": encoding the graph and launching its
-kernels), out of whichever phase calls it, so that a step's Python graph building and MLX's
-launching read separately (`--clients 1`: a lone stream, the fast path).
+kernels) and its `eval` ("wait": the host waiting for the device, as a decode step's read of
+the step before it does), out of whichever phase calls them, so that a step's Python graph
+building, MLX's launching and the waits read separately (`--clients 1`: a lone stream, the
+fast path).
 
 `--graph` also counts the primitives each phase hands MLX to evaluate (`mx.eval`,
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
@@ -195,6 +197,7 @@ def install(phases: Phases, *, launch: bool = False) -> None:
     _schedule.launch_chunk = phases.wrap("chunk", _schedule.launch_chunk)  # type: ignore[assignment]
     if launch:
         mx.async_eval = phases.wrap("launch", mx.async_eval)
+        mx.eval = phases.wrap("wait", mx.eval)
 
 
 def prompt(n: int, rng: random.Random, vocab: int) -> list[int]:
