@@ -324,8 +324,9 @@ def test_the_step_built_after_a_verifys_read_is_charged_to_the_verify(
 def test_draft_control_drafts_what_pays_and_backs_off_where_nothing_does() -> None:
     costs = VerifyCosts()
     control = DraftControl(8, costs)
-    assert control.drafts() == 1  # costs unknown: a short try, to measure
+    assert control.drafts() == 0  # no plain step's cost yet: nothing to judge a verify by
     costs.plain(0.010)
+    assert control.drafts() == 1  # a verify's cost unknown: a short try, to measure it
     costs.verify(4, 0.012)  # cheap drafts (a GPU): a fixed part, then 0.5 ms each
     costs.verify(1, 0.0105)
     for _ in range(20):

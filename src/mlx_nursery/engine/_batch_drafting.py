@@ -56,6 +56,10 @@ class BatchCosts:
         self.current = self.at(rows)
         return self.current
 
+    @property
+    def plain_s(self) -> float | None:
+        return self.current.plain_s
+
     def step_seconds(self, drafts: int) -> float | None:
         return self.current.step_seconds(drafts)
 

@@ -156,10 +156,8 @@ class BatchSpeculation:
         step's length is chosen before any row drafts, so that a draft model runs only for
         drafts the step will carry."""
         size = BatchCosts.size(len(batch.uids))
-        costs = self.costs.select(len(batch.uids))
+        costs = self.costs.select(len(batch.uids))  # the rows' controls ask about this size
         adaptive = self._spec.adaptive
-        if adaptive and costs.plain_s is None:
-            return None  # a plain step's cost first: a verify's is measured against it
         if not speculable(batch.prompt_cache):
             return None
         wanted: list[int] = []

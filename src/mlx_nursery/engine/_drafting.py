@@ -264,6 +264,9 @@ class Costs(Protocol):
     """What `DraftControl` asks of the measured costs: `VerifyCosts` on the fast path, the
     running batch's size's on the batch (`_batch_speculating.BatchCosts`)."""
 
+    @property
+    def plain_s(self) -> float | None: ...
+
     def step_seconds(self, drafts: int) -> float | None: ...
 
     def promising(self, most: int) -> bool: ...
@@ -302,9 +305,14 @@ class DraftControl:
         return self._whole > 0.5
 
     def drafts(self) -> int:
-        """The drafts the next step may carry (0: decode plainly). Called once per step."""
+        """The drafts the next step may carry (0: decode plainly). Called once per step.
+        Adaptive, the first steps are plain until a plain step's cost is known: a verify's is
+        judged against it, and a source that always has drafts (a draft model) would
+        otherwise verify every step and never learn that none pays."""
         if not self._adaptive:
             return self._most
+        if self._costs.plain_s is None:
+            return 0
         if self._pause:
             self._pause -= 1
             self._explore = self._pause == 0

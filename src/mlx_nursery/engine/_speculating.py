@@ -133,12 +133,7 @@ class Speculator:
 
     def plan(self) -> int:
         """How many tokens the next step may draft (the control's choice: 0 decodes
-        plainly). Asked once per step. An adaptive control's first steps are plain until a
-        plain step's cost is known, as in the batch (`_batch_speculating`): a verify's is
-        judged against it, and a source that always has drafts (a draft model) would
-        otherwise verify every step and never learn that none pays."""
-        if self.control.adaptive and self.costs.plain_s is None:
-            return 0
+        plainly). Asked once per step."""
         return self.control.drafts()
 
     @property
