@@ -318,7 +318,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 order = names if round_ % 2 == 0 else names[::-1]
                 tokens = int(args.tokens * WORKLOADS[workload][1])
                 for name in order:
-                    TRACE.current = (workload, name)
+                    # Traced by round: an engine's first round is where it learns.
+                    TRACE.current = (workload, f"{name}, round {round_ + 1}")
                     run = await runners[name](prompt, tokens)
                     results[name][workload].append(run)
                     print(f"{workload} {name}: {run['decode_tok_s']:.2f} tok/s", flush=True)
