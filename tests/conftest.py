@@ -17,6 +17,10 @@ from .postgres import why_not as postgres_unavailable
 # Every engine of the suite (in-process or served) asserts its thread's invariants after each
 # iteration: a violation stops it, and the test sees the failure.
 os.environ["MLX_NURSERY_CHECK_INVARIANTS"] = "1"
+# The servers the tests start as processes keep their stored responses in memory unless a
+# test gives them a store: never the user's own file, which test processes running at once
+# would share (and each one's startup marks the others' unfinished responses failed).
+os.environ.setdefault("MLX_NURSERY_RESPONSES_DB", ":memory:")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
