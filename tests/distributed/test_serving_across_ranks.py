@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -41,10 +42,23 @@ LONG_PROMPT = [1000 + (i * 7) % 1000 for i in range(900)]
 MAX_TOKENS = 8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(span: int = 1) -> int:
+    """A port P with P..P+span-1 free now (`mlx.launch --starting-port P` takes P+1 too).
+
+    Drawn below Linux's ephemeral range (32768 up), which the kernel hands to outgoing
+    connections and to other tests' port-0 binds: between this check and the group's bind
+    a port there may be taken, one here only by another pick of this kind."""
+    rng = random.Random()
+    while True:
+        first = rng.randrange(20000, 32000 - span)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(first, first + span):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
 
 
 def _serve_command(model: Path, port: int, *flags: str) -> list[str]:
@@ -150,7 +164,7 @@ def served(
                 "--backend",
                 "ring",
                 "--starting-port",
-                str(_free_port()),
+                str(_free_port(span=2)),
                 "--",
                 # A loaded machine's step may take seconds: the bound is the failure tests'.
                 *_serve_command(

@@ -314,14 +314,20 @@ class ModelRegistry:
         self._metrics.model_unloaded(name)
         if self._closed:
             return
+        # The log holds what /health says: a server that exits at once leaves only its log.
         if self._on_failure == "exit" or slot.restarts >= self._restart_limit:
-            log.error("model %s: its engine died; the server exits (--on-engine-failure)", name)
+            log.error(
+                "model %s: its engine died (%s); the server exits (--on-engine-failure)",
+                name,
+                detail,
+            )
             self._on_fatal(f"the engine of model {name!r} died")
             return
         slot.restarts += 1
         log.error(
-            "model %s: its engine died; restarting it (%d of %d)",
+            "model %s: its engine died (%s); restarting it (%d of %d)",
             name,
+            detail,
             slot.restarts,
             self._restart_limit,
         )
