@@ -1,0 +1,238 @@
+"""The engine's batched decode step alone, against mlx-lm's: host time and kernels a step.
+
+A running batch of `--rows` rows with `--context` prompt tokens each (varied, random
+tokens), every row decoding, nothing joining or leaving: the step the engine repeats
+between arrivals. Two variants, each in this process one after the other, on one model
+directory:
+
+  ours     the engine's `BatchStepper` on the model as the engine loads it (fused
+           projections, the ragged KV cache, the ragged decode-attention kernel on CUDA,
+           one keyed sampler per row, as requests bring them);
+  mlx_lm   mlx-lm's own `BatchGenerator` on mlx-lm's model (its `BatchKVCache`, one
+           sampler for the batch): what mlx_lm.server decodes with.
+
+Per variant, over `--steps` steps after `--warmup` steps: wall ms a step, ms in MLX's
+`async_eval` a step (encoding and launching), and with `--kernels` (torch.profiler, on the
+GPU machine) CUDA kernels a step by name and the device's busy ms a step. The kernels by
+name say what a step launches beyond mlx-lm's: that is the host time to win back.
+
+Usage:
+  python -P bench/batch_step.py --preset tiny --rows 8 --context 200:400            # CPU
+  python -P bench/batch_step.py --model /tmp/l8b --rows 32 --context 500:1000 \\
+      --kernels --out batch-step.json                                             # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+_real_async_eval = mx.async_eval
+
+
+class LaunchClock:
+    """Time spent in `mx.async_eval` (every caller reads it through the module)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __call__(self, *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return _real_async_eval(*args)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def _family(name: str) -> str:
+    """A kernel's name without its template arguments' noise: what launched it."""
+    name = re.sub(r"^void ", "", name)
+    head = re.split(r"[<(]", name, maxsplit=1)[0]
+    if head.startswith("mlx::core::cu::"):
+        head = head[len("mlx::core::cu::") :]
+        if head.startswith(("copy", "binary", "unary", "ternary")):
+            dims = re.search(r"<[^,]+,[^,]+,[^,]+, (\d+)", name)
+            head += f"/{dims.group(1)}" if dims and head.endswith("_nd") else ""
+    if head.startswith("nvjet") or "gemm" in head.lower() or "cublas" in head:
+        return "gemm (cuBLAS)"
+    return head[:60]
+
+
+def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
+    """`steps` steps under torch.profiler: CUDA kernels a step by family, device busy."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return {"error": "no torch.profiler"}
+    mx.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        mx.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    spans = []
+    for e in events:
+        us = e.time_range.end - e.time_range.start
+        by_family[_family(e.name)][0] += us
+        by_family[_family(e.name)][1] += 1
+        spans.append((e.time_range.start, e.time_range.end))
+    spans.sort()
+    busy, end = 0.0, -1.0
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return {
+        "kernels_per_step": round(len(events) / steps, 1),
+        "busy_ms_per_step": round(busy / 1000 / steps, 2),
+        "by_family": [
+            {"family": f, "per_step": round(n / steps, 1), "us_per_step": round(t / steps, 1)}
+            for f, (t, n) in sorted(by_family.items(), key=lambda kv: -kv[1][1])
+        ],
+    }
+
+
+def _prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    low, high = args.context
+    return [
+        [rng.randrange(100, vocab) for _ in range(rng.randint(low, high))] for _ in range(args.rows)
+    ]
+
+
+def ours(path: Path, args: argparse.Namespace) -> tuple[Any, Callable[[], None]]:
+    from mlx_nursery.engine import SamplingParams
+    from mlx_nursery.engine._decode_attention import install
+    from mlx_nursery.engine._sampling import make_request_sampler
+    from mlx_nursery.engine._stepper import BatchStepper, Start
+    from mlx_nursery.models import load_model
+
+    loaded = load_model(path)
+    install(loaded.model)
+    stepper = BatchStepper(
+        loaded.model,
+        max_concurrency=args.rows,
+        prefill_batch_size=8,
+        prefill_step_size=2048,
+    )
+    vocab = int(loaded.model.args.vocab_size)
+    for i, prompt in enumerate(_prompts(args, vocab)):
+        params = SamplingParams(temperature=args.temperature, seed=i)
+        stepper.insert_row(
+            Start(prompt, None, [], 1 << 20),
+            sampler=make_request_sampler(params, []),
+            processors=[],
+            stop_ids=frozenset(),
+        )
+
+    def step() -> None:
+        stepper.step()
+
+    return stepper._generator, step
+
+
+def mlx_lm(path: Path, args: argparse.Namespace) -> tuple[Any, Callable[[], None]]:
+    from mlx_lm import load
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    model, _ = load(str(path))
+    generator = BatchGenerator(
+        model,
+        max_tokens=1 << 20,
+        stop_tokens=[],
+        sampler=make_sampler(temp=args.temperature),
+        completion_batch_size=args.rows,
+        prefill_batch_size=8,
+        prefill_step_size=2048,
+    )
+    generator.insert(_prompts(args, int(model.args.vocab_size)))
+
+    def step() -> None:
+        generator.next()
+
+    return generator, step
+
+
+def measure(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    generator, step = (ours if name == "ours" else mlx_lm)(path, args)
+    while len(generator._prompt_batch) or len(generator._generation_batch) < args.rows:
+        step()  # the prompts' prefill, until every row decodes
+    for _ in range(args.warmup):
+        step()
+    mx.synchronize()
+    clock = LaunchClock()
+    mx.async_eval = clock
+    try:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        mx.synchronize()
+        wall = time.perf_counter() - start
+        launch = clock.seconds
+        kernels = profile_steps(step, min(args.steps, 16)) if args.kernels else None
+    finally:
+        mx.async_eval = _real_async_eval
+    result: dict[str, Any] = {
+        "variant": name,
+        "wall_ms_per_step": round(wall * 1000 / args.steps, 2),
+        "launch_ms_per_step": round(launch * 1000 / args.steps, 2),
+        "tok_per_s": round(args.rows * args.steps / wall, 1),
+    }
+    if kernels is not None:
+        result["kernels"] = kernels
+    del generator, step
+    mx.clear_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path)
+    source.add_argument("--preset")
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument(
+        "--context",
+        type=lambda t: tuple(int(x) for x in t.split(":")),
+        default=(500, 1000),
+        help="prompt tokens a row, LOW:HIGH",
+    )
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--variants", nargs="+", default=["ours", "mlx_lm"])
+    parser.add_argument("--kernels", action="store_true", help="torch.profiler (GPU machine)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = args.model
+        if path is None:
+            from mlx_nursery.tools import make_model
+
+            path = make_model(Path(scratch) / "model", args.preset)
+        results = [measure(name, path, args) for name in args.variants]
+    report = {
+        "device": str(mx.default_device()),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
+    }
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
