@@ -12,12 +12,13 @@ directory:
            sampler for the batch): what mlx_lm.server decodes with.
 
 Per variant, over `--steps` steps after `--warmup` steps: wall ms a step, ms in MLX's
-`async_eval` a step (encoding and launching), and with `--kernels` (torch.profiler, on the
+`async_eval` a step (encoding and launching), in `eval` (waiting for the device), and the
+rest (Python: building the step's graph, bookkeeping), and with `--kernels` (torch.profiler, on the
 GPU machine) CUDA kernels a step by name and the device's busy ms a step. The kernels by
 name say what a step launches beyond mlx-lm's: that is the host time to win back.
 
 Usage:
-  python -P bench/batch_step.py --preset tiny --rows 8 --context 200:400            # CPU
+  python -P bench/batch_step.py --preset tiny --layers 32 --rows 32 --context 200:400  # CPU
   python -P bench/batch_step.py --model /tmp/l8b --rows 32 --context 500:1000 \\
       --kernels --out batch-step.json                                             # GPU
 """
@@ -30,7 +31,7 @@ import random
 import re
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,20 +39,49 @@ from typing import Any
 import mlx.core as mx
 
 _real_async_eval = mx.async_eval
+_real_eval = mx.eval
 
 
-class LaunchClock:
-    """Time spent in `mx.async_eval` (every caller reads it through the module)."""
+class Clock:
+    """Time spent in one MLX function (every caller reads it through the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
         self.seconds = 0.0
 
     def __call__(self, *args: Any) -> Any:
         start = time.perf_counter()
         try:
-            return _real_async_eval(*args)
+            return self.fn(*args)
         finally:
             self.seconds += time.perf_counter() - start
+
+
+def count_primitives(step: Callable[[], None]) -> dict[str, int]:
+    """The primitives one step hands `mx.async_eval`, by name (`mx.export_to_dot`): on the
+    CPU, a proxy for the kernels a GPU step launches (not every primitive is one kernel,
+    and some launch copies of their inputs)."""
+    counts: Counter[str] = Counter()
+    dot = Path(tempfile.mkdtemp()) / "step.dot"
+
+    def counted(*args: Any) -> Any:
+        arrays = [a for a in _flat(args) if isinstance(a, mx.array)]
+        mx.export_to_dot(str(dot), *arrays)
+        counts.update(re.findall(r'label ="([^"]+)"', dot.read_text()))
+        return _real_async_eval(*args)
+
+    mx.async_eval = counted
+    try:
+        step()
+    finally:
+        mx.async_eval = _real_async_eval
+    return dict(counts.most_common())
+
+
+def _flat(values: Any) -> list[Any]:
+    if isinstance(values, (list, tuple)):
+        return [leaf for v in values for leaf in _flat(v)]
+    return [values]
 
 
 def _family(name: str) -> str:
@@ -171,30 +201,51 @@ def measure(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
         step()  # the prompts' prefill, until every row decodes
     for _ in range(args.warmup):
         step()
+    primitives = count_primitives(step) if args.graph else None
     mx.synchronize()
-    clock = LaunchClock()
-    mx.async_eval = clock
+    launch, wait = Clock(_real_async_eval), Clock(_real_eval)
+    mx.async_eval, mx.eval = launch, wait
     try:
         start = time.perf_counter()
         for _ in range(args.steps):
             step()
         mx.synchronize()
         wall = time.perf_counter() - start
-        launch = clock.seconds
-        kernels = profile_steps(step, min(args.steps, 16)) if args.kernels else None
     finally:
-        mx.async_eval = _real_async_eval
+        mx.async_eval, mx.eval = _real_async_eval, _real_eval
+    kernels = profile_steps(step, min(args.steps, 16)) if args.kernels else None
+    per_step = 1000 / args.steps
     result: dict[str, Any] = {
         "variant": name,
-        "wall_ms_per_step": round(wall * 1000 / args.steps, 2),
-        "launch_ms_per_step": round(launch * 1000 / args.steps, 2),
+        "wall_ms_per_step": round(wall * per_step, 2),
+        "launch_ms_per_step": round(launch.seconds * per_step, 2),
+        "wait_ms_per_step": round(wait.seconds * per_step, 2),
+        "python_ms_per_step": round((wall - launch.seconds - wait.seconds) * per_step, 2),
         "tok_per_s": round(args.rows * args.steps / wall, 1),
     }
     if kernels is not None:
         result["kernels"] = kernels
+    if primitives is not None:
+        result["primitives"] = {"total": sum(primitives.values()), "by_name": primitives}
     del generator, step
     mx.clear_cache()
     return result
+
+
+def _make(out: Path, preset: str, layers: int | None) -> Path:
+    """The preset's model; with `layers`, as deep as that (a narrow model as deep as a
+    large one: on the CPU its step's host work weighs as a GPU's does)."""
+    import attrs
+
+    from mlx_nursery.tools import PRESETS, make_model
+
+    if layers is not None:
+        base = PRESETS[preset]
+        preset = f"{preset}-{layers}-layers"
+        PRESETS[preset] = attrs.evolve(
+            base, name=preset, config={**base.config, "num_hidden_layers": layers}
+        )
+    return make_model(out, preset)
 
 
 def main() -> None:
@@ -202,6 +253,7 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", type=Path)
     source.add_argument("--preset")
+    parser.add_argument("--layers", type=int, help="with --preset: this many layers")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument(
         "--context",
@@ -214,14 +266,13 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--variants", nargs="+", default=["ours", "mlx_lm"])
     parser.add_argument("--kernels", action="store_true", help="torch.profiler (GPU machine)")
+    parser.add_argument("--graph", action="store_true", help="count one step's primitives")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         path = args.model
         if path is None:
-            from mlx_nursery.tools import make_model
-
-            path = make_model(Path(scratch) / "model", args.preset)
+            path = _make(Path(scratch) / "model", args.preset, args.layers)
         results = [measure(name, path, args) for name in args.variants]
     report = {
         "device": str(mx.default_device()),

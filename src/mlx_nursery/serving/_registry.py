@@ -315,22 +315,13 @@ class ModelRegistry:
         if self._closed:
             return
         # The log holds what /health says: a server that exits at once leaves only its log.
+        died = f"model {name}: its engine died ({detail})"
         if self._on_failure == "exit" or slot.restarts >= self._restart_limit:
-            log.error(
-                "model %s: its engine died (%s); the server exits (--on-engine-failure)",
-                name,
-                detail,
-            )
+            log.error("%s; the server exits (--on-engine-failure)", died)
             self._on_fatal(f"the engine of model {name!r} died")
             return
         slot.restarts += 1
-        log.error(
-            "model %s: its engine died (%s); restarting it (%d of %d)",
-            name,
-            detail,
-            slot.restarts,
-            self._restart_limit,
-        )
+        log.error("%s; restarting it (%d of %d)", died, slot.restarts, self._restart_limit)
         assert self._nursery is not None
         self._nursery.start_soon(self._restart, slot)
 
