@@ -348,6 +348,63 @@ async def test_a_failed_follower_fails_the_group_fast_not_a_hang(
             process.wait()
 
 
+def _text(log: Path) -> str:
+    return log.read_text(errors="replace") if log.exists() else ""
+
+
+async def _until_logged(log: Path, text: str, process: subprocess.Popen[bytes]) -> None:
+    with trio.fail_after(90):
+        while text not in _text(log):
+            assert process.poll() is None, _text(log)
+            await trio.sleep(0.05)
+
+
+def _linked_copies(model: Path, into: Path, n: int) -> list[Path]:
+    """`n` directories holding `model`'s files (links): one per rank, each its own."""
+    copies = []
+    for i in range(n):
+        directory = into / f"model{i}"
+        directory.mkdir()
+        for item in model.iterdir():
+            (directory / item.name).symlink_to(item)
+        copies.append(directory)
+    return copies
+
+
+async def test_a_rank_late_to_the_first_meeting_is_waited_for(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Ranks reach the model check after loading and hashing the model at their own disk's
+    pace: one arriving later than the step bound still forms the group, which serves.
+
+    Rank 1's directory holds one more weight file that only the model check reads, a FIFO
+    (rank 0's: an empty file): rank 1 waits on it until the test opens it, here three times
+    the step bound after rank 0 has reached the check."""
+    models = _linked_copies(tiny_model, tmp_path, 2)
+    (models[0] / "zz-late.safetensors").write_bytes(b"")
+    late = models[1] / "zz-late.safetensors"
+    os.mkfifo(late)
+    port = _free_port()
+    rank0, rank1 = _ranks(models, port, tmp_path, "--distributed-timeout", "1")
+    try:
+        await _until_logged(tmp_path / "rank0.log", "waiting for every rank", rank0)
+        await trio.sleep(3)  # the lateness under test, not a synchronization
+        assert "waiting for every rank" not in _text(tmp_path / "rank1.log")
+        # Opening for writing waits for rank 1's reader; closing gives it an empty file.
+        os.close(await trio.to_thread.run_sync(os.open, late, os.O_WRONLY))
+        await _until_healthy(port, rank0)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            body = {"model": models[0].name, "prompt": "hello", "max_tokens": 4}
+            response = await client.post("/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        for process in (rank0, rank1):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
 async def test_a_mismatched_model_is_refused_on_every_rank(
     tiny_model: Path, tmp_path: Path
 ) -> None:

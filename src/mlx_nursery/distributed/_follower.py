@@ -34,7 +34,7 @@ from ..models import ModelLoadError
 from ._channel import Channel
 from ._loading import Mode, check_identity, load_shard, model_identity
 from ._ops import Hello, Op, kv_offer, shared_tokens
-from ._watchdog import Watchdog
+from ._watchdog import FIRST_MEETING_S, Watchdog
 
 log = logging.getLogger("mlx_nursery.distributed")
 
@@ -153,7 +153,10 @@ def run_follower(path: Path, mode: Mode, timeout: float) -> int:
     channel = Channel(group, watchdog)
     try:
         model = load_shard(path, mode, group)
-        check_identity(channel.gather(model_identity(path), "the model check"), path)
+        identity = model_identity(path)
+        log.info("rank %d: model loaded; waiting for every rank to load it", rank)
+        with watchdog.at_least(FIRST_MEETING_S):
+            check_identity(channel.gather(identity, "the model check"), path)
     except ModelLoadError as exc:
         log.error("rank %d: %s", rank, exc)
         return 2

@@ -21,6 +21,12 @@ log = logging.getLogger("mlx_nursery.distributed")
 STALL_EXIT_STATUS = 3
 """The exit status of a rank whose group stalled (distinct from a load failure's 1, 2)."""
 
+FIRST_MEETING_S = 1800.0
+"""The bound on the ranks' first meeting (the model check), instead of the step bound:
+each rank reaches it after loading its shard and hashing the model's files at its own
+disk's pace, minutes for a large model, so ranks arrive far apart. Rank 0's /health says
+"loading" meanwhile; a rank that never arrives still ends the group."""
+
 
 class Watchdog:
     """Exits the process when an armed wait outlasts `timeout` seconds."""
@@ -57,6 +63,16 @@ class Watchdog:
         finally:
             with self._lock:
                 self._armed = None
+
+    @contextmanager
+    def at_least(self, seconds: float) -> Iterator[None]:
+        """Within the block the bound is at least `seconds` (the first meeting)."""
+        usual = self.timeout
+        self.timeout = max(usual, seconds)
+        try:
+            yield
+        finally:
+            self.timeout = usual
 
     def stop(self) -> None:
         self._stop.set()
