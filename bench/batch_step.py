@@ -29,14 +29,18 @@ import argparse
 import json
 import random
 import re
+import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _kernels import profile_steps
 
 _real_async_eval = mx.async_eval
 _real_eval = mx.eval
@@ -82,55 +86,6 @@ def _flat(values: Any) -> list[Any]:
     if isinstance(values, (list, tuple)):
         return [leaf for v in values for leaf in _flat(v)]
     return [values]
-
-
-def _family(name: str) -> str:
-    """A kernel's name without its template arguments' noise: what launched it."""
-    name = re.sub(r"^void ", "", name)
-    head = re.split(r"[<(]", name, maxsplit=1)[0]
-    if head.startswith("mlx::core::cu::"):
-        head = head[len("mlx::core::cu::") :]
-        if head.startswith(("copy", "binary", "unary", "ternary")):
-            dims = re.search(r"<[^,]+,[^,]+,[^,]+, (\d+)", name)
-            head += f"/{dims.group(1)}" if dims and head.endswith("_nd") else ""
-    if head.startswith("nvjet") or "gemm" in head.lower() or "cublas" in head:
-        return "gemm (cuBLAS)"
-    return head[:60]
-
-
-def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
-    """`steps` steps under torch.profiler: CUDA kernels a step by family, device busy."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
-    except ImportError:
-        return {"error": "no torch.profiler"}
-    mx.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        mx.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    by_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    spans = []
-    for e in events:
-        us = e.time_range.end - e.time_range.start
-        by_family[_family(e.name)][0] += us
-        by_family[_family(e.name)][1] += 1
-        spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
-    busy, end = 0.0, -1.0
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
-    return {
-        "kernels_per_step": round(len(events) / steps, 1),
-        "busy_ms_per_step": round(busy / 1000 / steps, 2),
-        "by_family": [
-            {"family": f, "per_step": round(n / steps, 1), "us_per_step": round(t / steps, 1)}
-            for f, (t, n) in sorted(by_family.items(), key=lambda kv: -kv[1][1])
-        ],
-    }
 
 
 def _prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:

@@ -11,6 +11,8 @@ step of the pipelined loop), tok/s. Distributed, also `collectives`: the step's 
 alone (two a layer, each of the step's activations, `[batch, 1, hidden]`), chained and
 pipelined the same way, so that the step's extra cost over one device can be split into
 the collectives themselves and the rest (how they are launched, the halved matmuls).
+`--kernels`: the largest batch's step under torch.profiler on rank 0, kernels a step by
+family and the device's busy time (`_kernels.py`).
 
 Usage:
   python -P bench/sharded_step.py --model DIR --batches 1 8 32 --out one.json
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +41,9 @@ from mlx_nursery.distributed._loading import load_shard
 from mlx_nursery.engine.stepping import generation_stream
 from mlx_nursery.models import load_model
 from mlx_nursery.tools import make_model
+
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _kernels import profile_steps
 
 
 def _prefill(model: Any, batch: int, context: int, chunk: int = 512) -> tuple[list[Any], mx.array]:
@@ -87,6 +93,34 @@ def _decode(
     result = _pipelined(step, last[:, 0], args.steps)
     result["tok_s"] = batch / (result["wall_mean_ms"] / 1000)
     return result
+
+
+def _kernels(model: Any, batch: int, args: argparse.Namespace, profiled: bool) -> dict[str, Any]:
+    """The pipelined decode step's CUDA kernels by family and the device's busy time, on
+    this rank (`profiled`; the other ranks run the same steps unprofiled: every step's
+    collectives need them all)."""
+    cache, last = _prefill(model, batch, args.context)
+    y = last[:, 0]
+
+    def step() -> None:
+        nonlocal y
+        logits = model(y.reshape(batch, 1), cache=cache)[:, -1, :]
+        nxt = mx.argmax(logits, axis=-1)
+        mx.async_eval(nxt)
+        y.tolist()
+        y = nxt
+
+    with mx.stream(generation_stream):
+        mx.async_eval(y)
+        for _ in range(4):
+            step()
+        if profiled:
+            return profile_steps(step, 16)
+        mx.synchronize()
+        for _ in range(16):
+            step()
+        mx.synchronize()
+    return {}
 
 
 def _records(kind: str, group: Any) -> Any:
@@ -142,6 +176,11 @@ def main() -> None:
         choices=["none", "nccl", "ring"],
         help="distributed: also run the decode with each step's record sent first (_records)",
     )
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="the largest batch's step under torch.profiler on rank 0 (the GPU machine)",
+    )
     parser.add_argument("--out")
     args = parser.parse_args()
     group = mx.distributed.init()
@@ -169,6 +208,8 @@ def main() -> None:
             )
         if group.size() > 1:
             report["collectives"][batch] = _collectives(model, group, batch, args)
+    if args.kernels:
+        report["kernels"] = _kernels(model, max(args.batches), args, group.rank() == 0)
     if group.rank() == 0:
         text = json.dumps(report, indent=1)
         if args.out:

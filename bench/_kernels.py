@@ -1,0 +1,64 @@
+"""CUDA kernels a step launches, by family, and the device's busy time: torch.profiler
+(CUPTI), which sees MLX's kernels too; only where torch with CUDA is installed (the GPU
+machine). Shared by the step benchmarks."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+
+def _family(name: str) -> str:
+    """A kernel's name without its template arguments' noise: what launched it."""
+    name = re.sub(r"^void ", "", name)
+    head = re.split(r"[<(]", name, maxsplit=1)[0]
+    if head.startswith("mlx::core::cu::"):
+        head = head[len("mlx::core::cu::") :]
+        if head.startswith(("copy", "binary", "unary", "ternary")):
+            dims = re.search(r"<[^,]+,[^,]+,[^,]+, (\d+)", name)
+            head += f"/{dims.group(1)}" if dims and head.endswith("_nd") else ""
+    if head.startswith("nvjet") or "gemm" in head.lower() or "cublas" in head:
+        return "gemm (cuBLAS)"
+    return head[:60]
+
+
+def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
+    """`steps` steps (always run) under torch.profiler: kernels a step by family, device busy."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:  # the steps still run: other ranks' collectives wait for them
+        for _ in range(steps):
+            step()
+        mx.synchronize()
+        return {"error": "no torch.profiler"}
+    mx.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        mx.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    spans = []
+    for e in events:
+        us = e.time_range.end - e.time_range.start
+        by_family[_family(e.name)][0] += us
+        by_family[_family(e.name)][1] += 1
+        spans.append((e.time_range.start, e.time_range.end))
+    spans.sort()
+    busy, end = 0.0, -1.0
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return {
+        "kernels_per_step": round(len(events) / steps, 1),
+        "busy_ms_per_step": round(busy / 1000 / steps, 2),
+        "by_family": [
+            {"family": f, "per_step": round(n / steps, 1), "us_per_step": round(t / steps, 1)}
+            for f, (t, n) in sorted(by_family.items(), key=lambda kv: -kv[1][1])
+        ],
+    }
