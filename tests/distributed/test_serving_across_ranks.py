@@ -12,6 +12,7 @@ exit status).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -390,8 +391,16 @@ async def test_a_rank_late_to_the_first_meeting_is_waited_for(
         await _until_logged(tmp_path / "rank0.log", "waiting for every rank", rank0)
         await trio.sleep(3)  # the lateness under test, not a synchronization
         assert "waiting for every rank" not in _text(tmp_path / "rank1.log")
-        # Opening for writing waits for rank 1's reader; closing gives it an empty file.
-        os.close(await trio.to_thread.run_sync(os.open, late, os.O_WRONLY))
+        # Rank 1 reads the FIFO once a writer opens it; closing gives it an empty file.
+        with trio.fail_after(60):
+            while True:
+                try:
+                    os.close(os.open(late, os.O_WRONLY | os.O_NONBLOCK))
+                    break
+                except OSError as exc:  # ENXIO: rank 1 has not opened it for reading yet
+                    assert exc.errno == errno.ENXIO, exc
+                    assert rank1.poll() is None, _text(tmp_path / "rank1.log")
+                    await trio.sleep(0.05)
         await _until_healthy(port, rank0)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             body = {"model": models[0].name, "prompt": "hello", "max_tokens": 4}
