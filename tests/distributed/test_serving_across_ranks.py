@@ -379,17 +379,17 @@ async def test_a_rank_late_to_the_first_meeting_is_waited_for(
     pace: one arriving later than the step bound still forms the group, which serves.
 
     Rank 1's directory holds one more weight file that only the model check reads, a FIFO
-    (rank 0's: an empty file): rank 1 waits on it until the test opens it, here three times
-    the step bound after rank 0 has reached the check."""
+    (rank 0's: an empty file): rank 1 waits on it until the test opens it, here 5 s after
+    rank 0 has reached the check, against a 3 s step bound."""
     models = _linked_copies(tiny_model, tmp_path, 2)
     (models[0] / "zz-late.safetensors").write_bytes(b"")
     late = models[1] / "zz-late.safetensors"
     os.mkfifo(late)
     port = _free_port()
-    rank0, rank1 = _ranks(models, port, tmp_path, "--distributed-timeout", "1")
+    rank0, rank1 = _ranks(models, port, tmp_path, "--distributed-timeout", "3")
     try:
         await _until_logged(tmp_path / "rank0.log", "waiting for every rank", rank0)
-        await trio.sleep(3)  # the lateness under test, not a synchronization
+        await trio.sleep(5)  # the lateness under test (past the bound), not a synchronization
         assert "waiting for every rank" not in _text(tmp_path / "rank1.log")
         # Rank 1 reads the FIFO once a writer opens it; closing gives it an empty file.
         with trio.fail_after(60):

@@ -149,7 +149,7 @@ def run_follower(path: Path, mode: Mode, timeout: float) -> int:
     (0, or 1 if rank 0's engine failed; 2 if the model was refused; a stall exits 3)."""
     group = mx.distributed.init()
     rank = group.rank()
-    watchdog = Watchdog(timeout, lambda what: stall_detail_follower(rank, timeout, what))
+    watchdog = Watchdog(timeout, lambda what, bound: stall_detail_follower(rank, bound, what))
     channel = Channel(group, watchdog)
     try:
         model = load_shard(path, mode, group)

@@ -61,7 +61,7 @@ class Leader:
         self.mode = mode
         self.group = group
         self.watchdog = Watchdog(
-            timeout, lambda what: stall_detail(group, timeout, what), on_stall=self._stalled
+            timeout, lambda what, bound: stall_detail(group, bound, what), on_stall=self._stalled
         )
         self.failure: str | None = None
         self.report: Callable[[str], None] | None = None

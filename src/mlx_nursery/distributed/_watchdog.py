@@ -34,19 +34,20 @@ class Watchdog:
     def __init__(
         self,
         timeout: float,
-        describe: Callable[[str], str],
+        describe: Callable[[str, float], str],
         *,
         on_stall: Callable[[str], None] | None = None,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
         self.timeout = timeout
         self._describe = describe
-        """The message for a stalled wait, from what was waited for."""
+        """The message for a stalled wait, from what was waited for and the bound."""
         self.on_stall = on_stall
         """Run (bounded by the caller) before the exit: rank 0 reports and ends requests."""
         self._exit = exit
         self._lock = threading.Lock()
-        self._armed: tuple[str, float] | None = None
+        self._armed: tuple[str, float, float] | None = None
+        """What is waited for, since when, and the bound it was armed with."""
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._watch, name="mlx-nursery-watchdog", daemon=True
@@ -57,7 +58,7 @@ class Watchdog:
     def watching(self, what: str) -> Iterator[None]:
         """Arm for the block (waits on the other ranks); not reentrant."""
         with self._lock:
-            self._armed = (what, time.monotonic())
+            self._armed = (what, time.monotonic(), self.timeout)
         try:
             yield
         finally:
@@ -82,9 +83,11 @@ class Watchdog:
         while not self._stop.wait(period):
             with self._lock:
                 armed = self._armed
-            if armed is None or time.monotonic() - armed[1] < self.timeout:
+            # The bound the wait was armed with: a bound changed meanwhile (`at_least`,
+            # patience) is not this wait's.
+            if armed is None or time.monotonic() - armed[1] < armed[2]:
                 continue
-            detail = self._describe(armed[0])
+            detail = self._describe(armed[0], armed[2])
             log.error("%s; exiting with status %d", detail, STALL_EXIT_STATUS)
             if self.on_stall is not None:
                 try:

