@@ -32,9 +32,9 @@ from ..engine.stepping import (
 )
 from ..models import ModelLoadError
 from ._channel import Channel
-from ._loading import Mode, check_identity, load_shard, model_identity
+from ._loading import Mode, load_shard, meet_on_the_model
 from ._ops import Hello, Op, kv_offer, shared_tokens
-from ._watchdog import FIRST_MEETING_S, Watchdog
+from ._watchdog import Watchdog
 
 log = logging.getLogger("mlx_nursery.distributed")
 
@@ -153,10 +153,7 @@ def run_follower(path: Path, mode: Mode, timeout: float) -> int:
     channel = Channel(group, watchdog)
     try:
         model = load_shard(path, mode, group)
-        identity = model_identity(path)
-        log.info("rank %d: model loaded; waiting for every rank to load it", rank)
-        with watchdog.at_least(FIRST_MEETING_S):
-            check_identity(channel.gather(identity, "the model check"), path)
+        meet_on_the_model(channel, path)
     except ModelLoadError as exc:
         log.error("rank %d: %s", rank, exc)
         return 2

@@ -34,9 +34,9 @@ from ..engine.stepping import (
 )
 from ..models import LoadedModel, resolve_model_path
 from ._channel import Channel
-from ._loading import Mode, check_identity, load_shard, model_identity
+from ._loading import Mode, load_shard, meet_on_the_model
 from ._ops import Hello, Op, agreed_kv_bytes, kv_offer, share_tokens
-from ._watchdog import FIRST_MEETING_S, Watchdog
+from ._watchdog import Watchdog
 
 log = logging.getLogger("mlx_nursery.distributed")
 
@@ -79,10 +79,7 @@ class Leader:
     def load(self, config: EngineConfig) -> LoadedModel:
         path = resolve_model_path(config.model)
         model = load_shard(path, self.mode, self.group)
-        identity = model_identity(path)
-        log.info("rank 0: model loaded; waiting for every rank to load it")
-        with self.watchdog.at_least(FIRST_MEETING_S):
-            check_identity(self._channel.gather(identity, "the model check"), path)
+        meet_on_the_model(self._channel, path)
         self._channel.send(attrs.asdict(Hello.of(config)))
         log.info("serving across %d ranks (%s parallel)", self.group.size(), self.mode)
         return model

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,10 @@ from typing import Literal
 import mlx.core as mx
 
 from ..models import LoadedModel, ModelLoadError, model_kind
+from ._channel import Channel
+from ._watchdog import FIRST_MEETING_S
+
+log = logging.getLogger("mlx_nursery.distributed")
 
 Mode = Literal["tensor", "pipeline"]
 MODES: tuple[Mode, ...] = ("tensor", "pipeline")
@@ -142,3 +147,13 @@ def check_identity(gathered: list[list[int]], path: Path) -> None:
             f"{path}: rank(s) {', '.join(map(str, differing))} serve a model whose config or"
             " weights differ from rank 0's; every rank must serve the same model files"
         )
+
+
+def meet_on_the_model(channel: Channel, path: Path) -> None:
+    """Every rank's first meeting, once its shard is loaded: raise `ModelLoadError` unless
+    every rank serves the same model files. Waits up to `FIRST_MEETING_S` for the slowest
+    rank's load, not the step bound. Blocks; not cancellable."""
+    identity = model_identity(path)
+    log.info("rank %d: model loaded; waiting for every rank to load it", channel.rank)
+    with channel.watchdog.at_least(FIRST_MEETING_S):
+        check_identity(channel.gather(identity, "the model check"), path)
