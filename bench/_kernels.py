@@ -26,6 +26,16 @@ def _family(name: str) -> str:
     return head[:60]
 
 
+def busy_us(spans: list[tuple[float, float]]) -> float:
+    """The time covered by any of `spans` (kernels that overlap count once)."""
+    busy, end = 0.0, -1.0
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
 def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
     """`steps` steps (always run) under torch.profiler: kernels a step by family, device busy."""
     try:
@@ -42,18 +52,11 @@ def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
         mx.synchronize()
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     by_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    spans = []
     for e in events:
-        us = e.time_range.end - e.time_range.start
-        by_family[_family(e.name)][0] += us
-        by_family[_family(e.name)][1] += 1
-        spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
-    busy, end = 0.0, -1.0
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
+        totals = by_family[_family(e.name)]
+        totals[0] += e.time_range.end - e.time_range.start
+        totals[1] += 1
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in events])
     return {
         "kernels_per_step": round(len(events) / steps, 1),
         "busy_ms_per_step": round(busy / 1000 / steps, 2),

@@ -77,6 +77,9 @@ from mlx_nursery.engine import (
 from mlx_nursery.engine._solo_sequence import SoloSequence
 from mlx_nursery.tools import make_model
 
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _kernels import busy_us
+
 
 class Phases:
     """Exclusive time per phase on the engine thread (others are not timed)."""
@@ -343,20 +346,10 @@ async def profile_kernels(duration: float, into: dict[str, Any]) -> None:
         await trio.sleep(window)
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    spans = []
     for e in events:
-        us = e.time_range.end - e.time_range.start
-        by_name[e.name[:90]][0] += us
+        by_name[e.name[:90]][0] += e.time_range.end - e.time_range.start
         by_name[e.name[:90]][1] += 1
-        spans.append((e.time_range.start, e.time_range.end))
-    spans.sort()
-    busy = 0.0
-    end = -1.0
-    for a, b in spans:
-        if b <= end:
-            continue
-        busy += b - max(a, end)
-        end = b
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in events])
     into["window_s"] = window
     into["busy_share"] = round(busy / (window * 1e6), 3)
     into["kernels"] = len(events)
