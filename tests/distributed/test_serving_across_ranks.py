@@ -305,6 +305,14 @@ def _ranks(models: list[Path], port: int, logs: Path, *flags: str) -> list[subpr
     return processes
 
 
+def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    """End a test's ranks, whatever state it left them in (a stopped one dies too)."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
 @pytest.mark.parametrize("fault", ["killed", "stalled"])
 async def test_a_failed_follower_fails_the_group_fast_not_a_hang(
     tiny_model: Path, tmp_path: Path, fault: str
@@ -343,10 +351,7 @@ async def test_a_failed_follower_fails_the_group_fast_not_a_hang(
         status = await trio.to_thread.run_sync(rank0.wait, 30)
         assert status != 0
     finally:
-        for process in (rank0, rank1):
-            if process.poll() is None:
-                process.kill()
-            process.wait()
+        _kill_all([rank0, rank1])
 
 
 def _text(log: Path) -> str:
@@ -408,10 +413,7 @@ async def test_a_rank_late_to_the_first_meeting_is_waited_for(
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] >= 1
     finally:
-        for process in (rank0, rank1):
-            if process.poll() is None:
-                process.kill()
-            process.wait()
+        _kill_all([rank0, rank1])
 
 
 async def test_a_mismatched_model_is_refused_on_every_rank(
