@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import json
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,9 @@ import mlx.core as mx
 from mlx_nursery.engine import _decode_attention
 from mlx_nursery.engine._decode_attention import available
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
+
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _kernels import profile_steps
 
 Kernel = Callable[[mx.array, RaggedBatchKVCache, float], mx.array]
 
@@ -103,14 +107,26 @@ def check(rng: random.Random, kernel: Kernel) -> list[dict[str, Any]]:
 
 
 def timing(
-    rng: random.Random, kernels: dict[str, Kernel], layers: int = 32, rounds: int = 20
+    rng: random.Random,
+    kernels: dict[str, Kernel],
+    layers: int = 32,
+    rounds: int = 20,
+    *,
+    rows: int = 32,
+    lengths_from: tuple[int, int] = (500, 1200),
+    device_time: bool = False,
 ) -> dict[str, Any]:
-    lengths = [rng.randint(500, 1200) for _ in range(32)]
+    lengths = [rng.randint(*lengths_from) for _ in range(rows)]
     caches = [batch_cache(lengths, 8, 128, mx.bfloat16, rng) for _ in range(4)]
-    queries = mx.random.normal((32, 32, 1, 128)).astype(mx.bfloat16)
+    queries = mx.random.normal((rows, 32, 1, 128)).astype(mx.bfloat16)
     mx.eval([c.state for c in caches], queries)
     scale = 128**-0.5
-    out: dict[str, Any] = {"rows": 32, "lengths": [min(lengths), max(lengths)], "layers": layers}
+    out: dict[str, Any] = {
+        "rows": rows,
+        "lengths": [min(lengths), max(lengths)],
+        "layers": layers,
+    }
+    kv_bytes = sum(lengths) * 8 * 128 * 2 * 2  # one layer's keys and values, bfloat16
     for name, fn in {"masked_sdpa": reference, **kernels}.items():
         mx.eval([fn(queries, c, scale) for c in caches])  # build kernels
         times = []
@@ -122,6 +138,17 @@ def timing(
             times.append(time.perf_counter() - tic)
         times.sort()
         out[f"{name}_ms_per_step"] = round(1000 * times[len(times) // 2], 3)
+        if device_time:  # the kernels' own time (CUPTI), apart from launching them
+
+            def step(fn: Kernel = fn) -> None:
+                mx.eval([fn(queries, caches[i % 4], scale) for i in range(layers)])
+
+            profile = profile_steps(step, 8)
+            busy = profile.get("busy_ms_per_step")
+            out[f"{name}_device_ms_per_step"] = busy
+            out[f"{name}_kernels"] = profile.get("by_family")
+            if busy:
+                out[f"{name}_kv_read_tb_per_s"] = round(kv_bytes * layers / busy / 1e9, 2)
     for name in kernels:
         out[f"{name}_x_masked"] = round(
             out["masked_sdpa_ms_per_step"] / out[f"{name}_ms_per_step"], 2
@@ -147,6 +174,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--previous", type=Path, help="another version of _decode_attention.py")
     p.add_argument("--target-blocks", type=int, nargs="*", default=[])
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also the device's own time for each variant (torch.profiler), and the KV "
+        "read rate it means",
+    )
+    p.add_argument(
+        "--rows", type=int, nargs="*", default=[32], help="batch sizes to time (default 32)"
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if not available():
@@ -162,7 +198,19 @@ def main() -> None:
         "device": str(mx.default_device()),
         "checks": checks,
         "all_ok": all(c["ok"] for cases in checks.values() for c in cases),
-        "timing": timing(random.Random(1), kernels),
+        "timing": timing(random.Random(1), kernels, device_time=args.kernels),
+        "more_timing": [
+            timing(
+                random.Random(rows),
+                kernels,
+                rows=rows,
+                lengths_from=lengths,
+                device_time=args.kernels,
+            )
+            for rows in args.rows
+            for lengths in ((480, 540), (500, 1200))
+            if (rows, lengths) != (32, (500, 1200))
+        ],
     }
     text = json.dumps(result, indent=1)
     print(text)
