@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import platform
 import statistics
 import subprocess
@@ -406,6 +407,10 @@ if __name__ == "__main__":
         help="each engine's KV budget (several engines share one device here)",
     )
     args = parser.parse_args()
+    # The engines' own log (their warm-up's phases, skipped ones included) on stderr: a
+    # verify step that builds kernels in a timed round shows why.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("mlx_nursery.engine").setLevel(logging.INFO)
     if args.trace_costs:
         TRACE.install()
     try:

@@ -19,10 +19,11 @@ the engine thread's phases to time them:
   rest       the engine loop's other work (settling, posting, detokenizing)
 
 `--launch` times MLX's `async_eval` apart ("launch": encoding the graph and launching its
-kernels) and its `eval` ("wait": the host waiting for the device, as a decode step's read of
-the step before it does), out of whichever phase calls them, so that a step's Python graph
-building, MLX's launching and the waits read separately (`--clients 1`: a lone stream, the
-fast path).
+kernels, and waiting where MLX's queue of work in flight is full) and its `eval` ("wait": the
+host waiting for the device), out of whichever phase calls them, and names each after its
+caller ("launch (decode)", "launch (chunk)", "wait (store)", ...), so that a step's Python
+graph building, each phase's launching and the waits read separately (`--clients 1`: a lone
+stream, the fast path). A token read with `tolist()` waits inside its phase, not here.
 
 `--graph` also counts the primitives each phase hands MLX to evaluate (`mx.eval`,
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
@@ -97,14 +98,20 @@ class Phases:
     def _synchronize(self) -> None:
         mx.synchronize()
 
-    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(
+        self, name: str, fn: Callable[..., Any], *, by_caller: bool = False
+    ) -> Callable[..., Any]:
+        """`fn` timed as phase `name`; `by_caller`: as `name (phase)`, for the phase that
+        called it (MLX's launches and waits, split by what launched them)."""
+
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self.thread:
                 return fn(*args, **kwargs)
             if self.sync and not self._stack:
                 self._synchronize()
-            frame = [name, time.perf_counter(), 0.0]
+            label = f"{name} ({self.current()})" if by_caller else name
+            frame = [label, time.perf_counter(), 0.0]
             self._stack.append(frame)
             try:
                 return fn(*args, **kwargs)
@@ -113,8 +120,8 @@ class Phases:
                     self._synchronize()
                 self._stack.pop()
                 elapsed = time.perf_counter() - frame[1]
-                self.seconds[name] += elapsed - frame[2]
-                self.calls[name] += 1
+                self.seconds[label] += elapsed - frame[2]
+                self.calls[label] += 1
                 if self._stack:
                     self._stack[-1][2] += elapsed
 
@@ -199,8 +206,8 @@ def install(phases: Phases, *, launch: bool = False) -> None:
         setattr(owner, attr, phases.wrap(name, getattr(owner, attr)))
     _schedule.launch_chunk = phases.wrap("chunk", _schedule.launch_chunk)  # type: ignore[assignment]
     if launch:
-        mx.async_eval = phases.wrap("launch", mx.async_eval)
-        mx.eval = phases.wrap("wait", mx.eval)
+        mx.async_eval = phases.wrap("launch", mx.async_eval, by_caller=True)
+        mx.eval = phases.wrap("wait", mx.eval, by_caller=True)
 
 
 def prompt(n: int, rng: random.Random, vocab: int) -> list[int]:
