@@ -222,7 +222,12 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     if args.graph:
         mx.eval = graphs.wrap(mx.eval)
         mx.async_eval = graphs.wrap(mx.async_eval)
-    config = EngineConfig(model, max_concurrency=args.clients, max_queue=4 * args.clients)
+    config = EngineConfig(
+        model,
+        max_concurrency=args.clients,
+        max_queue=4 * args.clients,
+        pack_chunks=args.pack_chunks,
+    )
     results = {}
     async with open_engine(config) as engine:
         # The engine thread is the one that runs the steps: learn it from a first request
@@ -389,6 +394,12 @@ def main() -> None:
         "--graph", type=int, default=0, metavar="N", help="count N evaluations' primitives a phase"
     )
     p.add_argument("--cache-limit-gb", type=float, help="MLX's buffer cache limit (GiB)")
+    p.add_argument(
+        "--pack-chunks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill chunks in the decode step's forward (EngineConfig.pack_chunks)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.cache_limit_gb is not None:

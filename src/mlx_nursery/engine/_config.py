@@ -146,6 +146,11 @@ class EngineConfig:
     """On CUDA, a batch's decode attention by this server's kernel, each row reading only its
     own keys (`_decode_attention.py`) rather than MLX's masked fallback over every row's
     padded length. No effect on other backends."""
+    pack_chunks: bool = True
+    """Run a prefill chunk beside a decoding batch in the decode step's forward (`_packed.py`):
+    one launch of the layers, their norms and MLP over both; for the architectures it reads,
+    others (and speculation's verify steps, LoRA batches, distributed groups) run the chunk
+    as a forward of its own."""
     warmup: bool = True
     """Before reporting ready, run what serving runs (the fast path, batches up to
     `max_concurrency`, the sampling variants) on dummy prompts, so that no request waits for

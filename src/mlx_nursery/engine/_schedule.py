@@ -24,8 +24,11 @@ prompt's first token comes one call after its last chunk.
 A chunk's length is `prefill_step_size`, or what a `ChunkSizer` (`_chunking.py`) gives it
 while the running batch decodes.
 
-Beside a decoding batch a chunk is launched asynchronously, right after the decode step
-(`async_eval`, as the decode step's own): the host goes on to post the step's tokens and
+Beside a decoding batch, where the model allows it (`_packed.py`: Llama, Mistral, Qwen2,
+Qwen3; no adapters, no speculation), the chunk runs inside the decode step's forward: the
+call then admits prompts and plans the chunk before the decode step, and does the chunk's
+bookkeeping after it. Otherwise a chunk is launched asynchronously, right after the decode
+step (`async_eval`, as the decode step's own): the host goes on to post the step's tokens and
 build the next step while the device runs both, and the next step's tokens are read
 without waiting for the chunk (the device runs in launch order: the chunk lands before the
 step after). mlx-lm's `PromptProcessingBatch.prompt` evaluates each chunk before it
@@ -50,16 +53,34 @@ own as mlx-lm's `generate` runs it; where the model's head cannot be split off
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import attrs
 import mlx.core as mx
 
 from ._batch_speculating import BatchSpeculation
+from ._chunk_forward import PreparedChunk, finish_chunk, launch_chunk, prepare_chunk
 from ._chunking import ChunkSizer, GapMeter
-from ._first_tokens import FirstFromChunk, Head, last_logits, model_head
+from ._first_tokens import FirstFromChunk, Head, model_head
+from ._packed import PackedForward, packable
 from ._upstream import BatchGenerator, PromptProcessingBatch
+
+
+@attrs.frozen
+class _Chunk:
+    """A planned prefill chunk: row i of the prompt batch takes `tokens[i]`; `finishing`
+    rows end their prompt in it; `decoding`: a running batch decodes beside it."""
+
+    tokens: list[list[int]]
+    finishing: list[int]
+    decoding: bool
+
+    @property
+    def size(self) -> int:
+        """Tokens the forward computes, padding included."""
+        return len(self.tokens) * max(len(t) for t in self.tokens)
 
 
 class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is untyped
@@ -77,6 +98,7 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         chunk_sizer: ChunkSizer | None = None,
         fold_first_tokens: bool = True,
         rows: Callable[[list[int]], AbstractContextManager[None]] | None = None,
+        pack_chunks: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(model, **kwargs)
@@ -95,6 +117,9 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         self._quiet = False
         """The last call launched no prefill chunk and moved no row in: the next decode
         step's time is its own (speculation's costs learn from it)."""
+        self._pack = pack_chunks and rows is None and self._head is not None and packable(model)
+        """A chunk beside decoding rows runs in their step's forward (`_packed.py`); never
+        with rows marked for adapters (a packed forward is not one batch's rows)."""
 
     @property
     def prefilled_tokens(self) -> int:
@@ -105,15 +130,26 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         prompt_responses: list[Any] = []
         generation_responses: list[Any] = []
         counters = self._counters
+        batch = self._generation_batch
+        planned: _Chunk | None = None
+        packing = (
+            self._pack and self.speculation is None and 0 < len(batch) < self.completion_batch_size
+        )
+        if packing:  # the chunk rides in this decode step: planned before it
+            self._admit(prompt_responses)
+            planned = self._plan_chunk(prompt_responses, decoding=True)
+        packed: tuple[PreparedChunk, PackedForward] | None = None
         if len(self._generation_batch) > 0:
             tic = time.perf_counter()
             with self._rows(list(self._generation_batch.uids)):
-                if self.speculation is None:
-                    generation_responses = self._generation_batch.next()
-                else:
+                if self.speculation is not None:
                     generation_responses = self.speculation.decode(
                         self._generation_batch, quiet=self._quiet
                     )
+                elif planned is not None:
+                    packed, generation_responses = self._decode_packed(planned)
+                else:
+                    generation_responses = self._generation_batch.next()
             toc = time.perf_counter()
             counters.decode_time += toc - tic
             counters.generation_tokens += len(generation_responses)
@@ -122,10 +158,24 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
                 self._gaps.decoded(toc)
         elif self._gaps is not None:
             self._gaps.paused()
-        if len(self._generation_batch) >= self.completion_batch_size:
-            self._quiet = True
-            return prompt_responses, generation_responses
+        if planned is not None and packed is not None:
+            self._finish_packed(planned, *packed, prompt_responses)
+        else:
+            if len(self._generation_batch) >= self.completion_batch_size:
+                self._quiet = True
+                return prompt_responses, generation_responses
+            self._admit(prompt_responses)
+            planned = self._plan_chunk(prompt_responses, decoding=len(self._generation_batch) > 0)
+            if planned is not None:
+                self._launch_apart(planned, prompt_responses)
+        self._start_generating(prompt_responses)
+        self._quiet = planned is None and not prompt_responses
+        return prompt_responses, generation_responses
 
+    def _admit(self, prompt_responses: list[Any]) -> None:
+        """Waiting prompts into the prompt batch, as far as it and the running batch have
+        room; prompts with nothing left to prefill (one token, or a cached prefix that covers
+        all but the last) go straight to the running batch."""
         room = min(
             self.prefill_batch_size - len(self._prompt_batch),
             self.completion_batch_size - len(self._generation_batch) - len(self._prompt_batch),
@@ -133,13 +183,15 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         )
         if room > 0:
             self._prompt_batch.extend(self._make_batch(room))
-        # Prompts with nothing left to prefill (one token, or a cached prefix that covers
-        # all but the last) go straight to the running batch.
         self._start_generating(prompt_responses)
 
-        decoding = len(self._generation_batch) > 0
+    def _plan_chunk(self, prompt_responses: list[Any], *, decoding: bool) -> _Chunk | None:
+        """The prompt batch's next chunk (None: no prompt to prefill), taken from the rows'
+        segments; each row's progress is in `prompt_responses`."""
+        if not self._currently_processing:
+            return None
         size = self.prefill_step_size
-        if self.chunk_sizer is not None and self._currently_processing:
+        if self.chunk_sizer is not None:
             size = self.chunk_sizer.size(len(self._currently_processing), decoding=decoding)
         chunks: list[list[int]] = []
         finishing: list[int] = []
@@ -162,29 +214,63 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
                     self._prompt_batch.uids[i], (processing[1], processing[2]), ended, False
                 )
             )
-        if chunks:
-            counters.prompt_tokens += sum(len(chunk) for chunk in chunks)
-            tokens = len(chunks) * max(len(c) for c in chunks)
-            tic = time.perf_counter()
-            head = self._head if finishing else None
-            with self._rows(list(self._prompt_batch.uids)):
-                states, logits = launch_chunk(self._prompt_batch, chunks, finishing, head)
-            if decoding:
-                if self._gaps is not None:
-                    self._gaps.launched(tokens)
-                counters.prompt_time += time.perf_counter() - tic  # building it: the rest overlaps
-            else:
-                mx.eval(states)  # nobody decodes beside it: its time is exact
-                elapsed = time.perf_counter() - tic
-                counters.prompt_time += elapsed
-                if self.chunk_sizer is not None:
-                    self.chunk_sizer.observe(tokens, elapsed)
-            if logits is not None:
-                self._start_from_chunk(finishing, logits, prompt_responses)
+        self._counters.prompt_tokens += sum(len(chunk) for chunk in chunks)
+        return _Chunk(chunks, finishing, decoding)
 
-        self._start_generating(prompt_responses)
-        self._quiet = not chunks and not prompt_responses
-        return prompt_responses, generation_responses
+    def _launch_apart(self, planned: _Chunk, prompt_responses: list[Any]) -> None:
+        """`planned` as a forward of its own (module docstring)."""
+        tic = time.perf_counter()
+        head = self._head if planned.finishing else None
+        with self._rows(list(self._prompt_batch.uids)):
+            states, logits = launch_chunk(
+                self._prompt_batch, planned.tokens, planned.finishing, head
+            )
+        if planned.decoding:
+            if self._gaps is not None:
+                self._gaps.launched(planned.size)
+            self._counters.prompt_time += time.perf_counter() - tic  # the rest overlaps
+        else:
+            mx.eval(states)  # nobody decodes beside it: its time is exact
+            elapsed = time.perf_counter() - tic
+            self._counters.prompt_time += elapsed
+            if self.chunk_sizer is not None:
+                self.chunk_sizer.observe(planned.size, elapsed)
+        if logits is not None:
+            self._start_from_chunk(planned.finishing, logits, prompt_responses)
+
+    def _decode_packed(self, planned: _Chunk) -> tuple[tuple[PreparedChunk, PackedForward], Any]:
+        """The running batch's decode step with `planned` in its forward (`_packed.py`)."""
+        chunk = prepare_chunk(self._prompt_batch, planned.tokens)
+        note = getattr(self.model, "note", None)  # the engine's `ShapeWatch` counts shapes
+        if note is not None:
+            note(chunk.inputs, self._prompt_batch.prompt_cache)
+        model = getattr(self.model, "unwatched", self.model)
+        packing = PackedForward(model, chunk.inputs, self._prompt_batch.prompt_cache)
+        batch = self._generation_batch
+        own = batch.model
+        batch.model = packing  # its `_step` calls `self.model(inputs, cache=...)`, once
+        try:
+            responses = batch.next()
+        finally:
+            batch.model = own
+        return (chunk, packing), responses
+
+    def _finish_packed(
+        self,
+        planned: _Chunk,
+        chunk: PreparedChunk,
+        packing: PackedForward,
+        prompt_responses: list[Any],
+    ) -> None:
+        """The chunk's side of a packed step: its caches' padding undone, its states
+        launched with the step, its finishing rows moved to the running batch."""
+        mx.async_eval(finish_chunk(self._prompt_batch, chunk))  # type: ignore[no-untyped-call]
+        if self._gaps is not None:
+            self._gaps.launched(planned.size)
+        if planned.finishing:
+            assert self._head is not None and packing.chunk_hidden is not None
+            logits = chunk.last_logits(packing.chunk_hidden, planned.finishing, self._head)
+            self._start_from_chunk(planned.finishing, logits, prompt_responses)
 
     def _leave_prompt_batch(self, rows: list[int]) -> Any:
         """The prompt batch's `rows` as a batch of their own (the whole batch, uncopied,
@@ -245,49 +331,6 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
         for uid, total in zip(started.uids, totals, strict=True):
             prompt_responses.append(PromptProcessingBatch.Response(uid, (total, total), True, True))
         self._generation_batch.extend(started)
-
-
-def launch_chunk(
-    batch: Any, tokens: list[list[int]], finishing: Sequence[int] = (), head: Head | None = None
-) -> tuple[list[Any], mx.array | None]:
-    """Run one chunk of `batch`'s prompts (a `PromptProcessingBatch`; row i takes
-    `tokens[i]`) through the model as its `prompt` does, but launched with `async_eval`
-    and without flushing MLX's buffer cache; returns the cache states it computes (to
-    evaluate, where the caller must wait) and, with a `head`, the logits at the last token
-    of the rows `finishing` (lazy; None without). Every row's chunk must fit one forward
-    pass: `prefill_step_size` tokens at most."""
-    if len(batch.uids) != len(tokens):
-        raise ValueError("the batch length doesn't match the number of inputs")
-    if max(len(t) for t in tokens) > batch.prefill_step_size:
-        raise ValueError("a chunk is longer than the batch's prefill_step_size")
-    for held, chunk in zip(batch.tokens, tokens, strict=True):
-        held += chunk  # the tokens its KV cache holds, as `prompt` keeps them
-    lengths = [len(t) for t in tokens]
-    longest = max(lengths)
-    padding = [longest - length for length in lengths]
-    padded = max(padding) > 0
-    if padded:
-        inputs = mx.array([t + [0] * (longest - len(t)) for t in tokens])
-        for cache in batch.prompt_cache:
-            cache.prepare(lengths=lengths, right_padding=padding)
-    else:
-        inputs = mx.array(tokens)
-    logits = None
-    if head is None:
-        batch.model(inputs, cache=batch.prompt_cache)
-    else:
-        note = getattr(batch.model, "note", None)  # the engine's `ShapeWatch` counts shapes
-        if note is not None:
-            note(inputs, batch.prompt_cache)
-        hidden = batch.model.model(inputs, cache=batch.prompt_cache)
-        rows = list(finishing)
-        logits = last_logits(hidden, rows, [lengths[i] - 1 for i in rows], head)
-    if padded:
-        for cache in batch.prompt_cache:
-            cache.finalize()
-    states = [cache.state for cache in batch.prompt_cache]
-    mx.async_eval(states)  # type: ignore[no-untyped-call]
-    return states, logits
 
 
 def _no_rows(uids: list[int]) -> AbstractContextManager[None]:

@@ -128,9 +128,12 @@ class BatchStepper:
         speculation: Speculation | None = None,
         verified: Report | None = None,
         draft_model: Any = None,
+        pack_chunks: bool = True,
     ) -> None:
         """`fold_first_tokens`: a prompt's first token comes from its last prefill chunk
         where the model allows it (`_first_tokens.py`); off, from a forward of its own.
+        `pack_chunks`: a prefill chunk beside decoding rows runs in their step's forward
+        where the model allows it (`_packed.py`).
         `adapters`: the rows' LoRA adapters (`_adapters.py`; None: the base model only).
         `speculation`: rows draft and verify inside the batch (`_batch_speculating.py`;
         None: off), each verify reported to `verified`; `draft_model`: drafts come from it
@@ -149,6 +152,7 @@ class BatchStepper:
             chunk_sizer=chunk_sizer,
             fold_first_tokens=fold_first_tokens,
             rows=self._rows if adapters is not None else None,
+            pack_chunks=pack_chunks and adapters is None and speculation is None,
         )
         self._samplers = _RowSamplers(draw)
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""

@@ -47,7 +47,7 @@ from mlx_lm.generate import (
     StopSequences,
     generation_stream,
 )
-from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.base import create_attention_mask, create_causal_mask
 from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import (
     BatchKVCache,
@@ -114,6 +114,7 @@ __all__ = [
     "add_word_timestamps",
     "byte_decoder",
     "can_trim_prompt_cache",
+    "create_attention_mask",
     "create_causal_mask",
     "detect_language",
     "dynamic_roll",

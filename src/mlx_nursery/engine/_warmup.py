@@ -86,6 +86,8 @@ class WarmupPlan:
     budget_s: float = 60.0
     speculation: Speculation | None = None
     """The engine's speculative decoding (None: off): its verify steps are warmed too."""
+    pack_chunks: bool = True
+    """Chunks run in the decode step's forward (`EngineConfig.pack_chunks`), as served."""
 
 
 def plan_for(
@@ -97,6 +99,7 @@ def plan_for(
     fast_path: bool,
     budget_s: float,
     speculation: Speculation | None = None,
+    pack_chunks: bool = True,
 ) -> WarmupPlan:
     """The warm-up for a backend: on a GPU every variant alone and batches up to
     `max_concurrency`; on the CPU, which compiles per function rather than per broadcasting
@@ -110,6 +113,7 @@ def plan_for(
         fast_path=fast_path,
         budget_s=budget_s,
         speculation=speculation,
+        pack_chunks=pack_chunks,
     )
 
 
@@ -312,6 +316,7 @@ def _batch(
         speculation=speculation,
         verified=verified,
         draft_model=model.draft,
+        pack_chunks=plan.pack_chunks,
     )
 
 

@@ -1,0 +1,120 @@
+"""A decode step and a prefill chunk in one forward: the running rows' next tokens and the
+prompt batch's chunk share every per-token part of the model.
+
+Beside a decoding batch, a prefill chunk used to be a forward of its own after the decode
+step: the same layers launched twice, and every weight read twice, once for the decode
+step's few rows and once for the chunk. In a transformer only attention mixes tokens; the
+norms, the projections inside attention aside, the MLP and the residual adds treat each token
+alone. So the decode rows' tokens and the chunk's tokens are laid side by side in one
+sequence of a batch of one, and each layer runs its norms, MLP and residual adds once over
+all of them; its attention runs twice, each part on its own cache with its own mask (the
+decode rows on the running batch's cache, which takes `_decode_attention`'s kernel on CUDA;
+the chunk on the prompt batch's cache), exactly as each forward ran it alone. The MLP holds
+most of a layer's weights, so most of the chunk's weight reads and launches go.
+
+The layer's body is read from mlx-lm's (`x + attn(norm(x))`, then `h + mlp(norm(h))`), for
+the model types whose layers are written that way and whose output head `_first_tokens`
+splits off (`packable`); any other model runs the two forwards apart. Lazy, like the
+forwards it replaces; engine thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from ._first_tokens import Head, model_head
+from ._upstream import create_attention_mask
+
+PACKED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""mlx-lm model types whose body is `embed_tokens`, then layers of `input_layernorm`,
+`self_attn`, `post_attention_layernorm` and `mlp` in the order `layer` below reads, then
+`norm` (mlx-lm 0.32.2; tests/engine/test_packed.py compares the packed forward with the
+two forwards it replaces)."""
+
+_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+
+
+def packable(model: Any) -> bool:
+    """Whether `model`'s decode steps can carry a prefill chunk (module docstring): a listed
+    architecture, with no sliding-window layers (their masks differ per layer)."""
+    args = getattr(model, "args", None)
+    if getattr(args, "model_type", None) not in PACKED_ARCHITECTURES:
+        return False
+    if model_head(model) is None:
+        return False
+    body = getattr(model, "model", None)
+    if body is None or not all(hasattr(body, part) for part in ("embed_tokens", "layers", "norm")):
+        return False
+    return all(
+        all(hasattr(layer, part) for part in _LAYER_PARTS)
+        and not getattr(layer, "use_sliding", False)
+        for layer in body.layers
+    )
+
+
+class PackedForward:
+    """Called as the running batch's model for one decode step (mlx-lm's `GenerationBatch`
+    calls `model(inputs, cache=...)`): runs that step with `chunk` (the prompt batch's
+    padded tokens, batch by length) on `chunk_cache`, returns the decode rows' logits and
+    keeps the chunk's hidden states (after the final norm) in `chunk_hidden`."""
+
+    def __init__(self, model: Any, chunk: mx.array, chunk_cache: list[Any]) -> None:
+        self._model = model
+        self._chunk = chunk
+        self._chunk_cache = chunk_cache
+        head = model_head(model)
+        if head is None:
+            raise ValueError("a packed forward needs a model whose head splits off")
+        self._head: Head = head
+        self.chunk_hidden: mx.array | None = None
+
+    def __call__(self, inputs: mx.array, cache: list[Any]) -> mx.array:
+        decode_hidden, self.chunk_hidden = packed_body(
+            self._model, inputs, cache, self._chunk, self._chunk_cache
+        )
+        logits: mx.array = self._head(decode_hidden)
+        return logits
+
+
+def packed_body(
+    model: Any,
+    decode_inputs: mx.array,
+    decode_cache: list[Any],
+    chunk_inputs: mx.array,
+    chunk_cache: list[Any],
+) -> tuple[mx.array, mx.array]:
+    """The model's body (`model.model`) over `decode_inputs` (rows, 1) on `decode_cache` and
+    `chunk_inputs` (rows, length) on `chunk_cache` in one pass: the hidden states after the
+    final norm, (rows, 1, hidden) and (rows, length, hidden). Both caches are updated as
+    the two forwards would update them."""
+    body = model.model
+    decode_rows, decode_length = decode_inputs.shape
+    chunk_rows, chunk_length = chunk_inputs.shape
+    split = decode_rows * decode_length
+    tokens = mx.concatenate([decode_inputs.reshape(-1), chunk_inputs.reshape(-1)])[None]
+    h = body.embed_tokens(tokens)
+    width = h.shape[-1]
+
+    def parts(x: mx.array) -> tuple[mx.array, mx.array]:
+        return (
+            x[:, :split].reshape(decode_rows, decode_length, width),
+            x[:, split:].reshape(chunk_rows, chunk_length, width),
+        )
+
+    decode_h, chunk_h = parts(h)
+    decode_mask = create_attention_mask(decode_h, decode_cache[0])
+    chunk_mask = create_attention_mask(chunk_h, chunk_cache[0])
+    for layer, decode_layer_cache, chunk_layer_cache in zip(
+        body.layers, decode_cache, chunk_cache, strict=True
+    ):
+        decode_x, chunk_x = parts(layer.input_layernorm(h))
+        decode_r = layer.self_attn(decode_x, decode_mask, decode_layer_cache)
+        chunk_r = layer.self_attn(chunk_x, chunk_mask, chunk_layer_cache)
+        r = mx.concatenate(
+            [decode_r.reshape(1, split, width), chunk_r.reshape(1, -1, width)], axis=1
+        )
+        h = h + r
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return parts(body.norm(h))
