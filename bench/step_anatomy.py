@@ -10,7 +10,9 @@ the engine thread's phases to time them:
   leave      removing rows from a batch (`GenerationBatch.filter`, `PromptProcessingBatch
              .filter`/`split`, `BatchKVCache.filter`)
   extract    copying a finished row's KV out (`GenerationBatch.extract_cache`)
-  chunk      launching a prefill chunk (`_schedule.launch_chunk`)
+  chunk      launching a prefill chunk (`_schedule.launch_chunk`; a chunk in the decode
+             step's forward, `_packed.py`: its padding and bookkeeping, the rest being
+             the decode step's)
   admit      taking a request in (`Admission._admit`, the prefix cache's lookup included)
   solo build a lone sequence's step on the fast path (`SoloSequence._forward`: the model's
              graph built, and launched unless `--launch` times that apart)
@@ -205,6 +207,9 @@ def install(phases: Phases, *, launch: bool = False) -> None:
     for owner, attr, name in targets:
         setattr(owner, attr, phases.wrap(name, getattr(owner, attr)))
     _schedule.launch_chunk = phases.wrap("chunk", _schedule.launch_chunk)  # type: ignore[assignment]
+    _schedule.prepare_chunk = phases.wrap("chunk", _schedule.prepare_chunk)  # type: ignore[assignment]
+    generator = _schedule.ServingBatchGenerator
+    generator._finish_packed = phases.wrap("chunk", generator._finish_packed)  # type: ignore[method-assign]
     if launch:
         mx.async_eval = phases.wrap("launch", mx.async_eval, by_caller=True)
         mx.eval = phases.wrap("wait", mx.eval, by_caller=True)

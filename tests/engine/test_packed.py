@@ -15,9 +15,14 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import load
 
 from mlx_nursery.engine import _packed
+from mlx_nursery.engine._kv_quant import KVQuantization, cache_factory
+from mlx_nursery.engine._messages import Submit
 from mlx_nursery.engine._packed import packable
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 from mlx_nursery.engine._schedule import ServingBatchGenerator
+from mlx_nursery.engine._sequence import build_sequence
+from mlx_nursery.engine._stepper import BatchStepper, Start
+from mlx_nursery.engine._types import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -130,29 +135,30 @@ def test_only_the_architectures_read_are_packed() -> None:
     assert not packable(Other())
 
 
-@pytest.mark.parametrize(("count", "length", "step"), [(6, 20, 64), (5, 37, 8), (9, 3, 2)])
+@pytest.mark.parametrize(("count", "length", "step"), [(10, 20, 64), (9, 37, 8), (12, 5, 2)])
 def test_a_packing_generator_gives_mlx_lms_tokens(
     model: Any, count: int, length: int, step: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Greedy tokens of every sequence equal mlx-lm's own generator's while chunks ride in
-    the decode steps (prompts of mixed lengths, right-padded; more prompts than the prompt
-    batch holds, so later ones prefill beside decoding rows), and the packed pass ran."""
-    packed_calls = 0
+    """Greedy tokens of every sequence equal mlx-lm's own generator's and the generator's
+    with chunks apart, while chunks of several right-padded rows ride in the decode steps
+    (more prompts than the prompt batch holds, of mixed lengths, so later ones prefill
+    beside decoding rows)."""
+    chunks: list[tuple[int, int]] = []
+    """(rows, length) of each packed chunk."""
     original = _packed.packed_body
 
-    def counting(*args: Any) -> tuple[mx.array, mx.array]:
-        nonlocal packed_calls
-        packed_calls += 1
+    def recording(*args: Any) -> tuple[mx.array, mx.array]:
+        chunks.append(tuple(args[3].shape))
         return original(*args)
 
-    monkeypatch.setattr(_packed, "packed_body", counting)
+    monkeypatch.setattr(_packed, "packed_body", recording)
     prompts = [[(7 * i + 3 * j) % 500 + 1 for j in range(length - i % 3)] for i in range(count)]
 
     def run(generator: BatchGenerator) -> dict[int, list[int]]:
-        uids = generator.insert(prompts, max_tokens=[6] * len(prompts))
+        uids = generator.insert(prompts, max_tokens=[6 + i % 4 for i in range(count)])
         tokens: dict[int, list[int]] = {uid: [] for uid in uids}
-        for _ in range(200):
-            if all(len(t) == 6 for t in tokens.values()):
+        for _ in range(300):
+            if all(len(tokens[uid]) == 6 + i % 4 for i, uid in enumerate(uids)):
                 break
             for response in generator.next()[1]:
                 tokens[response.uid].append(response.token)
@@ -160,10 +166,65 @@ def test_a_packing_generator_gives_mlx_lms_tokens(
         return {uids.index(uid): t for uid, t in tokens.items()}
 
     settings: dict[str, Any] = {
-        "completion_batch_size": 4,
-        "prefill_batch_size": 3,
+        "completion_batch_size": 8,
+        "prefill_batch_size": 4,
         "prefill_step_size": step,
     }
     packing = run(ServingBatchGenerator(model, pack_chunks=True, **settings))
-    assert packed_calls > 0
+    assert any(rows >= 2 for rows, _ in chunks), chunks  # several rows, padded, in a step
+    assert packing == run(ServingBatchGenerator(model, pack_chunks=False, **settings))
     assert packing == run(BatchGenerator(model, **settings))
+
+
+@pytest.mark.parametrize("kv_bits", [None, 8])
+def test_the_engines_batch_gives_the_same_tokens_packed_or_apart(
+    model: Any, small_model: Path, kv_bits: int | None
+) -> None:
+    """The engine's own batch stepper (its ragged running cache; 8-bit KV on the `small`
+    preset, whose heads quantize in groups of 32): every sequence's greedy tokens are the
+    same with chunks in the decode steps and apart."""
+    quantization = None if kv_bits is None else KVQuantization(bits=kv_bits, group_size=32)
+    if quantization is not None:
+        model = load(str(small_model))[0]
+
+    def run(pack: bool) -> dict[int, list[int]]:
+        stepper = BatchStepper(
+            model,
+            max_concurrency=8,
+            prefill_batch_size=4,
+            prefill_step_size=8,
+            make_cache=None if quantization is None else cache_factory(quantization),
+            pack_chunks=pack,
+        )
+        by_uid: dict[int, int] = {}
+        tokens: dict[int, list[int]] = {}
+        for i in range(11):
+            request = GenerationRequest(
+                prompt_tokens=[(5 * i + 7 * j) % 300 + 2 for j in range(9 + 4 * (i % 5))],
+                max_tokens=5 + i % 3,
+                sampling=SamplingParams(temperature=0.0),
+                ignore_eos=True,
+            )
+            start = Start(
+                prompt=list(request.prompt_tokens),
+                cache=None,
+                cache_tokens=[],
+                max_tokens=request.max_tokens,
+            )
+            uid = stepper.insert(build_sequence(Submit(i, request), frozenset()), start)
+            by_uid[uid] = i
+            tokens[i] = []
+        try:
+            for _ in range(300):
+                if not by_uid:
+                    break
+                for response in stepper.step():
+                    tokens[by_uid[response.uid]].append(int(response.token))
+                    if response.finish_reason is not None:
+                        del by_uid[response.uid]
+        finally:
+            stepper.close()
+        assert not by_uid, "the stepper stopped making progress"
+        return tokens
+
+    assert run(True) == run(False)

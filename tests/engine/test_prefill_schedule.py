@@ -7,6 +7,8 @@ which the engine makes one per loop iteration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,13 @@ from mlx_nursery.engine._schedule import ServingBatchGenerator
 @pytest.fixture(scope="module")
 def model(tiny_model: Path) -> Any:
     return load(str(tiny_model))[0]
+
+
+@pytest.fixture(params=[False, True], ids=["chunks-apart", "chunks-packed"])
+def packing(request: pytest.FixtureRequest) -> bool:
+    """Every schedule holds whether a chunk beside decoding rows runs in their step's forward
+    (`_packed.py`) or apart."""
+    return bool(request.param)
 
 
 def _prompts(count: int, length: int) -> list[list[int]]:
@@ -50,12 +59,17 @@ def _first_token_calls(
 
 def test_a_prompt_batch_turns_over_every_call_and_its_first_token_follows_its_last_chunk(
     model: Any,
+    packing: bool,
 ) -> None:
     """Three groups of two prompts that each fit one chunk: group k is prefilled in call k
     and gives its first token in call k + 1. mlx-lm's own order (admission before the last
     group leaves, the move a call after the last chunk) gives 2, 4, 6."""
     generator = ServingBatchGenerator(
-        model, completion_batch_size=8, prefill_batch_size=2, prefill_step_size=64
+        model,
+        pack_chunks=packing,
+        completion_batch_size=8,
+        prefill_batch_size=2,
+        prefill_step_size=64,
     )
     first, _ = _first_token_calls(generator, _prompts(6, 20))
     assert [first[i] for i in range(6)] == [2, 2, 3, 3, 4, 4]
@@ -69,18 +83,29 @@ def test_a_prompt_batch_turns_over_every_call_and_its_first_token_follows_its_la
 
 def test_a_long_prompt_takes_one_call_per_chunk_then_one_for_its_first_token(
     model: Any,
+    packing: bool,
 ) -> None:
     generator = ServingBatchGenerator(
-        model, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+        model,
+        pack_chunks=packing,
+        completion_batch_size=4,
+        prefill_batch_size=4,
+        prefill_step_size=16,
     )
     # 50 tokens: 49 prefilled in chunks of 16, 16, 16, 1, then the last token decodes.
     first, _ = _first_token_calls(generator, _prompts(1, 50))
     assert first == {0: 5}
 
 
-def test_a_one_token_prompt_starts_decoding_without_a_prefill_chunk(model: Any) -> None:
+def test_a_one_token_prompt_starts_decoding_without_a_prefill_chunk(
+    model: Any, packing: bool
+) -> None:
     generator = ServingBatchGenerator(
-        model, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=16
+        model,
+        pack_chunks=packing,
+        completion_batch_size=4,
+        prefill_batch_size=4,
+        prefill_step_size=16,
     )
     first, tokens = _first_token_calls(generator, [[5], *_prompts(1, 10)])
     assert first == {0: 2, 1: 2}
@@ -91,19 +116,19 @@ def test_a_one_token_prompt_starts_decoding_without_a_prefill_chunk(model: Any) 
 
 @pytest.mark.parametrize(("count", "length", "step"), [(6, 20, 64), (5, 37, 8), (9, 3, 2)])
 def test_the_schedule_changes_when_tokens_come_never_which(
-    model: Any, count: int, length: int, step: int
+    model: Any, packing: bool, count: int, length: int, step: int
 ) -> None:
     """Greedy tokens of every sequence equal mlx-lm's own generator's, prompts of mixed
     lengths included (right-padded in one prefill batch)."""
     prompts = [p[: length - i % 3] for i, p in enumerate(_prompts(count, length))]
 
-    def run(cls: type[BatchGenerator]) -> dict[int, list[int]]:
+    def run(cls: Callable[..., BatchGenerator]) -> dict[int, list[int]]:
         generator = cls(
             model, completion_batch_size=4, prefill_batch_size=3, prefill_step_size=step
         )
         return _first_token_calls(generator, prompts, max_tokens=6)[1]
 
-    assert run(ServingBatchGenerator) == run(BatchGenerator)
+    assert run(partial(ServingBatchGenerator, pack_chunks=packing)) == run(BatchGenerator)
 
 
 class _RecordingSizer(ChunkSizer):
@@ -120,6 +145,7 @@ class _RecordingSizer(ChunkSizer):
 
 def test_a_chunk_beside_decoding_is_launched_not_waited_for_and_timed_once_landed(
     model: Any,
+    packing: bool,
 ) -> None:
     """A prompt prefilled while nothing decodes is timed at once (evaluated in its call); one
     prefilled beside a decoding sequence is not evaluated in its call: its cost reaches the
@@ -128,6 +154,7 @@ def test_a_chunk_beside_decoding_is_launched_not_waited_for_and_timed_once_lande
     sizer = _RecordingSizer(16)
     generator = ServingBatchGenerator(
         model,
+        pack_chunks=packing,
         completion_batch_size=4,
         prefill_batch_size=4,
         prefill_step_size=16,

@@ -19,7 +19,11 @@ its time to first token whichever the order: docs/benchmarks.md.)
 decode; admit; move prompts with nothing to prefill out; prefill a chunk; move the
 prompts whose prefill just ended into the running batch at once (their first token is
 computed with the next decode step). A prompt batch can turn over every call, and a
-prompt's first token comes one call after its last chunk.
+prompt's first token comes one call after its last chunk. Where the chunk rides in the
+decode step (below), admission and the chunk's plan come first, then the step, then the
+chunk's moves, then admission again into the room the step's finished rows left: a prompt
+admitted there has its first chunk in the next call's step (a call later than apart), and a
+prompt with nothing to prefill admitted before the step gives its first token in it.
 
 A chunk's length is `prefill_step_size`, or what a `ChunkSizer` (`_chunking.py`) gives it
 while the running batch decodes.
@@ -160,6 +164,7 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
             self._gaps.paused()
         if planned is not None and packed is not None:
             self._finish_packed(planned, *packed, prompt_responses)
+            self._admit(prompt_responses)  # into the room the step's finished rows left
         else:
             if len(self._generation_batch) >= self.completion_batch_size:
                 self._quiet = True
@@ -315,7 +320,9 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
 
     def _start_generating(self, prompt_responses: list[Any]) -> None:
         """Move the prompts whose last segment is their last token into the running batch;
-        their first token is computed asynchronously and returned by the next decode step."""
+        their first token is computed asynchronously and returned by the batch's next decode
+        step (in this call, where the chunk rides in the decode step and they moved before
+        it)."""
         ready = [
             i
             for i, processing in enumerate(self._currently_processing)
