@@ -135,6 +135,14 @@ class Settings(ServerSettings):
             "length (by default a kernel of this server reads each row's own keys)"
         ),
     )
+    no_pack_chunks: bool = attrs.field(
+        default=False,
+        metadata=described(
+            "run a prefill chunk beside decoding requests as a forward of its own (by "
+            "default, for Llama, Mistral and Qwen models, it rides in their decode step's "
+            "forward: the layers launched once)"
+        ),
+    )
     skip_warmup: bool = attrs.field(
         default=False,
         metadata=described(
