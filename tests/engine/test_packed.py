@@ -23,6 +23,7 @@ from mlx_nursery.engine._schedule import ServingBatchGenerator
 from mlx_nursery.engine._sequence import build_sequence
 from mlx_nursery.engine._stepper import BatchStepper, Start
 from mlx_nursery.engine._types import GenerationRequest, SamplingParams
+from mlx_nursery.models._fusing import fuse_projections
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +66,25 @@ def _caches(model: Any) -> tuple[list[Any], list[Any]]:
     return decode, prompt
 
 
-@pytest.mark.parametrize("architecture", ["tiny qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("architecture", ["tiny qwen3", "tiny qwen3 fused", "llama", "qwen2"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_packed_pass_computes_what_the_two_forwards_computed(
-    model: Any, architecture: str, padded: bool
+    model: Any, tiny_model: Path, architecture: str, padded: bool
 ) -> None:
     """Decode logits, the chunk's hidden states and both caches' contents after the pass
     equal those of the decode forward and the chunk forward run apart (float32); `padded`:
     a chunk whose rows differ in length, right-padded as a prompt batch's are."""
-    built = {
-        "tiny qwen3": model,
-        "llama": _small(llama, tie_word_embeddings=False),
-        "qwen2": _small(qwen2),
-    }[architecture]
+    if architecture == "tiny qwen3 fused":  # as the server loads it: one q/k/v matmul
+        built = load(str(tiny_model))[0]
+        assert fuse_projections(built).fused
+    else:
+        built = {
+            "tiny qwen3": model,
+            "llama": _small(llama, tie_word_embeddings=False),
+            "qwen2": _small(qwen2),
+        }[architecture]
     assert packable(built)
+    assert _packed._reads(built.model.layers[0].self_attn)  # projections shared, not per part
     decode_inputs = mx.array([[11], [12], [13]])
     chunk_inputs = mx.array([[21, 22, 23, 24, 25], [31, 32, 33, 0, 0]])
     lengths = [5, 3] if padded else [5, 5]
