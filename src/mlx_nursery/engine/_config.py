@@ -148,9 +148,9 @@ class EngineConfig:
     padded length. No effect on other backends."""
     pack_chunks: bool = True
     """Run a prefill chunk beside a decoding batch in the decode step's forward (`_packed.py`):
-    one launch of the layers, their norms and MLP over both; for the architectures it reads,
-    others (and speculation's verify steps, LoRA batches, distributed groups) run the chunk
-    as a forward of its own."""
+    the layers' norms, projections and MLP launched once over both, for the architectures it
+    reads; others (and speculation's verify steps, LoRA batches, distributed groups) run the
+    chunk as a forward of its own."""
     warmup: bool = True
     """Before reporting ready, run what serving runs (the fast path, batches up to
     `max_concurrency`, the sampling variants) on dummy prompts, so that no request waits for
