@@ -43,6 +43,18 @@ _LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp
 _ATTENTION_READ = frozenset(f"mlx_lm.models.{name}" for name in ("llama", "qwen2", "qwen3"))
 """Modules whose `Attention.__call__` `_attend` reads (mlx-lm 0.32.2; Mistral is llama's)."""
 
+_ATTENTION_PARTS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "rope",
+    "n_heads",
+    "n_kv_heads",
+    "scale",
+)
+"""What `_attend` reads of such an `Attention`."""
+
 Part = tuple[int, int, Any, Any]
 """One part of a packed sequence: (rows, length, the part's layer cache, its mask)."""
 
@@ -149,10 +161,7 @@ def _reads(attention: Any) -> bool:
     return (
         kind.__name__ == "Attention"
         and kind.__module__ in _ATTENTION_READ
-        and all(
-            hasattr(attention, name)
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads", "n_kv_heads")
-        )
+        and all(hasattr(attention, name) for name in _ATTENTION_PARTS)
     )
 
 
