@@ -159,3 +159,25 @@ def with_textless_ids(tiny: Path, out: Path) -> TextlessIds:
     return TextlessIds(
         out, tuple(range(first_gone, last)), last, tuple(range(last + 1, rows)), rows
     )
+
+
+def small_mlx_lm_model(module: Any, seed: int, **overrides: Any) -> Any:
+    """A two-layer model of an mlx-lm model module (`mlx_lm.models.llama`, ...), 32 wide,
+    random weights drawn from `seed`: for tests of what a module's code computes."""
+    import mlx.core as mx
+
+    mx.random.seed(seed)
+    args = module.ModelArgs(
+        model_type=module.__name__.rsplit(".", 1)[-1],
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=64,
+        **overrides,
+    )
+    built = module.Model(args)
+    mx.eval(built.parameters())
+    return built

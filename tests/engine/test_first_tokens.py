@@ -15,6 +15,7 @@ from mlx_lm.utils import load
 
 from mlx_nursery.engine._first_tokens import model_head
 from mlx_nursery.engine._schedule import ServingBatchGenerator
+from tests.helpers import small_mlx_lm_model
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +24,7 @@ def model(tiny_model: Path) -> Any:
 
 
 def _small(module: Any, **overrides: Any) -> Any:
-    mx.random.seed(3)
-    args = module.ModelArgs(
-        model_type=module.__name__.rsplit(".", 1)[-1],
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=64,
-        **overrides,
-    )
-    built = module.Model(args)
-    mx.eval(built.parameters())
-    return built
+    return small_mlx_lm_model(module, 3, **overrides)
 
 
 def test_the_head_split_off_is_the_model(model: Any) -> None:

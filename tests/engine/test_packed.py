@@ -15,6 +15,7 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import load
 
 from mlx_nursery.engine import _packed
+from mlx_nursery.engine._first_tokens import model_head
 from mlx_nursery.engine._kv_quant import KVQuantization, cache_factory
 from mlx_nursery.engine._messages import Submit
 from mlx_nursery.engine._packed import packable
@@ -24,6 +25,7 @@ from mlx_nursery.engine._sequence import build_sequence
 from mlx_nursery.engine._stepper import BatchStepper, Start
 from mlx_nursery.engine._types import GenerationRequest, SamplingParams
 from mlx_nursery.models._fusing import fuse_projections
+from tests.helpers import small_mlx_lm_model
 
 
 @pytest.fixture(scope="module")
@@ -32,21 +34,7 @@ def model(tiny_model: Path) -> Any:
 
 
 def _small(module: Any, **overrides: Any) -> Any:
-    mx.random.seed(5)
-    args = module.ModelArgs(
-        model_type=module.__name__.rsplit(".", 1)[-1],
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=64,
-        **overrides,
-    )
-    built = module.Model(args)
-    mx.eval(built.parameters())
-    return built
+    return small_mlx_lm_model(module, 5, **overrides)
 
 
 def _caches(model: Any) -> tuple[list[Any], list[Any]]:
@@ -110,7 +98,9 @@ def test_the_packed_pass_computes_what_the_two_forwards_computed(
 
     decode, prompt = _caches(built)
     prepared(prompt)
-    forward = _packed.PackedForward(built, chunk_inputs, prompt)
+    head = model_head(built)
+    assert head is not None
+    forward = _packed.PackedForward(built, head, chunk_inputs, prompt)
     got_logits = forward(decode_inputs, cache=decode)
     finished(prompt)
     assert forward.chunk_hidden is not None

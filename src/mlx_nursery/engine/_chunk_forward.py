@@ -29,14 +29,20 @@ def launch_chunk(
     if head is None:
         batch.model(chunk.inputs, cache=batch.prompt_cache)
     else:
-        note = getattr(batch.model, "note", None)  # the engine's `ShapeWatch` counts shapes
-        if note is not None:
-            note(chunk.inputs, batch.prompt_cache)
+        note_shape(batch.model, chunk.inputs, batch.prompt_cache)
         hidden = batch.model.model(chunk.inputs, cache=batch.prompt_cache)
         logits = chunk.last_logits(hidden, finishing, head)
     states = finish_chunk(batch, chunk)
     mx.async_eval(states)  # type: ignore[no-untyped-call]
     return states, logits
+
+
+def note_shape(model: Any, inputs: mx.array, cache: list[Any]) -> None:
+    """Tell the engine's `ShapeWatch` (if `model` is one) of a prefill forward that runs the
+    model's parts rather than the model (its call notes the others itself)."""
+    note = getattr(model, "note", None)
+    if note is not None:
+        note(inputs, cache)
 
 
 class PreparedChunk:

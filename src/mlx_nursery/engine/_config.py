@@ -151,6 +151,13 @@ class EngineConfig:
     the layers' norms, projections and MLP launched once over both, for the architectures it
     reads; others (and speculation's verify steps, LoRA batches, distributed groups) run the
     chunk as a forward of its own."""
+
+    @property
+    def packs_chunks(self) -> bool:
+        """Whether this engine's batches pack chunks: `pack_chunks`, and neither speculation
+        nor adapters (their batches run chunks apart)."""
+        return self.pack_chunks and self.speculation is None and not self.serves_adapters
+
     warmup: bool = True
     """Before reporting ready, run what serving runs (the fast path, batches up to
     `max_concurrency`, the sampling variants) on dummy prompts, so that no request waits for

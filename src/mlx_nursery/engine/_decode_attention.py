@@ -57,36 +57,29 @@ def available() -> bool:
     return bool(cuda is not None and cuda.is_available())
 
 
+_INPUTS = ("q", "keys", "values", "start", "end", "scale")
+_PARTIALS = ("partial_out", "partial_max", "partial_sum")
+_KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str, str, bool]] = {
+    "partial": (_INPUTS, _PARTIALS, PARTIAL, HEADER, False),
+    "whole": (_INPUTS, ("out",), WHOLE, HEADER, False),
+    "combine": (_PARTIALS, ("out",), COMBINE, "", True),
+}
+"""Per kernel: its inputs, outputs, source, header, and whether MLX copies its inputs to
+row-contiguous first (the queries and the KV buffers are read through their strides)."""
+
+
 def _kernel(name: str) -> Any:
     kernel = _kernels.get(name)
     if kernel is None:
-        inputs = ["q", "keys", "values", "start", "end", "scale"]
-        if name == "partial":
-            kernel = mx.fast.cuda_kernel(
-                name="nursery_ragged_decode_partial",
-                input_names=inputs,
-                output_names=["partial_out", "partial_max", "partial_sum"],
-                source=PARTIAL,
-                header=HEADER,
-                ensure_row_contiguous=False,
-            )
-        elif name == "whole":
-            kernel = mx.fast.cuda_kernel(
-                name="nursery_ragged_decode_whole",
-                input_names=inputs,
-                output_names=["out"],
-                source=WHOLE,
-                header=HEADER,
-                ensure_row_contiguous=False,
-            )
-        else:
-            kernel = mx.fast.cuda_kernel(
-                name="nursery_ragged_decode_combine",
-                input_names=["partial_out", "partial_max", "partial_sum"],
-                output_names=["out"],
-                source=COMBINE,
-            )
-        _kernels[name] = kernel
+        inputs, outputs, source, header, row_contiguous = _KERNELS[name]
+        kernel = _kernels[name] = mx.fast.cuda_kernel(
+            name=f"nursery_ragged_decode_{name}",
+            input_names=list(inputs),
+            output_names=list(outputs),
+            source=source,
+            header=header,
+            ensure_row_contiguous=row_contiguous,
+        )
     return kernel
 
 

@@ -83,14 +83,12 @@ class PackedForward:
     padded tokens, batch by length) on `chunk_cache`, returns the decode rows' logits and
     keeps the chunk's hidden states (after the final norm) in `chunk_hidden`."""
 
-    def __init__(self, model: Any, chunk: mx.array, chunk_cache: list[Any]) -> None:
+    def __init__(self, model: Any, head: Head, chunk: mx.array, chunk_cache: list[Any]) -> None:
+        """`head`: `model`'s output head (`_first_tokens.model_head`)."""
         self._model = model
+        self._head = head
         self._chunk = chunk
         self._chunk_cache = chunk_cache
-        head = model_head(model)
-        if head is None:
-            raise ValueError("a packed forward needs a model whose head splits off")
-        self._head: Head = head
         self.chunk_hidden: mx.array | None = None
 
     def __call__(self, inputs: mx.array, cache: list[Any]) -> mx.array:

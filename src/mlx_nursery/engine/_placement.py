@@ -169,5 +169,5 @@ class Placement:
             speculation=self._config.speculation,
             verified=self._counters.verified,  # not a method of this object: as the solo's
             draft_model=self._model.draft,
-            pack_chunks=self._config.pack_chunks,
+            pack_chunks=self._config.packs_chunks,
         )

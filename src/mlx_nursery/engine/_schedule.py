@@ -65,7 +65,13 @@ import attrs
 import mlx.core as mx
 
 from ._batch_speculating import BatchSpeculation
-from ._chunk_forward import PreparedChunk, finish_chunk, launch_chunk, prepare_chunk
+from ._chunk_forward import (
+    PreparedChunk,
+    finish_chunk,
+    launch_chunk,
+    note_shape,
+    prepare_chunk,
+)
 from ._chunking import ChunkSizer, GapMeter
 from ._first_tokens import FirstFromChunk, Head, model_head
 from ._packed import PackedForward, packable
@@ -246,11 +252,10 @@ class ServingBatchGenerator(BatchGenerator):  # type: ignore[misc]  # mlx-lm is 
     def _decode_packed(self, planned: _Chunk) -> tuple[tuple[PreparedChunk, PackedForward], Any]:
         """The running batch's decode step with `planned` in its forward (`_packed.py`)."""
         chunk = prepare_chunk(self._prompt_batch, planned.tokens)
-        note = getattr(self.model, "note", None)  # the engine's `ShapeWatch` counts shapes
-        if note is not None:
-            note(chunk.inputs, self._prompt_batch.prompt_cache)
+        note_shape(self.model, chunk.inputs, self._prompt_batch.prompt_cache)
         model = getattr(self.model, "unwatched", self.model)
-        packing = PackedForward(model, chunk.inputs, self._prompt_batch.prompt_cache)
+        assert self._head is not None  # `_pack` holds only with one
+        packing = PackedForward(model, self._head, chunk.inputs, self._prompt_batch.prompt_cache)
         batch = self._generation_batch
         own = batch.model
         batch.model = packing  # its `_step` calls `self.model(inputs, cache=...)`, once

@@ -165,9 +165,7 @@ def _warmup_plan(config: EngineConfig) -> WarmupPlan:
         fast_path=config.single_sequence_fast_path,
         budget_s=config.warmup_budget_s,
         speculation=config.speculation,
-        pack_chunks=config.pack_chunks
-        and config.speculation is None
-        and not config.serves_adapters,  # serving's batches do not pack then
+        pack_chunks=config.packs_chunks,
     )
 
 
