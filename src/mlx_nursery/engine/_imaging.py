@@ -46,13 +46,19 @@ class Imaging:
     def _chunk(self, sequence: LiveSequence, size: int) -> int:
         """One chunk (up to `size` tokens) of this image prompt's prefill; once it is done,
         the sequence starts as a prefix-cache hit would (the fast path if alone, else the
-        batch). A failure fails that request alone. Returns the tokens prefilled."""
+        batch). A failure fails that request alone. Returns the tokens prefilled.
+
+        Beside decoding sequences the chunk is launched, not waited for (as a text chunk is,
+        `_schedule.py`): a host wait here would leave the device idle until the decode step
+        after it is launched. Alone it is waited for, and timed for the chunk sizer."""
         prefill: ImagePrefill = sequence.prefill
         tokens = 0
+        beside = self._ledger.stepping()
         try:
             started = time.perf_counter()
-            tokens = prefill.step(size)
-            self._placement.chunks.observe(tokens, time.perf_counter() - started)
+            tokens = prefill.step(size, wait=not beside)
+            if not beside:  # launched beside a decode step, it is not timed alone
+                self._placement.chunks.observe(tokens, time.perf_counter() - started)
             if not prefill.done:
                 return tokens
             prompt = prefill.prompt

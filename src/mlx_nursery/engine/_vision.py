@@ -28,7 +28,7 @@ import numpy as np
 from ..models import LoadedModel
 from ._kv_quant import CacheFactory
 from ._types import ImageInputs
-from ._upstream import make_prompt_cache
+from ._upstream import generation_stream, make_prompt_cache
 
 
 class VisionProcessor:
@@ -115,7 +115,9 @@ class ImagePrefill:
     iteration, beside the batch's decode step, so that a cancel lands between chunks and the
     running streams keep stepping. Engine thread only.
 
-    Made with the images encoded (the vision tower runs once, here); each `step` prefills
+    Made with the images' encoding launched (the vision tower runs once, from here, on
+    mlx-lm's generation stream as every step, so that nothing waits for it on the host: the
+    chunks after it queue behind it on the device); each `step` prefills
     the next prompt tokens' embeddings, as many as the worker gives it, into a fresh mlx-lm
     cache of the text model; once `done`, `cache` holds all of `prompt` but its last token."""
 
@@ -132,14 +134,15 @@ class ImagePrefill:
         arrays = {key: mx.array(value) for key, value in images.arrays.items()}
         pixels = arrays.pop("pixel_values")
         self._ids = mx.array([prompt])
-        features = vision.model.get_input_embeddings(self._ids, pixels, **arrays)
-        self._embeddings = features.inputs_embeds
-        positions = getattr(features, "position_ids", None)
-        deltas = getattr(features, "rope_deltas", None)
-        if positions is not None and deltas is not None:
-            positions = positions - deltas
-        self._positions = positions
-        mx.eval(self._embeddings, *([] if positions is None else [positions]))
+        with mx.stream(generation_stream):
+            features = vision.model.get_input_embeddings(self._ids, pixels, **arrays)
+            self._embeddings = features.inputs_embeds
+            positions = getattr(features, "position_ids", None)
+            deltas = getattr(features, "rope_deltas", None)
+            if positions is not None and deltas is not None:
+                positions = positions - deltas
+            self._positions = positions
+            mx.async_eval(self._embeddings, *([] if positions is None else [positions]))  # type: ignore[no-untyped-call]
         self._language = vision.model.language_model
         self.prompt = prompt
         self.cache: list[Any] = make_cache(model.model)
@@ -149,19 +152,26 @@ class ImagePrefill:
     def done(self) -> bool:
         return self._next >= len(self.prompt) - 1
 
-    def step(self, size: int) -> int:
+    def step(self, size: int, *, wait: bool) -> int:
         """Prefill the next chunk, of at most `size` tokens; return its tokens. Raises what
-        the model raises (the caller fails this request alone)."""
+        the model raises (the caller fails this request alone). `wait`: return once the
+        device has run it (to time it); else launched only, so that the decode step
+        launched next queues behind it rather than behind the host's wait for it."""
         start, end = self._next, min(self._next + size, len(self.prompt) - 1)
         kwargs = (
             {} if self._positions is None else {"position_ids": self._positions[..., start:end]}
         )
-        self._language(
-            self._ids[:, start:end],
-            inputs_embeds=self._embeddings[:, start:end],
-            cache=self.cache,
-            **kwargs,
-        )
-        mx.eval([c.state for c in self.cache])
+        with mx.stream(generation_stream):
+            self._language(
+                self._ids[:, start:end],
+                inputs_embeds=self._embeddings[:, start:end],
+                cache=self.cache,
+                **kwargs,
+            )
+            states = [c.state for c in self.cache]
+            if wait:
+                mx.eval(states)
+            else:
+                mx.async_eval(states)  # type: ignore[no-untyped-call]
         self._next = end
         return end - start
