@@ -402,7 +402,7 @@ def main() -> None:
     p.add_argument(
         "--pack-chunks",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="prefill chunks in the decode step's forward (EngineConfig.pack_chunks)",
     )
     p.add_argument("--out", type=Path)

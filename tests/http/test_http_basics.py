@@ -272,7 +272,7 @@ async def test_error_envelopes_and_the_server_keeps_serving(plain: ThreadedServe
 
 async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_path: Path) -> None:
     """--prefill-step-size, --prefill-batch-size, --prefill-chunk-ms, --cudnn-attention,
-    --cuda-graphs, --no-fuse-weights, --no-ragged-attention, --no-pack-chunks, --skip-warmup,
+    --cuda-graphs, --no-fuse-weights, --no-ragged-attention, --pack-chunks, --skip-warmup,
     --prompt-cache-dir and --prompt-cache-disk-bytes configure the engine a server runs: a
     prompt longer than the step is prefilled in chunks of that size."""
     async with (
@@ -286,7 +286,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_pat
             prompt_cache_bytes=0,
             no_fuse_weights=True,
             no_ragged_attention=True,
-            no_pack_chunks=True,
+            pack_chunks=True,
             skip_warmup=True,
             prompt_cache_dir=str(tmp_path / "kv"),
             prompt_cache_disk_bytes=64 << 20,
@@ -302,7 +302,7 @@ async def test_engine_settings_reach_the_served_engine(tiny_model: Path, tmp_pat
         assert config.cuda_graphs  # --cuda-graphs; off by default
         assert not config.fuse_weights  # --no-fuse-weights; on by default
         assert not config.ragged_attention  # --no-ragged-attention; on by default
-        assert not config.pack_chunks  # --no-pack-chunks; on by default
+        assert config.pack_chunks  # --pack-chunks; off by default
         assert not config.warmup  # --skip-warmup; on by default
         assert config.prompt_cache_dir == tmp_path / "kv"
         assert config.prompt_cache_disk_bytes == 64 << 20

@@ -146,11 +146,12 @@ class EngineConfig:
     """On CUDA, a batch's decode attention by this server's kernel, each row reading only its
     own keys (`_decode_attention.py`) rather than MLX's masked fallback over every row's
     padded length. No effect on other backends."""
-    pack_chunks: bool = True
+    pack_chunks: bool = False
     """Run a prefill chunk beside a decoding batch in the decode step's forward (`_packed.py`):
     the layers' norms, projections and MLP launched once over both, for the architectures it
     reads; others (and speculation's verify steps, LoRA batches, distributed groups) run the
-    chunk as a forward of its own."""
+    chunk as a forward of its own. Off by default: it measured no faster on a GPU or the CPU
+    (decisions/0051)."""
 
     @property
     def packs_chunks(self) -> bool:

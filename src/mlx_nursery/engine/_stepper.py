@@ -128,7 +128,7 @@ class BatchStepper:
         speculation: Speculation | None = None,
         verified: Report | None = None,
         draft_model: Any = None,
-        pack_chunks: bool = True,
+        pack_chunks: bool = False,
     ) -> None:
         """`fold_first_tokens`: a prompt's first token comes from its last prefill chunk
         where the model allows it (`_first_tokens.py`); off, from a forward of its own.

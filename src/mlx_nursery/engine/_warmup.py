@@ -86,7 +86,7 @@ class WarmupPlan:
     budget_s: float = 60.0
     speculation: Speculation | None = None
     """The engine's speculative decoding (None: off): its verify steps are warmed too."""
-    pack_chunks: bool = True
+    pack_chunks: bool = False
     """Chunks run in the decode step's forward (`EngineConfig.pack_chunks`), as served."""
 
 
@@ -99,7 +99,7 @@ def plan_for(
     fast_path: bool,
     budget_s: float,
     speculation: Speculation | None = None,
-    pack_chunks: bool = True,
+    pack_chunks: bool = False,
 ) -> WarmupPlan:
     """The warm-up for a backend: on a GPU every variant alone and batches up to
     `max_concurrency`; on the CPU, which compiles per function rather than per broadcasting

@@ -108,7 +108,7 @@ class ModelOpener:
             kv_group_size=self.settings.kv_group_size,
             fuse_weights=not self.settings.no_fuse_weights,
             ragged_attention=not self.settings.no_ragged_attention,
-            pack_chunks=not self.settings.no_pack_chunks,
+            pack_chunks=self.settings.pack_chunks,
             warmup=not self.settings.skip_warmup,
             warmup_budget_s=self.settings.warmup_budget,
             single_sequence_fast_path=distribution is None,
