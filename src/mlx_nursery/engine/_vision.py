@@ -110,14 +110,28 @@ def vision_processor(model: LoadedModel) -> VisionProcessor | None:
     return VisionProcessor(model.vision.processor, int(model.config["image_token_id"]))
 
 
+_thread = threading.local()
+
+
+def encoder_stream() -> mx.Stream:
+    """This thread's stream for vision towers: its own, not the decode steps'. mlx-vlm's
+    encoders read small arrays back to the host as they build (`.item()`, `.tolist()`: grid
+    sizes, window indices, rotary positions); on the stream the decode steps are queued on,
+    each read would wait for them. Made on first use; released with the thread's others."""
+    stream: mx.Stream | None = getattr(_thread, "stream", None)
+    if stream is None:
+        stream = _thread.stream = mx.new_stream(mx.default_device())
+    return stream
+
+
 class ImagePrefill:
     """An image prompt's prefill, a chunk at a time: the worker runs one chunk per loop
     iteration, beside the batch's decode step, so that a cancel lands between chunks and the
     running streams keep stepping. Engine thread only.
 
-    Made with the images' encoding launched (the vision tower runs once, from here, on
-    mlx-lm's generation stream as every step, so that nothing waits for it on the host: the
-    chunks after it queue behind it on the device); each `step` prefills
+    Made with the images' encoding launched (the vision tower runs once, from here, on the
+    thread's `encoder_stream`; nothing on the host waits for it: the chunks, on mlx-lm's
+    generation stream as every step, wait for it on the device); each `step` prefills
     the next prompt tokens' embeddings, as many as the worker gives it, into a fresh mlx-lm
     cache of the text model; once `done`, `cache` holds all of `prompt` but its last token."""
 
@@ -134,7 +148,7 @@ class ImagePrefill:
         arrays = {key: mx.array(value) for key, value in images.arrays.items()}
         pixels = arrays.pop("pixel_values")
         self._ids = mx.array([prompt])
-        with mx.stream(generation_stream):
+        with mx.stream(encoder_stream()):
             features = vision.model.get_input_embeddings(self._ids, pixels, **arrays)
             self._embeddings = features.inputs_embeds
             positions = getattr(features, "position_ids", None)
