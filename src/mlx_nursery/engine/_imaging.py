@@ -55,6 +55,8 @@ class Imaging:
         tokens = 0
         beside = self._ledger.stepping()
         try:
+            if not beside:
+                prefill.wait_encoded()  # the encoding's time is not the chunk's
             started = time.perf_counter()
             tokens = prefill.step(size, wait=not beside)
             if not beside:  # launched beside a decode step, it is not timed alone

@@ -166,6 +166,11 @@ class ImagePrefill:
     def done(self) -> bool:
         return self._next >= len(self.prompt) - 1
 
+    def wait_encoded(self) -> None:
+        """Return once the images' encoding has run (at once after the first time): a chunk
+        timed after it is timed alone."""
+        mx.eval(self._embeddings, *([] if self._positions is None else [self._positions]))
+
     def step(self, size: int, *, wait: bool) -> int:
         """Prefill the next chunk, of at most `size` tokens; return its tokens. Raises what
         the model raises (the caller fails this request alone). `wait`: return once the
