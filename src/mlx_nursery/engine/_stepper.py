@@ -133,7 +133,8 @@ class BatchStepper:
         """`fold_first_tokens`: a prompt's first token comes from its last prefill chunk
         where the model allows it (`_first_tokens.py`); off, from a forward of its own.
         `pack_chunks`: a prefill chunk beside decoding rows runs in their step's forward
-        where the model allows it (`_packed.py`).
+        where the model allows it (`_packed.py`; the generator itself keeps batches with
+        adapters or speculation apart).
         `adapters`: the rows' LoRA adapters (`_adapters.py`; None: the base model only).
         `speculation`: rows draft and verify inside the batch (`_batch_speculating.py`;
         None: off), each verify reported to `verified`; `draft_model`: drafts come from it
@@ -152,7 +153,7 @@ class BatchStepper:
             chunk_sizer=chunk_sizer,
             fold_first_tokens=fold_first_tokens,
             rows=self._rows if adapters is not None else None,
-            pack_chunks=pack_chunks and adapters is None and speculation is None,
+            pack_chunks=pack_chunks,
         )
         self._samplers = _RowSamplers(draw)
         """Also the record of the rows it holds: a row's sampler is kept exactly as long."""
