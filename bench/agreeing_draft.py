@@ -39,7 +39,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -161,7 +161,11 @@ def _rewrite(
 ) -> None:
     """One shard: its draft tensors to `draft`, and itself rewritten with its zeroed tensors
     (through a temporary file) if it holds any. Only this shard is in memory."""
-    arrays, metadata = mx.load(str(shard), return_metadata=True)  # type: ignore[misc]
+    # A safetensors file with its metadata: its tensors by name, and string metadata.
+    arrays, metadata = cast(
+        tuple[dict[str, mx.array], dict[str, str]],
+        mx.load(str(shard), return_metadata=True),
+    )
     if draft is not None:
         part = {k: v for k, v in arrays.items() if drafted(k)}
         mx.save_safetensors(str(draft), part, metadata=metadata)

@@ -72,7 +72,8 @@ def count_primitives(step: Callable[[], None]) -> dict[str, int]:
         arrays = [a for a in _flat(args) if isinstance(a, mx.array)]
         mx.export_to_dot(str(dot), *arrays)
         counts.update(re.findall(r'label ="([^"]+)"', dot.read_text()))
-        return _real_async_eval(*args)
+        # mlx's stub leaves async_eval's parameters untyped
+        return _real_async_eval(*args)  # type: ignore[no-untyped-call]
 
     mx.async_eval = counted
     try:
@@ -104,6 +105,7 @@ def ours(path: Path, args: argparse.Namespace) -> tuple[Any, Callable[[], None]]
     from mlx_nursery.models import load_model
 
     loaded = load_model(path)
+    assert loaded.model is not None, "a text model"
     install(loaded.model)
     stepper = BatchStepper(
         loaded.model,
@@ -200,7 +202,8 @@ def _make(out: Path, preset: str, layers: int | None) -> Path:
         PRESETS[preset] = attrs.evolve(
             base, name=preset, config={**base.config, "num_hidden_layers": layers}
         )
-    return make_model(out, preset)
+    path: Path = make_model(out, preset)
+    return path
 
 
 def main() -> None:

@@ -43,11 +43,11 @@ VARIANTS = ("unfused", "fused", "fused+compiled")
 def _compile_mlps(model: Any) -> int:
     """Each layer's MLP block through `mx.compile` (the fused gate/up inside it)."""
     import mlx.core as mx
-    import mlx.nn as nn
+    from mlx.nn.layers.base import Module
 
-    class CompiledMLP(nn.Module):
+    class CompiledMLP(Module):
         def __init__(self, inner: Any) -> None:
-            super().__init__()
+            super().__init__()  # type: ignore[no-untyped-call]  # mlx leaves it unannotated
             self.inner = inner
             self._call = mx.compile(inner.__call__)
 
@@ -72,6 +72,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     variant = spec["variant"]
     loaded = load_model(spec["model"], fuse_weights=variant != "unfused")
     model, vocab = loaded.model, loaded.vocab_size
+    assert model is not None, "a text model"
     compiled = _compile_mlps(model) if variant == "fused+compiled" else 0
     results = []
     for batch in spec["batches"]:
@@ -93,7 +94,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             forced = baseline[step] if step < len(baseline) else nxt
             picked = mx.take_along_axis(logprobs, forced[:, None], axis=-1)[:, 0]
             t1 = time.perf_counter()
-            mx.async_eval(nxt, picked)
+            mx.async_eval(nxt, picked)  # type: ignore[no-untyped-call]  # as above
             t2 = time.perf_counter()
             if previous is not None:
                 tokens.append(previous[0].tolist())

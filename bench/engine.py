@@ -288,7 +288,8 @@ async def prefix_ttft(
     engine: Engine, prefix_tokens: int, vocab: int, repeats: int, offset: int = 0
 ) -> dict[str, float]:
     shared = prompt_ids(prefix_tokens, 4242, vocab)
-    cold, warm = [], []
+    cold: list[float] = []
+    warm: list[float] = []
     for r in range(offset, offset + repeats):
         system = [10 + r, *shared[1:]]  # differs from the start: nothing cached matches it
         for i, sink in ((0, cold), (1, warm)):

@@ -30,9 +30,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from mlx_nursery.engine._disk_entries import DiskRead, DiskWrite
 from mlx_nursery.engine._disk_format import Layout, block_chain, file_name, namespace_root
 from mlx_nursery.engine._disk_kv import Restoring
-from mlx_nursery.engine._disk_tier import DiskRead, DiskTier, DiskWrite
+from mlx_nursery.engine._disk_tier import DiskTier
 from mlx_nursery.engine._upstream import KVCache
 
 SERVED_SHORT_OF_FILE = 8
@@ -81,7 +82,8 @@ def write_file(directory: Path, layout: Layout, key: list[int], seed: int) -> tu
 def _version() -> str:
     from mlx_nursery.engine import _disk_format
 
-    return _disk_format.VERSION
+    version: str = _disk_format.VERSION
+    return version
 
 
 def read_once(directory: Path, layout: Layout, key: list[int]) -> dict[str, float]:
@@ -101,7 +103,7 @@ def read_once(directory: Path, layout: Layout, key: list[int]) -> dict[str, floa
     started = time.perf_counter()
     restoring = Restoring(read.kv, layout, [KVCache() for _ in range(len(layout.tensors) // 2)])
     restoring.advance(None)
-    mx.eval([a for c in restoring.cache for a in (c.keys, c.values)])  # type: ignore[no-untyped-call]
+    mx.eval([a for c in restoring.cache for a in (c.keys, c.values)])
     copy_s = time.perf_counter() - started
     tier.close()
     return {"read_s": read_s, "copy_s": copy_s, "served_tokens": read.kv.tokens}

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -91,7 +91,7 @@ def check(rng: random.Random, kernel: Kernel) -> list[dict[str, Any]]:
         scale = dim**-0.5
         want = reference(queries, cache, scale).astype(mx.float32)
         got = kernel(queries, cache, scale).astype(mx.float32)
-        error = float(mx.max(mx.abs(want - got)).item())
+        error = cast(float, mx.max(mx.abs(want - got)).item())  # a float32 scalar's item
         cases.append(
             {
                 "batch": batch,
@@ -163,7 +163,8 @@ def at_blocks(blocks: int) -> Kernel:
         saved = _decode_attention._TARGET_BLOCKS
         _decode_attention._TARGET_BLOCKS = blocks
         try:
-            return _decode_attention.ragged_decode_attention(queries, cache, scale)
+            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
+            return out
         finally:
             _decode_attention._TARGET_BLOCKS = saved
 

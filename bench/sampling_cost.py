@@ -23,7 +23,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from mlx_nursery.engine import SamplingParams
-from mlx_nursery.engine._sampling import make_request_processors, make_request_sampler
+from mlx_nursery.engine._processors import make_request_processors
+from mlx_nursery.engine._sampling import make_request_sampler
 from mlx_nursery.engine._stepper import _RowSamplers
 
 

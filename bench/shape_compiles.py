@@ -34,7 +34,7 @@ CONFIGS: dict[str, dict[str, str]] = {
     "no_cudnn_sdpa_no_graphs": {"MLX_CUDA_USE_CUDNN_SDPA": "0", "MLX_USE_CUDA_GRAPHS": "0"},
 }
 
-LLAMA_8B = {
+LLAMA_8B: dict[str, Any] = {  # a config.json's fields
     "model_type": "llama",
     "hidden_size": 4096,
     "num_hidden_layers": 32,
@@ -60,7 +60,7 @@ def measure(small: bool) -> dict[str, Any]:
     model = llama.Model(llama.ModelArgs.from_dict(config))
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
-    vocab = config["vocab_size"]
+    vocab: int = config["vocab_size"]
     tokens = iter(range(1, 1 << 30))
 
     def ids(batch: int, length: int) -> mx.array:

@@ -210,7 +210,7 @@ class LoopProfile:
             runner.step, runner.settle = profiled_step, settled
             loop(worker, runner)
 
-        _worker.Worker._loop = profiled  # type: ignore[method-assign,assignment]
+        _worker.Worker._loop = profiled  # type: ignore[assignment, method-assign]
 
     def report(self, top: int) -> str:
         out = io.StringIO()

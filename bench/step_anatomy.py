@@ -56,6 +56,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,15 @@ sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow 
 from _kernels import busy_us
 
 
+@dataclass(slots=True)
+class _Frame:
+    """A phase in progress on the stack."""
+
+    label: str
+    start: float
+    nested: float = 0.0  # seconds of the phases nested in it
+
+
 class Phases:
     """Exclusive time per phase on the engine thread (others are not timed)."""
 
@@ -91,11 +101,11 @@ class Phases:
         self.sync = sync
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self._stack: list[list[Any]] = []  # [name, start, nested seconds]
+        self._stack: list[_Frame] = []
         self.thread: int | None = None
 
     def current(self) -> str:
-        return str(self._stack[-1][0]) if self._stack else "rest"
+        return self._stack[-1].label if self._stack else "rest"
 
     def _synchronize(self) -> None:
         mx.synchronize()
@@ -113,7 +123,7 @@ class Phases:
             if self.sync and not self._stack:
                 self._synchronize()
             label = f"{name} ({self.current()})" if by_caller else name
-            frame = [label, time.perf_counter(), 0.0]
+            frame = _Frame(label, time.perf_counter())
             self._stack.append(frame)
             try:
                 return fn(*args, **kwargs)
@@ -121,11 +131,11 @@ class Phases:
                 if self.sync and len(self._stack) == 1:
                     self._synchronize()
                 self._stack.pop()
-                elapsed = time.perf_counter() - frame[1]
-                self.seconds[label] += elapsed - frame[2]
+                elapsed = time.perf_counter() - frame.start
+                self.seconds[label] += elapsed - frame.nested
                 self.calls[label] += 1
                 if self._stack:
-                    self._stack[-1][2] += elapsed
+                    self._stack[-1].nested += elapsed
 
         return timed
 
@@ -206,8 +216,9 @@ def install(phases: Phases, *, launch: bool = False) -> None:
     ]
     for owner, attr, name in targets:
         setattr(owner, attr, phases.wrap(name, getattr(owner, attr)))
-    _schedule.launch_chunk = phases.wrap("chunk", _schedule.launch_chunk)  # type: ignore[assignment]
-    _schedule.prepare_chunk = phases.wrap("chunk", _schedule.prepare_chunk)  # type: ignore[assignment]
+    # The names `_schedule` calls them by (it imports them from `_chunk_forward`).
+    for attr in ("launch_chunk", "prepare_chunk"):
+        setattr(_schedule, attr, phases.wrap("chunk", getattr(_schedule, attr)))
     generator = _schedule.ServingBatchGenerator
     generator._finish_packed = phases.wrap("chunk", generator._finish_packed)  # type: ignore[method-assign]
     if launch:
@@ -250,7 +261,7 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
                 seen.append(threading.get_ident())
             return solo(self)
 
-        GenerationBatch.next = spy  # type: ignore[method-assign]
+        GenerationBatch.next = spy
         SoloSequence.step = solo_spy  # type: ignore[method-assign]
         warm = [
             GenerationRequest(prompt(64, random.Random(i), vocab), max_tokens=8, ignore_eos=True)
@@ -265,7 +276,7 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
                             pass
 
                 nursery.start_soon(drain)
-        GenerationBatch.next = original  # type: ignore[method-assign]
+        GenerationBatch.next = original
         SoloSequence.step = solo  # type: ignore[method-assign]
         phases.thread = seen[0] if seen else None
         for mode in ("host", "sync") if args.mode == "both" else (args.mode,):

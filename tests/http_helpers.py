@@ -57,7 +57,10 @@ def openapi_spec() -> Any:
 @cache
 def _registry() -> Registry:
     spec = _nullable_to_json_schema(openapi_spec())
-    return Registry().with_resource(SPEC_URI, Resource.from_contents(spec, DRAFT202012))
+    registry: Registry = Registry().with_resource(
+        SPEC_URI, Resource.from_contents(spec, DRAFT202012)
+    )
+    return registry
 
 
 def validate(instance: Any, schema_name: str) -> None:
@@ -293,6 +296,7 @@ def scripted(
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert isinstance(eos, int), "the tokenizer knows <|im_end|>"
 
     def processors(body: Any) -> tuple[Any, ...]:
         text = texts_by_user.get(body.get("user") or body.get("safety_identifier") or "")
