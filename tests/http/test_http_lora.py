@@ -95,7 +95,13 @@ async def test_adapters_are_models_of_their_base_and_load_and_unload_at_runtime(
         ]
         assert len(reserved) == 1 and float(reserved[0].rsplit(" ", 1)[1]) > 0
 
-        body = {"model": "b", "prompt": "Once", "max_tokens": 3000, "stream": True}
+        body = {
+            "model": "b",
+            "prompt": "Once",
+            "max_tokens": 3000,
+            "temperature": 0,
+            "stream": True,
+        }
         async with http.stream("POST", "/v1/completions", json=body) as stream:
             async for _ in stream.aiter_lines():
                 break  # it runs: its adapter is in use

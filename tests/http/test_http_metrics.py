@@ -53,7 +53,9 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
         pieces = 0
         with trio.move_on_after(30):
             async with http.stream(
-                "POST", "/v1/chat/completions", json=chat_body(max_tokens=4000, stream=True)
+                "POST",
+                "/v1/chat/completions",
+                json=chat_body(max_tokens=4000, temperature=0, stream=True),
             ) as stream:
                 async for line in stream.aiter_lines():
                     if line.startswith("data: {"):
