@@ -49,3 +49,43 @@ def test_entry_bytes_decode_to_the_content(pieces: list[bytes], trim: bool) -> N
     assert data.decode("utf-8", "replace") == content
     whole = b"".join(pieces).decode("utf-8", "replace")
     assert content == whole[1 if trim and pieces[0].startswith(b" ") else 0 :]
+
+
+@pytest.mark.parametrize("trim", [False, True], ids=["completion", "chat"])
+def test_each_entry_is_its_own_token_when_the_detokenizer_holds_a_space_back(trim: bool) -> None:
+    """A lone space token's text comes out with the next token's segment; its entry is still
+    " " and the next one "1" (OpenAI's tokens are the tokens' own text), so that a legacy
+    client's `top_logprobs[i][tokens[i]]` finds the sampled token."""
+    pieces = [b"Count", b":", b" ", b"1", b",", b" ", b"2"]
+    tokenmap = ["".join(TO_CHAR[b] for b in piece) for piece in pieces]
+    detokenizer = LinearBPEDetokenizer(tokenmap, trim_space=trim)
+    aligner = LogprobAligner(lambda t: tokenmap[t], lambda t: pieces[t], trimmed_space=trim)
+    entries = []
+    for token in range(len(pieces)):
+        detokenizer.add_token(token)
+        segment = detokenizer.last_segment
+        aligner.add(segment, TokenLogprob(token, -0.5))
+        entries += aligner.take(segment)
+    detokenizer.finalize()
+    entries += aligner.take(detokenizer.last_segment) + aligner.finish()
+    assert [e.token for e in entries] == ["Count", ":", " ", "1", ",", " ", "2"]
+    assert [e.bytes for e in entries] == pieces
+
+
+def test_a_stop_cut_after_a_held_space_shows_each_character_once() -> None:
+    """Content cut by a stop string right after a space that was released with the next token:
+    the space's own entry showed it, so the straddling token shows nothing more."""
+    pieces = [b"a", b" ", b"1"]
+    tokenmap = ["".join(TO_CHAR[b] for b in piece) for piece in pieces]
+    detokenizer = LinearBPEDetokenizer(tokenmap, trim_space=False)
+    aligner = LogprobAligner(lambda t: tokenmap[t], lambda t: pieces[t])
+    segments = []
+    for token in range(len(pieces)):
+        detokenizer.add_token(token)
+        segments.append(detokenizer.last_segment)
+        aligner.add(segments[-1], TokenLogprob(token, -0.5))
+    assert segments == ["a", "", " 1"]
+    entries = aligner.take("a ")  # a stop string "1" cut the content after the space
+    entries += aligner.finish()
+    assert "".join(e.token for e in entries) == "a "
+    assert [e.token for e in entries] == ["a", " ", ""]

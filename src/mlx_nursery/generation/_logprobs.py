@@ -2,9 +2,14 @@
 
 Each engine token event carries its text segment and its logprob; content reaches the client
 later and may be cut (a stop string) but is always a prefix of the concatenated segments.
-`LogprobAligner` hands out a token's entry once all of its text has been emitted, so the
-entries' tokens concatenate to exactly the content; a token cut by a stop string keeps only
-its emitted part.
+`LogprobAligner` hands out a token's entry once its segment has been emitted; a token cut by
+a stop string keeps only its emitted part.
+
+An entry's `token` is the token's own text (as OpenAI's are), not its segment: the streaming
+detokenizer may hold a token's text back and release it with a later token's (a lone space
+waits for the word after it), so a segment can hold two tokens' text and another none. The
+own text is the token's bytes through one incremental UTF-8 decoder for the whole output,
+so the entries' tokens still concatenate to the content.
 
 `bytes` are the token's own bytes, not the UTF-8 of its text: a token holding part of a
 multi-byte character has the text "" (its character comes out with the token that
@@ -16,6 +21,7 @@ from its bytes.
 
 from __future__ import annotations
 
+import codecs
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -56,32 +62,42 @@ class LogprobAligner:
         self._token_text = token_text
         self._token_bytes = token_bytes or (lambda token: token_text(token).encode())
         self._trim_pending = trimmed_space
-        self._pending: deque[tuple[str, TokenLogprob, bool]] = deque()
-        self._raw_popped = 0  # chars of the pending tokens' text already handed out
+        self._trim_text = trimmed_space  # the own texts' first character not yet seen
+        self._pending: deque[tuple[str, str, TokenLogprob, bool]] = deque()
+        self._raw_popped = 0  # chars of the pending tokens' segments already handed out
         self._emitted = 0
+        self._shown = 0  # chars of the entries' tokens handed out
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def add(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> None:
-        """A token's content `text`; not `exact` when that is only part of the token's text
-        (its bytes are then the text's own)."""
-        self._pending.append((text, logprob, exact))
+        """A token's content `text` (its segment); not `exact` when that is only part of the
+        token's text (its bytes are then the text's own)."""
+        decoded = self._decoder.decode(self._token_bytes(logprob.token_id))
+        own = decoded if exact else text
+        if self._trim_text and own:
+            own = own.removeprefix(" ") if exact else own
+            self._trim_text = False
+        self._pending.append((text, own, logprob, exact))
 
     def take(self, emitted: str) -> list[LogprobEntry]:
         """`emitted` more characters of content went out: the entries now fully covered."""
         self._emitted += len(emitted)
         entries = []
         while self._pending and self._raw_popped + len(self._pending[0][0]) <= self._emitted:
-            text, logprob, exact = self._pending.popleft()
+            text, own, logprob, exact = self._pending.popleft()
             self._raw_popped += len(text)
-            entries.append(self._entry(text, logprob, exact=exact))
+            entries.append(self._entry(own, logprob, exact=exact))
         return entries
 
     def finish(self) -> list[LogprobEntry]:
-        """The content ended: a token straddling the end keeps its emitted part; the rest go."""
+        """The content ended: a token straddling the end keeps its emitted part (less what
+        earlier entries' tokens already showed of it); the rest go."""
         entries = []
         if self._pending and self._raw_popped < self._emitted:
-            text, logprob, _ = self._pending.popleft()
+            text, _, logprob, _ = self._pending.popleft()
             emitted = text[: self._emitted - self._raw_popped]
-            entries.append(self._entry(emitted, logprob, exact=False))
+            unshown = emitted[len(emitted) - max(0, self._emitted - self._shown) :]
+            entries.append(self._entry(unshown, logprob, exact=False))
         self._pending.clear()
         return entries
 
@@ -97,4 +113,5 @@ class LogprobAligner:
             if exact and data.startswith(b" "):
                 data = data[1:]
             self._trim_pending = False
+        self._shown += len(text)
         return LogprobEntry(text, logprob.logprob, top, data)
