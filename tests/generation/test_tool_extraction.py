@@ -165,6 +165,22 @@ def test_a_whole_call_missing_only_its_end_markup_is_complete() -> None:
     )
 
 
+@pytest.mark.parametrize("tail", ["\n</", "\n</tool_c", "</"])
+def test_a_whole_call_cut_in_its_end_markup_keeps_none_of_it(tail: str) -> None:
+    x = extractor()
+    x.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1}}' + tail)
+    (call,) = x.finish(cut=True)
+    assert isinstance(call, ToolCallOut) and json.loads(call.arguments) == {"a": 1}
+
+
+def test_arguments_written_whole_before_a_malformed_wrapper_are_those_arguments() -> None:
+    x = extractor()
+    x.feed('<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}}\n<')
+    (call,) = x.finish(cut=True)
+    assert isinstance(call, ToolCallOut) and not call.complete
+    assert json.loads(call.arguments) == {"a": [1, "}"]}
+
+
 def test_a_call_cut_before_its_name_or_of_an_undeclared_tool_is_content() -> None:
     for text in ('<tool_call>\n{"na', '<tool_call>\n{"name": "h", "arguments": {"a'):
         assert run([text], cut=True) == [ContentText(text)]

@@ -276,9 +276,12 @@ class ToolCallExtractor:
         pieces: list[Piece] = []
         if self._in_call:
             self._in_call = False
-            calls = self._calls_from(rest)
+            body = rest  # less the end markup, if that was cut short ("...}}\n</")
+            if self._end:
+                body = rest[: len(rest) - _partial_suffix(rest, self._end)]
+            calls = self._calls_from(body)
             if calls is None and cut:
-                calls = self._partial_call(rest)
+                calls = self._partial_call(body)
             if calls is None:
                 log.info("a tool call's start markup was left open: returned as content")
                 self._content(self._start + rest, pieces)
@@ -341,6 +344,13 @@ class ToolCallExtractor:
             return None
         arguments = _PARTIAL_ARGUMENTS.search(body, name.end()) or _PARTIAL_ARGUMENTS.search(body)
         text = body[arguments.end() :].rstrip() if arguments is not None else ""
+        try:  # arguments written whole, the wrapper after them cut: the arguments alone
+            whole, end = json.JSONDecoder().raw_decode(text)
+        except (json.JSONDecodeError, RecursionError):
+            pass
+        else:
+            if isinstance(whole, dict):
+                text = text[:end]
         call = ToolCallOut(self.calls, new_call_id(), decoded_name, text, complete=False)
         self.calls += 1
         return [call]
