@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -156,6 +157,42 @@ async def test_stop_string_across_token_boundaries(plain: ThreadedServer, stream
     )  # nothing after the cut, not even a partial stop
 
 
+async def test_a_replayed_refusal_is_what_the_assistant_said(plain: ThreadedServer) -> None:
+    """An assistant turn holding a refusal (a content part, or the message's `refusal` with no
+    content, as a client replays OpenAI's reply) renders as that text, not a 400."""
+
+    def turns(assistant: dict[str, Any]) -> dict[str, Any]:
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", **assistant},
+            {"role": "user", "content": "ok"},
+        ]
+        return chat_body(messages=messages, max_tokens=1, temperature=0)
+
+    said = "I can't help with that."
+    async with (
+        borrowed(plain) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        prompts = []
+        for assistant in (
+            {"content": said},
+            {"content": [{"type": "refusal", "refusal": said}]},
+            {"content": None, "refusal": said},
+            {"content": ""},
+        ):
+            reply = await http.post("/v1/chat/completions", json=turns(assistant))
+            assert reply.status_code == 200, reply.text
+            prompts.append(reply.json()["usage"]["prompt_tokens"])
+        assert prompts[0] == prompts[1] == prompts[2] > prompts[3]
+        user_refusal = chat_body(
+            messages=[{"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}]
+        )
+        refused = await http.post("/v1/chat/completions", json=user_refusal)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "messages[0].content[0].type"
+
+
 async def test_error_envelopes_and_the_server_keeps_serving(plain: ThreadedServer) -> None:
     cases: list[tuple[object, int, str | None]] = [
         (b"{not json", 400, None),
@@ -167,6 +204,7 @@ async def test_error_envelopes_and_the_server_keeps_serving(plain: ThreadedServe
         (chat_body(max_tokens=10**12), 400, "messages"),
         (chat_body(max_tokens=0), 400, "max_tokens"),
         (chat_body(n=2), 400, "n"),
+        (chat_body(n=0), 400, "n"),
         (chat_body(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
         (chat_body(tools=[{"type": "web_search"}]), 400, "tools[0].type"),
         (

@@ -234,6 +234,8 @@ def request_priority(priority: int | None, service_tier: str | None) -> tuple[in
 
 
 def check_n(n: int | None) -> None:
+    if n is not None and n < 1:
+        raise InvalidRequest(f"n must be at least 1, got {n}", param="n", code="invalid_value")
     if n is not None and n != 1:
         raise InvalidRequest(
             f"n={n} is not supported: this server returns one choice (n=1)",

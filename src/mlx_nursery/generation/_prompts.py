@@ -20,7 +20,7 @@ from ..engine import ImageInputs, VisionProcessor
 from ._errors import InvalidRequest, quoted, shortened
 from ._image_taker import ImageTaker
 from ._images import ImageLimits
-from ._request_parts import ChatMessage
+from ._request_parts import ChatMessage, ContentPart
 from ._served import ServedModel
 from ._tools import call_arguments_for_template, fallback_messages
 
@@ -342,7 +342,7 @@ def _content(where: str, message: ChatMessage, images: ImageTaker) -> str | list
     """A message's content for the template: its text, or, when it holds images, its parts
     in order (text parts and image placeholders)."""
     content = message.content
-    if isinstance(content, str) or not content or all(p.type == "text" for p in content):
+    if isinstance(content, str) or not content or all(_said(message, p) for p in content):
         return _text(where, message)
     parts: list[Any] = []
     for j, part in enumerate(content):
@@ -364,15 +364,23 @@ def _text(where: str, message: ChatMessage) -> str:
                 param=f"{where}.content",
                 code="invalid_value",
             )
-        return ""
+        return message.refusal or ""  # an assistant's refusal is what it said
     if isinstance(content, str):
         return content
     pieces = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if not _said(message, part):
             raise _unsupported_part(where, j, part.type)
-        pieces.append(part.text)
-    return "".join(pieces)
+        pieces.append(part.text if part.type == "text" else part.refusal)
+    return "".join(p for p in pieces if p is not None)
+
+
+def _said(message: ChatMessage, part: ContentPart) -> bool:
+    """A part that is text: a text part, or an assistant's refusal part (OpenAI's
+    `ChatCompletionRequestAssistantMessageContentPart`, which a replayed reply may hold)."""
+    if part.type == "text":
+        return part.text is not None
+    return part.type == "refusal" and message.role == "assistant" and part.refusal is not None
 
 
 def _unsupported_part(where: str, index: int, kind: str) -> InvalidRequest:
