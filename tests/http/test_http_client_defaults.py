@@ -71,6 +71,56 @@ async def test_chat_hints_are_accepted_and_named(plain: ThreadedServer) -> None:
     assert refused.value.body["param"] == "n"  # type: ignore[index]
 
 
+# Every optional field of the SDKs' create calls (openai 3.57, anthropic 0.7x): a client that
+# sends them all, unset ones as null, must be served, and one set to what this server cannot
+# act on gets it named in x-ignored-params.
+SDK_FIELDS = {
+    "/v1/chat/completions": (
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "audio frequency_penalty function_call functions logit_bias logprobs max_completion_tokens"
+        " metadata modalities moderation n parallel_tool_calls prediction presence_penalty"
+        " prompt_cache_key prompt_cache_options prompt_cache_retention reasoning_effort"
+        " response_format safety_identifier seed service_tier stop store stream_options"
+        " temperature tool_choice tools top_logprobs top_p user verbosity web_search_options",
+        {"moderation": {"enabled": True}, "prompt_cache_options": {"ttl": "1h"}},
+    ),
+    "/v1/responses": (
+        {"input": "hi", "max_output_tokens": 2},
+        "access_programs background background_options context_management conversation include"
+        " instructions max_tool_calls metadata moderation parallel_tool_calls"
+        " previous_response_id prompt prompt_cache_key prompt_cache_options"
+        " prompt_cache_retention reasoning safety_identifier service_tier store stream_options"
+        " temperature text tool_choice tools top_logprobs top_p truncation user image",
+        {"context_management": [{"type": "compaction"}], "access_programs": ["x"]},
+    ),
+    "/v1/messages": (
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "container context_management inference_geo metadata output_config service_tier"
+        " stop_sequences system temperature thinking tool_choice tools top_k top_p"
+        " user_profile_id workspace_id",
+        {"user_profile_id": "u1", "workspace_id": "w1"},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", list(SDK_FIELDS))
+async def test_every_sdk_field_is_taken_as_null_and_unused_ones_are_named(
+    plain: ThreadedServer, path: str
+) -> None:
+    base, names, hinted = SDK_FIELDS[path]
+    async with (
+        borrowed(plain) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        nulls = {name: None for name in names.split()}
+        served = await http.post(path, json={"model": "tiny", **base, **nulls})
+        assert served.status_code == 200, served.text
+        assert "x-ignored-params" not in served.headers
+        named = await http.post(path, json={"model": "tiny", **base, **hinted})
+        assert named.status_code == 200, named.text
+        assert sorted(named.headers["x-ignored-params"].split(", ")) == sorted(hinted)
+
+
 async def test_strict_params_refuses_the_hints(tiny_model: Path) -> None:
     async with (
         running_server(tiny_model, strict_params=True) as server,

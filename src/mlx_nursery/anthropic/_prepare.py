@@ -62,7 +62,13 @@ MAX_STOP_SEQUENCES = 16
 """Stop strings are matched on every piece of text generated: a bound keeps that cheap."""
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")
 _UNIMPLEMENTED: dict[str, object] = {"container": (), "diagnostics": (), "inference_geo": ()}
-_HINTS: dict[str, object] = {"cache_control": (), "service_tier": ("auto", "standard_only")}
+_HINTS: dict[str, object] = {
+    "cache_control": (),
+    "service_tier": ("auto", "standard_only"),
+    "user_profile_id": (),
+    "workspace_id": (),
+    "context_management": (),  # no server-side context editing: a long context is refused
+}
 
 
 @attrs.frozen

@@ -194,6 +194,10 @@ class ConversationFields:
     cache_control: CacheControl | None = None
     speed: Literal["standard"] | None = None
     """Only "standard": there is one speed here ("fast" is a faster tier of Anthropic's)."""
+    user_profile_id: Any = None
+    """Accepted and ignored (a message request names it in x-ignored-params), as the next two."""
+    workspace_id: Any = None
+    context_management: Any = None
 
 
 @attrs.frozen(kw_only=True)

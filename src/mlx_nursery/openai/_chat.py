@@ -46,6 +46,8 @@ class ChatCompletionRequest(SamplingFields):
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
     safety_identifier: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     """vLLM's: more variables for the model's chat template (`template_variables`)."""

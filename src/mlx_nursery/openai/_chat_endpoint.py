@@ -69,6 +69,8 @@ _HINTS: dict[str, object] = {
     "reasoning_effort": (),  # for a model that does not think (one that does acts on it)
     "verbosity": (),
     "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
+    "prompt_cache_options": (),
+    "moderation": (),  # no moderation here
     "store": False,  # no stored chat completions here
     "metadata": ({},),  # kept only with stored completions
 }

@@ -58,11 +58,17 @@ _INCLUDABLE = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
 _UNIMPLEMENTED: dict[str, object] = {
     "prompt": (),
     "conversation": (),
+    "image": (),  # no image generation here
     "truncation": ("disabled", "auto"),
 }
 _HINTS: dict[str, object] = {
     # field: its no-op value(s); anything else is accepted, ignored and named (or a 400, strict)
     "prompt_cache_retention": (),  # the prefix cache keeps what its budget allows
+    "prompt_cache_options": (),
+    "moderation": (),  # no moderation here
+    "context_management": (),  # no server-side compaction: a long context is refused whole
+    "background_options": (),
+    "access_programs": (),
     # For a model that does not think; a thinking one acts on `reasoning.effort`.
     "reasoning": ({}, {"effort": None}, {"summary": None}, {"effort": None, "summary": None}),
 }

@@ -132,5 +132,11 @@ class ResponsesRequest:
     prompt: Any = None
     conversation: Any = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    moderation: Any = None
+    context_management: Any = None
+    background_options: Any = None
+    access_programs: Any = None
+    image: Any = None
     priority: int | None = None
     """Not OpenAI's: the place in the queue, lower first (vLLM's; `SamplingFields.priority`)."""
