@@ -234,6 +234,19 @@ async def test_previous_response_chain_and_function_call_round_trip(
         assert second.previous_response_id == first.id and second.instructions is None
         # Without the instructions the prompt would shrink; the call and its output make it grow.
         assert second.usage.input_tokens > first.usage.input_tokens
+        # A tool's output as content parts (the Agents SDK's for structured results): the same.
+        parts = [{"type": "input_text", "text": '{"temp": '}, {"type": "input_text", "text": "21}"}]
+        in_parts = await client.responses.create(
+            model="tiny",
+            previous_response_id=first.id,
+            tools=[FLAT_WEATHER],
+            user="hello",
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": parts}],
+            max_output_tokens=40,
+        )
+        assert in_parts.usage.input_tokens == second.usage.input_tokens
+        listed = await client.responses.input_items.list(in_parts.id)
+        assert [p.text for p in listed.data[0].output] == ['{"temp": ', "21}"]  # type: ignore[union-attr]
     # A restart on the same database file: the chain continues.
     async with running_server(tiny_model, responses_db=str(db)) as server:
         client = sdk(server)

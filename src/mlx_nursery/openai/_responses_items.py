@@ -57,7 +57,11 @@ def _resource(item: InputItem, where: str) -> dict[str, Any]:
             "type": "function_call_output",
             "id": item.id or item_id("fco"),
             "call_id": item.call_id,
-            "output": item.output,
+            "output": (
+                item.output
+                if isinstance(item.output, str)
+                else _content_parts(item.output, "user", f"{where}.output")
+            ),
             "status": "completed",
         }
     return _reasoning(item)
@@ -181,9 +185,9 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], *, thinking:
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     else:
-        messages.append(
-            {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
-        )
+        output = item["output"]
+        content = output if isinstance(output, str) else _chat_content(output)
+        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": content})
 
 
 def _only_reasoning(message: dict[str, Any]) -> bool:

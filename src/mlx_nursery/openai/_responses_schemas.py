@@ -74,7 +74,8 @@ class FunctionCallItem:
 @attrs.frozen
 class FunctionCallOutputItem:
     call_id: str
-    output: str
+    output: str | list[ContentPart]
+    """Text, or parts (what a tool returned: text, images), as the spec allows."""
     id: str | None = None
     type: Literal["function_call_output"] = "function_call_output"
 
