@@ -62,10 +62,18 @@ async def test_create_retrieve_delete_and_input_items(scripted_users: ThreadedSe
     async with borrowed(scripted_users) as server:
         client = sdk(server)
         created = await client.responses.create(
-            model="tiny", input="Greet me.", user="hello", max_output_tokens=40, temperature=0
+            model="tiny",
+            input="Greet me.",
+            user="hello",
+            max_output_tokens=40,
+            temperature=0,
+            safety_identifier="user-7",
+            prompt_cache_key="greetings",
         )
         _validate_response(created)
         assert created.id.startswith("resp_") and created.status == "completed"
+        assert created.completed_at is not None and created.completed_at >= created.created_at
+        assert (created.safety_identifier, created.prompt_cache_key) == ("user-7", "greetings")
         assert created.output_text == "Hello there, traveller."
         (message,) = created.output
         assert message.id.startswith("msg_") and message.content[0].annotations == []
@@ -116,6 +124,7 @@ async def test_max_output_tokens_gives_incomplete(plain: ThreadedServer) -> None
     assert created.status == "incomplete"
     assert created.incomplete_details.reason == "max_output_tokens"
     assert created.usage.output_tokens == 4
+    assert created.completed_at is None
 
 
 async def test_stream_with_the_sdk_state_machine(scripted_users: ThreadedServer) -> None:

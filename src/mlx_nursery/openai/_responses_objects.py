@@ -176,6 +176,8 @@ class Response:
     object: Literal["response"] = "response"
     created_at: int
     status: ResponseStatus
+    completed_at: int | None = None
+    """When it completed (null until then, and for any other end), as OpenAI's."""
     background: bool = False
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None
@@ -200,6 +202,9 @@ class Response:
     max_tool_calls: int | None
     metadata: dict[str, str]
     user: str | None = None
+    safety_identifier: str | None = None
+    """Echoed when sent, as `prompt_cache_key` (else absent)."""
+    prompt_cache_key: str | None = None
     usage: ResponseUsage | None = None
 
 

@@ -8,6 +8,7 @@ item never changes what was already sent.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from ..engine import Usage
@@ -75,6 +76,7 @@ class ResponseBuilder:
         self.usage: Usage | None = None
         self.reasoning_tokens = 0
         self.status: ResponseStatus = "in_progress"
+        self.completed_at: int | None = None
         self.incomplete_reason: Literal["max_output_tokens"] | None = None
         self.error: ResponseError | None = None
 
@@ -246,6 +248,7 @@ class ResponseBuilder:
             self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
         else:
             self.status = "completed"
+            self.completed_at = int(time.time())
         return events
 
     def final_event(self) -> dict[str, Any]:
@@ -329,6 +332,7 @@ class ResponseBuilder:
             id=p.id,
             created_at=p.created_at,
             status=self.status,
+            completed_at=self.completed_at,
             background=p.background,
             error=self.error,
             incomplete_details=IncompleteDetails(self.incomplete_reason)
@@ -351,6 +355,8 @@ class ResponseBuilder:
             max_tool_calls=r.max_tool_calls,
             metadata=r.metadata or {},
             user=r.user,
+            safety_identifier=r.safety_identifier,
+            prompt_cache_key=r.prompt_cache_key,
             usage=None
             if self.usage is None
             else ResponseUsage.of(self.usage, self.reasoning_tokens),

@@ -86,9 +86,17 @@ _response_fields = unstructure_fields(ro.Response)  # after ResponseText's hook
 def _response(response: ro.Response) -> dict[str, Any]:
     """Absent rather than null, in their places: the spec types `top_logprobs`, `user` and
     `usage` as an integer, a string and an object (cattrs' omit_if_default would move them
-    to the end); `service_tier` is there only when the request named one, as OpenAI's."""
+    to the end); `service_tier` is there only when the request named one, as OpenAI's, and so
+    are the echoed identifiers."""
     out = _response_fields(response)
-    for name in ("top_logprobs", "user", "usage", "service_tier"):
+    for name in (
+        "top_logprobs",
+        "user",
+        "usage",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+    ):
         if out[name] is None:
             del out[name]
     return out
