@@ -174,6 +174,20 @@ async def named_events(response: httpx.Response) -> list[tuple[str, dict[str, An
     return events
 
 
+async def test_the_sdks_model_list_and_retrieve_read_the_models_route(
+    plain: ThreadedServer,
+) -> None:
+    """Anthropic's SDK reads /v1/models too: its fields sit beside OpenAI's."""
+    async with lent(plain) as (_, client):
+        page = await client.models.list()
+        retrieved = await client.models.retrieve("tiny")
+    (listed,) = page.data
+    assert (listed.id, listed.type, listed.display_name) == ("tiny", "model", "tiny")
+    assert listed.created_at.year >= 2025 and listed.created_at.tzinfo is not None
+    assert (page.first_id, page.last_id, page.has_more) == ("tiny", "tiny", False)
+    assert retrieved == listed
+
+
 async def test_create_and_stream_give_the_same_message(plain: ThreadedServer) -> None:
     async with lent(plain) as (server, client):
         created = await client.messages.create(max_tokens=12, system="Be brief.", **greedy())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Literal
 
 import attrs
@@ -63,11 +64,18 @@ _card_fields = unstructure_fields(ModelCard)
 
 def _card(card: ModelCard) -> dict[str, Any]:
     """The card's JSON, without the fields only some kinds have where this one has none
-    (an adapter's base, a speech-synthesis model's voices)."""
+    (an adapter's base, a speech-synthesis model's voices); with Anthropic's fields beside
+    OpenAI's (its SDK reads the same route: `type`, `display_name`, `created_at`)."""
     data = _card_fields(card)
     for key in ("root", "parent", "voices"):
         if data[key] is None:
             del data[key]
+    created = datetime.datetime.fromtimestamp(card.created, datetime.UTC)
+    data.update(
+        type="model",
+        display_name=card.id,
+        created_at=created.isoformat().replace("+00:00", "Z"),
+    )
     return data
 
 
@@ -76,5 +84,14 @@ register_unstructure_hook(ModelCard, _card)
 
 @attrs.frozen
 class ModelList:
+    """OpenAI's list, with Anthropic's paging fields beside (one page, always)."""
+
     data: list[ModelCard]
     object: Literal["list"] = "list"
+    has_more: bool = False
+    first_id: str | None = attrs.field(
+        default=attrs.Factory(lambda self: self.data[0].id if self.data else None, True)
+    )
+    last_id: str | None = attrs.field(
+        default=attrs.Factory(lambda self: self.data[-1].id if self.data else None, True)
+    )
