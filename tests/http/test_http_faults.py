@@ -66,6 +66,17 @@ async def test_error_after_breaks_the_generation_and_stops_its_compute(tiny_mode
         assert reply.status_code == 500 and reply.json()["error"]["code"] == "injected_fault"
         await eventually(lambda: engine_of(server).statistics().lanes_borrowed == 0, "lanes back")
         assert generated(server) < 20, "a broken generation kept computing"
+        # A Responses stream told the client its id: it ends with the error and
+        # response.failed, and the failed response is stored, as OpenAI's are.
+        body = {"model": "tiny", "input": "Hi", "max_output_tokens": LONG, "temperature": 0}
+        async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as events:
+            raw = (await events.aread()).decode()
+        named = [json.loads(e.split("data: ", 1)[1]) for e in raw.split("\n\n") if "data: " in e]
+        assert [e["type"] for e in named[-2:]] == ["error", "response.failed"]
+        failed = named[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+        stored = await http.get(f"/v1/responses/{failed['id']}")
+        assert stored.status_code == 200 and stored.json()["status"] == "failed"
 
 
 async def test_drop_after_cuts_a_streams_connection(tiny_model: Path) -> None:

@@ -173,9 +173,9 @@ class _TranscriptStream:
                 out.append(data_event(done_event(item)))
                 return b"".join(out), True
             elif isinstance(item, OpenAIError):
-                out.append(self.error(item))
+                out.append(await self.error(item))
                 return b"".join(out), True
         return b"".join(out), False
 
-    def error(self, error: OpenAIError) -> bytes:
+    async def error(self, error: OpenAIError) -> bytes:
         return data_event(error.envelope())

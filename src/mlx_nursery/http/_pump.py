@@ -45,8 +45,8 @@ class StreamFormat(Protocol):
         """One write's bytes for `items`, and whether the stream ends with them."""
         ...
 
-    def error(self, error: OpenAIError) -> bytes:
-        """The event that ends the stream with `error`."""
+    async def error(self, error: OpenAIError) -> bytes:
+        """The event that ends the stream with `error`. Cancellation: a checkpoint."""
         ...
 
 
@@ -80,7 +80,7 @@ async def pump(
                 yield write
                 if ended:
                     return
-            yield format.error(ended_early())
+            yield await format.error(ended_early())
         except Exception as exc:  # noqa: BLE001 - the stream still ends with an event
             log_failure(request_id, "while streaming", exc)
-            yield format.error(internal_error(request_id))
+            yield await format.error(internal_error(request_id))

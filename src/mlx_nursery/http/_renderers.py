@@ -56,7 +56,7 @@ class ChunkStream:
         closing = b"".join(data_event(chunk) for chunk in self.prepared.closing_chunks(item))
         return closing + DONE
 
-    def error(self, error: OpenAIError) -> bytes:
+    async def error(self, error: OpenAIError) -> bytes:
         return data_event(error.envelope())
 
 
@@ -136,7 +136,7 @@ class MessageStream:
     async def finish(self, item: Finished) -> bytes:
         return named_events(self.events.finish(item))
 
-    def error(self, error: OpenAIError) -> bytes:
+    async def error(self, error: OpenAIError) -> bytes:
         return named_events([anthropic_error(error, self.request_id)])
 
 
@@ -190,8 +190,12 @@ class ResponseStream:
         await self.saver.save(self.builder)
         return named_events([*events, self.builder.final_event()])
 
-    def error(self, error: OpenAIError) -> bytes:
-        return named_events([self.builder.error_event(error)])
+    async def error(self, error: OpenAIError) -> bytes:
+        """The error event, then `response.failed` with the failed response, stored first
+        (when asked to), as a finished one is."""
+        events = [self.builder.error_event(error), self.builder.stopped(error)]
+        await self.saver.save(self.builder)
+        return named_events(events)
 
 
 @attrs.define

@@ -50,8 +50,9 @@ class StreamRenderer(PieceRenderer[bytes], Protocol):
         """The stream's last write for the generation's end."""
         ...
 
-    def error(self, error: OpenAIError) -> bytes:
-        """The event that ends the stream with `error`."""
+    async def error(self, error: OpenAIError) -> bytes:
+        """The event that ends the stream with `error` (a Responses stream stores its failed
+        response first). Cancellation: a checkpoint."""
         ...
 
 
@@ -94,13 +95,13 @@ class RenderedStream:
                 out.append(await self.renderer.finish(item))
                 return b"".join(out), True
             if isinstance(item, OpenAIError):
-                out.append(self.renderer.error(item))
+                out.append(await self.renderer.error(item))
                 return b"".join(out), True
             out.append(render_piece(self.renderer, item))
         return b"".join(out), False
 
-    def error(self, error: OpenAIError) -> bytes:
-        return self.renderer.error(error)
+    async def error(self, error: OpenAIError) -> bytes:
+        return await self.renderer.error(error)
 
 
 async def collect(job: Job, renderer: BodyRenderer) -> dict[str, Any]:
