@@ -11,6 +11,7 @@ not a request's: its model is restarted, or the server exits non-zero, as config
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,47 @@ async def test_a_dead_engine_is_restarted_and_its_model_serves_again(tiny_model:
         await eventually(lambda: models.find("a").restarts == 1, "the engine restarted")
         await eventually(lambda: not server.service.problems(), "the model serves again")
         assert [await answer(http, chat(m)) for m in ("a", "b")] == alone
+        await settled(server)
+
+
+async def test_a_request_prepared_before_its_engine_died_gets_a_503_to_retry(
+    tiny_model: Path,
+) -> None:
+    """A request that found the model loaded, and starts its job after the engine died and
+    the model's nursery closed, is told to retry (503 `model_restarting`), not a 500."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold(body: dict[str, Any]) -> tuple[()]:
+        if body.get("user") == "held":  # on the preparation's worker thread
+            entered.set()
+            gate.wait(60)
+        return ()
+
+    async with (
+        running_server(tiny_model, extra_processors=hold) as server,
+        httpx.AsyncClient(base_url=server.base_url, timeout=60) as http,
+    ):
+        replies: list[httpx.Response] = []
+
+        async def held() -> None:
+            replies.append(await http.post("/v1/chat/completions", json=chat("tiny", user="held")))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(held)
+            await eventually(entered.is_set, "the request is being prepared")
+            with injected_fault("engine_loop", "fault-engine"):
+                assert await failed(http, "/v1/chat/completions", chat("tiny"), "fault-engine")
+            models = server.service.models
+            assert models is not None
+            await eventually(lambda: models.find("tiny").restarts == 1, "the old engine is gone")
+            gate.set()
+        (reply,) = replies
+        assert reply.status_code == 503, reply.text
+        validate_error(reply.json())
+        assert reply.json()["error"]["code"] == "model_restarting"
+        assert reply.headers["Retry-After"] == "1"
+        await eventually(lambda: not server.service.problems(), "the model serves again")
+        assert await answer(http, chat("tiny"))
         await settled(server)
 
 

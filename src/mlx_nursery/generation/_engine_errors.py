@@ -52,7 +52,9 @@ def api_error(exc: MappedEngineError, prompt_param: str = "messages") -> OpenAIE
         )
     if isinstance(exc, EngineUnavailable):
         return Unavailable(
-            "the server is not serving (shutting down or stopped)", code="server_unavailable"
+            "the model is not serving now (its engine stopped: restarting, unloaded or shutting "
+            "down); retry shortly",
+            code="server_unavailable",
         )
     return GenerationFailed(
         "the model failed on this request's inputs; the server's log says why",

@@ -12,12 +12,14 @@ cancels them with the shutdown error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import numpy as np
 import trio
 
 from ..engine import Embedder, EmbeddingRequest
-from ..generation import Unavailable, request_cancelled, request_timed_out
+from ..generation import OpenAIError, Unavailable, request_cancelled, request_timed_out
 from ..openai import run_embeddings
 from ._job import CancelReason
 from ._live import LiveRequest
@@ -55,6 +57,7 @@ class EmbeddingCalls:
         self._idle = trio.Event()
         self._idle.set()
         self._closed = False
+        self._refusal: Callable[[], OpenAIError] | None = None
 
     @property
     def busy(self) -> bool:
@@ -76,6 +79,8 @@ class EmbeddingCalls:
         the next forward and returns once the engine confirms it (`Embedder.embed`)."""
         if self._closed:
             raise Unavailable("the server is shutting down", code="server_shutting_down")
+        if self._refusal is not None:
+            raise self._refusal()
         call = _Call(trio.CancelScope(deadline=deadline))
         self._active.add(call)
         if self._idle.is_set():
@@ -111,6 +116,11 @@ class EmbeddingCalls:
             record.cancel_cause = cause
         if self._metrics is not None:
             self._metrics.cancelled.labels(self._model_name, cause).inc()
+
+    def refuse(self, error: Callable[[], OpenAIError]) -> None:
+        """Refuse every later request with `error()` (the model is going away), as
+        `Jobs.refuse`. Not a checkpoint."""
+        self._refusal = error
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests from now on, let running ones finish for up to `grace`

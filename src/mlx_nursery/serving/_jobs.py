@@ -92,6 +92,8 @@ class Jobs:
         self._idle.set()
         self._closed = False
         """Set by `drain`: no job starts after it."""
+        self._refusal: Callable[[], OpenAIError] | None = None
+        """Set by `refuse`: the error every later start gets (the model is going away)."""
 
     @property
     def busy(self) -> bool:
@@ -129,8 +131,7 @@ class Jobs:
         has returned, the job no longer depends on the caller's scope: its deadline,
         `Job.cancel` (a cancel by the request's id among them: `_live.py`), a drain or the
         end of the request that owns it (`_lifetime.own`) stops it."""
-        if self._closed:
-            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        self._check_open()
         assert self._engine is not None, "a speech model's jobs are transcriptions"
         if deadline is None:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
@@ -142,8 +143,7 @@ class Jobs:
     def check_admission(self, prepared: Prepared, tenant: str | None) -> None:
         """Raise what `start` would be refused with now, before waiting for a lane: the
         shutdown 503, 503 when the queue (or `tenant`'s share) is full. Not a checkpoint."""
-        if self._closed:
-            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        self._check_open()
         assert self._engine is not None, "a speech model's jobs are transcriptions"
         with engine_errors_as_api_errors(prepared.prompt_param):
             self._engine.check_admission(attrs.evolve(prepared.generation, tenant=tenant))
@@ -170,8 +170,7 @@ class Jobs:
         """Admit a job and start `run(job, send)` in the jobs' nursery; returns once it has
         started (holds its lane). A refused start leaves nothing behind: the job is removed
         and the record's part ended with its error. Cancellation: as `start`."""
-        if self._closed:
-            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        self._check_open()
         send, receive = trio.open_memory_channel[JobItem](_BUFFER)
         job = Job(receive, trio.CancelScope(deadline=deadline))
         self._active.add(job)
@@ -378,6 +377,17 @@ class Jobs:
         self._active.discard(job)
         if not self._active:
             self._idle.set()
+
+    def refuse(self, error: Callable[[], OpenAIError]) -> None:
+        """Refuse every later start with `error()`: the model's engine died or it is being
+        unloaded, and its jobs' nursery is about to close. Not a checkpoint."""
+        self._refusal = error
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        if self._refusal is not None:
+            raise self._refusal()
 
     async def drain(self, grace: float) -> None:
         """Refuse new jobs from now on (`start` raises the shutdown error), let running jobs

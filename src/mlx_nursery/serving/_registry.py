@@ -293,6 +293,9 @@ class ModelRegistry:
                     died = _problem(hosted) or (
                         "the engine thread stopped; the server's log says why"
                     )
+                # Before the nursery closes: a request that found the model loaded and
+                # starts its job now gets a 503 to retry, not a closed nursery's error.
+                hosted.jobs.refuse(_restarting if died else _unloaded)
                 hosted.engine.close()
         except Exception:  # its jobs contain their own failures: this is the hosting's own
             if not slot.release.is_set():
@@ -376,6 +379,16 @@ async def _first_set(*events: trio.Event) -> None:
 
         for event in events:
             nursery.start_soon(wait, event)
+
+
+def _restarting() -> OpenAIError:
+    return Unavailable(
+        "the model's engine stopped and is restarting; retry shortly", code="model_restarting"
+    )
+
+
+def _unloaded() -> OpenAIError:
+    return Unavailable("the model was unloaded; retry to load it again", code="model_unloaded")
 
 
 def _problem(hosted: AnyHosted) -> str | None:
