@@ -16,7 +16,9 @@ from mlx_nursery.engine import (
     GenerationRequest,
     open_engine,
 )
+from mlx_nursery.generation import ClientTooSlow, Output, generate_text
 from tests.helpers import CallSignal, collect, engine_threads, raising_processor, request
+from tests.http_helpers import eventually
 
 
 def assert_idle(engine: Engine) -> None:
@@ -255,6 +257,35 @@ async def test_consumer_that_stops_reading_is_cancelled_without_stalling_others(
         assert len(events) == 5  # four buffered tokens, then the synthesized final error
         assert events[-1].finish_reason == "error"
         assert "fell behind" in (events[-1].error or "")
+        assert_idle(engine)
+
+
+async def test_a_stalled_consumer_is_the_clients_doing_above_the_engine(
+    engine_config: EngineConfig,
+) -> None:
+    """The API layer's generation ends a stream whose reader stopped with `ClientTooSlow` (a
+    client-class error, counted as a client cancel), not as an engine failure."""
+    config = EngineConfig(engine_config.model, max_concurrency=1, max_buffered_events=4)
+    async with open_engine(config) as engine:
+        send, receive = trio.open_memory_channel[Output](0)
+        raised: list[BaseException] = []
+
+        async def generate(task_status: trio.TaskStatus[None]) -> None:
+            async with send:
+                try:
+                    await generate_text(
+                        engine, long_request(engine), (), send, task_status=task_status
+                    )
+                except ClientTooSlow as exc:
+                    raised.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(generate)  # then nobody reads: the engine's buffer fills
+            await eventually(lambda: engine.statistics().lanes_borrowed == 0, "stall cancel")
+            outputs = [output async for output in receive]
+        (error,) = raised
+        assert error.code == "client_too_slow" and error.status == 408
+        assert 1 <= len(outputs) <= 6  # what was buffered before the stall
         assert_idle(engine)
 
 

@@ -37,7 +37,7 @@ from ._speech_types import (
     Word,
 )
 from ._statistics import CancelStatistics
-from ._stream import TokenStream
+from ._stream import CONSUMER_STALLED, TokenStream
 from ._synthesis import SYNTHESIS_THREAD_NAME, SynthesisConfig, SynthesisEngine, SynthesisEvent
 from ._synthesis_types import (
     AudioChunk,
@@ -62,6 +62,7 @@ from ._types import (
 from ._vision import VisionProcessor
 
 __all__ = [
+    "CONSUMER_STALLED",
     "DEFAULT_TEMPERATURES",
     "EMBEDDING_THREAD_NAME",
     "KV_BITS",

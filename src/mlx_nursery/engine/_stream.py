@@ -16,6 +16,10 @@ from ._messages import StepEvent
 from ._types import GenerationRequest, TokenEvent
 from ._upstream import StreamingDetokenizer
 
+CONSUMER_STALLED = "the consumer fell behind"
+"""A stream's last event's `error` when its consumer stopped reading and the engine cancelled
+it (`max_buffered_events`): the consumer's doing, not the engine's."""
+
 
 class StreamControl(Protocol):
     """What a stream may ask of its engine."""
@@ -86,7 +90,7 @@ class TokenStream:
             step = await self._handle.receive.receive()
         except trio.EndOfChannel:
             self._done = True
-            reason = "the consumer fell behind" if self._handle.stalled else "the engine stopped"
+            reason = CONSUMER_STALLED if self._handle.stalled else "the engine stopped"
             return TokenEvent(None, "", finish_reason="error", error=reason)
         self._done = step.is_final
         if step.is_final:

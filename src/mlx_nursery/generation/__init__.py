@@ -26,6 +26,7 @@ from ._engine_errors import (
     request_timed_out,
 )
 from ._errors import (
+    ClientTooSlow,
     Conflict,
     ConnectionDropped,
     FaultStatus,
@@ -121,6 +122,7 @@ __all__ = [
     "AudioUpload",
     "ChatMessage",
     "ChunkWire",
+    "ClientTooSlow",
     "Conflict",
     "ConnectionDropped",
     "FaultStatus",

@@ -163,6 +163,17 @@ class RequestCancelled(OpenAIError):
     should_retry = False
 
 
+class ClientTooSlow(OpenAIError):
+    """A stream's client read so much slower than the model wrote that the server stopped the
+    generation rather than buffer without bound (`max_buffered_events`). The client's doing,
+    as a disconnect is: counted as a client cancel, not a server failure; a retry that reads
+    at the same pace ends the same way. Only ever an in-stream error (the status is 200)."""
+
+    status = 408
+    type = "invalid_request_error"
+    should_retry = False
+
+
 class FaultStatus(OpenAIError):
     """A fault a test harness asked for (a script's, or `--fault-rate`'s): the request is
     answered with `status` (429, 500 or 503) before any work; 429 as OpenAI's rate limit."""

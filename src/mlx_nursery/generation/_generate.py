@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from ..engine import (
+    CONSUMER_STALLED,
     Engine,
     EngineOverloaded,
     EngineUnavailable,
@@ -27,7 +28,7 @@ from ..engine import (
     Usage,
 )
 from ._engine_errors import api_error
-from ._errors import GenerationFailed, InvalidRequest, Unavailable, shortened
+from ._errors import ClientTooSlow, GenerationFailed, InvalidRequest, Unavailable, shortened
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._reasoning import AnswerPiece, ReasoningPiece, ReasoningSplitter
 from ._stop import StopMatcher
@@ -192,6 +193,13 @@ def _finish(
                     param=processor.param,
                     code="constraint_failed",
                 )
+        if event.error == CONSUMER_STALLED:
+            log.info("a stream's client read too slowly; its generation was stopped")
+            raise ClientTooSlow(
+                "the client read the stream too slowly; the server stopped the generation "
+                "rather than buffer it",
+                code="client_too_slow",
+            )
         log.error("generation ended with %s: %s", event.finish_reason, event.error)
         if event.finish_reason == "cancelled":
             raise Unavailable(

@@ -3,7 +3,8 @@ cancelled, and when its task ended (`_jobs.py` starts and contains the task)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Awaitable
+from typing import Literal, Protocol
 
 import attrs
 import trio
@@ -46,3 +47,25 @@ class Job:
         if not self.scope.cancel_called:
             self.reason = reason
             self.scope.cancel()
+
+
+class JobTask(Protocol):
+    """A job's task, started by `Jobs._launch`: its outputs into `send`."""
+
+    def __call__(
+        self,
+        job: Job,
+        send: trio.MemorySendChannel[JobItem],
+        *,
+        task_status: trio.TaskStatus[None],
+    ) -> Awaitable[None]: ...
+
+
+@attrs.frozen
+class Started:
+    """A task_status that tells the job it started, then passes the signal on."""
+
+    on_started: object
+
+    def started(self, value: None = None) -> None:
+        self.on_started(value)  # type: ignore[operator]

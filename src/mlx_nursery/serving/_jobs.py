@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import Protocol
 
 import attrs
 import trio
@@ -31,6 +30,7 @@ from ..engine import (
     SynthesisEvent,
 )
 from ..generation import (
+    ClientTooSlow,
     ConnectionDropped,
     Finished,
     GenerationFailed,
@@ -45,24 +45,12 @@ from ..generation import (
 )
 from ._extensions import OutputHook
 from ._failures import internal_error, log_failure
-from ._job import Job, JobItem
+from ._job import Job, JobItem, JobTask, Started
 from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
 
 log = logging.getLogger("mlx_nursery.http")
 _BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
-
-
-class _JobTask(Protocol):
-    """A job's task, started by `Jobs._launch`: its outputs into `send`."""
-
-    def __call__(
-        self,
-        job: Job,
-        send: trio.MemorySendChannel[JobItem],
-        *,
-        task_status: trio.TaskStatus[None],
-    ) -> Awaitable[None]: ...
 
 
 _AudioChannel = trio.MemoryReceiveChannel[SpeechEvent | SynthesisEvent]
@@ -162,7 +150,7 @@ class Jobs:
 
     async def _launch(
         self,
-        run: _JobTask,
+        run: JobTask,
         deadline: float,
         record: RequestRecord | None,
         registered: Callable[[], None] | None = None,
@@ -194,7 +182,7 @@ class Jobs:
 
     async def _contained(
         self,
-        run: _JobTask,
+        run: JobTask,
         job: Job,
         send: trio.MemorySendChannel[JobItem],
         record: RequestRecord | None,
@@ -216,7 +204,7 @@ class Jobs:
         try:
             async with send:
                 try:
-                    await run(job, send, task_status=_Started(mark_started))
+                    await run(job, send, task_status=Started(mark_started))
                 except Exception as exc:
                     if not started:
                         raise
@@ -252,6 +240,11 @@ class Jobs:
             failure = self._cancellation_error(job, record)
             if not started:
                 raise failure
+        if isinstance(failure, ClientTooSlow):  # the client's doing, as a disconnect
+            if observer is not None:
+                observer.cancelled("client")
+            if record is not None:
+                record.cancel_cause = "client"
         if failure is not None:
             if record is not None:
                 record.error = failure.code
@@ -312,7 +305,7 @@ class Jobs:
                     reasoning=prepared.reasoning_splitter(),
                     observe=observe if observer or record or hook else None,
                     usage=prepared.usage,
-                    task_status=_Started(mark_started),
+                    task_status=Started(mark_started),
                 )
             except OpenAIError as exc:
                 if not started:
@@ -398,13 +391,3 @@ class Jobs:
             await self._idle.wait()
         for job in list(self._active):
             job.cancel("shutdown")
-
-
-@attrs.frozen
-class _Started:
-    """A task_status that tells the job it started, then passes the signal on."""
-
-    on_started: object
-
-    def started(self, value: None = None) -> None:
-        self.on_started(value)  # type: ignore[operator]
