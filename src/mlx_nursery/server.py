@@ -95,13 +95,23 @@ async def serve(
     access: AccessPolicy = app.extensions["mlx_nursery.access"]
     _warn_if_open(settings, access)
     shutdown = trio.Event() if shutdown is None else shutdown
+    hurry = trio.Event()
     stop_accepting = trio.Event()
     failed = trio.Event()
 
     async def drain_on_shutdown() -> None:
         await shutdown.wait()
         log.info("shutting down: draining for up to %g s", settings.shutdown_grace)
-        await service.drain(settings.shutdown_grace)  # still accepting: new requests get 503
+        async with trio.open_nursery() as draining:
+
+            async def cut_short() -> None:
+                await hurry.wait()
+                log.info("a second signal: the requests still running are cancelled now")
+                await service.end_grace()
+
+            draining.start_soon(cut_short)
+            await service.drain(settings.shutdown_grace)  # still accepting: new requests get 503
+            draining.cancel_scope.cancel()
         stop_accepting.set()
 
     async def stop_if_load_fails() -> None:
@@ -126,7 +136,7 @@ async def serve(
 
     async with trio.open_nursery() as nursery:
         if handle_signals:
-            nursery.start_soon(_signals_to, shutdown)
+            nursery.start_soon(_signals_to, shutdown, hurry)
             nursery.start_soon(_reload_keys_on_sighup, access)
         nursery.start_soon(drain_on_shutdown)
         nursery.start_soon(stop_if_load_fails)
@@ -168,9 +178,14 @@ async def _reload_keys_on_sighup(access: AccessPolicy) -> None:
                 log.info("SIGHUP: API keys reloaded (%d)", len(access.current.keys))
 
 
-async def _signals_to(shutdown: trio.Event) -> None:
+async def _signals_to(shutdown: trio.Event, hurry: trio.Event) -> None:
+    """The first SIGTERM or SIGINT starts the drain; a later one ends its grace at once (the
+    requests still running get their shutdown error, and the server exits 0 as after any
+    drain). The receiver stays open: a repeated signal never falls to the default handler,
+    which would kill the process mid-write."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)
+            if shutdown.is_set():
+                hurry.set()
             shutdown.set()
-            return

@@ -203,6 +203,32 @@ async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path)
         await running.aclose()
 
 
+async def test_a_second_sigterm_ends_the_grace_and_the_drain_still_ends_cleanly(
+    tiny_model: Path,
+) -> None:
+    flags = ("--served-model-name", "tiny", "--shutdown-grace", "600")
+    async with spawned_server(tiny_model, *flags) as (process, port):
+        body = chat_body(max_tokens=LONG, temperature=0, stream=True)
+        running = await raw_http(port, post_request("/v1/chat/completions", body))
+        await read_until(running, b"data: ")
+        process.send_signal(signal.SIGTERM)
+        # Signals that arrive together are delivered once: the second waits for the drain.
+        assert process.stderr is not None
+        stderr = process.stderr
+        with trio.fail_after(30):
+            await trio.to_thread.run_sync(
+                lambda: next(line for line in stderr if "shutting down: draining" in line),
+                abandon_on_cancel=True,
+            )
+        process.send_signal(signal.SIGTERM)
+        tail = await read_until(running, b"server_shutting_down")  # not after 600 s
+        last = tail.rsplit(b"data: ", 1)[1].split(b"\r\n")[0].split(b"\n")[0]
+        assert json.loads(last)["error"]["code"] == "server_shutting_down"
+        code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
+        assert code == 0
+        await running.aclose()
+
+
 async def test_sigterm_lets_a_running_request_finish_within_the_grace_period(
     tiny_model: Path,
 ) -> None:

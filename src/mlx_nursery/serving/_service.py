@@ -212,6 +212,12 @@ class Service:
             return only
         return models.find(requested_model(body))
 
+    async def end_grace(self) -> None:
+        """During a drain: cancel the requests still running now, as the grace's end would.
+        Cancellation: a checkpoint."""
+        if self.models is not None:
+            await self.models.drain(0)
+
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give running ones (background responses too) `grace`
         seconds, then cancel them; return once the background responses stored their ends
