@@ -300,6 +300,9 @@ async def test_responses_errors(plain: ThreadedServer) -> None:
             "previous_response_id",
         ),
         ({"model": "nope", "input": "x"}, 404, "model"),
+        ({"model": "tiny", "input": "x", "metadata": {"k": "v" * 513}}, 400, "metadata"),
+        ({"model": "tiny", "input": "x", "metadata": {"k" * 65: "v"}}, 400, "metadata"),
+        ({"model": "tiny", "input": "x", "max_output_tokens": 10**9}, 400, "input"),
     ]
     async with (
         borrowed(plain) as server,

@@ -21,6 +21,7 @@ from ..generation import (
     ServedModel,
     ToolChoiceMode,
     ToolChoiceType,
+    WireTraits,
     answer_only,
     check_count,
     check_prompt_size,
@@ -45,7 +46,6 @@ from ..generation import (
     with_response_format,
     with_tools,
 )
-from ._chat_endpoint import CHAT
 from ._responses_items import input_items, item_id, messages_and_origins
 from ._responses_schemas import ImagePart, MessageItem, ResponsesRequest
 
@@ -55,6 +55,8 @@ REASONING_INCLUDE = "reasoning.encrypted_content"
 which a client replays as it is; nothing is encrypted (Codex-style clients send it with
 store: false)."""
 _INCLUDABLE = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
+RESPONSES_WIRE = WireTraits(prompt_param="input", id_prefix="resp", trims_leading_space=True)
+"""What a Responses plan needs of its wire (a prompt too long names `input`)."""
 _UNIMPLEMENTED: dict[str, object] = {
     "prompt": (),
     "conversation": (),
@@ -73,6 +75,24 @@ _HINTS: dict[str, object] = {
     "reasoning": ({}, {"effort": None}, {"summary": None}, {"effort": None, "summary": None}),
 }
 _THINKING_HINTS = {k: v for k, v in _HINTS.items() if k != "reasoning"}
+
+
+def check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's bounds on `metadata`: at most 16 pairs, keys of at most 64 characters, values
+    of at most 512."""
+    if metadata is None:
+        return
+    if len(metadata) > 16:
+        raise InvalidRequest(
+            "metadata takes at most 16 keys", param="metadata", code="invalid_value"
+        )
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise InvalidRequest(
+                f"metadata keys take at most 64 characters and values 512 ({quoted(key)})",
+                param="metadata",
+                code="invalid_value",
+            )
 
 
 def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
@@ -113,10 +133,7 @@ def parse_request(body: Any, *, max_items: int) -> ResponsesRequest:
             "top_logprobs",
             f"top_logprobs needs include: ['{LOGPROBS_INCLUDE}']",
         )
-    if request.metadata is not None and len(request.metadata) > 16:
-        raise InvalidRequest(
-            "metadata takes at most 16 keys", param="metadata", code="invalid_value"
-        )
+    check_metadata(request.metadata)
     return request
 
 
@@ -193,8 +210,8 @@ def prepare_response(
     tokens, images = render_served(
         served, messages, tools, where=where, url_param="image_url", thinking=thinking
     )
-    prepared = prepared_for(  # chat's, rendered by `ResponseBuilder` instead
-        CHAT,
+    prepared = prepared_for(  # rendered by `ResponseBuilder`
+        RESPONSES_WIRE,
         fields,
         served,
         tokens,
