@@ -903,9 +903,17 @@ async def test_a_failure_while_streaming_ends_with_an_error_event(
             },
         ) as response:
             events = _named_events((await response.aread()).decode())
-        assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error"]
-        validate(events[-1], "ResponseErrorEvent")
-        assert events[-1]["code"] == "internal_error"
+        assert [e["type"] for e in events] == [
+            "response.created",
+            "response.in_progress",
+            "error",
+            "response.failed",
+        ]
+        validate(events[-2], "ResponseErrorEvent")
+        assert events[-2]["code"] == "internal_error"
+        validate(events[-1], "ResponseFailedEvent")
+        assert events[-1]["response"]["status"] == "failed"
+        assert secret not in json.dumps(events[-1])
     assert caplog.records and all(secret not in r.getMessage() for r in caplog.records)
     await assert_still_serving(http)
 
