@@ -181,9 +181,18 @@ def test_arguments_written_whole_before_a_malformed_wrapper_are_those_arguments(
     assert json.loads(call.arguments) == {"a": [1, "}"]}
 
 
-def test_a_call_cut_before_its_name_or_of_an_undeclared_tool_is_content() -> None:
-    for text in ('<tool_call>\n{"na', '<tool_call>\n{"name": "h", "arguments": {"a'):
-        assert run([text], cut=True) == [ContentText(text)]
+def test_a_call_of_an_undeclared_tool_cut_is_content() -> None:
+    text = '<tool_call>\n{"name": "h", "arguments": {"a'
+    assert run([text], cut=True) == [ContentText(text)]
+
+
+@pytest.mark.parametrize("tail", ['<tool_call>\n{"na', "<tool_call>", "<tool_"])
+def test_markup_cut_before_a_name_is_dropped_not_shown(tail: str) -> None:
+    """Cut by the budget, start markup that can no longer make a call is not the reply's
+    text; ended by the model (not cut), it is, as written."""
+    assert run(["Sure. " + tail], cut=True) == [ContentText("Sure. ")]
+    assert content(run(["Sure. " + tail], cut=False)) == "Sure. " + tail
+    assert content(run(["a <"], cut=True)) == "a <"  # one character: kept
 
 
 FRAGMENTS = [
@@ -227,4 +236,9 @@ def test_any_text_splits_the_same_way_and_without_calls_is_content_whole(
     whole, split = run([text], cut=cut), run(pieces, cut=cut)
     assert outline(whole) == outline(split)
     if not any(isinstance(o, ToolCallOut) for o in whole):
-        assert content(whole) == text
+        shown = content(whole)
+        assert text.startswith(shown)
+        dropped = text[len(shown) :]
+        # Only cut, only markup that could no longer make a call (an open call, or start
+        # markup cut partway) is dropped.
+        assert not dropped or (cut and JSON_FORMAT.start.startswith(dropped[:2])), dropped

@@ -269,7 +269,10 @@ class ToolCallExtractor:
         """The generation ended: release held-back text. A call left without its end markup
         is a call if its body parses whole (as vLLM reads one); else, when the token budget
         ran out (`cut`), as OpenAI returns it: its name and the prefix of its arguments,
-        marked incomplete; else content, as written."""
+        marked incomplete; else content, as written. Cut by the budget, markup that can no
+        longer make a call is dropped, not shown as the reply's text (an agent would keep it
+        in its history): a call cut before its name, and start markup cut partway (more than
+        its first character)."""
         if self.done:
             return []
         rest, self._buffer = self._buffer, ""
@@ -282,12 +285,17 @@ class ToolCallExtractor:
             calls = self._calls_from(body)
             if calls is None and cut:
                 calls = self._partial_call(body)
-            if calls is None:
+            if calls is None and cut and _PARTIAL_NAME.search(body) is None:
+                log.info("a tool call cut before its name by the token budget: dropped")
+            elif calls is None:
                 log.info("a tool call's start markup was left open: returned as content")
                 self._content(self._start + rest, pieces)
             else:
                 self._called(calls, pieces)
         else:
+            partial = _partial_suffix(rest, self._start)
+            if cut and partial > 1:
+                rest = rest[: len(rest) - partial]
             self._content(rest, pieces)
         if self._held and not self.calls:  # a reply of whitespace only, no calls: as written
             pieces.append(ContentText(self._held))
