@@ -5,6 +5,8 @@ memory back after an unload, by MLX's own counter."""
 from __future__ import annotations
 
 import json
+import socket
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,9 @@ import mlx.core as mx
 import pytest
 import trio
 
+from mlx_nursery.server import serve
 from mlx_nursery.serving import model_sources
+from mlx_nursery.serving._registry import ModelRegistry
 from mlx_nursery.settings import Settings, SettingsError
 from tests.http.test_http_metrics import samples, value
 from tests.http_helpers import (
@@ -61,6 +65,61 @@ async def chat(http: httpx.AsyncClient, model: str, **fields: Any) -> httpx.Resp
         "/v1/chat/completions",
         json={**chat_body(max_tokens=3, temperature=0), "model": model, **fields},
     )
+
+
+async def test_the_models_are_listed_while_they_load(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A UI that lists the models at its own start sees them (not loaded yet) while the server
+    loads; /health and the generation routes still say it is loading."""
+    gate = trio.Event()
+    original = ModelRegistry.load
+
+    async def held(self: ModelRegistry, slot: Any, deadline: float) -> Any:
+        await gate.wait()
+        return await original(self, slot, deadline)
+
+    monkeypatch.setattr(ModelRegistry, "load", held)
+    with socket.socket() as probe:  # a free port: `serve` reports its URL only once ready
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(
+        model=str(tiny_model),
+        served_model_name="tiny",
+        port=port,
+        responses_db=":memory:",
+        warmup_budget=0.0,
+        shutdown_grace=5.0,
+    )
+    shutdown = trio.Event()
+    async with (
+        trio.open_nursery() as nursery,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):
+        nursery.start_soon(partial(serve, settings, shutdown=shutdown, handle_signals=False))
+        health = None
+        with trio.fail_after(60):
+            while health is None:  # the server binds in its own task
+                try:
+                    health = await http.get("/health")
+                except httpx.TransportError:
+                    await trio.sleep(0.01)
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        listed = await http.get("/v1/models")
+        assert listed.status_code == 200, listed.text
+        (card,) = listed.json()["data"]
+        assert (card["id"], card["loaded"]) == ("tiny", False)
+        assert (await http.get("/v1/models/tiny")).json()["id"] == "tiny"
+        refused = await http.post("/v1/chat/completions", json=chat_body(max_tokens=1))
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "model_loading"
+        gate.set()
+        with trio.fail_after(60):
+            while (await http.get("/health")).status_code != 200:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        loaded = (await http.get("/v1/models")).json()["data"]
+        assert [c["loaded"] for c in loaded] == [True]
+        shutdown.set()
 
 
 async def test_a_request_loads_its_model_and_the_least_recently_used_idle_one_leaves(

@@ -77,7 +77,7 @@ async def metrics() -> Response:
 @routes.get("/v1/models")
 async def list_models() -> dict[str, Any]:
     service = parts().service
-    models = service.check_open()
+    models = service.listing()
     cards = [slot.card() for slot in models.slots]
     if models.only is not None:  # LoRA adapters, on a server's one model
         cards += service.adapters.cards(models.only)
@@ -87,7 +87,7 @@ async def list_models() -> dict[str, Any]:
 @routes.get("/v1/models/<path:model>")
 async def get_model(model: str) -> dict[str, Any]:
     service = parts().service
-    models = service.check_open()
+    models = service.listing()
     only = models.only
     if only is not None and model in service.adapters.paths:
         (card,) = [c for c in service.adapters.cards(only) if c.id == model]

@@ -151,6 +151,14 @@ class Service:
             raise Unavailable("the server failed to start", code="engine_unavailable")
         return self.models
 
+    def listing(self) -> ModelRegistry:
+        """The registry for /v1/models: as `check_open`, but while the models load too (what
+        is served is known from the start; a UI that lists models at its own start should
+        not take a loading server for an empty or broken one). Raises the 503 otherwise."""
+        if self.state == "loading" and self.models is not None:
+            return self.models
+        return self.check_open()
+
     @asynccontextmanager
     async def text_model(
         self, body: Any | None, deadline: float
