@@ -121,9 +121,11 @@ async def test_a_cancel_ends_a_stream_with_its_error_and_stops_the_compute(
     if route == "messages":  # Anthropic's envelope has no code: the message names the cancel
         assert last["type"] == "error" and last["error"]["type"] == "invalid_request_error"
         assert f"{request_id} was cancelled" in last["error"]["message"]
-    elif route == "responses":
-        assert last["type"] == "error"
-        _assert_cancel_error(last, request_id)
+    elif route == "responses":  # the error, then the response as it ended: cancelled
+        assert last["type"] == "response.failed"
+        assert last["response"]["status"] == "cancelled"
+        assert payloads[-2]["type"] == "error"
+        _assert_cancel_error(payloads[-2], request_id)
     else:
         validate_error(last)
         _assert_cancel_error(last["error"], request_id)

@@ -18,6 +18,7 @@ from ..generation import (
     OpenAIError,
     Prepared,
     ReasoningDelta,
+    RequestCancelled,
     TextDelta,
     ToolCallOut,
 )
@@ -191,9 +192,10 @@ class ResponseStream:
         return named_events([*events, self.builder.final_event()])
 
     async def error(self, error: OpenAIError) -> bytes:
-        """The error event, then `response.failed` with the failed response, stored first
-        (when asked to), as a finished one is."""
-        events = [self.builder.error_event(error), self.builder.stopped(error)]
+        """The error event, then `response.failed` with the failed response (cancelled, when
+        a cancel by its id ended it), stored first (when asked to), as a finished one is."""
+        ended = None if isinstance(error, RequestCancelled) else error
+        events = [self.builder.error_event(error), self.builder.stopped(ended)]
         await self.saver.save(self.builder)
         return named_events(events)
 
