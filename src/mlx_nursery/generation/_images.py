@@ -98,6 +98,7 @@ def load_image(url: Any, limits: ImageLimits, param: str, pixels_left: int) -> I
 
 def _data_url_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
     header, comma, payload = url.partition(",")
+    header = header.lower()  # a data URL's media type and its ";base64" are case-insensitive
     if not comma or not header.endswith(";base64"):
         raise InvalidRequest(
             "an image data URL must be data:image/...;base64,...", param=param, code="invalid_image"
@@ -109,6 +110,10 @@ def _data_url_bytes(url: str, limits: ImageLimits, param: str) -> bytes:
         )
     if len(payload) // 4 * 3 > limits.max_bytes + 2:
         raise too_large(len(payload) // 4 * 3, limits, param)
+    # As base64 decoders take it: wrapped lines (MIME's 76 columns, `base64`'s output) and
+    # the padding left off; anything else outside the alphabet is still refused.
+    payload = "".join(payload.split())
+    payload += "=" * (-len(payload) % 4)
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
