@@ -89,6 +89,12 @@ async def test_rerank_orders_documents_by_the_cross_encoders_scores(
     unversioned = await http.post("/rerank", json=body)
     top = await http.post("/v1/rerank", json={**body, "top_n": 2, "return_documents": False})
     logits = await http.post("/v1/rerank", json={**body, "use_activation": False, "top_n": 0})
+    # Cohere's and Jina's documents as {"text": ...} objects: the same ranking.
+    objects = [{"text": d} if i % 2 else d for i, d in enumerate(DOCS)]
+    as_objects = await http.post("/v1/rerank", json={**body, "documents": objects})
+    assert (
+        as_objects.json()["results"] == (await http.post("/v1/rerank", json=body)).json()["results"]
+    )
     assert answer.status_code == 200, answer.text
     assert forwards == 2  # five pairs, four to a forward: one request, chunked by the batch size
     want = [sigmoid(x) for x in direct_logits(tiny_reranker, [(QUERY, d) for d in DOCS])]
@@ -113,7 +119,7 @@ async def test_rerank_orders_documents_by_the_cross_encoders_scores(
         assert sigmoid(result["relevance_score"]) == pytest.approx(want[result["index"]], abs=1e-5)
     assert (
         metric(server, "http_requests_total", route="/v1/rerank", status="200")
-        == routes["/v1/rerank"] + 3
+        == routes["/v1/rerank"] + 5  # three, and the two of the objects' comparison
     )
     assert (
         metric(server, "http_requests_total", route="/rerank", status="200")

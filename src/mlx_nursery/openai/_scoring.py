@@ -13,11 +13,17 @@ from typing import Literal
 import attrs
 
 
+@attrs.frozen
+class RerankDocument:
+    text: str
+
+
 @attrs.define(kw_only=True)
 class RerankRequest:
     model: str
     query: str
-    documents: list[str]
+    documents: list[str | RerankDocument]
+    """Texts, or Cohere's and Jina's `{"text": ...}` objects."""
     top_n: int | None = None
     """The best `top_n` results (None or 0: all of them, vLLM's 0)."""
     return_documents: bool = True
@@ -37,11 +43,6 @@ class ScoreRequest:
     """Scored against `text_1`'s one text (1:1, 1:N), or each against its own (N:N)."""
     truncate_prompt_tokens: int | None = None
     use_activation: bool | None = None
-
-
-@attrs.frozen
-class RerankDocument:
-    text: str
 
 
 @attrs.frozen

@@ -93,7 +93,7 @@ def prepare_rerank(body: Any, served: ServedEmbedder) -> PreparedRerank:
     Tokenizes: a worker thread."""
     request = structure(body, RerankRequest)
     served.check(request.model)
-    documents = request.documents
+    documents = [d if isinstance(d, str) else d.text for d in request.documents]
     _check_count(documents, "documents", served)
     if request.top_n is not None and request.top_n < 0:
         raise InvalidRequest(
