@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..engine import SAMPLE_RATE
+from ._audio_av import decode_with_av
 from ._audio_decode import (
     check_header,
     decode_native,
@@ -20,9 +21,8 @@ from ._audio_decode import (
     invalid_audio,
     read_header,
     too_long,
-    undecodable,
 )
-from ._errors import InvalidRequest, RequestTooLarge, quoted
+from ._errors import RequestTooLarge, quoted
 
 _NATIVE_FORMATS = ("wav", "mp3", "flac")
 
@@ -65,7 +65,7 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
     if kind is None:  # a picture or a text named .wav: no decoder would take it
         raise invalid_audio(
             f"the file {quoted(upload.filename)} is not audio this server can read: its "
-            "content is none of WAV, MP3, FLAC (nor Ogg, M4A, WebM, with ffmpeg)"
+            "content is none of WAV, MP3, FLAC, Ogg, M4A, WebM, AIFF, WMA, AMR or CAF"
         )
     header = read_header(kind, data) if kind in _NATIVE_FORMATS else None
     if header is not None:
@@ -73,15 +73,8 @@ def decode_audio(upload: AudioUpload, limits: AudioLimits) -> npt.NDArray[np.flo
         samples = decode_native(data, header, limits.max_seconds)
     elif shutil.which("ffmpeg") is not None:  # other containers, and headers miniaudio missed
         samples = decode_other(data, limits.max_seconds)
-    elif kind in _NATIVE_FORMATS:
-        raise undecodable()
-    else:
-        raise InvalidRequest(
-            f"this server decodes WAV, MP3 and FLAC audio; {kind} audio needs ffmpeg, which "
-            "is not installed here",
-            param="file",
-            code="unsupported_audio_format",
-        )
+    else:  # no ffmpeg: libav in-process (`_audio_av`), bounded the same way
+        samples = decode_with_av(data, limits.max_seconds)
     samples = samples.reshape(-1)
     if samples.size == 0:
         raise invalid_audio("the audio file holds no samples")
