@@ -138,7 +138,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, str], bytes | None, int, str | None]] = 
     ("empty audio", {}, b"", 400, "invalid_audio"),
     ("text as a.wav", {}, b"hello, this is text" * 10, 400, "invalid_audio"),
     ("png as a.wav", {}, b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64), 400, "invalid_audio"),
-    ("ogg without ffmpeg", {}, b"OggS" + bytes(200), 400, "unsupported_audio_format"),
+    ("corrupt ogg, without ffmpeg", {}, b"OggS" + bytes(200), 400, "invalid_audio"),
     ("corrupt wav", {}, b"RIFF\x64\x00\x00\x00WAVEfmt " + b"\xff" * 40, 400, "invalid_audio"),
     ("corrupt flac", {}, b"fLaC" + bytes(100), 400, "invalid_audio"),
     ("too long", {}, wav_bytes(clip(7)), 400, "audio_too_long"),
