@@ -321,3 +321,20 @@ async def test_typed_fields_refuse_what_was_silently_accepted(tiny_model: Path) 
         assert ok.json()["tool_choice"] == "auto" and ok.json()["text"] == {
             "format": {"type": "text"}
         }
+
+
+def test_a_null_for_a_field_with_a_default_is_that_default() -> None:
+    """Clients that send every field send the unset ones as null: a field whose type has no
+    null of its own takes its default then (embeddings' encoding_format, speech's speed)."""
+    from mlx_nursery.openai._embeddings import EmbeddingsRequest
+    from mlx_nursery.openai._speech import SpeechBody
+
+    speech = structure(
+        {"model": "m", "input": "x", "voice": "v", "speed": None, "stream_format": None},
+        SpeechBody,
+    )
+    assert (speech.speed, speech.stream_format) == (1.0, "audio")
+    embeddings = structure({"model": "m", "input": "x", "encoding_format": None}, EmbeddingsRequest)
+    assert embeddings.encoding_format == "float"
+    # A field without a default keeps null a 400 naming it.
+    assert refused({"input": "x", "voice": None}, SpeechBody).param == "voice"

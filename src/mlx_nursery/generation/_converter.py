@@ -12,6 +12,7 @@ lenient classes and unstructure hooks here when their schema modules are importe
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -286,10 +287,32 @@ def to_json(value: Any) -> Any:
 
 def structure(data: Any, cls: type[T], path: str = "") -> T:
     """Structure a parsed JSON body into `cls`, or raise InvalidRequest naming the parameter
-    (`path` names where `data` is, for a value structured on its own)."""
+    (`path` names where `data` is, for a value structured on its own). A top-level null for
+    a field that has a default is that default (clients that send every field send the unset
+    ones as null), where the field's type has no null of its own."""
     if not isinstance(data, dict) and not path:
         raise InvalidRequest(f"the request body must be a JSON object, got {json_name(data)}")
+    if isinstance(data, dict) and attrs.has(cls):
+        defaulted = _null_means_default(cls)
+        data = {k: v for k, v in data.items() if v is not None or k not in defaulted}
     try:
         return converter.structure(data, cls)
     except STRUCTURING_ERRORS as exc:
         raise translated(exc, path) from None
+
+
+@functools.cache
+def _null_means_default(cls: type) -> frozenset[str]:
+    """`cls`'s fields with a default whose type does not take None."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(
+        field.name
+        for field in attrs.fields(cls)
+        if field.default is not attrs.NOTHING and not _takes_none(hints.get(field.name, Any))
+    )
+
+
+def _takes_none(tp: Any) -> bool:
+    if tp is Any or tp is None or tp is type(None):
+        return True
+    return any(_takes_none(arg) for arg in typing.get_args(tp)) if _is_union(tp) else False
