@@ -232,6 +232,25 @@ async def test_a_call_cut_off_by_max_tokens_is_returned_partial(
         assert items[0].arguments == call.function.arguments
 
 
+async def test_a_stop_string_inside_a_call_cuts_it_as_the_budget_does(
+    scripted_users: ThreadedServer,
+) -> None:
+    """The call's markup never becomes the reply's text: a stop string matched inside the
+    call ends it incomplete (finish_reason stop, the arguments so far), and one matched before
+    its name drops the markup."""
+    async with borrowed(scripted_users) as server:
+        client = sdk(server)
+        inside = await client.chat.completions.create(**tool_request("one", stop=['"Paris"']))
+        before = await client.chat.completions.create(**tool_request("one", stop=['"name"']))
+    choice = inside.choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("stop", "Let me check.")
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert call.function.arguments.startswith('{"city":') and "Paris" not in call.function.arguments
+    assert before.choices[0].message.content == "Let me check."
+    assert not before.choices[0].message.tool_calls
+
+
 async def test_a_truncated_message_item_is_incomplete_as_its_response(tiny_model: Path) -> None:
     async with running_server(tiny_model) as server:
         client = sdk(server)

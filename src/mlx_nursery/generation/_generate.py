@@ -208,6 +208,7 @@ def _finish(
         raise GenerationFailed("generation failed inside the engine", code="generation_failed")
     outputs: list[Output] = []
     rest = matcher.flush()
+    cut_call = False
     if tools is None:
         entries = (
             tuple(logprobs.take(rest)) + tuple(logprobs.finish()) if logprobs is not None else ()
@@ -215,12 +216,15 @@ def _finish(
         if rest or entries:
             outputs.append(TextDelta(rest, entries))
     else:
+        # A stop string that ended the text inside a call cuts it as the budget does: the
+        # call comes back incomplete (or its markup, before a name, is dropped), not as text.
         pieces = (tools.feed(rest) if rest else []) + tools.finish(
-            cut=event.finish_reason == "length"
+            cut=event.finish_reason == "length" or matcher.stopped
         )
         outputs += [TextDelta(p.text) if isinstance(p, ContentText) else p for p in pieces]
+        cut_call = any(isinstance(p, ToolCallOut) and not p.complete for p in pieces)
     reason: OpenAIFinish = "stop" if stopped_by_us else event.finish_reason  # type: ignore[assignment]
-    if tools is not None and tools.calls and reason == "stop":
+    if tools is not None and tools.calls and reason == "stop" and not cut_call:
         reason = "tool_calls"
     outputs.append(
         Finished(
