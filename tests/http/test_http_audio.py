@@ -90,6 +90,8 @@ async def test_every_format_and_the_stream_through_the_sdk(
         text = body["text"]
         assert body["language"] == "english" and body["duration"] == pytest.approx(2.0)
         assert "".join(s["text"] for s in body["segments"]) == text
+        # Inside the audio, though the last window is padded to 30 s.
+        assert all(0 <= s["start"] <= s["end"] <= body["duration"] for s in body["segments"])
         plain = await client.audio.transcriptions.create(
             file=upload(), response_format="text", **once
         )
@@ -102,7 +104,7 @@ async def test_every_format_and_the_stream_through_the_sdk(
             file=upload(), response_format="verbose_json", timestamp_granularities=["word"], **once
         )
         assert worded.words is not None and worded.segments is None
-        assert all(w.start >= 0 for w in worded.words)
+        assert all(0 <= w.start <= w.end <= worded.duration for w in worded.words)
         srt = await client.audio.transcriptions.create(file=upload(), response_format="srt", **once)
         spoken = [s for s in body["segments"] if s["text"].strip()]
         assert srt.count(" --> ") == len(spoken)

@@ -200,6 +200,7 @@ def transcribe(
         for segment in current:  # an instantaneous or empty segment keeps no text
             if segment["start"] == segment["end"] or segment["text"].strip() == "":
                 segment["text"], segment["tokens"], segment["words"] = "", [], []
+            _within(segment, request.duration)  # what it says stays (mlx-audio's text)
         made = tuple(_segment(len(segments) + i, s) for i, s in enumerate(current))
         segments.extend(made)
         all_tokens.extend(t for s in current for t in s["tokens"])
@@ -266,6 +267,14 @@ def _needs_fallback(result: Any) -> bool:
     )
     silence = result.no_speech_prob > NO_SPEECH_THRESHOLD and result.avg_logprob < LOGPROB_THRESHOLD
     return needs and not silence
+
+
+def _within(segment: dict[str, Any], duration: float) -> None:
+    """Times inside the audio: the last window is padded to 30 s, and a timestamp token may
+    point into the padding (srt, vtt and segments past the audio's end otherwise)."""
+    for timed in (segment, *segment.get("words", [])):
+        timed["start"] = min(max(float(timed["start"]), 0.0), duration)
+        timed["end"] = min(max(float(timed["end"]), timed["start"]), duration)
 
 
 def _last_word_end(segments: list[dict[str, Any]]) -> float | None:
