@@ -9,13 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
 
-from mlx_nursery.generation._tools import (
-    ContentText,
-    ToolCallExtractor,
-    ToolCallOut,
-    ToolFormat,
-    normalize_tools,
-)
+from mlx_nursery.generation._tool_calls import ContentText, ToolCallExtractor, ToolCallOut
+from mlx_nursery.generation._tools import ToolFormat, normalize_tools
 
 JSON_FORMAT = ToolFormat(
     json_tools.tool_call_start,

@@ -14,7 +14,7 @@ from mlx_nursery.generation._errors import InvalidRequest
 from mlx_nursery.generation._generate import Finished
 from mlx_nursery.generation._logprobs import LogprobEntry
 from mlx_nursery.generation._plan import Prepared
-from mlx_nursery.generation._tools import ToolCallOut
+from mlx_nursery.generation._tool_calls import ToolCallOut
 from mlx_nursery.openai._chat_endpoint import CHAT
 from mlx_nursery.openai._responses import PreparedResponse
 from mlx_nursery.openai._responses_events import OutputTextDelta

@@ -113,8 +113,9 @@ from ._structured import Grammars
 from ._template_kwargs import TemplateVariables, template_variables
 from ._token_ids import check_token_ids, completion_tokens, text_tokens
 from ._tokenizing import SegmentEncoder
+from ._tool_calls import ToolCallOut
 from ._tool_choice import offered_tools, shown_tools
-from ._tools import ToolCallOut, strict_tool_names, tool_format
+from ._tools import strict_tool_names, tool_format
 
 __all__ = [
     "Admitted",

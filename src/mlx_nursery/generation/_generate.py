@@ -32,7 +32,7 @@ from ._errors import ClientTooSlow, GenerationFailed, InvalidRequest, Unavailabl
 from ._logprobs import LogprobAligner, LogprobEntry
 from ._reasoning import AnswerPiece, ReasoningPiece, ReasoningSplitter
 from ._stop import StopMatcher
-from ._tools import ContentText, ToolCallExtractor, ToolCallOut
+from ._tool_calls import ContentText, ToolCallExtractor, ToolCallOut
 
 log = logging.getLogger("mlx_nursery.openai")
 

@@ -25,7 +25,8 @@ from ._reasoning import ReasoningSplitter, ThinkingFormat
 from ._request_parts import ResponseFormat, SamplingFields, TextFormat, TextFormatParam, new_id, now
 from ._served import ServedModel
 from ._structured import response_format_processor
-from ._tools import ToolCallExtractor, ToolCallOut, ToolFormat
+from ._tool_calls import ToolCallExtractor, ToolCallOut
+from ._tools import ToolFormat
 
 if TYPE_CHECKING:
     from ..engine import LogitsProcessor, SamplingParams, Usage
