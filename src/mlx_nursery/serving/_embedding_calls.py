@@ -21,7 +21,7 @@ import trio
 from ..engine import Embedder, EmbeddingRequest
 from ..generation import OpenAIError, Unavailable, request_cancelled, request_timed_out
 from ..openai import run_embeddings
-from ._job import CancelReason
+from ._job import CancelReason, Intake
 from ._live import LiveRequest
 from ._metrics import Metrics
 from ._request_log import RequestRecord
@@ -56,8 +56,7 @@ class EmbeddingCalls:
         self._active: set[_Call] = set()
         self._idle = trio.Event()
         self._idle.set()
-        self._closed = False
-        self._refusal: Callable[[], OpenAIError] | None = None
+        self._intake = Intake()
 
     @property
     def busy(self) -> bool:
@@ -77,10 +76,7 @@ class EmbeddingCalls:
 
         Cancellation: the caller's cancellation (its client left) stops the compute before
         the next forward and returns once the engine confirms it (`Embedder.embed`)."""
-        if self._closed:
-            raise Unavailable("the server is shutting down", code="server_shutting_down")
-        if self._refusal is not None:
-            raise self._refusal()
+        self._intake.check()
         call = _Call(trio.CancelScope(deadline=deadline))
         self._active.add(call)
         if self._idle.is_set():
@@ -120,12 +116,12 @@ class EmbeddingCalls:
     def refuse(self, error: Callable[[], OpenAIError]) -> None:
         """Refuse every later request with `error()` (the model is going away), as
         `Jobs.refuse`. Not a checkpoint."""
-        self._refusal = error
+        self._intake.refusal = error
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests from now on, let running ones finish for up to `grace`
         seconds, then cancel the rest (their clients get the shutdown 503)."""
-        self._closed = True
+        self._intake.closed = True
         with trio.move_on_after(grace):
             await self._idle.wait()
         for call in list(self._active):

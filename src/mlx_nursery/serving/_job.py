@@ -3,14 +3,14 @@ cancelled, and when its task ended (`_jobs.py` starts and contains the task)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol
 
 import attrs
 import trio
 
 from ..engine import AudioChunk, Synthesized, Transcript, Window
-from ..generation import OpenAIError, Output
+from ..generation import OpenAIError, Output, Unavailable
 
 CancelReason = Literal["timeout", "client", "shutdown", "cancel"]
 """Why a job was cancelled: its deadline; its request ended first (the client left, or the
@@ -69,3 +69,29 @@ class Started:
 
     def started(self, value: None = None) -> None:
         self.on_started(value)  # type: ignore[operator]
+
+
+@attrs.define
+class Intake:
+    """Whether a model's work is still taken (by `Jobs`, `EmbeddingCalls`): a drain closes
+    it (the shutdown 503); a model going away refuses it with an error of its own."""
+
+    closed: bool = False
+    refusal: Callable[[], OpenAIError] | None = None
+
+    def check(self) -> None:
+        """Raise what new work is refused with now, if anything. Not a checkpoint."""
+        if self.closed:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
+        if self.refusal is not None:
+            raise self.refusal()
+
+
+def model_restarting() -> OpenAIError:
+    return Unavailable(
+        "the model's engine stopped and is restarting; retry shortly", code="model_restarting"
+    )
+
+
+def model_unloaded() -> OpenAIError:
+    return Unavailable("the model was unloaded; retry to load it again", code="model_unloaded")

@@ -45,7 +45,7 @@ from ..generation import (
 )
 from ._extensions import OutputHook
 from ._failures import internal_error, log_failure
-from ._job import Job, JobItem, JobTask, Started
+from ._job import Intake, Job, JobItem, JobTask, Started
 from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
 
@@ -78,10 +78,8 @@ class Jobs:
         self._idle = trio.Event()
         """Set while no job runs. Replaced only once set: a drain may be waiting on it."""
         self._idle.set()
-        self._closed = False
-        """Set by `drain`: no job starts after it."""
-        self._refusal: Callable[[], OpenAIError] | None = None
-        """Set by `refuse`: the error every later start gets (the model is going away)."""
+        self._intake = Intake()
+        """Closed by `drain`, refusing by `refuse`: no job starts after either."""
 
     @property
     def busy(self) -> bool:
@@ -119,7 +117,7 @@ class Jobs:
         has returned, the job no longer depends on the caller's scope: its deadline,
         `Job.cancel` (a cancel by the request's id among them: `_live.py`), a drain or the
         end of the request that owns it (`_lifetime.own`) stops it."""
-        self._check_open()
+        self._intake.check()
         assert self._engine is not None, "a speech model's jobs are transcriptions"
         if deadline is None:
             deadline = trio.current_time() + (self._timeout if self._timeout else math.inf)
@@ -131,7 +129,7 @@ class Jobs:
     def check_admission(self, prepared: Prepared, tenant: str | None) -> None:
         """Raise what `start` would be refused with now, before waiting for a lane: the
         shutdown 503, 503 when the queue (or `tenant`'s share) is full. Not a checkpoint."""
-        self._check_open()
+        self._intake.check()
         assert self._engine is not None, "a speech model's jobs are transcriptions"
         with engine_errors_as_api_errors(prepared.prompt_param):
             self._engine.check_admission(attrs.evolve(prepared.generation, tenant=tenant))
@@ -158,7 +156,7 @@ class Jobs:
         """Admit a job and start `run(job, send)` in the jobs' nursery; returns once it has
         started (holds its lane). A refused start leaves nothing behind: the job is removed
         and the record's part ended with its error. Cancellation: as `start`."""
-        self._check_open()
+        self._intake.check()
         send, receive = trio.open_memory_channel[JobItem](_BUFFER)
         job = Job(receive, trio.CancelScope(deadline=deadline))
         self._active.add(job)
@@ -374,19 +372,13 @@ class Jobs:
     def refuse(self, error: Callable[[], OpenAIError]) -> None:
         """Refuse every later start with `error()`: the model's engine died or it is being
         unloaded, and its jobs' nursery is about to close. Not a checkpoint."""
-        self._refusal = error
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise Unavailable("the server is shutting down", code="server_shutting_down")
-        if self._refusal is not None:
-            raise self._refusal()
+        self._intake.refusal = error
 
     async def drain(self, grace: float) -> None:
         """Refuse new jobs from now on (`start` raises the shutdown error), let running jobs
         finish for up to `grace` seconds, then cancel the rest; returns without waiting for
         them to end."""
-        self._closed = True
+        self._intake.closed = True
         with trio.move_on_after(grace):
             await self._idle.wait()
         for job in list(self._active):

@@ -39,6 +39,7 @@ from ..generation import (
     unknown_model,
 )
 from ..models import model_facts, resolve_model_path
+from ._job import model_restarting, model_unloaded
 from ._metrics import Metrics
 from ._model_sources import ModelSource
 from ._reservations import MemoryPlan, Reservation, insufficient
@@ -295,7 +296,7 @@ class ModelRegistry:
                     )
                 # Before the nursery closes: a request that found the model loaded and
                 # starts its job now gets a 503 to retry, not a closed nursery's error.
-                hosted.jobs.refuse(_restarting if died else _unloaded)
+                hosted.jobs.refuse(model_restarting if died else model_unloaded)
                 hosted.engine.close()
         except Exception:  # its jobs contain their own failures: this is the hosting's own
             if not slot.release.is_set():
@@ -379,16 +380,6 @@ async def _first_set(*events: trio.Event) -> None:
 
         for event in events:
             nursery.start_soon(wait, event)
-
-
-def _restarting() -> OpenAIError:
-    return Unavailable(
-        "the model's engine stopped and is restarting; retry shortly", code="model_restarting"
-    )
-
-
-def _unloaded() -> OpenAIError:
-    return Unavailable("the model was unloaded; retry to load it again", code="model_unloaded")
 
 
 def _problem(hosted: AnyHosted) -> str | None:
