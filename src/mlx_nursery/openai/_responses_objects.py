@@ -169,6 +169,16 @@ class FlatFunctionTool:
     parameters: dict[str, Any] | None
     strict: bool
 
+    @classmethod
+    def of(cls, function: dict[str, Any], strict: frozenset[str]) -> FlatFunctionTool:
+        """Chat's `function` object flattened; strict where its name is in `strict`."""
+        return cls(
+            name=function["name"],
+            description=function.get("description"),
+            parameters=function.get("parameters"),
+            strict=function["name"] in strict,
+        )
+
 
 @attrs.frozen(kw_only=True)
 class Response:

@@ -348,7 +348,7 @@ class ResponseBuilder:
             temperature=1.0 if r.temperature is None else r.temperature,
             text=ResponseText(r.text.format if r.text and r.text.format else TextFormat()),
             tool_choice="auto" if r.tool_choice is None else r.tool_choice,
-            tools=[_flat_tool(t["function"], strict) for t in p.prepared.tools],
+            tools=[FlatFunctionTool.of(t["function"], strict) for t in p.prepared.tools],
             top_p=1.0 if r.top_p is None else r.top_p,
             top_logprobs=r.top_logprobs,
             truncation=r.truncation or "disabled",
@@ -393,12 +393,3 @@ def _json(event: StreamEvent) -> dict[str, Any]:
     """An event as JSON-ready data, unstructured now: the items it holds grow later."""
     data: dict[str, Any] = to_json(event)
     return data
-
-
-def _flat_tool(function: dict[str, Any], strict: frozenset[str]) -> FlatFunctionTool:
-    return FlatFunctionTool(
-        name=function["name"],
-        description=function.get("description"),
-        parameters=function.get("parameters"),
-        strict=function["name"] in strict,
-    )
