@@ -61,9 +61,9 @@ class LogprobAligner:
         """`trimmed_space`: the text lost one leading space (a chat reply's), so the bytes do."""
         self._token_text = token_text
         self._token_bytes = token_bytes or (lambda token: token_text(token).encode())
-        self._trim_pending = trimmed_space
-        self._trim_text = trimmed_space  # the own texts' first character not yet seen
-        self._pending: deque[tuple[str, str, TokenLogprob, bool]] = deque()
+        self._trim = trimmed_space  # nothing of the output seen yet: its first space goes
+        self._pending: deque[tuple[str, str, bytes, TokenLogprob]] = deque()
+        """Each added token's segment, own text and bytes, and logprob, until handed out."""
         self._raw_popped = 0  # chars of the pending tokens' segments already handed out
         self._emitted = 0
         self._shown = 0  # chars of the entries' tokens handed out
@@ -71,47 +71,45 @@ class LogprobAligner:
 
     def add(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> None:
         """A token's content `text` (its segment); not `exact` when that is only part of the
-        token's text (its bytes are then the text's own)."""
-        decoded = self._decoder.decode(self._token_bytes(logprob.token_id))
-        own = decoded if exact else text
-        if self._trim_text and own:
-            own = own.removeprefix(" ") if exact else own
-            self._trim_text = False
-        self._pending.append((text, own, logprob, exact))
+        token's text (its text and bytes are then the segment's own)."""
+        data = self._token_bytes(logprob.token_id)
+        own = self._decoder.decode(data)  # fed every token, so later ones decode right
+        if not exact:
+            own, data = text, text.encode()
+        if self._trim and data:
+            # The detokenizer drops one space from the start of the text, which it does when
+            # the first byte of the output is one: the first token's text and bytes lose it.
+            if exact and data.startswith(b" "):
+                own, data = own.removeprefix(" "), data[1:]
+            self._trim = False
+        self._pending.append((text, own, data, logprob))
 
     def take(self, emitted: str) -> list[LogprobEntry]:
         """`emitted` more characters of content went out: the entries now fully covered."""
         self._emitted += len(emitted)
         entries = []
         while self._pending and self._raw_popped + len(self._pending[0][0]) <= self._emitted:
-            text, own, logprob, exact = self._pending.popleft()
+            text, own, data, logprob = self._pending.popleft()
             self._raw_popped += len(text)
-            entries.append(self._entry(own, logprob, exact=exact))
+            entries.append(self._entry(own, data, logprob))
         return entries
 
     def finish(self) -> list[LogprobEntry]:
         """The content ended: a token straddling the end keeps its emitted part (less what
-        earlier entries' tokens already showed of it); the rest go."""
+        earlier entries' tokens already showed of it), its bytes that part's; the rest go."""
         entries = []
         if self._pending and self._raw_popped < self._emitted:
-            text, _, logprob, _ = self._pending.popleft()
+            text, _, _, logprob = self._pending.popleft()
             emitted = text[: self._emitted - self._raw_popped]
             unshown = emitted[len(emitted) - max(0, self._emitted - self._shown) :]
-            entries.append(self._entry(unshown, logprob, exact=False))
+            entries.append(self._entry(unshown, unshown.encode(), logprob))
         self._pending.clear()
         return entries
 
-    def _entry(self, text: str, logprob: TokenLogprob, *, exact: bool = True) -> LogprobEntry:
+    def _entry(self, text: str, data: bytes, logprob: TokenLogprob) -> LogprobEntry:
         top = tuple(
             (self._token_text(token), value, self._token_bytes(token))
             for token, value in logprob.top
         )
-        data = self._token_bytes(logprob.token_id) if exact else text.encode()
-        if self._trim_pending and data:
-            # The detokenizer drops one space from the start of the text, which it does when
-            # the first byte of the output is one: the first token's bytes lose it too.
-            if exact and data.startswith(b" "):
-                data = data[1:]
-            self._trim_pending = False
         self._shown += len(text)
         return LogprobEntry(text, logprob.logprob, top, data)
