@@ -26,6 +26,7 @@ from ._audio_decode import (
     MIN_RATE,
     AudioHeader,
     invalid_audio,
+    joined_until,
     sample_budget,
     too_many_samples,
     undecodable,
@@ -33,6 +34,7 @@ from ._audio_decode import (
 from ._checkpoint import checkpoint
 
 if TYPE_CHECKING:
+    from av.audio.frame import AudioFrame
     from av.audio.stream import AudioStream
     from av.container import InputContainer
 
@@ -43,9 +45,6 @@ def decode_with_av(data: bytes, max_seconds: float) -> npt.NDArray[np.float32]:
     passes the rate, channel or sample limits. Cancellable between seconds of output."""
     import av
 
-    limit = round((max_seconds + 1) * SAMPLE_RATE)
-    parts: list[npt.NDArray[np.float32]] = []
-    count = 0
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
@@ -57,16 +56,10 @@ def decode_with_av(data: bytes, max_seconds: float) -> npt.NDArray[np.float32]:
                     f"the audio's {channels} channels at {rate} Hz are outside what this "
                     f"server decodes ({MIN_RATE}-{MAX_RATE} Hz, 1-{MAX_CHANNELS} channels)"
                 )
-            header = AudioHeader(rate, channels, 0)
-            for chunk in _mono_16k(container, stream, header, max_seconds):
-                parts.append(chunk)
-                count += len(chunk)
-                if count >= limit:
-                    break
+            chunks = _mono_16k(container, stream, AudioHeader(rate, channels, 0), max_seconds)
+            return joined_until(chunks, round((max_seconds + 1) * SAMPLE_RATE))
     except av.error.FFmpegError:
         raise undecodable() from None
-    joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
-    return joined[:limit]
 
 
 def _mono_16k(
@@ -90,14 +83,17 @@ def _mono_16k(
         if decoded > budget:
             raise too_many_samples(header, max_seconds)
         for out in resampler.resample(frame):
-            samples = out.to_ndarray().reshape(-1).astype(np.float32, copy=False)
-            pending.append(samples)
-            pending_count += len(samples)
+            pending.append(_samples(out))
+            pending_count += len(pending[-1])
         if pending_count >= SAMPLE_RATE:
             yield np.concatenate(pending)
             pending, pending_count = [], 0
             checkpoint()
-    for out in resampler.resample(None):  # what the resampler still holds
-        pending.append(out.to_ndarray().reshape(-1).astype(np.float32, copy=False))
+    pending += [_samples(out) for out in resampler.resample(None)]  # what it still holds
     if pending:
         yield np.concatenate(pending)
+
+
+def _samples(frame: AudioFrame) -> npt.NDArray[np.float32]:
+    """A resampled frame's mono float32 samples."""
+    return frame.to_ndarray().reshape(-1).astype(np.float32, copy=False)

@@ -103,7 +103,7 @@ def decode_native(data: bytes, header: AudioHeader, max_seconds: float) -> npt.N
     if header.rate == SAMPLE_RATE or max(up, down) > MAX_FIR_TERM:
         # As it is, or through miniaudio's converter: chunks arrive at 16 kHz.
         chunks = _chunks(data, header, SAMPLE_RATE, max_seconds)
-        return _joined(chunks, limit)
+        return joined_until(chunks, limit)
     if header.frames == 0:
         return np.empty(0, dtype=np.float32)
     samples = resample_audio_chunks(
@@ -207,7 +207,7 @@ def _chunks(
         stream.close()
 
 
-def _joined(chunks: Iterator[npt.NDArray[np.float32]], limit: int) -> npt.NDArray[np.float32]:
+def joined_until(chunks: Iterator[npt.NDArray[np.float32]], limit: int) -> npt.NDArray[np.float32]:
     """Chunks end to end, reading no further once `limit` samples are in."""
     parts: list[npt.NDArray[np.float32]] = []
     count = 0
