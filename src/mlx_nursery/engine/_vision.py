@@ -156,7 +156,8 @@ class ImagePrefill:
             if positions is not None and deltas is not None:
                 positions = positions - deltas
             self._positions = positions
-            mx.async_eval(self._embeddings, *([] if positions is None else [positions]))  # type: ignore[no-untyped-call]
+            self._encoded = [self._embeddings, *([] if positions is None else [positions])]
+            mx.async_eval(self._encoded)  # type: ignore[no-untyped-call]
         self._language = vision.model.language_model
         self.prompt = prompt
         self.cache: list[Any] = make_cache(model.model)
@@ -169,7 +170,7 @@ class ImagePrefill:
     def wait_encoded(self) -> None:
         """Return once the images' encoding has run (at once after the first time): a chunk
         timed after it is timed alone."""
-        mx.eval(self._embeddings, *([] if self._positions is None else [self._positions]))
+        mx.eval(self._encoded)
 
     def step(self, size: int, *, wait: bool) -> int:
         """Prefill the next chunk, of at most `size` tokens; return its tokens. Raises what
