@@ -6,6 +6,7 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -183,6 +184,11 @@ async def test_idle_keep_alive_connections_are_closed(
                 pass
 
 
+def last_event(raw: bytes) -> Any:
+    """The last `data:` event of a raw chunked SSE body, decoded."""
+    return json.loads(raw.rsplit(b"data: ", 1)[1].split(b"\r\n")[0].split(b"\n")[0])
+
+
 async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path) -> None:
     flags = ("--served-model-name", "tiny", "--shutdown-grace", "0.5")
     async with spawned_server(tiny_model, *flags) as (process, port):
@@ -192,8 +198,7 @@ async def test_sigterm_drains_then_cancels_with_an_error_event(tiny_model: Path)
         process.send_signal(signal.SIGTERM)
         # The running stream gets a final error event once the grace period is over.
         tail = await read_until(running, b"server_shutting_down")
-        last = tail.rsplit(b"data: ", 1)[1].split(b"\r\n")[0].split(b"\n")[0]
-        assert json.loads(last)["error"]["code"] == "server_shutting_down"
+        assert last_event(tail)["error"]["code"] == "server_shutting_down"
         assert b"[DONE]" not in tail
         # New connections are refused; the process exits 0 after joining the engine thread.
         with pytest.raises(OSError):
@@ -222,8 +227,7 @@ async def test_a_second_sigterm_ends_the_grace_and_the_drain_still_ends_cleanly(
             )
         process.send_signal(signal.SIGTERM)
         tail = await read_until(running, b"server_shutting_down")  # not after 600 s
-        last = tail.rsplit(b"data: ", 1)[1].split(b"\r\n")[0].split(b"\n")[0]
-        assert json.loads(last)["error"]["code"] == "server_shutting_down"
+        assert last_event(tail)["error"]["code"] == "server_shutting_down"
         code = await trio.to_thread.run_sync(lambda: process.wait(timeout=60))
         assert code == 0
         await running.aclose()
