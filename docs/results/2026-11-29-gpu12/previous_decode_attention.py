@@ -1,0 +1,200 @@
+"""Decode attention over a ragged batch on CUDA: each row reads only its own keys.
+
+A running batch's rows start at different positions of one left-padded KV buffer
+(`_ragged.RaggedBatchKVCache`), so mlx-lm passes MLX's attention a mask, and MLX's CUDA
+backend has no fused kernel for a masked decode query: it falls back to separate
+matrix-vector products, a select and a softmax over every row's whole padded length, which
+measured most of a decode step's device time at 32 rows of ~1,000 tokens on an H100
+(docs/benchmarks.md). This module's kernels (`mx.fast.cuda_kernel`, sources in
+`_decode_kernels.py`) are flash decoding over ragged rows: for each row, key-value head and
+slice of the row's keys, one block computes the scores of all the query heads that share the
+key-value head (grouped-query attention reads each key once) in tiles of 32 keys, keeps an
+online softmax, and writes the result; where a row's keys are split into several slices
+(few rows: more blocks keep the device busy), a second kernel combines them. Rows' starts
+are read on the device (the cache's `left_padding`), so nothing waits for the host.
+
+`install(model)` routes the model's attention through `attend`: a single-token query on a
+`RaggedBatchKVCache` with no attention sinks takes the kernel; everything else (prefill,
+the fast path, quantized KV, Metal, the CPU) calls mlx-lm's own function unchanged. Engine
+thread only (the kernels are built on first use, per dtype and head shape).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
+from ._ragged import RaggedBatchKVCache
+from ._upstream import mlx_lm_attention
+
+_THREADS = 128
+"""Threads per block: four warps, each taking tiles of 32 keys in turn."""
+
+_WARPS = _THREADS // 32
+
+_TARGET_BLOCKS = 128
+"""Blocks to aim for (about one per streaming multiprocessor of an H100 or H200): a batch
+with few rows splits each row's keys into more slices so that the device stays busy; with
+as many rows and heads as this, a block takes a row's keys whole, in one kernel. More
+blocks measured slower (bench/ragged_attention.py, docs/benchmarks.md)."""
+
+_MIN_KEYS_PER_SLICE = 128
+"""A slice holds at least one tile of 32 keys for each of the block's warps."""
+
+_kernels: dict[str, Any] = {}
+
+
+def available() -> bool:
+    """The kernel runs here: MLX's default device is a CUDA GPU."""
+    if mx.default_device().type != mx.DeviceType.gpu:
+        return False
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
+
+
+_INPUTS = ("q", "keys", "values", "start", "end", "scale")
+_PARTIALS = ("partial_out", "partial_max", "partial_sum")
+_KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str, str, bool]] = {
+    "partial": (_INPUTS, _PARTIALS, PARTIAL, HEADER, False),
+    "whole": (_INPUTS, ("out",), WHOLE, HEADER, False),
+    "combine": (_PARTIALS, ("out",), COMBINE, "", True),
+}
+"""Per kernel: its inputs, outputs, source, header, and whether MLX copies its inputs to
+row-contiguous first (the queries and the KV buffers are read through their strides)."""
+
+
+def _kernel(name: str) -> Any:
+    kernel = _kernels.get(name)
+    if kernel is None:
+        inputs, outputs, source, header, row_contiguous = _KERNELS[name]
+        kernel = _kernels[name] = mx.fast.cuda_kernel(
+            name=f"nursery_ragged_decode_{name}",
+            input_names=list(inputs),
+            output_names=list(outputs),
+            source=source,
+            header=header,
+            ensure_row_contiguous=row_contiguous,
+        )
+    return kernel
+
+
+def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
+    """Attention of one query token per row (`queries`: B, Hq, 1, D) over the rows' own keys
+    in `cache` (after this step's update): rows' keys run from their left padding to the
+    cache's write index. Lazy, as any MLX operation."""
+    batch, heads, _, dim = queries.shape
+    if cache.keys is None:
+        raise ValueError("decode attention over a cache that holds no tokens")
+    kv_heads = cache.keys.shape[1]
+    rep = heads // kv_heads
+    longest = cache._idx - min(cache.padding)
+    splits = max(
+        1, min(math.ceil(_TARGET_BLOCKS / (batch * kv_heads)), longest // _MIN_KEYS_PER_SLICE)
+    )
+    inputs = [
+        queries,
+        cache.keys,
+        cache.values,
+        cache.left_padding,
+        _scalar(cache._idx, mx.int32),
+        _scalar(scale, mx.float32),
+    ]
+    layout = [("REP", rep), ("D", dim), ("WARPS", _WARPS)]
+    if splits == 1:  # one block a row and head: it writes the result itself
+        (out,) = _kernel("whole")(
+            inputs=inputs,
+            template=[*layout, ("T", queries.dtype)],
+            grid=(_THREADS, kv_heads, batch),
+            threadgroup=(_THREADS, 1, 1),
+            output_shapes=[(batch, heads, 1, dim)],
+            output_dtypes=[queries.dtype],
+        )
+        result: mx.array = out
+        return result
+    partial_out, partial_max, partial_sum = _kernel("partial")(
+        inputs=inputs,
+        template=layout,
+        grid=(splits * _THREADS, kv_heads, batch),
+        threadgroup=(_THREADS, 1, 1),
+        output_shapes=[(batch, heads, splits, dim), (batch, heads, splits), (batch, heads, splits)],
+        output_dtypes=[mx.float32, mx.float32, mx.float32],
+    )
+    (out,) = _kernel("combine")(
+        inputs=[partial_out, partial_max, partial_sum],
+        template=[("T", queries.dtype), ("D", dim)],
+        grid=(dim, heads, batch),
+        threadgroup=(dim, 1, 1),
+        output_shapes=[(batch, heads, 1, dim)],
+        output_dtypes=[queries.dtype],
+    )
+    combined: mx.array = out
+    return combined
+
+
+_scalars: dict[tuple[float, mx.Dtype], mx.array] = {}
+
+
+def _scalar(value: float, dtype: mx.Dtype) -> mx.array:
+    """`value` as a one-element array, made once: every layer of a step passes the same
+    write index and scale, and each new array costs the host an allocation and a copy."""
+    key = (value, dtype)
+    array = _scalars.get(key)
+    if array is None:
+        if len(_scalars) > 64:  # write indexes move on: keep only the recent ones
+            _scalars.clear()
+        array = _scalars[key] = mx.array([value], dtype=dtype)
+    return array
+
+
+Attention = Callable[..., mx.array]
+
+
+def routed(original: Attention) -> Attention:
+    """mlx-lm's `scaled_dot_product_attention`, with a ragged batch's decode step taken by
+    `ragged_decode_attention` (module docstring)."""
+
+    def attend(
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cache: Any,
+        scale: float,
+        mask: Any,
+        sinks: mx.array | None = None,
+    ) -> mx.array:
+        if (
+            sinks is None
+            and queries.shape[2] == 1
+            and isinstance(cache, RaggedBatchKVCache)
+            and cache.keys is not None
+            and queries.shape[-1] in (64, 96, 128)
+            and queries.shape[1] % cache.keys.shape[1] == 0
+        ):
+            return ragged_decode_attention(queries, cache, scale)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    attend.__wrapped__ = original  # type: ignore[attr-defined]
+    return attend
+
+
+def install(model: Any) -> bool:
+    """Route `model`'s attention through the ragged decode kernel where it runs (CUDA), by
+    replacing `scaled_dot_product_attention` in the module that defines the model's layers
+    (mlx-lm's model modules import it by name). Returns whether it did. Idempotent."""
+    if not available():
+        return False
+    done = False
+    for module_name in {type(m).__module__ for _, m in model.named_modules()}:
+        module = sys.modules.get(module_name)
+        current = getattr(module, "scaled_dot_product_attention", None)
+        if current is mlx_lm_attention:
+            module.scaled_dot_product_attention = routed(current)  # type: ignore[union-attr]
+            done = True
+        elif getattr(current, "__wrapped__", None) is mlx_lm_attention:
+            done = True
+    return done
