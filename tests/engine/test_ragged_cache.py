@@ -5,8 +5,7 @@
 operations (the batch generator's whole life: merge, decode, filter, extend, a padded
 chunk, extract), with its host copy of the padding always equal to the device's. The
 CUDA kernel is compared with MLX's masked attention where CUDA runs; elsewhere the router
-must leave every call to mlx-lm's function but a short causal query, whose split into the
-vector kernel's parts must equal one causal call.
+must leave every call to mlx-lm's function.
 """
 
 from __future__ import annotations
@@ -18,12 +17,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
-from mlx_nursery.engine._decode_attention import (
-    available,
-    ragged_decode_attention,
-    routed,
-    short_causal_attention,
-)
+from mlx_nursery.engine._decode_attention import available, ragged_decode_attention, routed
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows, shift_rows
 
 HEADS, DIM = 2, 8
@@ -224,66 +218,6 @@ def test_the_router_leaves_every_other_call_to_mlx_lm() -> None:
     q2 = mx.zeros((2, 4, 1, DIM))
     assert attend(q2, k, v, cache=ours, scale=1.0, mask=None, sinks=sinks) is q2
     assert [c[1] for c in calls] == [ours, plain, ours]
-
-
-def test_the_router_splits_a_short_causal_query_on_one_sequences_cache() -> None:
-    """A verify step's few positions on the fast path's plain cache take the vector kernel's
-    parts; a longer query, an array mask, a quantized cache or an odd head size stay mlx-lm's."""
-    calls: list[int] = []
-
-    def original(q: mx.array, k: mx.array, v: mx.array, **kwargs: Any) -> mx.array:
-        calls.append(q.shape[2])
-        return q
-
-    attend = routed(original)
-    keys, values = mx.random.normal((2, 1, 2, 40, 64), key=mx.random.key(3))
-    plain = KVCache()
-    verify = mx.random.normal((1, 4, 5, 64), key=mx.random.key(4))
-    got = attend(verify, keys, values, cache=plain, scale=0.125, mask="causal")
-    assert got is not verify and got.shape == (1, 4, 5, 64) and calls == []
-    want = mx.fast.scaled_dot_product_attention(verify, keys, values, scale=0.125, mask="causal")
-    assert mx.allclose(got, want, atol=1e-5).item()
-
-    class Quantized(KVCache):
-        bits = 8
-
-    prefill = mx.zeros((1, 4, 13, 64))
-    array_mask = mx.ones((5, 40), dtype=mx.bool_)
-    odd = mx.zeros((1, 4, 5, 8))
-    attend(prefill, keys, values, cache=plain, scale=1.0, mask="causal")
-    attend(verify, keys, values, cache=plain, scale=1.0, mask=array_mask)
-    attend(verify, keys, values, cache=Quantized(), scale=1.0, mask="causal")
-    attend(odd, keys[..., :8], values[..., :8], cache=plain, scale=1.0, mask="causal")
-    assert calls == [13, 5, 5, 5]
-
-
-@pytest.mark.parametrize(
-    ("length", "heads", "kv_heads", "dim", "dtype"),
-    [
-        (4, 4, 2, 64, mx.float32),
-        (5, 9, 3, 64, mx.float32),
-        (9, 32, 8, 128, mx.float32),
-        (12, 8, 8, 96, mx.float32),
-        (7, 16, 4, 128, mx.bfloat16),
-    ],
-)
-def test_a_short_query_split_for_the_vector_kernel_equals_one_causal_call(
-    length: int, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype
-) -> None:
-    """Each part sees its own keys, causal within itself: a draft never attends to the ones
-    after it (a split that got the cut wrong differs in the positions past the first part)."""
-    total = 37 + length
-    k, v = mx.random.normal((2, 1, kv_heads, total, dim), key=mx.random.key(length))
-    q = mx.random.normal((1, heads, length, dim), key=mx.random.key(100 + length))
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    scale = dim**-0.5
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
-    got = short_causal_attention(q, k, v, scale)
-    tolerance = 1e-5 if dtype == mx.float32 else 2e-2
-    assert got.shape == want.shape
-    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=tolerance).item()
-    unmasked = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale).astype(mx.float32)
-    assert not mx.allclose(got.astype(mx.float32), unmasked, atol=tolerance).item()
 
 
 @pytest.mark.skipif(not available(), reason="the kernel is CUDA's; MLX runs elsewhere here")

@@ -14,11 +14,9 @@ online softmax, and writes the result; where a row's keys are split into several
 are read on the device (the cache's `left_padding`), so nothing waits for the host.
 
 `install(model)` routes the model's attention through `attend`: a single-token query on a
-`RaggedBatchKVCache` with no attention sinks takes the kernel; a short causal query on one
-sequence's plain cache (a verify step of speculative decoding on the fast path) takes
-`short_causal_attention`; everything else (prefill, quantized KV, Metal, the CPU) calls
-mlx-lm's own function unchanged. Engine thread only (the kernels are built on first use, per
-dtype and head shape).
+`RaggedBatchKVCache` with no attention sinks takes the kernel; everything else (prefill,
+the fast path, quantized KV, Metal, the CPU) calls mlx-lm's own function unchanged. Engine
+thread only (the kernels are built on first use, per dtype and head shape).
 """
 
 from __future__ import annotations
@@ -138,55 +136,6 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
     return combined
 
 
-_VECTOR_QUERIES = 3
-"""Query positions MLX's CUDA vector attention kernel takes in one call (its
-`supports_sdpa_vector`: fewer than 4); a longer query falls back to separate matmuls, a
-causal mask built from aranges, a softmax and a select: about ten launches a layer."""
-
-_SHORT_QUERIES = 12
-"""The longest query `short_causal_attention` splits: each part reads the whole KV once, so
-past a few parts the fallback's two matmuls (one read) are the better path (prefill)."""
-
-
-def short_causal_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float
-) -> mx.array:
-    """Causal attention of a short query (B, Hq, L, D), its L positions the last of `keys`,
-    as MLX's vector kernel calls of at most `_VECTOR_QUERIES` positions each: a part sees the
-    keys up to its own last position, causal within itself (MLX aligns a causal mask's last
-    query with the last key). Equal to one causal call (the same kernel's arithmetic per
-    position); a verify step of a few drafts then launches a few kernels a layer instead of
-    the fallback's ten. Lazy, as any MLX operation."""
-    length, total = queries.shape[2], keys.shape[2]
-    parts = []
-    for first in range(0, length, _VECTOR_QUERIES):
-        last = min(first + _VECTOR_QUERIES, length)
-        seen = total - (length - last)
-        parts.append(
-            mx.fast.scaled_dot_product_attention(
-                queries[:, :, first:last],
-                keys[:, :, :seen],
-                values[:, :, :seen],
-                scale=scale,
-                mask="causal" if last - first > 1 else None,
-            )
-        )
-    return mx.concatenate(parts, axis=2)
-
-
-def _short_causal(queries: mx.array, keys: mx.array, values: mx.array, mask: Any) -> bool:
-    """A query that `short_causal_attention` takes: causal over a plain cache (no array
-    mask), longer than the vector kernel takes and at most `_SHORT_QUERIES`, of a head size
-    that kernel has."""
-    return (
-        isinstance(mask, str)
-        and mask == "causal"
-        and _VECTOR_QUERIES < queries.shape[2] <= _SHORT_QUERIES
-        and queries.shape[-1] in (64, 96, 128)
-        and keys.shape[-1] == values.shape[-1] == queries.shape[-1]
-    )
-
-
 _scalars: dict[tuple[float, mx.Dtype], mx.array] = {}
 
 
@@ -207,8 +156,7 @@ Attention = Callable[..., mx.array]
 
 def routed(original: Attention) -> Attention:
     """mlx-lm's `scaled_dot_product_attention`, with a ragged batch's decode step taken by
-    `ragged_decode_attention` and a short causal query by `short_causal_attention` (module
-    docstring)."""
+    `ragged_decode_attention` (module docstring)."""
 
     def attend(
         queries: mx.array,
@@ -228,9 +176,6 @@ def routed(original: Attention) -> Attention:
             and queries.shape[1] % cache.keys.shape[1] == 0
         ):
             return ragged_decode_attention(queries, cache, scale)
-        quantized = hasattr(cache, "bits")
-        if sinks is None and not quantized and _short_causal(queries, keys, values, mask):
-            return short_causal_attention(queries, keys, values, scale)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     attend.__wrapped__ = original  # type: ignore[attr-defined]
