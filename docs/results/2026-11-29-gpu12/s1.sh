@@ -21,5 +21,5 @@ spec() {  # spec NAME SRC STREAMS TOKENS LIMIT
 }
 spec new1 $PWD/src 1 160 200
 spec old1 /tmp/src-old 1 160 200
-spec new1b $PWD/src 1 160 170
+
 cat $S
