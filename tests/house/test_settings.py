@@ -16,6 +16,7 @@ import pytest
 
 from mlx_nursery.cli import build_parser, serve_settings
 from mlx_nursery.engine import EngineConfig
+from mlx_nursery.serving._reservations import MIN_PREFIX_CACHE_BYTES
 from mlx_nursery.settings import (
     Settings,
     SettingsError,
@@ -76,6 +77,12 @@ def test_settings_the_engine_has_too_default_to_the_engines() -> None:
     shared = [f for f in FIELDS if f.name in engine and engine[f.name].default is not attrs.NOTHING]
     assert {field.name for field in shared} >= {"max_concurrency", "max_queue"}
     for field in shared:
+        if field.name == "prompt_cache_bytes":
+            # The server sizes it per model from its memory share (serving/_reservations.py),
+            # never below the engine's own default.
+            assert field.default is None
+            assert engine[field.name].default == MIN_PREFIX_CACHE_BYTES
+            continue
         assert field.default == engine[field.name].default, field.name
 
 

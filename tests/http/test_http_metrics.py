@@ -10,6 +10,7 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from mlx_nursery.engine import default_memory_budget
 from tests.http_helpers import chat_body, engine_of, eventually, running_server
 
 
@@ -98,18 +99,22 @@ async def test_metrics_count_the_requests_tokens_and_latencies(tiny_model: Path)
     # a family of their own (what the process holds beyond its arrays).
     assert value(m, "mlx_nursery:memory_active_bytes") > 0
     assert ("mlx_nursery:memory_cache_bytes", ()) in m
-    # What the model reserves, by part: its weights, its prefix cache's budget (the default
-    # 2 GiB), and the KV its engine may use: with no --memory-budget the device's share would
-    # be most of the machine, but 8 sequences of the 4,096-token context, each with a step
-    # of room to grow, hold 8 x 4,608 tokens (in steps of 256) of 512 bytes: no more is kept
-    # from other models.
+    # What the model reserves, by part: its weights, its prefix cache's budget (by default a
+    # quarter of what the memory budget, 80% of this machine's RAM, leaves after the
+    # weights, at least 2 GiB), and the KV its engine may use: with no --memory-budget the
+    # device's share would be most of the machine, but 8 sequences of the 4,096-token
+    # context, each with a step of room to grow, hold 8 x 4,608 tokens (in steps of 256) of
+    # 512 bytes: no more is kept from other models.
     reserved = {
         part: value(m, "mlx_nursery:model_reserved_bytes", model_name="tiny", part=part)
         for part in ("weights", "prefix_cache", "kv")
     }
+    budget = default_memory_budget()
+    assert budget is not None
+    weights = weight_bytes(tiny_model)
     assert reserved == {
-        "weights": weight_bytes(tiny_model),
-        "prefix_cache": 2 << 30,
+        "weights": weights,
+        "prefix_cache": max(2 << 30, (budget - weights) // 4),
         "kv": 8 * 4608 * 512,
     }
     assert kv_tokens == 8 * 4608

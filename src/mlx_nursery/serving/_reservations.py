@@ -6,7 +6,11 @@ budget (engine/_memory.py) and its prefix cache within its byte budget, and the 
 what the model's files hold. Without `--kv-cache-bytes`, a model's KV budget is its share
 of the memory budget (the budget over `--max-loaded-models`) less its weights and prefix
 cache: so with the defaults (one model loaded, 80% of device memory) a model gets what a
-server of one model always gave it.
+server of one model always gave it. Without `--prompt-cache-bytes`, the prefix cache's
+budget is a quarter of what that share leaves after the weights, at least
+`MIN_PREFIX_CACHE_BYTES` (`default_prefix_cache`): a fixed size would hold an agent's
+20,000-token prompt on no machine that serves an 8B model in bf16 (128 KiB a token), while a
+large card's KV budget lies unused beside it.
 
 That KV budget caps the context served (the engine serves no sequence its budget could
 not hold alone). The engine measures a token's KV on the loaded model; before the load the
@@ -20,9 +24,25 @@ from __future__ import annotations
 
 import attrs
 
-from ..engine import ModelInfo, kv_budget
+from ..engine import EngineConfig, ModelInfo, kv_budget
 from ..generation import Overloaded
 from ..models import ModelFacts
+
+MIN_PREFIX_CACHE_BYTES: int = attrs.fields_dict(EngineConfig)["prompt_cache_bytes"].default
+"""The prefix cache's budget where the rule below gives less, or the memory is unknown: the
+engine's own default (2 GiB), stated there once."""
+
+PREFIX_CACHE_SHARE = 4
+"""Without `--prompt-cache-bytes`, a model's prefix cache may take 1/this of what its share
+of the memory budget leaves after its weights; the rest is its KV budget."""
+
+
+def default_prefix_cache(share: int | None, weights: int) -> int:
+    """The prefix cache's budget of a model whose share of the memory budget is `share`
+    bytes (None: unknown) and whose weights take `weights`."""
+    if share is None:
+        return MIN_PREFIX_CACHE_BYTES
+    return max(MIN_PREFIX_CACHE_BYTES, (share - weights) // PREFIX_CACHE_SHARE)
 
 
 @attrs.frozen
@@ -56,7 +76,8 @@ class MemoryPlan:
     budget: int | None
     """What the loaded models may reserve together (None: unknown, no bound)."""
     kv_cache_bytes: int | None
-    prompt_cache_bytes: int
+    prompt_cache_bytes: int | None
+    """None: `default_prefix_cache` of the model's share."""
     max_concurrency: int
     kv_bits: int | None = None
     kv_group_size: int = 64
@@ -64,8 +85,12 @@ class MemoryPlan:
     def reservation(self, name: str, facts: ModelFacts) -> Reservation:
         """What `facts`' model will reserve. Raises 503 `insufficient_memory` when it
         cannot fit its share of the budget, or the budget at all."""
-        prefix, kv = self.prompt_cache_bytes, self.kv_cache_bytes
         budget = self.budget
+        share = None if budget is None else budget // self.max_loaded
+        prefix = self.prompt_cache_bytes
+        if prefix is None:
+            prefix = default_prefix_cache(share, facts.weight_bytes)
+        kv = self.kv_cache_bytes
         if facts.kind in (
             "embedding",
             "reranker",
@@ -75,8 +100,7 @@ class MemoryPlan:
             # and a forward's activations (a Whisper's decoder KV lasts one 30-second window)
             # which the batch bounds keep transient and small
             prefix, kv = 0, 0
-        if kv is None and budget is not None:
-            share = budget // self.max_loaded
+        if kv is None and share is not None:
             kv = share - facts.weight_bytes - prefix
             if kv <= 0:
                 raise insufficient(

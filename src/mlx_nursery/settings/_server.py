@@ -175,10 +175,15 @@ class ServerSettings:
             "documents in one /v1/rerank request, and texts on either side of one /v1/score request"
         ),
     )
-    prompt_cache_bytes: int = attrs.field(
-        default=engine_default("prompt_cache_bytes"),
-        validator=v.ge(0),
-        metadata=described("prefix KV cache budget in bytes; 0 disables it", unit="bytes"),
+    prompt_cache_bytes: int | None = attrs.field(
+        default=None,
+        validator=v.optional(v.ge(0)),
+        metadata=described(
+            "prefix KV cache budget in bytes; 0 disables it",
+            none="a quarter of what the model's memory share leaves after its weights (at"
+            " least 2 GiB)",
+            unit="bytes",
+        ),
     )
     prompt_cache_dir: str | None = attrs.field(
         default=None,
