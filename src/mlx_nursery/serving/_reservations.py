@@ -28,7 +28,14 @@ from ..engine import EngineConfig, ModelInfo, kv_budget
 from ..generation import Overloaded
 from ..models import ModelFacts
 
-MIN_PREFIX_CACHE_BYTES: int = attrs.fields_dict(EngineConfig)["prompt_cache_bytes"].default
+
+def _engine_prefix_cache() -> int:
+    default = attrs.fields_dict(EngineConfig)["prompt_cache_bytes"].default
+    assert isinstance(default, int)
+    return default
+
+
+MIN_PREFIX_CACHE_BYTES = _engine_prefix_cache()
 """The prefix cache's budget where the rule below gives less, or the memory is unknown: the
 engine's own default (2 GiB), stated there once."""
 
