@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -257,6 +258,25 @@ async def test_consumer_that_stops_reading_is_cancelled_without_stalling_others(
         assert len(events) == 5  # four buffered tokens, then the synthesized final error
         assert events[-1].finish_reason == "error"
         assert "fell behind" in (events[-1].error or "")
+        assert_idle(engine)
+
+
+async def test_a_reader_far_behind_the_model_gets_every_token_and_frees_its_lane(
+    engine_config: EngineConfig,
+) -> None:
+    """A reader slower than the model (a slow link) is not cut: its request's events wait
+    for it, however far behind, while its lane goes back as soon as the sequence ends. More
+    tokens than the bound this server once cut at (1,024), read only after the end."""
+    async with open_engine(attrs.evolve(engine_config, max_concurrency=1)) as engine:
+        tokens = 1100
+        async with engine.generate(request(engine, "a", max_tokens=tokens, ignore_eos=True)) as s:
+            await eventually(
+                lambda: engine.statistics().lanes_borrowed == 0, "the sequence ended unread"
+            )
+            events = [event async for event in s]
+        assert [e.finish_reason for e in events[-1:]] == ["length"]
+        assert sum(e.token_id is not None for e in events) == tokens
+        assert all(e.error is None for e in events)
         assert_idle(engine)
 
 

@@ -95,8 +95,12 @@ class EngineConfig:
     prompt_cache_entries: int = attrs.field(default=64, validator=v.ge(1))
     prompt_cache_ttl: float = attrs.field(default=600.0, validator=v.gt(0))
     """Seconds an unused prefix-cache entry is kept."""
-    max_buffered_events: int = attrs.field(default=1024, validator=v.ge(2))
-    """Undelivered events per request before its consumer counts as stalled and it is cancelled."""
+    max_buffered_events: int = attrs.field(default=65536, validator=v.ge(2))
+    """Undelivered events per request before its consumer counts as stalled and it is
+    cancelled. A request's buffer holds at most the events it can produce (its `max_tokens`
+    and its end), so a reader slower than the model, on a slow link, is cut only where its
+    request may write more than this: its tokens wait for it, as their text would in a
+    non-streaming reply; the batch never waits for a reader."""
     cancel_ack_timeout: float = attrs.field(default=30.0, validator=v.gt(0))
     """Longest a cancelled request waits (shielded) for the engine to confirm its stop."""
     single_sequence_fast_path: bool = True

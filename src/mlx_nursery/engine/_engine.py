@@ -43,6 +43,10 @@ from ._worker import Worker
 
 THREAD_NAME = "mlx-nursery-engine"
 
+_EVENT_MARGIN = 8
+"""Events a request's buffer holds beyond its `max_tokens`: its final event, and room for
+any other the engine adds."""
+
 
 @attrs.frozen
 class EngineStatistics:
@@ -310,7 +314,10 @@ class Engine:
         return outcome[0]
 
     def _new_handle(self, request: GenerationRequest) -> Handle:
-        send, receive = trio.open_memory_channel[StepEvent](self.config.max_buffered_events)
+        # Room for every event the request can produce (a token each, its end; a margin for
+        # any other), up to the configured bound: a slow reader is never cut short of it.
+        bound = min(self.config.max_buffered_events, request.max_tokens + _EVENT_MARGIN)
+        send, receive = trio.open_memory_channel[StepEvent](bound)
         detokenizer = self.model.texts.detokenizer(trim_space=request.trim_leading_space)
         return Handle(next(self._ids), request, send, receive, detokenizer)
 

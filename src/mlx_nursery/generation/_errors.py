@@ -164,8 +164,9 @@ class RequestCancelled(OpenAIError):
 
 
 class ClientTooSlow(OpenAIError):
-    """A stream's client read so much slower than the model wrote that the server stopped the
-    generation rather than buffer without bound (`max_buffered_events`). The client's doing,
+    """A stream's client fell further behind the model than the engine buffers for one
+    request (`max_buffered_events`; only a request that may write more than that can), so
+    the server stopped the generation rather than buffer without bound. The client's doing,
     as a disconnect is: counted as a client cancel, not a server failure; a retry that reads
     at the same pace ends the same way. Only ever an in-stream error (the status is 200)."""
 
