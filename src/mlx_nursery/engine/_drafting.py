@@ -34,7 +34,7 @@ class Speculation:
     """Speculative decoding's settings (`EngineConfig.speculation`)."""
 
     method: str = attrs.field(default="ngram", validator=v.in_(SPECULATION_METHODS))
-    tokens: int = attrs.field(default=4, validator=[v.ge(1), v.le(32)])
+    tokens: int = attrs.field(default=8, validator=[v.ge(1), v.le(32)])
     """The most tokens drafted for one step (the control may draft fewer)."""
     ngram_max: int = attrs.field(default=3, validator=[v.ge(1), v.le(16)])
     """The longest context suffix looked up, tried first."""
