@@ -59,7 +59,11 @@ TIME = {
     },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-SCRIPTS = {"call": "Let me check." + CALL, "words": "Hello there. Goodbye now."}
+SCRIPTS = {
+    "call": "Let me check." + CALL,
+    "words": "Hello there. Goodbye now.",
+    "interleaved": "First." + CALL + " Then the time." + CALL.replace("Paris", "Rome") + " Done.",
+}
 LONG = 3000  # tokens a request would run to if nothing stopped it
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -296,6 +300,32 @@ async def test_a_tool_use_round_trip(scripted_users: ThreadedServer) -> None:
             model="tiny", messages=[*turn[:-1], {"role": "user", "content": errored}]
         )
         assert failed.input_tokens > 0
+
+
+async def test_a_messages_blocks_keep_the_models_order_streamed_or_not(
+    scripted_users: ThreadedServer,
+) -> None:
+    """Text written after a call stays after it, in a block of its own, in the body as in
+    the stream (an agent replays the content as it came)."""
+    async with lent(scripted_users) as (_, client):
+        ask = {
+            "model": "tiny",
+            "max_tokens": 120,
+            "messages": ASK,
+            "tools": [WEATHER, TIME],
+            "metadata": {"user_id": "interleaved"},
+        }
+        message = await client.messages.create(**ask)
+        async with client.messages.stream(**ask) as stream:
+            final = await stream.get_final_message()
+        assert [b.type for b in message.content] == ["text", "tool_use", "text", "tool_use", "text"]
+        texts = [b.text for b in message.content if b.type == "text"]
+        assert texts == ["First.", " Then the time.", " Done."]
+        inputs = [b.input for b in message.content if b.type == "tool_use"]
+        assert inputs == [{"city": "Paris"}, {"city": "Rome"}]
+        assert message.stop_reason == final.stop_reason == "tool_use"
+        shape = [b.model_dump(exclude={"id"}) for b in message.content]
+        assert shape == [b.model_dump(exclude={"id"}) for b in final.content]
 
 
 async def test_tool_choice_any_and_tool_are_enforced(plain: ThreadedServer) -> None:

@@ -9,7 +9,7 @@ stream events. Errors are the OpenAI layer's, in Anthropic's envelope (`error_bo
 """
 
 from ._conversation import image_urls
-from ._output import MessageEvents, error_body, error_status, message_body
+from ._output import MessageContent, MessageEvents, error_body, error_status, message_body
 from ._prepare import (
     count_tokens,
     parse_count_request,
@@ -19,6 +19,7 @@ from ._prepare import (
 from ._schemas import MessagesRequest
 
 __all__ = [
+    "MessageContent",
     "MessageEvents",
     "MessagesRequest",
     "count_tokens",

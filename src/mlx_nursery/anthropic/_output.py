@@ -76,11 +76,11 @@ def tool_use_id(call: ToolCallOut) -> str:
     return "toolu_" + call.id.removeprefix("call_")
 
 
-def call_input(call: ToolCallOut) -> Any:
-    """A call's input as an object; a call cut off by max_tokens (not JSON yet) is `{}`,
-    its stop_reason says why."""
+def arguments_input(arguments: str) -> Any:
+    """A call's arguments as an input object; a call cut off by max_tokens (not JSON yet) is
+    `{}`, its stop_reason says why."""
     try:
-        parsed = json.loads(call.arguments)
+        parsed = json.loads(arguments)
     except ValueError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
@@ -94,25 +94,50 @@ def thinking_block(thinking: str) -> dict[str, Any]:
 
 
 def message_body(
-    p: Prepared,
-    text: str,
-    finished: Finished,
-    calls: Sequence[ToolCallOut],
-    _: Any = (),
-    reasoning: str | None = None,
+    p: Prepared, content: Sequence[dict[str, Any]], finished: Finished
 ) -> dict[str, Any]:
-    """The message of a non-streaming request: its thinking block (a thinking model's), its
-    text block, then its calls."""
-    content: list[dict[str, Any]] = [thinking_block(reasoning)] if reasoning else []
-    content += [{"type": "text", "text": text}] if text else []
-    content += [tool_use_block(call, call_input(call)) for call in calls]
+    """The message of a non-streaming request, its content blocks as `MessageContent`
+    gathered them."""
     return {
         **_message_head(p),
-        "content": content,
+        "content": list(content),
         "stop_reason": stop_reason(finished),
         "stop_sequence": finished.stop_sequence,
         "usage": usage_json(finished.usage),
     }
+
+
+@attrs.define
+class MessageContent:
+    """A non-streaming message's content blocks, folded from the events its stream would
+    send (`MessageEvents`), as the SDKs' stream accumulators fold them: the blocks come in
+    the order the model wrote them (text after a call stays after it) and split where the
+    stream splits them, so a message reads the same streamed or not."""
+
+    events: MessageEvents
+    blocks: list[dict[str, Any]] = attrs.Factory(list)
+
+    def thinking(self, delta: ReasoningDelta) -> None:
+        self._fold(self.events.thinking(delta))
+
+    def text(self, delta: TextDelta) -> None:
+        self._fold(self.events.text(delta))
+
+    def call(self, call: ToolCallOut) -> None:
+        self._fold(self.events.call(call))
+
+    def _fold(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event["type"] == "content_block_start":
+                self.blocks.append(dict(event["content_block"]))
+            elif event["type"] == "content_block_delta":
+                block, delta = self.blocks[event["index"]], event["delta"]
+                if delta["type"] == "text_delta":
+                    block["text"] += delta["text"]
+                elif delta["type"] == "thinking_delta":
+                    block["thinking"] += delta["thinking"]
+                elif delta["type"] == "input_json_delta":
+                    block["input"] = arguments_input(delta["partial_json"])
 
 
 def _message_head(p: Prepared) -> dict[str, Any]:

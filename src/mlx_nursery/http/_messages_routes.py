@@ -14,11 +14,11 @@ from typing import Any
 from quart import Response
 
 from ..anthropic import (
+    MessageContent,
     MessageEvents,
     MessagesRequest,
     count_tokens,
     image_urls,
-    message_body,
     parse_count_request,
     parse_messages_request,
     prepare_messages,
@@ -26,7 +26,7 @@ from ..anthropic import (
 from ..generation import ImageRef, Prepared, ServedModel
 from ..serving import Recipe
 from ._generate import as_json, generate, parts, request_body, request_id, respond
-from ._renderers import MessageStream, WholeBody
+from ._renderers import MessageStream, WholeMessage
 from ._routes import routes
 
 MESSAGES_PATH = "/v1/messages"
@@ -63,7 +63,8 @@ class _Count(Recipe[dict[str, int]]):
 async def create_message() -> Response:
     prepared, job = await generate(_Message())
     stream = MessageStream(MessageEvents(prepared), request_id()) if prepared.stream else None
-    return await respond(job, stream, WholeBody(prepared, message_body))
+    whole = WholeMessage(prepared, MessageContent(MessageEvents(prepared)))
+    return await respond(job, stream, whole)
 
 
 @routes.post(MESSAGES_PATH + "/count_tokens")

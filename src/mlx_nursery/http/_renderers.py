@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from ..anthropic import MessageEvents
+from ..anthropic import MessageContent, MessageEvents, message_body
 from ..anthropic import error_body as anthropic_error
 from ..generation import (
     Admitted,
@@ -65,8 +65,8 @@ Body = Callable[
     [Prepared, str, Finished, list[ToolCallOut], list[LogprobEntry], str | None], dict[str, Any]
 ]
 """An API's non-streaming body from a job's whole output: its text, its end, its tool calls,
-its logprobs and its reasoning (None: the model did not think). Chat's, completions',
-Messages'."""
+its logprobs and its reasoning (None: the model did not think). Chat's and completions'
+(Messages' keeps its blocks in order: `WholeMessage`)."""
 
 
 def wire_body(
@@ -83,7 +83,7 @@ def wire_body(
 
 @attrs.define
 class WholeBody:
-    """A whole body gathered from the pieces: chat's, completions' or Messages'."""
+    """A whole body gathered from the pieces: chat's or completions'."""
 
     prepared: Prepared
     body: Body = wire_body
@@ -109,6 +109,30 @@ class WholeBody:
         reasoning = "".join(self.thoughts) or None  # only a thinking model's message has one
         text = "".join(self.pieces)
         return self.body(self.prepared, text, item, self.calls, self.logprobs, reasoning)
+
+
+@attrs.define
+class WholeMessage:
+    """A Messages API body gathered from the pieces: its blocks folded from the events its
+    stream would send, so that the two read the same (`MessageContent`)."""
+
+    prepared: Prepared
+    content: MessageContent
+
+    def admitted(self, item: Admitted) -> None:
+        pass
+
+    def text(self, item: TextDelta) -> None:
+        self.content.text(item)
+
+    def reasoning(self, item: ReasoningDelta) -> None:
+        self.content.thinking(item)
+
+    def call(self, item: ToolCallOut) -> None:
+        self.content.call(item)
+
+    async def finish(self, item: Finished) -> dict[str, Any]:
+        return message_body(self.prepared, self.content.blocks, item)
 
 
 @attrs.define
