@@ -191,6 +191,14 @@ async def test_a_replayed_refusal_is_what_the_assistant_said(plain: ThreadedServ
         refused = await http.post("/v1/chat/completions", json=user_refusal)
         assert refused.status_code == 400
         assert refused.json()["error"]["param"] == "messages[0].content[0].type"
+        # A part of a kind that is taken, without its field, names the missing field.
+        for part, field in (({"type": "text"}, "text"), ({"type": "refusal"}, "refusal")):
+            messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [part]}]
+            missing = await http.post("/v1/chat/completions", json=chat_body(messages=messages))
+            assert missing.status_code == 400
+            error = missing.json()["error"]
+            assert error["code"] == "missing_required_parameter"
+            assert error["param"] == f"messages[1].content[0].{field}"
 
 
 async def test_error_envelopes_and_the_server_keeps_serving(plain: ThreadedServer) -> None:

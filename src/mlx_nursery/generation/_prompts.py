@@ -351,7 +351,7 @@ def _content(where: str, message: ChatMessage, images: ImageTaker) -> str | list
         elif part.type == "text" and part.text is not None:
             parts.append({"type": "text", "text": part.text})
         else:
-            raise _unsupported_part(where, j, part.type)
+            raise _unsaid_part(where, j, message, part)
     return parts
 
 
@@ -370,7 +370,7 @@ def _text(where: str, message: ChatMessage) -> str:
     pieces = []
     for j, part in enumerate(content):
         if not _said(message, part):
-            raise _unsupported_part(where, j, part.type)
+            raise _unsaid_part(where, j, message, part)
         pieces.append(part.text if part.type == "text" else part.refusal)
     return "".join(p for p in pieces if p is not None)
 
@@ -381,6 +381,19 @@ def _said(message: ChatMessage, part: ContentPart) -> bool:
     if part.type == "text":
         return part.text is not None
     return part.type == "refusal" and message.role == "assistant" and part.refusal is not None
+
+
+def _unsaid_part(where: str, index: int, message: ChatMessage, part: ContentPart) -> InvalidRequest:
+    """Why a part says nothing: a text (or an assistant's refusal) part without its field,
+    or a kind of part this route does not take."""
+    field = "text" if part.type == "text" else "refusal"
+    if part.type == "text" or (part.type == "refusal" and message.role == "assistant"):
+        return InvalidRequest(
+            f"Missing required parameter: '{where}.content[{index}].{field}'",
+            param=f"{where}.content[{index}].{field}",
+            code="missing_required_parameter",
+        )
+    return _unsupported_part(where, index, part.type)
 
 
 def _unsupported_part(where: str, index: int, kind: str) -> InvalidRequest:
