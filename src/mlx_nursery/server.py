@@ -128,7 +128,7 @@ async def serve(
         await serve_http(
             cast(ASGIFramework, asgi_app(app)),
             hypercorn_config(settings),
-            ConnectionCap(settings.max_connections, parts.metrics),
+            ConnectionCap(settings.max_connections, parts.metrics, settings.send_timeout),
             shutdown_trigger=stop_accepting.wait,
             task_status=task_status,
         )

@@ -87,6 +87,92 @@ async def test_a_client_that_stops_reading_does_not_hold_the_lane(tiny_model: Pa
         await stalled.aclose()
 
 
+async def slow_reader(port: int, request: bytes) -> trio.SocketStream:
+    """A client whose receive buffer is small, so that the server's writes to it block as
+    soon as it stops reading (the kernel's buffers do not absorb the answer)."""
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    await sock.connect(("127.0.0.1", port))
+    stream = trio.SocketStream(sock)
+    await stream.send_all(request)
+    return stream
+
+
+async def test_a_reader_behind_when_the_deadline_passes_still_gets_its_whole_answer(
+    tiny_model: Path,
+) -> None:
+    """The request timeout bounds the compute, not the client's reading: an answer computed
+    in time reaches a client that reads it only after the deadline, whole, with no error
+    (it was cut with a false internal_error while the job waited on the client)."""
+    timeout = 4.0
+    async with running_server(tiny_model, request_timeout=timeout) as server:
+        body = chat_body(max_tokens=120, temperature=0, stream=True, logprobs=True)
+        body["top_logprobs"] = 20  # large chunks: the writes block within a few tokens
+        started = trio.current_time()
+        stream = await slow_reader(port_of(server), post_request("/v1/chat/completions", body))
+        await eventually(
+            lambda: engine_of(server).statistics().lanes_borrowed == 0, "the compute ended"
+        )
+        assert trio.current_time() - started < timeout, "the compute itself took too long"
+        # The scenario, not a synchronization: the deadline passes while nobody reads.
+        await trio.sleep(timeout - (trio.current_time() - started) + 0.5)
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+            if data.endswith(b"data: [DONE]\r\n\r\n") or data.endswith(b"data: [DONE]\n\n"):
+                break
+        await stream.aclose()
+    events = [line[6:] for line in data.split(b"\n") if line.startswith(b"data: {")]
+    chunks = [json.loads(event) for event in events]
+    assert all("error" not in chunk for chunk in chunks)
+    assert b"data: [DONE]" in data
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+    assert finishes[-1] == "length"
+    assert sum(bool(c["choices"][0]["delta"].get("content")) for c in chunks if c["choices"]) > 0
+
+
+def open_connections(server: Any) -> float | None:
+    registry = server.parts.metrics.registry
+    value: float | None = registry.get_sample_value("mlx_nursery:http_connections_open")
+    return value
+
+
+def stalled_request() -> bytes:
+    body = chat_body(max_tokens=200, temperature=0, stream=True, logprobs=True)
+    body["top_logprobs"] = 20  # large chunks: the writes block within a few tokens
+    return post_request("/v1/chat/completions", body)
+
+
+async def test_a_client_that_accepts_nothing_loses_its_connection_after_the_send_timeout(
+    tiny_model: Path,
+) -> None:
+    """The request timeout bounds the compute; a client that then reads nothing would hold
+    its connection (a place under --max-connections) for as long as it stays connected."""
+    async with running_server(tiny_model, send_timeout=1.0) as server:
+        stalled = await slow_reader(port_of(server), stalled_request())
+        await read_until(stalled, b"data: ")
+        await eventually(lambda: open_connections(server) == 0, "the stalled connection closed")
+        with trio.fail_after(30):  # what went out before arrives, then the server's close
+            while await stalled.receive_some(65536):
+                pass
+        await stalled.aclose()
+        reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2, temperature=0))
+        assert reply.usage is not None and reply.usage.completion_tokens == 2
+
+
+async def test_a_client_that_stopped_reading_does_not_hold_the_shutdown(tiny_model: Path) -> None:
+    """Hypercorn's writes are shielded: without a bound, the process waited for the client
+    to close its socket, a second signal notwithstanding."""
+    flags = ("--served-model-name", "tiny", "--shutdown-grace", "0.5")
+    async with spawned_server(tiny_model, *flags) as (process, port):
+        stalled = await slow_reader(port, stalled_request())
+        await read_until(stalled, b"data: ")
+        process.send_signal(signal.SIGTERM)
+        code = await trio.to_thread.run_sync(lambda: process.wait(timeout=30))
+        assert code == 0
+        await stalled.aclose()
+
+
 async def test_timeout_while_generating(tiny_model: Path) -> None:
     async with running_server(tiny_model, max_concurrency=1, request_timeout=0.5) as server:
         async with httpx.AsyncClient(base_url=server.base_url) as http:

@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 import h11
 import trio
@@ -46,6 +48,9 @@ OPEN_FILES_RESERVE = 256
 responses store, worker threads' pipes, logs."""
 _REFUSAL_SEND_S = 1.0
 """Seconds the 503 to a connection past the cap may take to go out."""
+_SEND_PIECE = 4096
+"""Bytes of a response written under one send timeout: a client that reads slowly but
+steadily takes a piece well within it, however large the body."""
 
 
 def _refusal(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
@@ -77,12 +82,27 @@ HTTP2_REFUSAL = _refusal(
 
 
 class ConnectionCap:
-    """The connections open, at most `limit`; counted in `metrics`."""
+    """The connections open, at most `limit`; counted in `metrics`. Their response writes
+    wait at most `send_timeout` for a client that accepts nothing (`_Connection`), and none
+    outlasts the shutdown's grace (`writes_end_by`)."""
 
-    def __init__(self, limit: int, metrics: Metrics) -> None:
+    def __init__(self, limit: int, metrics: Metrics, send_timeout: float = 60.0) -> None:
         self.limit = limit
         self.open = 0
         self._metrics = metrics
+        self.send_timeout = send_timeout
+        self.writes: set[trio.CancelScope] = set()
+        """The writes waiting on their clients now, each in a scope of its own."""
+        self.last_write = math.inf
+        """When every write must have ended (the shutdown's grace), once one is under way."""
+
+    def writes_end_by(self, deadline: float) -> None:
+        """End every write, those waiting now and any later, by `deadline` (Trio's clock):
+        Hypercorn's writes are shielded, so the grace's cancellation alone would leave a
+        connection whose client stopped reading open, and the process with it."""
+        self.last_write = deadline
+        for scope in self.writes:
+            scope.deadline = min(scope.deadline, deadline)
 
     async def handle(
         self, stream: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]
@@ -130,11 +150,48 @@ class _HTTP11(H11Protocol):
 
 class _Connection(TCPServer):
     """Hypercorn's `TCPServer` on a cleartext socket (`serve` binds no TLS), with `_HTTP11`
-    in place of its protocol switch, and one more change: once the client has closed the
+    in place of its protocol switch, and two more changes. Once the client has closed the
     connection (or its reads failed), its keep-alive timer is stopped, so that the connection
     ends as soon as its requests have; Hypercorn's own waits the timer out, holding the
     socket (and, here, a place under the cap) for `keep_alive_timeout` after every client
-    that closed an idle connection. The rest (sends, close) is Hypercorn's."""
+    that closed an idle connection. And a write the client accepts nothing of for the cap's
+    `send_timeout` (or past the shutdown's grace) closes the connection: Hypercorn's writes
+    are shielded and unbounded, so a client that stopped reading held its connection, and
+    a shutdown, for as long as it stayed connected. The rest (close) is Hypercorn's."""
+
+    def __init__(self, cap: ConnectionCap, *args: Any) -> None:
+        super().__init__(*args)
+        self._cap = cap
+
+    async def protocol_send(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        cap = self._cap
+        stalled = False
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True):
+                    data = memoryview(event.data)
+                    for start in range(0, len(data), _SEND_PIECE):
+                        deadline = min(trio.current_time() + cap.send_timeout, cap.last_write)
+                        with trio.CancelScope(deadline=deadline) as writing:
+                            cap.writes.add(writing)
+                            try:
+                                await self.stream.send_all(data[start : start + _SEND_PIECE])
+                            finally:
+                                cap.writes.discard(writing)
+                        if writing.cancelled_caught:
+                            stalled = True
+                            break
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+                return
+        if stalled:  # part of a piece may have gone out: the connection cannot go on
+            log.info("a client accepted none of a response write in time; connection closed")
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+            await self.protocol.handle(Closed())
 
     async def run(self) -> None:
         socket = self.stream.socket
@@ -192,7 +249,7 @@ async def serve_http(
                 binds.append(f"http://{bind}")
                 await config.log.info(f"Running on http://{bind} (CTRL + C to quit)")
             connection = partial(
-                _Connection, wrapped, config, context, ConnectionState(lifespan_state.copy())
+                _Connection, cap, wrapped, config, context, ConnectionState(lifespan_state.copy())
             )
 
             async def handle(stream: trio.SocketStream) -> None:
@@ -215,7 +272,9 @@ async def serve_http(
                     raise others from None
             finally:
                 await context.terminated.set()
-                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+                grace_end = trio.current_time() + config.graceful_timeout
+                server_nursery.cancel_scope.deadline = grace_end
+                cap.writes_end_by(grace_end)
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
 

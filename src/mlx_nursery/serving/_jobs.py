@@ -50,7 +50,13 @@ from ._metrics import Metrics, RequestObserver
 from ._request_log import RequestRecord
 
 log = logging.getLogger("mlx_nursery.http")
-_BUFFER = 16  # outputs between the job and the response; the engine bounds the rest
+_BUFFER = math.inf
+"""Outputs between the job and the response: unbounded, so that the job ends when its compute
+does, not when its client has read it. A job's deadline (the request timeout) bounds the
+compute; a reader slower than the model then reads its whole answer, which its own budget
+(`max_tokens`, the audio's length) bounds, rather than meet the deadline while blocked on a
+full channel and lose the answer already computed. A client that accepts nothing is closed
+by the connection's send timeout (`http/_connections.py`)."""
 
 
 _AudioChannel = trio.MemoryReceiveChannel[SpeechEvent | SynthesisEvent]

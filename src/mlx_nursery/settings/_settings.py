@@ -301,6 +301,19 @@ class Settings(ServerSettings):
     """A client that holds a connection by sending its body slowly (or not at all) pays
     for it in bandwidth: at this rate, holding every connection the server takes costs
     `max_connections` times it."""
+    send_timeout: float = attrs.field(
+        default=60.0,
+        validator=v.gt(0),
+        metadata=described(
+            "seconds a response write may wait for a client that accepts none of it; past"
+            " it the connection is closed (nginx's send_timeout)",
+            unit="seconds",
+        ),
+    )
+    """A client that stops reading holds its connection by leaving the server's writes
+    waiting, which neither the request timeout (it bounds the compute) nor the keep-alive
+    timer (the connection is not idle) ends; a slow reader that takes some bytes within it
+    is never cut."""
     max_connections: int = attrs.field(
         default=1024,
         validator=v.ge(1),
