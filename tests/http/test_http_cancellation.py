@@ -173,6 +173,30 @@ async def test_a_client_that_stopped_reading_does_not_hold_the_shutdown(tiny_mod
         await stalled.aclose()
 
 
+def client_cancels(server: Any) -> float:
+    registry = server.parts.metrics.registry
+    labels = {"model_name": "tiny", "cause": "client"}
+    value = registry.get_sample_value("mlx_nursery:request_cancelled_total", labels)
+    return value or 0.0
+
+
+async def test_a_client_that_leaves_while_queued_is_counted_as_a_client_cancel(
+    tiny_model: Path,
+) -> None:
+    async with running_server(tiny_model, max_concurrency=1) as server:
+        body = chat_body(max_tokens=LONG, temperature=0, stream=True)
+        running = await raw_http(port_of(server), post_request("/v1/chat/completions", body))
+        await read_until(running, b"data: ")  # it holds the only lane
+        before = client_cancels(server)
+        queued = await raw_http(
+            port_of(server), post_request("/v1/chat/completions", chat_body(max_tokens=2))
+        )
+        await eventually(lambda: engine_of(server).statistics().queued == 1, "it waits")
+        await queued.aclose()
+        await eventually(lambda: client_cancels(server) == before + 1, "its cancel counted")
+        await running.aclose()
+
+
 async def test_timeout_while_generating(tiny_model: Path) -> None:
     async with running_server(tiny_model, max_concurrency=1, request_timeout=0.5) as server:
         async with httpx.AsyncClient(base_url=server.base_url) as http:

@@ -177,9 +177,14 @@ class Jobs:
             await self._nursery.start(partial(self._contained, run), job, send, record)
         except BaseException as exc:
             self._finished(job)
+            left = isinstance(exc, trio.Cancelled)  # its client left while it waited for a lane
+            if left and self._metrics is not None:
+                self._metrics.cancelled.labels(self._model_name, "client").inc()
             if record is not None:
                 if isinstance(exc, OpenAIError):
                     record.error = exc.code
+                elif left:
+                    record.cancel_cause = "client"
                 record.part_ended()
             raise
         return job
