@@ -149,13 +149,21 @@ async def test_a_client_that_accepts_nothing_loses_its_connection_after_the_send
     """The request timeout bounds the compute; a client that then reads nothing would hold
     its connection (a place under --max-connections) for as long as it stays connected."""
     async with running_server(tiny_model, send_timeout=1.0) as server:
-        stalled = await slow_reader(port_of(server), stalled_request())
-        await read_until(stalled, b"data: ")
-        await eventually(lambda: open_connections(server) == 0, "the stalled connection closed")
-        with trio.fail_after(30):  # what went out before arrives, then the server's close
-            while await stalled.receive_some(65536):
-                pass
-        await stalled.aclose()
+        # One client stops reading; another does too, with a request pipelined behind its
+        # stream (h11 holds that one until the stream's answer has gone out).
+        pipelined = stalled_request() + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        clients = [
+            await slow_reader(port_of(server), request)
+            for request in (stalled_request(), pipelined)
+        ]
+        for stalled in clients:
+            await read_until(stalled, b"data: ")
+        await eventually(lambda: open_connections(server) == 0, "the stalled connections closed")
+        for stalled in clients:
+            with trio.fail_after(30):  # what went out before arrives, then the server's close
+                while await stalled.receive_some(65536):
+                    pass
+            await stalled.aclose()
         reply = await sdk(server).chat.completions.create(**chat_body(max_tokens=2, temperature=0))
         assert reply.usage is not None and reply.usage.completion_tokens == 2
 

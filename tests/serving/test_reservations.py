@@ -14,11 +14,13 @@ GIB = 1 << 30
 WEIGHTS = 16 * GIB  # an 8B model in bf16
 
 
-def plan(budget: int | None, *, prefix: int | None = None, models: int = 1) -> MemoryPlan:
+def plan(
+    budget: int | None, *, prefix: int | None = None, models: int = 1, kv: int | None = None
+) -> MemoryPlan:
     return MemoryPlan(
         max_loaded=models,
         budget=budget,
-        kv_cache_bytes=None,
+        kv_cache_bytes=kv,
         prompt_cache_bytes=prefix,
         max_concurrency=32,
     )
@@ -61,3 +63,13 @@ def test_a_model_without_a_kv_cache_reserves_no_prefix_cache() -> None:
 def test_a_share_the_floor_does_not_fit_is_refused_naming_the_prefix_cache() -> None:
     with pytest.raises(Overloaded, match="prefix cache"):
         plan(17 * GIB).reservation("m", text_model())
+
+
+def test_beside_an_explicit_kv_budget_the_prefix_cache_takes_a_quarter_of_what_it_leaves() -> None:
+    """A KV budget that fitted with the 2 GiB of before still fits: the default is taken
+    from what the weights and the KV budget leave, not from the whole share."""
+    reservation = plan(100 * GIB, kv=70 * GIB).reservation("m", text_model())
+    assert reservation.prefix_cache == (100 - 70 - 16) * GIB // 4
+    assert reservation.total <= 100 * GIB
+    tight = plan(100 * GIB, kv=82 * GIB).reservation("m", text_model())
+    assert tight.prefix_cache == 2 * GIB

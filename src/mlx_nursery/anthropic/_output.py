@@ -115,7 +115,19 @@ class MessageContent:
     stream splits them, so a message reads the same streamed or not."""
 
     events: MessageEvents
-    blocks: list[dict[str, Any]] = attrs.Factory(list)
+    _blocks: list[dict[str, Any]] = attrs.Factory(list)
+    _pieces: list[list[str]] = attrs.Factory(list)
+    """Each block's text or thinking pieces, joined once at the end (a string grown piece by
+    piece would be copied whole at each)."""
+
+    @property
+    def blocks(self) -> list[dict[str, Any]]:
+        """The blocks so far, their text joined."""
+        blocks = []
+        for block, pieces in zip(self._blocks, self._pieces, strict=True):
+            key = {"text": "text", "thinking": "thinking"}.get(block["type"])
+            blocks.append({**block, key: "".join(pieces)} if key else block)
+        return blocks
 
     def thinking(self, delta: ReasoningDelta) -> None:
         self._fold(self.events.thinking(delta))
@@ -129,15 +141,16 @@ class MessageContent:
     def _fold(self, events: list[dict[str, Any]]) -> None:
         for event in events:
             if event["type"] == "content_block_start":
-                self.blocks.append(dict(event["content_block"]))
+                self._blocks.append(dict(event["content_block"]))
+                self._pieces.append([])
             elif event["type"] == "content_block_delta":
-                block, delta = self.blocks[event["index"]], event["delta"]
+                index, delta = event["index"], event["delta"]
                 if delta["type"] == "text_delta":
-                    block["text"] += delta["text"]
+                    self._pieces[index].append(delta["text"])
                 elif delta["type"] == "thinking_delta":
-                    block["thinking"] += delta["thinking"]
+                    self._pieces[index].append(delta["thinking"])
                 elif delta["type"] == "input_json_delta":
-                    block["input"] = arguments_input(delta["partial_json"])
+                    self._blocks[index]["input"] = arguments_input(delta["partial_json"])
 
 
 def _message_head(p: Prepared) -> dict[str, Any]:

@@ -48,9 +48,10 @@ OPEN_FILES_RESERVE = 256
 responses store, worker threads' pipes, logs."""
 _REFUSAL_SEND_S = 1.0
 """Seconds the 503 to a connection past the cap may take to go out."""
-_SEND_PIECE = 4096
+_SEND_PIECE = 64 << 10
 """Bytes of a response written under one send timeout: a client that reads slowly but
-steadily takes a piece well within it, however large the body."""
+steadily (1 KiB/s or more under the default 60 s) takes a piece within it, however large the
+body; a smaller piece costs the Trio thread a scheduler pass for every few KiB written."""
 
 
 def _refusal(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
@@ -162,6 +163,10 @@ class _Connection(TCPServer):
     def __init__(self, cap: ConnectionCap, *args: Any) -> None:
         super().__init__(*args)
         self._cap = cap
+        self._reading = trio.CancelScope()
+        """The connection's read loop: cancelled once a write fails, so that a request the
+        client pipelined behind it (h11 holds it paused until the answer before it has gone
+        out, which it never will) does not keep the connection open."""
 
     async def protocol_send(self, event: Event) -> None:
         if not isinstance(event, RawData):
@@ -185,10 +190,12 @@ class _Connection(TCPServer):
                             stalled = True
                             break
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._reading.cancel()
                 await self.protocol.handle(Closed())
                 return
         if stalled:  # part of a piece may have gone out: the connection cannot go on
             log.info("a client accepted none of a response write in time; connection closed")
+            self._reading.cancel()
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
             await self.protocol.handle(Closed())
@@ -213,7 +220,8 @@ class _Connection(TCPServer):
                 )
                 await self.protocol.initiate()
                 await self.idle_task.restart(self._task_group, self._idle_timeout)
-                await self._read_data()
+                with self._reading:
+                    await self._read_data()
                 await self.idle_task.stop()  # nothing more to read: nothing to time out
         except OSError:
             pass

@@ -46,7 +46,8 @@ of the memory budget leaves after its weights; the rest is its KV budget."""
 
 def default_prefix_cache(share: int | None, weights: int) -> int:
     """The prefix cache's budget of a model whose share of the memory budget is `share`
-    bytes (None: unknown) and whose weights take `weights`."""
+    bytes (None: unknown; less an explicit KV budget where one is set) and whose weights
+    take `weights`."""
     if share is None:
         return MIN_PREFIX_CACHE_BYTES
     return max(MIN_PREFIX_CACHE_BYTES, (share - weights) // PREFIX_CACHE_SHARE)
@@ -94,10 +95,11 @@ class MemoryPlan:
         cannot fit its share of the budget, or the budget at all."""
         budget = self.budget
         share = None if budget is None else budget // self.max_loaded
-        prefix = self.prompt_cache_bytes
-        if prefix is None:
-            prefix = default_prefix_cache(share, facts.weight_bytes)
         kv = self.kv_cache_bytes
+        prefix = self.prompt_cache_bytes
+        if prefix is None:  # beside an explicit KV budget, a quarter of what it leaves
+            room = share if share is None or kv is None else share - kv
+            prefix = default_prefix_cache(room, facts.weight_bytes)
         if facts.kind in (
             "embedding",
             "reranker",

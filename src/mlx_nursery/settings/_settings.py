@@ -305,8 +305,8 @@ class Settings(ServerSettings):
         default=60.0,
         validator=v.gt(0),
         metadata=described(
-            "seconds a response write may wait for a client that accepts none of it; past"
-            " it the connection is closed (nginx's send_timeout)",
+            "seconds a response write may wait for the client to take its next 64 KiB;"
+            " past it the connection is closed (nginx's send_timeout)",
             unit="seconds",
         ),
     )
