@@ -386,19 +386,14 @@ def _said(message: ChatMessage, part: ContentPart) -> bool:
 def _unsaid_part(where: str, index: int, message: ChatMessage, part: ContentPart) -> InvalidRequest:
     """Why a part says nothing: a text (or an assistant's refusal) part without its field,
     or a kind of part this route does not take."""
-    field = "text" if part.type == "text" else "refusal"
+    at = f"{where}.content[{index}]"
     if part.type == "text" or (part.type == "refusal" and message.role == "assistant"):
-        return InvalidRequest(
-            f"Missing required parameter: '{where}.content[{index}].{field}'",
-            param=f"{where}.content[{index}].{field}",
-            code="missing_required_parameter",
-        )
-    return _unsupported_part(where, index, part.type)
-
-
-def _unsupported_part(where: str, index: int, kind: str) -> InvalidRequest:
+        field = f"{at}.{part.type}"
+        message_ = f"Missing required parameter: '{field}'"
+        return InvalidRequest(message_, param=field, code="missing_required_parameter")
+    kind = quoted(part.type)
     return InvalidRequest(
-        f"content parts of type {quoted(kind)} are not supported (text only)",
-        param=f"{where}.content[{index}].type",
+        f"content parts of type {kind} are not supported (text only)",
+        param=f"{at}.type",
         code="unsupported_content",
     )
