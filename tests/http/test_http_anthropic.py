@@ -85,6 +85,17 @@ def by_user(scripts: dict[str, str], model: Path) -> Any:
     return processors
 
 
+def scripted_ask(user: str, *, max_tokens: int) -> dict[str, Any]:
+    """A request for the weather that `SCRIPTS[user]` answers, both tools offered."""
+    return {
+        "model": "tiny",
+        "max_tokens": max_tokens,
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "metadata": {"user_id": user},
+    }
+
+
 @asynccontextmanager
 async def serving(model: Path, **settings: Any) -> AsyncIterator[tuple[Running, Any]]:
     """A server and an SDK client for it (closed with it)."""
@@ -254,13 +265,7 @@ async def test_create_and_stream_give_the_same_message(plain: ThreadedServer) ->
 
 async def test_a_tool_use_round_trip(scripted_users: ThreadedServer) -> None:
     async with lent(scripted_users) as (_, client):
-        ask = {
-            "model": "tiny",
-            "max_tokens": 80,
-            "messages": ASK,
-            "tools": [WEATHER, TIME],
-            "metadata": {"user_id": "call"},
-        }
+        ask = scripted_ask("call", max_tokens=80)
         message = await client.messages.create(**ask)
         assert message.stop_reason == "tool_use"
         text, call = message.content
@@ -308,13 +313,7 @@ async def test_a_messages_blocks_keep_the_models_order_streamed_or_not(
     """Text written after a call stays after it, in a block of its own, in the body as in
     the stream (an agent replays the content as it came)."""
     async with lent(scripted_users) as (_, client):
-        ask = {
-            "model": "tiny",
-            "max_tokens": 120,
-            "messages": ASK,
-            "tools": [WEATHER, TIME],
-            "metadata": {"user_id": "interleaved"},
-        }
+        ask = scripted_ask("interleaved", max_tokens=120)
         message = await client.messages.create(**ask)
         async with client.messages.stream(**ask) as stream:
             final = await stream.get_final_message()

@@ -125,8 +125,10 @@ class MessageContent:
         """The blocks so far, their text joined."""
         blocks = []
         for block, pieces in zip(self._blocks, self._pieces, strict=True):
-            key = {"text": "text", "thinking": "thinking"}.get(block["type"])
-            blocks.append({**block, key: "".join(pieces)} if key else block)
+            kind = block["type"]  # a text or thinking block's text is its type's field
+            blocks.append(
+                {**block, kind: "".join(pieces)} if kind in ("text", "thinking") else block
+            )
         return blocks
 
     def thinking(self, delta: ReasoningDelta) -> None:

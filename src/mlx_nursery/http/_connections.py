@@ -84,10 +84,10 @@ HTTP2_REFUSAL = _refusal(
 
 class ConnectionCap:
     """The connections open, at most `limit`; counted in `metrics`. Their response writes
-    wait at most `send_timeout` for a client that accepts nothing (`_Connection`), and none
+    wait at most `send_timeout` for the client to take each piece (`_Connection`), and none
     outlasts the shutdown's grace (`writes_end_by`)."""
 
-    def __init__(self, limit: int, metrics: Metrics, send_timeout: float = 60.0) -> None:
+    def __init__(self, limit: int, metrics: Metrics, send_timeout: float) -> None:
         self.limit = limit
         self.open = 0
         self._metrics = metrics
@@ -155,10 +155,11 @@ class _Connection(TCPServer):
     connection (or its reads failed), its keep-alive timer is stopped, so that the connection
     ends as soon as its requests have; Hypercorn's own waits the timer out, holding the
     socket (and, here, a place under the cap) for `keep_alive_timeout` after every client
-    that closed an idle connection. And a write the client accepts nothing of for the cap's
-    `send_timeout` (or past the shutdown's grace) closes the connection: Hypercorn's writes
-    are shielded and unbounded, so a client that stopped reading held its connection, and
-    a shutdown, for as long as it stayed connected. The rest (close) is Hypercorn's."""
+    that closed an idle connection. And a write whose next piece (`_SEND_PIECE`) the client
+    does not take within the cap's `send_timeout` (or by the shutdown's grace) closes the
+    connection and stops reading it: Hypercorn's writes are shielded and unbounded, so a
+    client that stopped reading held its connection, and a shutdown, for as long as it
+    stayed connected. The rest (close) is Hypercorn's."""
 
     def __init__(self, cap: ConnectionCap, *args: Any) -> None:
         super().__init__(*args)
@@ -194,7 +195,7 @@ class _Connection(TCPServer):
                 await self.protocol.handle(Closed())
                 return
         if stalled:  # part of a piece may have gone out: the connection cannot go on
-            log.info("a client accepted none of a response write in time; connection closed")
+            log.info("a client took no piece of a response write in time; connection closed")
             self._reading.cancel()
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
