@@ -13,11 +13,13 @@ Load: closed loop (`--clients N`, each sends its next request when the last one 
 loop (`--rate R`: Poisson arrivals at R requests/s, `--max-concurrency` optionally caps the
 requests in flight); the run ends after `--num-requests` or `--duration` seconds (in-flight
 requests finish). Prompts: `--input-len 128` or a uniform range `64:256` tokens, built from
-words and cut to the exact length with the model's tokenizer; or `--dataset FILE.jsonl` of
-conversations. Outputs: `--output-len` as `max_tokens` (fixed or a range); OpenAI has no
-ignore_eos, so actual lengths are reported, and `--ignore-eos` sends `logit_bias` -100 on the
-model's EOS ids. Sampling: `--mix greedy:1,temperature:2,seeded:1,json_schema:1` (weights;
-mlx_lm.server 0.32.2 ignores `response_format` and runs a request with a `seed` unbatched).
+words and cut to the exact length with the model's tokenizer, with `--prefix-len N` a system
+message of N tokens shared by every request before them (an agent's long system prompt, as
+`vllm bench serve`'s random dataset's prefix); or `--dataset FILE.jsonl` of conversations.
+Outputs: `--output-len` as `max_tokens` (fixed or a range); OpenAI has no ignore_eos, so actual
+lengths are reported, and `--ignore-eos` sends `logit_bias` -100 on the model's EOS ids. Sampling:
+`--mix greedy:1,temperature:2,seeded:1,json_schema:1` (weights; mlx_lm.server 0.32.2 ignores
+`response_format` and runs a request with a `seed` unbatched).
 Request i is the same for every server (seeded by `--seed` and i). A vision model's load:
 `--images N` puts N images (`--image-size 448x448`, JPEG noise, different for every request)
 before each generated prompt's text, as data URLs; with `--image-clients K` (closed loop) only the
@@ -253,6 +255,9 @@ class Workload:
     images: int = 0
     """Images before the text of each generated prompt (a vision model's load)."""
     image_size: tuple[int, int] = (448, 448)
+    prefix: str | None = None
+    """A system message sent before each generated prompt (`--prefix-len`)."""
+    prefix_tokens: int | None = None
 
     def request(self, index: int, tag: str = "run", images: bool = True) -> RequestSpec:
         """Request `index`: the same for every server and round. `images=False`: text alone
@@ -278,8 +283,15 @@ class Workload:
                 content = [*parts, {"type": "text", "text": text}]
                 sent_images = self.images
             messages = [{"role": "user", "content": content}]
+            if self.prefix is not None:
+                messages.insert(0, {"role": "system", "content": self.prefix})
+                prompt_tokens = sum_known(prompt_tokens, self.prefix_tokens)
         fields = {**sampling_fields(kind, self.temperature, rng), **self.extra}
         return RequestSpec(index, messages, prompt_tokens, max_tokens, kind, fields, sent_images)
+
+
+def sum_known(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
 
 
 def image_part(rng: random.Random, size: tuple[int, int]) -> dict[str, Any]:
@@ -898,6 +910,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="seconds per server per round (default 60)")
     p.add_argument("--input-len", type=Lengths.parse, default=Lengths(128, 128), help="N or A:B")
     p.add_argument("--output-len", type=Lengths.parse, default=Lengths(128, 128))
+    p.add_argument(
+        "--prefix-len", type=int, help="a system prompt of N tokens shared by every request"
+    )
     p.add_argument("--dataset", type=Path, help="JSONL conversations (replaces --input-len)")
     p.add_argument("--mix", type=parse_mix, default=parse_mix("greedy"), help="KIND:WEIGHT,...")
     p.add_argument("--temperature", type=float, default=0.7, help="of the non-greedy kinds")
@@ -929,6 +944,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.clients = 8
     if args.num_requests is None and args.duration is None:
         args.duration = 60.0
+    if args.prefix_len is not None and (args.dataset or args.prefix_len < 1):
+        p.error("--prefix-len: a positive token count, without --dataset")
     if args.image_clients is not None:
         if args.rate is not None or not args.images:
             p.error("--image-clients needs closed-loop --clients and --images")
@@ -970,6 +987,7 @@ def build_workload(args: argparse.Namespace, model: Path | None) -> Workload:
     extra = {}
     if args.ignore_eos:
         extra["logit_bias"] = {str(i): -100 for i in eos_ids(model)}
+    prefix = shared_prefix(prompts, args.prefix_len, args.seed)
     return Workload(
         prompts,
         args.input_len,
@@ -981,7 +999,16 @@ def build_workload(args: argparse.Namespace, model: Path | None) -> Workload:
         extra,
         images=args.images,
         image_size=parse_size(args.image_size),
+        prefix=prefix,
+        prefix_tokens=None if prefix is None else prompts.count(prefix),
     )
+
+
+def shared_prefix(prompts: PromptMaker, tokens: int | None, seed: int) -> str | None:
+    """The shared system prompt: the same text for every request, server and round."""
+    if tokens is None:
+        return None
+    return prompts.text(tokens, random.Random(f"{seed}:prefix"))
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -142,6 +142,29 @@ def test_workload_requests_are_reproducible_and_sampled_by_the_mix(tiny_model: P
     assert workload.request(0, tag="warmup") != specs[0]
 
 
+def test_a_shared_prefix_is_one_system_message_of_its_token_count(tiny_model: Path) -> None:
+    """`--prefix-len 40`: every request starts with the same 40-token system message (a
+    long agent prompt the prefix cache can serve), then its own user text."""
+    args = serving.parse_args(
+        ["--url", "http://x", "--model", str(tiny_model), "--prefix-len", "40",
+         "--input-len", "8:12"]
+    )  # fmt: skip
+    workload = serving.build_workload(args, tiny_model)
+    tokenizer = serving.load_tokenizer(tiny_model)
+    specs = [workload.request(i) for i in range(6)]
+    system = specs[0].messages[0]
+    assert system["role"] == "system"
+    assert len(tokenizer.encode(system["content"], add_special_tokens=False)) == 40
+    for spec in specs:
+        assert spec.messages[0] == system
+        assert spec.messages[1]["role"] == "user"
+        user = len(tokenizer.encode(spec.messages[1]["content"], add_special_tokens=False))
+        assert 8 <= user <= 12 and spec.prompt_tokens == 40 + user
+    assert len({spec.messages[1]["content"] for spec in specs}) == 6
+    with pytest.raises(SystemExit):
+        serving.parse_args(["--url", "http://x", "--prefix-len", "0"])
+
+
 def test_image_requests_carry_their_own_images_before_the_text(tiny_model: Path) -> None:
     """`--images 2`: each prompt is two data-URL JPEGs of the size asked, then its text; the
     same request gets the same images for every server, other requests other images."""
