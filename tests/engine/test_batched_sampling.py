@@ -128,6 +128,24 @@ def test_biased_rows_in_a_batch_draw_what_they_draw_alone_and_follow_their_bias(
     assert sum(row[1] in (7, 8) for row in drawn) > 2  # pulled up from 2 of 300 tokens
 
 
+def test_a_batch_whose_rows_change_draws_with_its_own_rows_biases() -> None:
+    """The bias arrays a step made are kept for the next steps of the same rows: rows
+    joining, leaving or reordered, and new requests with equal biases, get their own."""
+    samplers = [make_request_sampler(p, []) for p in BIASED]
+    alone = [make_request_sampler(p, []) for p in BIASED]
+    orders = [[0, 1, 2, 3], [3, 2, 1, 0], [1, 3], [2, 0, 1], [0, 1, 2, 3]]
+    for step in range(30):
+        order = orders[step % len(orders)]
+        if step == 20:  # new requests, equal parameters: equal biases, other objects
+            samplers = [make_request_sampler(p, []) for p in BIASED]
+            alone = [make_request_sampler(p, []) for p in BIASED]
+        logprobs = logprobs_for(len(order), step)
+        together = sample_batch([samplers[i] for i in order], logprobs).tolist()
+        assert together == [alone[i](logprobs[k : k + 1]).item() for k, i in enumerate(order)]
+        if 0 in order:
+            assert together[order.index(0)] == 5  # +40 on token 5: row 0's bias, wherever it sits
+
+
 def test_a_biased_draw_is_the_draw_from_the_biased_logits() -> None:
     """What the sampler does with a bias is what mlx-lm's logit-bias processor followed by
     an unbiased sampler does (the distribution they draw from is the same)."""
