@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from ._bias import LogitBias, biased, logit_bias
 from ._types import SamplingParams
 from ._upstream import greedy_sampler
 
@@ -104,6 +103,33 @@ def _kth_largest_floor(logprobs: mx.array, k: mx.array) -> mx.array:
     ordered = mx.sort(logprobs, axis=-1)
     threshold = mx.take_along_axis(ordered, logprobs.shape[-1] - k, axis=-1)
     return mx.where(logprobs < threshold, -float("inf"), logprobs)
+
+
+LogitBias = tuple[tuple[int, ...], tuple[float, ...]]
+"""A row's logit bias: token ids and what is added to each."""
+
+
+def _biased(logprobs: mx.array, biases: Sequence[LogitBias | None]) -> mx.array:
+    """`logprobs` (B, V) with each row's bias added, all rows in one scatter-add."""
+    rows: list[int] = []
+    tokens: list[int] = []
+    values: list[float] = []
+    for row, bias in enumerate(biases):
+        if bias is not None:
+            rows += [row] * len(bias[0])
+            tokens += bias[0]
+            values += bias[1]
+    if not rows:
+        return logprobs
+    added = mx.array(values, dtype=logprobs.dtype)
+    return logprobs.at[mx.array(rows), mx.array(tokens)].add(added)
+
+
+def logit_bias(params: SamplingParams) -> LogitBias | None:
+    if not params.logit_bias:
+        return None
+    tokens = tuple(int(t) for t in params.logit_bias)
+    return tokens, tuple(float(params.logit_bias[t]) for t in params.logit_bias)
 
 
 class BiasedGreedy:
@@ -197,7 +223,7 @@ def sample_rows(
     was. With `draws`, row i is drawn as its sampler's `draws[i]`-th token and no counter
     advances (speculation's verify: one sequence's positions as rows)."""
     if any(bias is not None for bias in biases):
-        logprobs = biased(logprobs, biases)
+        logprobs = _biased(logprobs, biases)
     keyed = [row for row in rows if row is not None]
     if not keyed:
         return mx.argmax(logprobs, axis=-1)
