@@ -194,14 +194,15 @@ def test_the_trie_search_finds_what_mlx_lms_finds() -> None:
 
     from mlx_lm.models.cache import PromptTrie
 
-    from mlx_nursery.engine._prefix_cache import PrefixTrie
+    from mlx_nursery.engine._radix import PrefixTrie
 
     rng = random.Random(3)
     template = [1, 2, 3, 4]
     stored = [
         template + [rng.randrange(5, 9) for _ in range(rng.randint(1, 12))] for _ in range(30)
     ]
-    ours, theirs = PrefixTrie(), PromptTrie()
+    ours: PrefixTrie[None] = PrefixTrie()
+    theirs = PromptTrie()
     assert ours.search("m", [1, 2]).common_prefix == 0  # nothing stored in this namespace yet
     for tokens in stored:
         ours.add("m", tokens, None)
@@ -227,3 +228,79 @@ def test_the_trie_search_finds_what_mlx_lms_finds() -> None:
             assert len(mine.longer) >= mine.common_prefix
             if len(upstream.longer) == upstream.common_prefix:  # the shared prefix is stored
                 assert mine.longer == upstream.longer
+
+
+def _shared_length(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_the_radix_trie_answers_as_the_stored_sequences_say_through_adds_and_removals() -> None:
+    """The radix trie against the plain set of what is stored, through random adds,
+    removals (which merge and prune its edges) and removals of prefixes, on sequences that
+    share long runs and part deep inside them: every search's exact, shorter, longer and
+    shared prefix, and the values stored with them."""
+    import random
+
+    from mlx_nursery.engine._radix import PrefixTrie
+
+    rng = random.Random(7)
+    template = list(range(100, 160))
+    trie: PrefixTrie[int] = PrefixTrie()
+    stored: dict[tuple[int, ...], int] = {}
+
+    def sequence() -> list[int]:
+        base = template[: rng.randint(0, len(template))] if rng.random() < 0.8 else []
+        return base + [rng.randrange(3) for _ in range(rng.randint(0, 40))]
+
+    for step in range(1500):
+        roll = rng.random()
+        if roll < 0.4:
+            tokens = sequence() or [1]
+            replaced = trie.add("m", tokens, step)
+            assert replaced == stored.get(tuple(tokens))
+            stored[tuple(tokens)] = step
+        elif roll < 0.55 and stored:
+            tokens = list(rng.choice(list(stored)))
+            assert trie.pop("m", tokens) == stored.pop(tuple(tokens))
+        elif roll < 0.6 and stored:
+            tokens = list(rng.choice(list(stored)))
+            popped = trie.pop_prefixes("m", tokens)
+            expected = sorted(
+                (len(s), v)
+                for s, v in stored.items()
+                if len(s) < len(tokens) and list(s) == tokens[: len(s)]
+            )
+            assert sorted(popped) == expected
+            for length, _ in popped:
+                del stored[tuple(tokens[:length])]
+        else:
+            if stored and rng.random() < 0.5:
+                base = list(rng.choice(list(stored)))
+                prompt = base[: rng.randint(0, len(base))] + [
+                    rng.randrange(3) for _ in range(rng.randint(0, 5))
+                ]
+            else:
+                prompt = sequence()
+            found = trie.search("m", prompt)
+            if tuple(prompt) in stored and prompt:
+                assert found.exact == prompt and found.exact_value == stored[tuple(prompt)]
+                continue
+            assert found.exact is None
+            shared = max((_shared_length(list(s), prompt) for s in stored), default=0)
+            assert found.common_prefix == shared
+            prefixes = [
+                s for s in stored if 1 < len(s) <= len(prompt) and list(s) == prompt[: len(s)]
+            ]
+            longest = max(prefixes, key=len, default=None)
+            assert found.shorter == (list(longest) if longest else None)
+            assert found.shorter_value == (stored[longest] if longest else None)
+            if shared == 0:
+                assert found.longer is None
+            else:
+                assert found.longer is not None and tuple(found.longer) in stored
+                assert found.longer[:shared] == prompt[:shared]
+                assert found.longer_value == stored[tuple(found.longer)]
+    assert stored  # the run ended with sequences stored: the walk covered a full trie

@@ -1,8 +1,8 @@
 """Prefix KV cache: reuse the KV state of earlier sequences that share a prefix.
 
-Built from mlx-lm's parts (`PromptTrie` for the token-prefix search, with our own
-`search`, below; `trim_prompt_cache` / `can_trim_prompt_cache` for cutting a longer
-entry back to the shared prefix), with the policies mlx-lm's `LRUPromptCache` lacks:
+Built on our radix trie (`_radix.py`) for the token-prefix search and mlx-lm's
+`trim_prompt_cache` / `can_trim_prompt_cache` for cutting a longer entry back to the shared
+prefix, with the policies mlx-lm's `LRUPromptCache` lacks:
 recency refreshed on every hit, a byte budget enforced on every insert, and an
 idle TTL. Runs on the engine thread only (it holds MLX arrays); not thread-safe.
 """
@@ -19,63 +19,20 @@ from typing import Any
 import attrs
 import mlx.core as mx
 
-from ._upstream import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+from ._radix import PrefixTrie, TrieMatch
+from ._upstream import can_trim_prompt_cache, trim_prompt_cache
 
 log = logging.getLogger("mlx_nursery.engine")
 
-_Key = tuple[Hashable, tuple[int, ...]]
 
+@attrs.frozen(cache_hash=True)
+class _Key:
+    """An entry's namespace and tokens. Its hash is computed once: a key of tens of
+    thousands of tokens is hashed again by every lookup, and by every step of an iteration
+    over the entries (an `OrderedDict` looks each key up as it goes)."""
 
-@attrs.frozen
-class TrieMatch:
-    """What a prompt shares with the stored sequences (mlx-lm's `PromptTrieResult`'s
-    fields): `exact` the prompt itself if stored; `shorter` the longest stored prefix of
-    it; `longer` a stored sequence that goes on past `common_prefix`, the prompt's longest
-    prefix that any stored sequence shares."""
-
-    exact: list[int] | None
-    shorter: list[int] | None
-    longer: list[int] | None
-    common_prefix: int
-
-
-class PrefixTrie(PromptTrie):  # type: ignore[misc]  # mlx-lm is untyped
-    """mlx-lm's `PromptTrie` with a search whose cost follows the prompt's length, not the
-    cache's size.
-
-    mlx-lm's `search` finds the *shortest* stored sequence past the shared prefix by a
-    depth-first walk of everything stored below it, copying the path at every node: with
-    chat prompts (a shared template or system prompt, then different text) it walks every
-    entry, quadratically in their lengths, on the engine thread, at every admission (tens
-    of milliseconds with a full cache, every stream waiting). Any stored sequence past the
-    shared prefix serves the same reuse (its KV is trimmed back to that prefix), so this
-    one follows one branch down to the first stored sequence."""
-
-    def search(self, model: Hashable, tokens: list[int]) -> TrieMatch:
-        current = self._trie.get(model)
-        if current is None:
-            return TrieMatch(None, None, None, 0)
-        if not tokens and "__value__" in current:
-            return TrieMatch([], None, None, 0)
-        last = -1
-        index = 0
-        while index < len(tokens) and tokens[index] in current:
-            current = current[tokens[index]]
-            if "__value__" in current:
-                last = index
-            index += 1
-        if last == len(tokens) - 1 >= 0:
-            return TrieMatch(tokens, None, None, 0)
-        shorter = tokens[: last + 1] if last > 0 else None
-        longer = None
-        if index > 0:
-            extra: list[int] = []
-            while "__value__" not in current:  # every leaf holds a value (`pop` prunes)
-                token = next(iter(current))
-                extra.append(token)
-                current = current[token]
-            longer = tokens[:index] + extra
-        return TrieMatch(None, shorter, longer, index)
+    namespace: Hashable
+    tokens: tuple[int, ...]
 
 
 @attrs.define
@@ -119,7 +76,7 @@ class PrefixCache:
         self.max_entries = max_entries
         self.ttl = ttl
         self._clock = clock
-        self._trie = PrefixTrie()
+        self._trie: PrefixTrie[_Key] = PrefixTrie()
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()  # least recently used first
         self._nbytes = 0
         self._hits = self._misses = self._reused = self._failures = self._evictions = 0
@@ -128,7 +85,7 @@ class PrefixCache:
     def fetch(self, namespace: Hashable, prompt: list[int]) -> CacheHit | None:
         """Return the longest reusable prefix of `prompt`, leaving >= 1 token to prefill."""
         found = self._trie.search(namespace, prompt)
-        hit = self._hit_from(namespace, prompt, found)
+        hit = self._hit_from(prompt, found)
         if hit is None:
             self._misses += 1
             return None
@@ -136,22 +93,21 @@ class PrefixCache:
         self._reused += hit.cached_tokens
         return hit
 
-    def _hit_from(
-        self, namespace: Hashable, prompt: list[int], found: TrieMatch
-    ) -> CacheHit | None:
-        if found.exact is not None:
-            entry = self._touch(namespace, found.exact)
+    def _hit_from(self, prompt: list[int], found: TrieMatch[_Key]) -> CacheHit | None:
+        if found.exact_value is not None:
+            entry = self._touch(found.exact_value)
             if can_trim_prompt_cache(entry.cache) and len(prompt) > 1:
                 return self._trimmed_copy(entry, len(prompt), len(prompt) - 1)
         shorter = len(found.shorter) if found.shorter is not None else 0
-        if found.longer is not None and found.common_prefix > shorter:
-            entry = self._touch(namespace, found.longer)
+        if found.longer_value is not None and found.common_prefix > shorter:
+            assert found.longer is not None
+            entry = self._touch(found.longer_value)
             if can_trim_prompt_cache(entry.cache):
                 keep = min(len(prompt) - 1, found.common_prefix)
                 if keep > 0:
                     return self._trimmed_copy(entry, len(found.longer), keep)
-        if found.shorter is not None and shorter > 0:
-            entry = self._touch(namespace, found.shorter)
+        if found.shorter_value is not None and shorter > 0:
+            entry = self._touch(found.shorter_value)
             return CacheHit(copy.deepcopy(entry.cache), shorter)
         return None
 
@@ -161,8 +117,7 @@ class PrefixCache:
         trim_prompt_cache(cache, length - keep)
         return CacheHit(cache, keep)
 
-    def _touch(self, namespace: Hashable, tokens: list[int]) -> _Entry:
-        key = (namespace, tuple(tokens))
+    def _touch(self, key: _Key) -> _Entry:
         entry = self._entries[key]
         entry.last_used = self._clock()
         self._entries.move_to_end(key)
@@ -189,16 +144,16 @@ class PrefixCache:
         # the step in flight is not waited for.
         mx.async_eval([c.state for c in cache])  # type: ignore[no-untyped-call]
         tokens = list(tokens)
-        previous = self._trie.add(namespace, tokens, None)
-        key = (namespace, tuple(tokens))
-        if previous is not None or key in self._entries:
-            self._forget(key)
+        key = _Key(namespace, tuple(tokens))
+        previous = self._trie.add(namespace, tokens, key)
+        if previous is not None:
+            self._forget(previous)
         self._entries[key] = _Entry(cache, nbytes, self._clock())
         self._nbytes += nbytes
         if can_trim_prompt_cache(cache):
             # A trimmable entry serves all its prefixes: drop them, they only take space.
-            for length, _ in self._trie.pop_prefixes(namespace, tokens):
-                self._forget((namespace, tuple(tokens[:length])))
+            for _, shorter in self._trie.pop_prefixes(namespace, tokens):
+                self._forget(shorter)
         while len(self._entries) > self.max_entries or self._nbytes > self.max_bytes:
             self._evict(next(iter(self._entries)))
 
@@ -218,8 +173,7 @@ class PrefixCache:
             self._evict(key)
 
     def _evict(self, key: _Key) -> None:
-        namespace, tokens = key
-        self._trie.pop(namespace, list(tokens))
+        self._trie.pop(key.namespace, list(key.tokens))
         self._forget(key)
         self._evictions += 1
 

@@ -52,7 +52,6 @@ from mlx_lm.models.base import scaled_dot_product_attention as mlx_lm_attention
 from mlx_lm.models.cache import (
     BatchKVCache,
     KVCache,
-    PromptTrie,
     QuantizedKVCache,
     can_trim_prompt_cache,
     dynamic_roll,
@@ -107,7 +106,6 @@ __all__ = [
     "Inference",
     "KVCache",
     "PromptProcessingBatch",
-    "PromptTrie",
     "QuantizedKVCache",
     "StopSequences",
     "StreamingDetokenizer",
