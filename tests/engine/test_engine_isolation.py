@@ -184,7 +184,7 @@ async def test_a_failing_sampler_fails_only_its_request(
 
 
 @pytest.mark.parametrize("where", ["processors", "prefix fetch"])
-async def test_a_failure_while_admitting_fails_only_that_request(
+async def test_a_failure_while_admitting_fails_at_most_that_request(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
     healthy = batch(engine)
@@ -223,7 +223,10 @@ async def test_a_failure_while_admitting_fails_only_that_request(
         else request(engine, PROMPTS[4], max_tokens=8, cache_key="poison")
     )
     runs, failed = await run_beside(engine, healthy, doomed)
-    assert failed.final.finish_reason == "error" and failed.tokens == []
+    if where == "processors":
+        assert failed.final.finish_reason == "error" and failed.tokens == []
+    else:  # the cache is an optimisation: its failure costs the request its reuse alone
+        assert failed.final.finish_reason == "length" and len(failed.tokens) == 8
     assert [r.tokens for r in runs] == [s.tokens for s in solo]
     assert_serving(engine)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
+import pytest
 import trio
 from mlx_lm.models.cache import KVCache
 
@@ -68,6 +71,67 @@ async def test_cache_key_namespaces_entries(engine: Engine) -> None:
     assert first.final.usage and first.final.usage.cached_tokens == 0
     assert other.final.usage and other.final.usage.cached_tokens == 0
     assert again.final.usage and again.final.usage.cached_tokens == len(tokens) - 1
+
+
+async def test_a_failing_prefix_cache_fails_no_request_and_starts_afresh(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault inside the prefix cache (its index, here) costs its request the reuse, not
+    the request: the prompt is prefilled, the cache is emptied (an index a failure may have
+    left half-written fails nothing later) and fills again."""
+    from mlx_nursery.engine._radix import PrefixTrie
+
+    tokens = prompt(engine, "a cache that fails")
+    await collect(engine, GenerationRequest(tokens, max_tokens=2))  # stored
+    # The lookup fails first; that arms the store's failure, so that the entry of the first
+    # request (stored after its final event, before the engine takes the next request)
+    # is stored whole.
+    failures = {"search": 1, "add": 0}
+    search, add = PrefixTrie.search, PrefixTrie.add
+
+    def failing(name: str, method: Any) -> Any:
+        def call(self: Any, *args: Any) -> Any:
+            if failures[name]:
+                failures[name] -= 1
+                failures["add"] += name == "search"
+                raise RuntimeError(f"{name} broke")
+            return method(self, *args)
+
+        return call
+
+    monkeypatch.setattr(PrefixTrie, "search", failing("search", search))
+    monkeypatch.setattr(PrefixTrie, "add", failing("add", add))
+    before = engine.statistics().worker
+    looked_up = await collect(engine, GenerationRequest(tokens, max_tokens=2))
+    stored = await collect(engine, GenerationRequest(tokens, max_tokens=2))
+    again = await collect(engine, GenerationRequest(tokens, max_tokens=2))
+    after = engine.statistics().worker
+    assert failures == {"search": 0, "add": 0}
+    for result in (looked_up, stored, again):
+        assert result.final.error is None and len(result.tokens) == 2
+    assert looked_up.final.usage and looked_up.final.usage.cached_tokens == 0
+    assert stored.final.usage and stored.final.usage.cached_tokens == 0  # emptied
+    assert again.final.usage and again.final.usage.cached_tokens == len(tokens) - 1
+    assert before and after and before.prefix_cache and after.prefix_cache
+    assert after.prefix_cache.reuse_failures == before.prefix_cache.reuse_failures + 1
+
+
+async def test_a_failing_expiry_pass_leaves_the_engine_serving(
+    engine_config: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine loop's idle-expiry pass (its first runs before any request) failing
+    empties the cache; it does not end the loop, which every request of the model needs."""
+
+    def broken(self: PrefixCache) -> int:
+        raise RuntimeError("expiry broke")
+
+    monkeypatch.setattr(PrefixCache, "evict_expired", broken)
+    async with open_engine(engine_config) as fresh:
+        result = await collect(fresh, GenerationRequest(prompt(fresh, "still here?"), max_tokens=3))
+        stats = fresh.statistics().worker
+    assert result.final.error is None and len(result.tokens) == 3
+    assert stats is not None and stats.prefix_cache is not None
+    assert stats.prefix_cache.reuse_failures >= 1
 
 
 async def test_a_cancelled_prefill_is_kept_for_the_retry(engine: Engine) -> None:

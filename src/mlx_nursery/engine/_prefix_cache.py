@@ -172,6 +172,14 @@ class PrefixCache:
         for key in list(self._entries):
             self._evict(key)
 
+    def reset(self) -> None:
+        """Drop every entry without consulting the index (which a failure may have left
+        inconsistent); counted as evictions."""
+        self._evictions += len(self._entries)
+        self._trie = PrefixTrie()
+        self._entries.clear()
+        self._nbytes = 0
+
     def _evict(self, key: _Key) -> None:
         self._trie.pop(key.namespace, list(key.tokens))
         self._forget(key)

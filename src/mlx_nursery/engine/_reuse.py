@@ -61,7 +61,11 @@ class PrefixReuse:
             return None
         if fault_points.ARMED:
             fault_points.reach("prefix_fetch", sequence.label)
-        hit = self.cache.fetch(self._namespace(sequence), key)
+        try:
+            hit = self.cache.fetch(self._namespace(sequence), key)
+        except Exception:  # noqa: BLE001 - logged; caching is an optimisation, the request prefills
+            self._emptied("a lookup")
+            return None
         if hit is not None and not all(
             getattr(c, "offset", hit.cached_tokens) == hit.cached_tokens for c in hit.cache
         ):
@@ -124,6 +128,26 @@ class PrefixReuse:
                     self.disk.offer(namespace, key, list(cache), step)
             except Exception:  # caching is an optimisation, never a failure
                 log.exception("could not store a prefix-cache entry")
+                if self.cache is not None:
+                    self.cache.reset()  # its index may be half-written: start afresh
+
+    def expire(self) -> bool:
+        """Drop the entries idle past the cache's TTL; whether any went."""
+        if self.cache is None:
+            return False
+        try:
+            return self.cache.evict_expired() > 0
+        except Exception:  # noqa: BLE001 - logged; caching is an optimisation, never a failure
+            self._emptied("its expiry")
+            return True
+
+    def _emptied(self, what: str) -> None:
+        """The cache failed `what`: it is emptied, so that a broken index fails no later
+        request, and the failure counted (`reuse_failures`)."""
+        assert self.cache is not None
+        log.exception("the prefix cache failed %s; it is emptied", what)
+        self.cache.reset()
+        self.cache.record_failure()
 
     def hand_over(self, step: int, *, now: bool) -> None:
         """The disk writes offered before this step (all, if `now`) go to the writer."""

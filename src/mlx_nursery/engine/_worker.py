@@ -169,7 +169,7 @@ class Worker:
                 runner.step()
             if self._cache is not None and time.monotonic() >= next_expiry_check:
                 next_expiry_check = time.monotonic() + min(_IDLE_POLL_SECONDS, self._cache.ttl)
-                if self._cache.evict_expired():
+                if runner.reuse.expire():
                     self._outbox.post(force=True)
             runner.settle()  # again for those the step ended
             if self._config.check_invariants:
