@@ -113,7 +113,7 @@ async def test_a_failing_prefix_cache_fails_no_request_and_starts_afresh(
     assert stored.final.usage and stored.final.usage.cached_tokens == 0  # emptied
     assert again.final.usage and again.final.usage.cached_tokens == len(tokens) - 1
     assert before and after and before.prefix_cache and after.prefix_cache
-    assert after.prefix_cache.reuse_failures == before.prefix_cache.reuse_failures + 1
+    assert after.prefix_cache.reuse_failures == before.prefix_cache.reuse_failures + 2
 
 
 async def test_a_failing_expiry_pass_leaves_the_engine_serving(
@@ -368,3 +368,22 @@ def test_the_radix_trie_answers_as_the_stored_sequences_say_through_adds_and_rem
                 assert found.longer[:shared] == prompt[:shared]
                 assert found.longer_value == stored[tuple(found.longer)]
     assert stored  # the run ended with sequences stored: the walk covered a full trie
+
+
+def test_a_conversation_that_grows_turn_by_turn_stays_one_edge() -> None:
+    """Each agent turn's prompt extends the last and replaces its entry (`pop_prefixes`):
+    the trie keeps one edge for the whole conversation, so a lookup walks no node per
+    turn."""
+    from mlx_nursery.engine._radix import PrefixTrie
+
+    trie: PrefixTrie[int] = PrefixTrie()
+    tokens: list[int] = []
+    for turn in range(50):
+        tokens = [*tokens, turn, turn + 1, turn + 2]
+        trie.add("m", tokens, turn)
+        assert [value for _, value in trie.pop_prefixes("m", tokens)] == (
+            [turn - 1] if turn else []
+        )
+    ((label, node),) = trie._roots["m"].edges.values()
+    assert label == tokens and node.has_value and node.value == 49 and not node.edges
+    assert trie.search("m", tokens[:-1]).longer_value == 49

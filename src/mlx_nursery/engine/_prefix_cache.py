@@ -146,8 +146,8 @@ class PrefixCache:
         tokens = list(tokens)
         key = _Key(namespace, tuple(tokens))
         previous = self._trie.add(namespace, tokens, key)
-        if previous is not None:
-            self._forget(previous)
+        if previous is not None or key in self._entries:
+            self._forget(key)
         self._entries[key] = _Entry(cache, nbytes, self._clock())
         self._nbytes += nbytes
         if can_trim_prompt_cache(cache):
@@ -169,8 +169,7 @@ class PrefixCache:
         return len(expired)
 
     def clear(self) -> None:
-        for key in list(self._entries):
-            self._evict(key)
+        self.reset()
 
     def reset(self) -> None:
         """Drop every entry without consulting the index (which a failure may have left

@@ -116,10 +116,21 @@ class PrefixTrie(Generic[V]):
         """Remove every stored sequence that is a proper prefix of `tokens` (whose whole
         path must be stored); return each one's length and value."""
         popped: list[tuple[int, V]] = []
-        for depth, node in self._path(namespace, tokens)[:-1]:
+        path = self._path(namespace, tokens)
+        for depth, node in path[:-1]:
             if node.has_value:
                 popped.append((depth, node.value))  # type: ignore[arg-type]
                 node.has_value, node.value = False, None
+        # Each node left without a value on the path now has the one edge onward: merged
+        # into its parent's, deepest first, so that an agent's growing conversation (each
+        # turn's prompt extending the last) stays one edge, not a node per turn.
+        for index in range(len(path) - 2, 0, -1):
+            node, parent = path[index][1], path[index - 1][1]
+            if not node.has_value and len(node.edges) == 1:
+                key = self._edge_key(parent, node)
+                label, _ = parent.edges[key]
+                (rest, child), *_ = node.edges.values()
+                parent.edges[key] = (label + rest, child)
         return popped
 
     def search(self, namespace: Hashable, tokens: list[int]) -> TrieMatch[V]:

@@ -120,16 +120,16 @@ class PrefixReuse:
             key = self._cache_key(sequence, list(tokens))
             if key is None:
                 continue
-            try:
-                if self.cache is not None:
+            if self.cache is not None:
+                try:
                     self.cache.insert(self._namespace(sequence), key, list(cache))
-                if self.disk is not None and sequence.request.adapter is None:
-                    namespace = repr(sequence.request.cache_key)
-                    self.disk.offer(namespace, key, list(cache), step)
-            except Exception:  # caching is an optimisation, never a failure
-                log.exception("could not store a prefix-cache entry")
-                if self.cache is not None:
-                    self.cache.reset()  # its index may be half-written: start afresh
+                except Exception:  # noqa: BLE001 - logged; caching is an optimisation
+                    self._emptied("a store")  # its index may be half-written
+            if self.disk is not None and sequence.request.adapter is None:
+                try:
+                    self.disk.offer(repr(sequence.request.cache_key), key, list(cache), step)
+                except Exception:  # caching is an optimisation, never a failure
+                    log.exception("could not offer a prefix-cache entry to the disk tier")
 
     def expire(self) -> bool:
         """Drop the entries idle past the cache's TTL; whether any went."""
