@@ -169,9 +169,6 @@ class PrefixCache:
         return len(expired)
 
     def clear(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
         """Drop every entry without consulting the index (which a failure may have left
         inconsistent); counted as evictions."""
         self._evictions += len(self._entries)

@@ -127,10 +127,7 @@ class PrefixTrie(Generic[V]):
         for index in range(len(path) - 2, 0, -1):
             node, parent = path[index][1], path[index - 1][1]
             if not node.has_value and len(node.edges) == 1:
-                key = self._edge_key(parent, node)
-                label, _ = parent.edges[key]
-                (rest, child), *_ = node.edges.values()
-                parent.edges[key] = (label + rest, child)
+                self._merge(parent, self._edge_key(parent, node))
         return popped
 
     def search(self, namespace: Hashable, tokens: list[int]) -> TrieMatch[V]:
@@ -203,10 +200,15 @@ class PrefixTrie(Generic[V]):
                 del parent.edges[key]
                 continue
             if not node.has_value and len(node.edges) == 1:
-                label, _ = parent.edges[key]
-                (rest, child), *_ = node.edges.values()
-                parent.edges[key] = (label + rest, child)
+                self._merge(parent, key)
             break
+
+    @staticmethod
+    def _merge(parent: _Node[V], key: int) -> None:
+        """Join `parent`'s edge `key` with the one edge of the valueless node it leads to."""
+        label, node = parent.edges[key]
+        ((rest, child),) = node.edges.values()
+        parent.edges[key] = (label + rest, child)
 
     @staticmethod
     def _edge_key(parent: _Node[V], child: _Node[V]) -> int:

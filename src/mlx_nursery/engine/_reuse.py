@@ -146,7 +146,7 @@ class PrefixReuse:
         request, and the failure counted (`reuse_failures`)."""
         assert self.cache is not None
         log.exception("the prefix cache failed %s; it is emptied", what)
-        self.cache.reset()
+        self.cache.clear()
         self.cache.record_failure()
 
     def hand_over(self, step: int, *, now: bool) -> None:
