@@ -14,9 +14,11 @@ online softmax, and writes the result; where a row's keys are split into several
 are read on the device (the cache's `left_padding`), so nothing waits for the host.
 
 `install(model)` routes the model's attention through `attend`: a single-token query on a
-`RaggedBatchKVCache` with no attention sinks takes the kernel; everything else (prefill,
-the fast path, quantized KV, Metal, the CPU) calls mlx-lm's own function unchanged. Engine
-thread only (the kernels are built on first use, per dtype and head shape).
+`RaggedBatchKVCache` with no attention sinks takes the kernel; a query of several tokens
+(a prefill chunk, a verify) takes `_sequence_attention` where it serves (cuDNN attention
+off); everything else (the fast path's decode, quantized KV, Metal, the CPU) calls mlx-lm's
+own function unchanged. Engine thread only (the kernels are built on first use, per dtype
+and head shape).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import mlx.core as mx
 
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
 from ._ragged import RaggedBatchKVCache
+from ._sequence_attention import sequence_attention, takes
 from ._upstream import mlx_lm_attention
 
 _THREADS = 128
@@ -154,9 +157,10 @@ def _scalar(value: float, dtype: mx.Dtype) -> mx.array:
 Attention = Callable[..., mx.array]
 
 
-def routed(original: Attention) -> Attention:
+def routed(original: Attention, *, ragged: bool = True, sequences: bool = True) -> Attention:
     """mlx-lm's `scaled_dot_product_attention`, with a ragged batch's decode step taken by
-    `ragged_decode_attention` (module docstring)."""
+    `ragged_decode_attention` (if `ragged`) and a sequence's query of several tokens by
+    `sequence_attention` (if `sequences`; module docstring)."""
 
     def attend(
         queries: mx.array,
@@ -168,7 +172,8 @@ def routed(original: Attention) -> Attention:
         sinks: mx.array | None = None,
     ) -> mx.array:
         if (
-            sinks is None
+            ragged
+            and sinks is None
             and queries.shape[2] == 1
             and isinstance(cache, RaggedBatchKVCache)
             and cache.keys is not None
@@ -176,24 +181,30 @@ def routed(original: Attention) -> Attention:
             and queries.shape[1] % cache.keys.shape[1] == 0
         ):
             return ragged_decode_attention(queries, cache, scale)
+        if sequences and takes(queries, keys, cache, mask, sinks):
+            return sequence_attention(queries, cache, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     attend.__wrapped__ = original  # type: ignore[attr-defined]
     return attend
 
 
-def install(model: Any) -> bool:
-    """Route `model`'s attention through the ragged decode kernel where it runs (CUDA), by
-    replacing `scaled_dot_product_attention` in the module that defines the model's layers
-    (mlx-lm's model modules import it by name). Returns whether it did. Idempotent."""
-    if not available():
+def install(model: Any, *, ragged: bool = True, sequences: bool = True) -> bool:
+    """Route `model`'s attention through the ragged decode kernel (if `ragged`) and the
+    sequence attention (if `sequences`) where they serve (CUDA), by replacing
+    `scaled_dot_product_attention` in the module that defines the model's layers (mlx-lm's
+    model modules import it by name). Returns whether it did. Idempotent: the first
+    install's choice stays (one process's engines load models of the same settings)."""
+    if not available() or not (ragged or sequences):
         return False
     done = False
     for module_name in {type(m).__module__ for _, m in model.named_modules()}:
         module = sys.modules.get(module_name)
         current = getattr(module, "scaled_dot_product_attention", None)
         if current is mlx_lm_attention:
-            module.scaled_dot_product_attention = routed(current)  # type: ignore[union-attr]
+            module.scaled_dot_product_attention = routed(  # type: ignore[union-attr]
+                current, ragged=ragged, sequences=sequences
+            )
             done = True
         elif getattr(current, "__wrapped__", None) is mlx_lm_attention:
             done = True

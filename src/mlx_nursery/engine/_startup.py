@@ -23,7 +23,7 @@ import mlx.core as mx
 from ..models import LoadedModel, load_model
 from ._adapters import adapter_bytes, with_adapters
 from ._config import EngineConfig
-from ._decode_attention import install as install_ragged_attention
+from ._decode_attention import install as install_attention
 from ._detokenizer import TokenTexts
 from ._device_thread import keep_compiled_kernels
 from ._disk_kv import DiskKV, open_disk_kv
@@ -83,9 +83,14 @@ def start_up(
             else distribution.load(config)
         )
         model = with_adapters(with_draft_model(model, config), config)
-        ragged = config.ragged_attention and model.kind == "lm"
-        if ragged and install_ragged_attention(model.model):
-            log.info("batched decode attention: the ragged kernel (CUDA)")
+        if model.kind == "lm" and install_attention(
+            model.model, ragged=config.ragged_attention, sequences=not config.cudnn_attention
+        ):
+            log.info(
+                "attention routed (CUDA): ragged decode kernel %s, sequence attention %s",
+                "on" if config.ragged_attention else "off",
+                "off" if config.cudnn_attention else "on",
+            )
         scripted = model.kind == "scripted"
         cache = None
         if config.prompt_cache_bytes > 0 and not scripted:

@@ -1,0 +1,142 @@
+"""Attention of a query of several tokens over one sequence's cache, laid out for cuBLAS.
+
+With cuDNN attention off (the server's default on CUDA, decisions/0004), MLX's CUDA backend
+takes a query of up to 3 tokens in its vector kernel and anything longer (a prompt's prefill
+chunk, the tail of a prompt after a prefix-cache hit, a speculative verify) through its
+composed fallback: two matrix products with a softmax between. That fallback keeps a
+key-value head's query heads apart in a broadcast batch dimension, and multiplies over
+exactly the keys the cache holds: any count, so that the scores' rows and the second
+product's inner dimension are any length and cuBLAS must take its kernels for unaligned
+operands. `sequence_attention` computes the same attention in MLX operations laid out for
+cuBLAS: a key-value head's query heads folded into the rows of one product (one batch
+dimension, no broadcast), and the keys read from the cache's buffer (which holds more than
+it serves) up to a multiple of `_ALIGN`, the causal mask covering the padding (a padded key
+lies after every query's position, so it weighs exactly zero).
+
+A batch's masked queries (prompts prefilled together, a batch's verify) take the same
+fallback, mask and all, and come here too, their mask widened over the padding.
+`_decode_attention.routed` sends it what `takes` accepts, on CUDA with cuDNN attention off;
+everything else goes to mlx-lm's function. Engine thread
+only (the latest forward's mask is kept per engine thread, as `_ragged`'s shared arrays are).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import mlx.core as mx
+
+from ._upstream import BatchKVCache, KVCache
+
+_ALIGN = 16
+"""Keys are read up to a multiple of this many: 32 bytes of a 2-byte type, which cuBLAS's
+aligned kernels need of a leading dimension."""
+
+MIN_QUERY = 4
+"""On one sequence's cache, shorter queries take MLX's vector kernel (a fused attention),
+which this does not beat. A batch's (masked) queries of any length above one take the
+composed fallback, so from two tokens on they come here."""
+
+
+class _Masks(threading.local):
+    """The latest forward's mask, per engine thread: each engine runs its model on a thread
+    of its own, with MLX streams of that thread, and the mask is lazy. Every layer of a
+    forward asks for the same one."""
+
+    def __init__(self) -> None:
+        self.causal: dict[tuple[int, int, int], mx.array] = {}
+        self.padded: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
+        """A batch's mask (mlx-lm's, one array for every layer) by identity and padded
+        length: the mask itself (which keeps its identity valid) and its padded form."""
+
+
+_masks = _Masks()
+
+
+def takes(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
+    """Whether `sequence_attention` serves this call of mlx-lm's attention (`keys` is what
+    the cache's update returned): a query of `MIN_QUERY` or more tokens, no attention sinks,
+    and either a plain KV cache (mlx-lm's `KVCache`, whose buffer grows in steps and is read
+    from its start) with a causal mask, or a batch's KV cache (`BatchKVCache`: prompts
+    prefilled together, a batch's verify) with mlx-lm's boolean mask over its keys."""
+    buffer = getattr(cache, "keys", None)
+    if sinks is not None or buffer is None or queries.shape[1] % buffer.shape[1] != 0:
+        return False
+    if isinstance(cache, BatchKVCache):
+        return (
+            queries.shape[2] >= 2
+            and isinstance(mask, mx.array)
+            and mask.dtype == mx.bool_
+            and mask.ndim == 4
+            and mask.shape[1] == 1
+            and mask.shape[-1] == keys.shape[2] == cache._idx
+        )
+    return (
+        queries.shape[2] >= MIN_QUERY
+        and isinstance(cache, KVCache)
+        and type(cache).update_and_fetch is KVCache.update_and_fetch
+        and isinstance(mask, str)
+        and mask == "causal"
+        and keys.shape[2] == cache.offset
+    )
+
+
+def sequence_attention(
+    queries: mx.array, cache: Any, scale: float, mask: mx.array | str = "causal"
+) -> mx.array:
+    """Attention of `queries` (B, Hq, L, D: the last L positions written to `cache`, after
+    this forward's update) over the cache's keys, under `mask` ("causal" on a plain cache;
+    mlx-lm's boolean mask (B, 1, L, keys) on a batch's): what mlx-lm's
+    `scaled_dot_product_attention` computes, in MLX operations laid out for cuBLAS (module
+    docstring). Only for calls `takes` accepts. Lazy, as any MLX operation."""
+    batch, heads, length, dim = queries.shape
+    keys_buffer, values_buffer = cache.keys, cache.values
+    kv_heads = keys_buffer.shape[1]
+    rep = heads // kv_heads
+    total: int = cache._idx if isinstance(cache, BatchKVCache) else cache.offset
+    padded = min(-(-total // _ALIGN) * _ALIGN, keys_buffer.shape[2])
+    keys = keys_buffer[..., :padded, :]
+    values = values_buffer[..., :padded, :]
+    dtype = queries.dtype
+    scaled = queries * mx.array(scale, dtype)
+    folded = scaled.reshape(batch, kv_heads, rep * length, dim)
+    scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, rep, length, padded)
+    visible = _causal(length, total, padded) if isinstance(mask, str) else _padded(mask, padded)
+    scores = mx.where(visible, scores, mx.array(mx.finfo(dtype).min, dtype))
+    weights = mx.softmax(scores, axis=-1, precise=True).reshape(
+        batch, kv_heads, rep * length, padded
+    )
+    out: mx.array = (weights @ values).reshape(batch, heads, length, dim)
+    return out
+
+
+def _causal(length: int, total: int, padded: int) -> mx.array:
+    """Which keys each of the last `length` of `total` positions sees (L, padded): its own and
+    those before it; made once per forward."""
+    key = (length, total, padded)
+    made = _masks.causal
+    mask = made.get(key)
+    if mask is None:
+        made.clear()  # only the latest forward's layers share it
+        positions = mx.arange(total - length, total)[:, None]
+        mask = made[key] = mx.arange(padded)[None, :] <= positions
+    return mask
+
+
+def _padded(mask: mx.array, padded: int) -> mx.array:
+    """mlx-lm's batch mask (B, 1, L, keys) with the padded keys hidden, shaped to broadcast
+    over the folded scores (B, 1, 1, L, padded); made once per forward."""
+    key = (id(mask), padded)
+    made = _masks.padded
+    held = made.get(key)
+    if held is None:
+        made.clear()  # only the latest forward's layers share it
+        extra = padded - mask.shape[-1]
+        wide = (
+            mx.concatenate([mask, mx.zeros((*mask.shape[:-1], extra), mx.bool_)], axis=-1)
+            if extra
+            else mask
+        )
+        held = made[key] = (mask, mx.expand_dims(wide, 2))
+    return held[1]

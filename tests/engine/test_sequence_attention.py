@@ -1,0 +1,134 @@
+"""A query of several tokens in the layout for cuBLAS (`_sequence_attention.py`).
+
+It must compute what mlx-lm's attention computes for every call the router gives it: a causal
+query on one sequence's cache (a prefill chunk from the start, a prompt's tail after a prefix
+of any length, a verify), and a batch's masked query (prompts prefilled together with left
+padding, a batch's verify), whatever the cache's buffer leaves for padding. MLX's own
+attention is the reference, on whatever device runs the test; the router must send it only
+those calls, and none where cuDNN attention is on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
+
+from mlx_nursery.engine._decode_attention import routed
+from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
+from mlx_nursery.engine._sequence_attention import sequence_attention, takes
+
+
+def normal(seed: int, *shape: int, dtype: mx.Dtype = mx.float32) -> mx.array:
+    return mx.random.normal(shape, key=mx.random.key(seed)).astype(dtype)
+
+
+def sequence(prior: int, length: int, kv_heads: int, dim: int, dtype: mx.Dtype) -> Any:
+    cache = KVCache()
+    if prior:
+        cache.update_and_fetch(
+            normal(1, 1, kv_heads, prior, dim, dtype=dtype),
+            normal(2, 1, kv_heads, prior, dim, dtype=dtype),
+        )
+    keys, values = cache.update_and_fetch(
+        normal(3, 1, kv_heads, length, dim, dtype=dtype),
+        normal(4, 1, kv_heads, length, dim, dtype=dtype),
+    )
+    return cache, keys, values
+
+
+def batch(
+    priors: list[int], length: int, kv_heads: int, dim: int, cls: type = RaggedBatchKVCache
+) -> Any:
+    rows = []
+    for i, prior in enumerate(priors):
+        row = RowKVCache() if cls is RaggedBatchKVCache else KVCache()
+        if prior:
+            row.update_and_fetch(
+                normal(10 + i, 1, kv_heads, prior, dim), normal(50 + i, 1, kv_heads, prior, dim)
+            )
+        rows.append(row)
+    cache = cls.merge(rows)
+    mask = cache.make_mask(length)  # before the update, as mlx-lm makes it
+    keys, values = cache.update_and_fetch(
+        normal(5, len(priors), kv_heads, length, dim), normal(6, len(priors), kv_heads, length, dim)
+    )
+    return cache, keys, values, mask
+
+
+def close(got: mx.array, want: mx.array, dtype: mx.Dtype) -> bool:
+    tolerance = 1e-5 if dtype == mx.float32 else 2e-2
+    return bool(mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=tolerance))
+
+
+@pytest.mark.parametrize(
+    ("prior", "length", "heads", "kv_heads", "dim", "dtype"),
+    [
+        (0, 4, 4, 4, 16, mx.float32),  # a first chunk, no grouped heads
+        (0, 64, 8, 2, 32, mx.float32),  # a first chunk that fills the buffer's step exactly
+        (13, 5, 6, 2, 16, mx.float32),  # a verify after an odd prefix
+        (250, 9, 8, 1, 32, mx.float16),  # past the buffer's step: padding from its growth
+        (300, 256, 4, 2, 16, mx.float32),  # a later chunk: no room to pad in the buffer
+        (517, 43, 32, 8, 64, mx.bfloat16),  # a prompt's tail after a prefix-cache hit
+    ],
+)
+def test_a_sequences_query_gets_mlxs_causal_attention(
+    prior: int, length: int, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype
+) -> None:
+    cache, keys, values = sequence(prior, length, kv_heads, dim, dtype)
+    queries = normal(7, 1, heads, length, dim, dtype=dtype)
+    assert takes(queries, keys, cache, "causal", None)
+    want = mx.fast.scaled_dot_product_attention(
+        queries, keys, values, scale=dim**-0.5, mask="causal"
+    )
+    assert close(sequence_attention(queries, cache, dim**-0.5), want, dtype)
+
+
+@pytest.mark.parametrize("cls", [RaggedBatchKVCache, BatchKVCache])
+@pytest.mark.parametrize(
+    ("priors", "length", "heads", "kv_heads"),
+    [
+        ([0, 0, 0], 12, 4, 2),  # prompts' first chunk together
+        ([30, 7, 19], 9, 8, 2),  # rows of different lengths: left padding masked
+        ([590, 3, 260, 77], 2, 6, 3),  # a batch's verify of one draft a row
+    ],
+)
+def test_a_batchs_masked_query_gets_mlxs_attention(
+    cls: type, priors: list[int], length: int, heads: int, kv_heads: int
+) -> None:
+    cache, keys, values, mask = batch(priors, length, kv_heads, 16, cls)
+    queries = normal(8, len(priors), heads, length, 16)
+    assert takes(queries, keys, cache, mask, None)
+    want = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.25, mask=mask)
+    assert close(sequence_attention(queries, cache, 0.25, mask), want, mx.float32)
+
+
+def test_the_router_sends_it_only_what_it_serves() -> None:
+    calls: list[int] = []
+
+    def original(q: mx.array, k: mx.array, v: mx.array, **kwargs: Any) -> mx.array:
+        calls.append(q.shape[2])
+        return q
+
+    attend = routed(original)
+    plain, keys, values = sequence(20, 4, 2, 16, mx.float32)
+    q4 = normal(9, 1, 4, 4, 16)
+    assert attend(q4, keys, values, cache=plain, scale=0.25, mask="causal") is not q4
+    assert calls == []
+    short, k3, v3 = sequence(20, 3, 2, 16, mx.float32)  # MLX's vector kernel takes it
+    q3 = normal(9, 1, 4, 3, 16)
+    assert attend(q3, k3, v3, cache=short, scale=0.25, mask="causal") is q3
+    sinks = mx.zeros((4,))
+    assert attend(q4, keys, values, cache=plain, scale=0.25, mask="causal", sinks=sinks) is q4
+    quantized = QuantizedKVCache()
+    assert attend(q4, keys, values, cache=quantized, scale=0.25, mask="causal") is q4
+    rows, bk, bv, mask = batch([5, 9], 2, 2, 16)
+    q2 = normal(9, 2, 4, 2, 16)
+    assert attend(q2, bk, bv, cache=rows, scale=0.25, mask=mask) is not q2
+    assert calls == [3, 4, 4]
+    with_cudnn = routed(original, sequences=False)
+    assert with_cudnn(q4, keys, values, cache=plain, scale=0.25, mask="causal") is q4
+    assert with_cudnn(q2, bk, bv, cache=rows, scale=0.25, mask=mask) is q2
+    assert calls == [3, 4, 4, 4, 2]
