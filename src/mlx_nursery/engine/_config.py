@@ -117,8 +117,10 @@ class EngineConfig:
     tokens). It is faster on long prefills once a shape has been seen, but builds a graph
     for every new (query length, key length), tens of milliseconds each, and real traffic
     brings new lengths with nearly every request; its decode steps take longer to launch.
-    Off, prefill runs MLX's composed attention, which builds nothing per shape
-    (docs/architecture.md, "Shape compiles"), and decode MLX's vector kernel. No effect on
+    Off, a query of several tokens (prefill chunks, verifies) runs the engine's sequence
+    attention (cuBLAS products and a masked-softmax kernel, `_sequence_attention.py`), which
+    builds nothing per shape (docs/architecture.md, "Shape compiles"), and decode MLX's
+    vector kernel. No effect on
     other backends. MLX reads the switch once per process, at its first attention on the
     GPU: the first engine's choice holds."""
     cuda_graphs: bool = False

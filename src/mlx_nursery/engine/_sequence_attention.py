@@ -3,30 +3,33 @@
 With cuDNN attention off (the server's default on CUDA, decisions/0004), MLX's CUDA backend
 takes a query of up to 3 tokens in its vector kernel and anything longer (a prompt's prefill
 chunk, the tail of a prompt after a prefix-cache hit, a speculative verify) through its
-composed fallback: two matrix products with a softmax between. That fallback keeps a
-key-value head's query heads apart in a broadcast batch dimension, and multiplies over
-exactly the keys the cache holds: any count, so that the scores' rows and the second
-product's inner dimension are any length and cuBLAS must take its kernels for unaligned
-operands. `sequence_attention` computes the same attention in MLX operations laid out for
-cuBLAS: a key-value head's query heads folded into the rows of one product (one batch
-dimension, no broadcast), and the keys read from the cache's buffer (which holds more than
-it serves) up to a multiple of `_ALIGN`, the causal mask covering the padding (a padded key
-lies after every query's position, so it weighs exactly zero).
+composed fallback: two matrix products with a select under the mask and a softmax between.
+That fallback keeps a key-value head's query heads apart in a broadcast batch dimension,
+multiplies over exactly the keys the cache holds (any count, so that cuBLAS must take its
+kernels for unaligned operands), and spends most of a long chunk's time in the select and
+the softmax. `sequence_attention` computes the same attention laid out for cuBLAS: a
+key-value head's query heads folded into the rows of one product (one batch dimension, no
+broadcast), the keys read from the cache's buffer (which holds more than it serves) up to a
+multiple of `_ALIGN`, the mask hiding the padding (a padded key lies after every query's
+position, so it weighs exactly zero), and on CUDA one kernel of ours for the mask and the
+softmax (`_masked_softmax.py`); elsewhere MLX's select and softmax (decisions/0054).
 
 A batch's masked queries (prompts prefilled together, a batch's verify) take the same
 fallback, mask and all, and come here too, their mask widened over the padding.
 `_decode_attention.routed` sends it what `takes` accepts, on CUDA with cuDNN attention off;
-everything else goes to mlx-lm's function. Engine thread
-only (the latest forward's mask is kept per engine thread, as `_ragged`'s shared arrays are).
+everything else goes to mlx-lm's function. Engine thread only (the latest forward's mask
+and the kernel's inputs are kept per engine thread, as `_ragged`'s shared arrays are).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
 import mlx.core as mx
 
+from ._masked_softmax import masked_softmax
 from ._upstream import BatchKVCache, KVCache
 
 _ALIGN = 16
@@ -46,6 +49,11 @@ class _Masks(threading.local):
 
     def __init__(self) -> None:
         self.causal: dict[tuple[int, int, int], mx.array] = {}
+        self.kernel: dict[
+            tuple[float, int, int | None],
+            tuple[Any, tuple[mx.array, mx.array | None, mx.array | None]],
+        ] = {}
+        """The masked softmax's inputs (`_kernel_inputs`), with the mask they came from."""
         self.padded: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
         """A batch's mask (mlx-lm's, one array for every layer) by identity and padded
         length: the mask itself (which keeps its identity valid) and its padded form."""
@@ -98,17 +106,52 @@ def sequence_attention(
     padded = min(-(-total // _ALIGN) * _ALIGN, keys_buffer.shape[2])
     keys = keys_buffer[..., :padded, :]
     values = values_buffer[..., :padded, :]
-    dtype = queries.dtype
-    scaled = queries * mx.array(scale, dtype)
-    folded = scaled.reshape(batch, kv_heads, rep * length, dim)
-    scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, rep, length, padded)
-    visible = _causal(length, total, padded) if isinstance(mask, str) else _padded(mask, padded)
-    scores = mx.where(visible, scores, mx.array(mx.finfo(dtype).min, dtype))
-    weights = mx.softmax(scores, axis=-1, precise=True).reshape(
-        batch, kv_heads, rep * length, padded
-    )
+    if _on_cuda():  # one kernel for the mask and the softmax, the scale in it
+        folded = queries.reshape(batch, kv_heads, rep * length, dim)
+        scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, heads, length, padded)
+        extras = _kernel_inputs(scale, total, mask)
+        weights = masked_softmax(scores, extras[0], total=extras[1], mask=extras[2])
+    else:
+        dtype = queries.dtype
+        folded = (queries * mx.array(scale, dtype)).reshape(batch, kv_heads, rep * length, dim)
+        scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, rep, length, padded)
+        visible = _causal(length, total, padded) if isinstance(mask, str) else _padded(mask, padded)
+        scores = mx.where(visible, scores, mx.array(mx.finfo(dtype).min, dtype))
+        weights = mx.softmax(scores, axis=-1, precise=True)
+    weights = weights.reshape(batch, kv_heads, rep * length, padded)
     out: mx.array = (weights @ values).reshape(batch, heads, length, dim)
     return out
+
+
+@functools.cache
+def _on_cuda() -> bool:
+    """MLX runs on a CUDA GPU here: the masked softmax is a CUDA kernel."""
+    cuda = getattr(mx, "cuda", None)
+    return (
+        mx.default_device().type == mx.DeviceType.gpu
+        and cuda is not None
+        and bool(cuda.is_available())
+    )
+
+
+def _kernel_inputs(
+    scale: float, total: int, mask: mx.array | str
+) -> tuple[mx.array, mx.array | None, mx.array | None]:
+    """The masked softmax's scale, and its key count (causal) or mask (B, L, keys), made once
+    per forward."""
+    key = (scale, total, None if isinstance(mask, str) else id(mask))
+    made = _masks.kernel
+    held = made.get(key)
+    if held is None:
+        made.clear()  # only the latest forward's layers share them
+        scale_array = mx.array([scale], dtype=mx.float32)
+        if isinstance(mask, str):
+            held = (mask, (scale_array, mx.array([total], dtype=mx.int32), None))
+        else:
+            squeezed = mask.reshape(mask.shape[0], mask.shape[2], mask.shape[3])
+            held = (mask, (scale_array, None, squeezed))
+        made[key] = held
+    return held[1]
 
 
 def _causal(length: int, total: int, padded: int) -> mx.array:
