@@ -14,6 +14,7 @@ timeout 150 python3 -P bench/sequence_attention.py --kernels --out $OUT/seq-attn
 echo "seq-attn: rc=$? $(elapsed)" >> $S; grep -v Warn /tmp/seq.log | cut -c1-330 >> $S
 grep -q '"ours_x"' /tmp/seq.log || { tail -40 /tmp/seq.log >> $S; cat $S; exit 1; }  # the kernel failed
 model_8b >> $S
+# base-src.tar: `git archive d5233fe src`, carried for the call and not kept
 mkdir -p /tmp/base && tar -xf docs/results/2026-11-29-gpu14/base-src.tar -C /tmp/base
 B="python3 -P bench/serving.py --url http://127.0.0.1:8100 --model /tmp/l8b"
 P="--prefix-len 8000 --input-len 16:48 --output-len 16 --mix greedy --ignore-eos"
