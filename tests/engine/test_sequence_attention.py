@@ -132,3 +132,37 @@ def test_the_router_sends_it_only_what_it_serves() -> None:
     assert with_cudnn(q4, keys, values, cache=plain, scale=0.25, mask="causal") is q4
     assert with_cudnn(q2, bk, bv, cache=rows, scale=0.25, mask=mask) is q2
     assert calls == [3, 4, 4, 4, 2]
+
+
+def _masked_softmax_in_mlx(
+    scores: mx.array, scale: mx.array, *, total: Any = None, mask: Any = None
+) -> mx.array:
+    """What the CUDA kernel computes, in MLX operations: the self-check's subject here."""
+    _, _, length, keys = scores.shape
+    if mask is None:
+        written = int(total.item())
+        visible = mx.arange(keys)[None, :] <= mx.arange(written - length, written)[:, None]
+    else:
+        visible = mx.pad(mask, [(0, 0), (0, 0), (0, keys - mask.shape[2])])[:, None]
+    logits = mx.where(visible, scores.astype(mx.float32) * scale, -mx.inf)
+    return mx.softmax(logits, axis=-1).astype(scores.dtype)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_the_kernels_self_check_passes_a_masked_softmax_and_refuses_others(
+    monkeypatch: pytest.MonkeyPatch, dtype: mx.Dtype
+) -> None:
+    """The CUDA kernel is checked on its first use per dtype, and MLX's softmax serves where
+    it fails (here, with no CUDA, it fails to build). The check itself must pass what the
+    kernel should compute and refuse a softmax that ignores the mask."""
+    from mlx_nursery.engine import _masked_softmax
+
+    assert not _masked_softmax._self_check(dtype)  # no CUDA back-end here
+    monkeypatch.setattr(_masked_softmax, "masked_softmax", _masked_softmax_in_mlx)
+    assert _masked_softmax._self_check(dtype)
+
+    def unmasked(scores: mx.array, scale: mx.array, **_: Any) -> mx.array:
+        return mx.softmax(scores.astype(mx.float32) * scale, axis=-1).astype(scores.dtype)
+
+    monkeypatch.setattr(_masked_softmax, "masked_softmax", unmasked)
+    assert not _masked_softmax._self_check(dtype)

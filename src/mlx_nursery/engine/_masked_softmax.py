@@ -17,9 +17,12 @@ only, as every MLX call of a model.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import mlx.core as mx
+
+log = logging.getLogger("mlx_nursery.engine")
 
 _WARPS = 8
 """Rows a block: a warp takes a row, so a short row (a chunk over a few hundred keys) does
@@ -192,3 +195,45 @@ def masked_softmax(
     )
     result: mx.array = out
     return result
+
+
+_checked: dict[mx.Dtype, bool] = {}
+
+
+def usable(dtype: mx.Dtype) -> bool:
+    """Whether the kernel serves scores of `dtype` here: on its first use per dtype (the
+    engine's warm-up, before ready) every variant it builds (causal and masked, with and
+    without 16-byte loads) runs once on small rows against MLX's softmax. A variant that
+    fails to build or to match is logged and the sequence attention takes MLX's select and
+    softmax instead, rather than failing requests. Blocks for that check, once per dtype."""
+    usable = _checked.get(dtype)
+    if usable is None:
+        usable = _checked[dtype] = _self_check(dtype)
+    return usable
+
+
+def _self_check(dtype: mx.Dtype) -> bool:
+    vector = 16 // dtype.size
+    try:
+        for keys in (2 * vector, 2 * vector + 1):  # 16-byte loads, then one element a time
+            length = 3
+            scores = mx.random.normal((1, 2, length, keys), key=mx.random.key(keys)).astype(dtype)
+            scale = mx.array([0.5], dtype=mx.float32)
+            written = keys - 1  # the last key is padding: hidden from every row
+            seen = mx.arange(keys)[None, :] <= mx.arange(written - length, written)[:, None]
+            hidden_first = mx.arange(written)[None, None, :] >= 1  # a row's left padding
+            mask = seen[None, :, :written] & hidden_first
+            for got, visible in (
+                (masked_softmax(scores, scale, total=mx.array([written], mx.int32)), seen),
+                (masked_softmax(scores, scale, mask=mask), mx.pad(mask, [(0, 0), (0, 0), (0, 1)])),
+            ):
+                logits = mx.where(visible, scores.astype(mx.float32) * 0.5, -mx.inf)
+                want = mx.softmax(logits, axis=-1)
+                if not mx.allclose(got.astype(mx.float32), want, atol=1e-2).item():
+                    raise ValueError(f"differs from MLX's softmax by {mx.abs(got - want).max()}")
+    except Exception:  # any failure: MLX's select and softmax serve instead
+        log.warning(
+            "masked softmax kernel unusable for %s; MLX's softmax serves", dtype, exc_info=True
+        )
+        return False
+    return True

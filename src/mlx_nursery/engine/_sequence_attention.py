@@ -29,7 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ._masked_softmax import masked_softmax
+from ._masked_softmax import masked_softmax, usable
 from ._upstream import BatchKVCache, KVCache
 
 _ALIGN = 16
@@ -106,7 +106,7 @@ def sequence_attention(
     padded = min(-(-total // _ALIGN) * _ALIGN, keys_buffer.shape[2])
     keys = keys_buffer[..., :padded, :]
     values = values_buffer[..., :padded, :]
-    if _on_cuda():  # one kernel for the mask and the softmax, the scale in it
+    if _on_cuda() and usable(queries.dtype):  # one kernel: the mask, the scale, the softmax
         folded = queries.reshape(batch, kv_heads, rep * length, dim)
         scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, heads, length, padded)
         extras = _kernel_inputs(scale, total, mask)
