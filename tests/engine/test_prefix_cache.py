@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import pytest
 import trio
@@ -117,21 +119,29 @@ async def test_a_failing_prefix_cache_fails_no_request_and_starts_afresh(
 
 
 async def test_a_failing_expiry_pass_leaves_the_engine_serving(
-    engine_config: EngineConfig, monkeypatch: pytest.MonkeyPatch
+    engine_config: EngineConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The engine loop's idle-expiry pass (its first runs before any request) failing
-    empties the cache; it does not end the loop, which every request of the model needs."""
+    empties the cache; it does not end the loop, which every request of the model needs.
+    A failure that recurs at every pass logs its traceback once and counts the rest."""
 
     def broken(self: PrefixCache) -> int:
         raise RuntimeError("expiry broke")
 
     monkeypatch.setattr(PrefixCache, "evict_expired", broken)
-    async with open_engine(engine_config) as fresh:
-        result = await collect(fresh, GenerationRequest(prompt(fresh, "still here?"), max_tokens=3))
-        stats = fresh.statistics().worker
+    config = attrs.evolve(engine_config, prompt_cache_ttl=0.001)  # a pass every iteration
+    with caplog.at_level(logging.WARNING, logger="mlx_nursery.engine"):
+        async with open_engine(config) as fresh:
+            result = await collect(
+                fresh, GenerationRequest(prompt(fresh, "still here?"), max_tokens=3)
+            )
+            stats = fresh.statistics().worker
     assert result.final.error is None and len(result.tokens) == 3
     assert stats is not None and stats.prefix_cache is not None
-    assert stats.prefix_cache.reuse_failures >= 1
+    failures = stats.prefix_cache.reuse_failures
+    assert failures >= 2
+    expiry = [r for r in caplog.records if "its expiry" in r.getMessage()]
+    assert len(expiry) == 1 and expiry[0].exc_info
 
 
 async def test_a_cancelled_prefill_is_kept_for_the_retry(engine: Engine) -> None:

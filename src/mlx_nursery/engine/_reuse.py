@@ -45,6 +45,10 @@ class PrefixReuse:
         it spares is skipped (`_disk_rates.py`)."""
         self._image_token = int(model.config["image_token_id"]) if model.vision else None
         """A vision model's image placeholder id (None: a text model)."""
+        self._failed: set[str] = set()
+        """What has failed before: a failure that recurs (the idle expiry polls every few
+        seconds) logs its traceback once; the repeats are counted (`reuse_failures`) and
+        logged at debug level, not a traceback per poll."""
 
     @property
     def keeps_state(self) -> bool:
@@ -145,7 +149,11 @@ class PrefixReuse:
         """The cache failed `what`: it is emptied, so that a broken index fails no later
         request, and the failure counted (`reuse_failures`)."""
         assert self.cache is not None
-        log.exception("the prefix cache failed %s; it is emptied", what)
+        if what in self._failed:
+            log.debug("the prefix cache failed %s again; it is emptied", what)
+        else:
+            self._failed.add(what)
+            log.exception("the prefix cache failed %s; it is emptied", what)
         self.cache.clear()
         self.cache.record_failure()
 
