@@ -220,6 +220,7 @@ async def test_forced_tool_choice_always_yields_a_valid_call(
             )
             validate(reply.model_dump(exclude_unset=True), "CreateChatCompletionResponse")
             assert reply.choices[0].finish_reason == "tool_calls"
+            assert reply.choices[0].message.content is None  # as OpenAI's, and the auto path's
             (call,) = reply.choices[0].message.tool_calls
             if isinstance(choice, dict):
                 assert call.function.name == "get_time"

@@ -120,6 +120,21 @@ async def test_the_chat_form_counts_the_prompt_of_the_same_chat_request(
     assert tokenized["max_model_len"] == card["context_length"]
     without_tools = await _tokenize(http, model="tiny", messages=MESSAGES)
     assert without_tools["count"] < tokenized["count"]  # the tools are in the prompt
+    # tool_choice "none" shows the template no tools, in chat and so here; a forced choice
+    # is checked as chat checks it.
+    hidden = {**asked, "tool_choice": "none"}
+    chat_hidden = await _prompt_tokens(http, "/v1/chat/completions", **hidden)
+    assert (
+        (await _tokenize(http, **hidden))["count"]
+        == chat_hidden.json()["usage"]["prompt_tokens"]
+        == without_tools["count"]
+    )
+    named = {"type": "function", "function": {"name": WEATHER["function"]["name"]}}
+    assert (await _tokenize(http, **asked, tool_choice=named))["count"] == tokenized["count"]
+    unknown = {"type": "function", "function": {"name": "not_a_tool"}}
+    assert (await _refused(http, "/tokenize", {**asked, "tool_choice": unknown}))[
+        "param"
+    ] == "tool_choice"
 
     # The assistant's opening is the generation prompt; a continued message is left open.
     text = (

@@ -3,8 +3,9 @@ prompt counted exactly as the model will see it, and token ids back to text.
 
 /tokenize takes a completion-style body (`prompt`) or a chat-style one (`messages`). The
 chat form renders through chat completions' own rendering (`chat_prompt`: the template, the
-tools as shown, `chat_template_kwargs`, images), so its `count` is the `prompt_tokens` of the
-same chat request. Nothing reaches the engine: tokenizing runs on a preparation thread.
+tools as shown under its `tool_choice`, `chat_template_kwargs`, images), so its `count` is
+the `prompt_tokens` of the same chat request. Nothing reaches the engine: tokenizing runs
+on a preparation thread.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from ..generation import (
     ChatMessage,
     FunctionTool,
     InvalidRequest,
+    NamedToolChoice,
     ServedModel,
+    ToolChoiceMode,
     check_count,
     check_token_ids,
+    offered_tools,
     reject_unimplemented,
     require,
-    shown_tools,
     structure,
     template_variables,
     text_tokens,
@@ -56,6 +59,9 @@ class TokenizeChatRequest:
     add_special_tokens: bool = False
     return_token_strs: bool | None = False
     tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = None
+    """As a chat request's: "none" shows the template no tools, so the count is the same
+    request's; a forced choice is checked as chat checks it."""
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
@@ -117,7 +123,7 @@ def _tokenize_chat(request: TokenizeChatRequest, served: ServedModel) -> Tokeniz
         "add_generation_prompt to false to continue the last message",
     )
     check_count(len(request.messages), served.caps.max_messages, "messages")
-    tools = shown_tools(request.tools, served)
+    tools, _ = offered_tools(request.tools, request.tool_choice, served)  # no decoding here
     variables = template_variables(
         request.chat_template_kwargs, served.tokenizer, None, strict=served.strict_params
     )
