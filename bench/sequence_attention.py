@@ -95,7 +95,7 @@ def main() -> None:
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
 
     def ours(q: mx.array, cache: Any, keys: mx.array, values: mx.array, mask: Any) -> mx.array:
-        assert takes(q, keys, cache, mask, None)
+        assert takes(q, keys, values, cache, mask, None)
         return sequence_attention(q, cache, scale, mask)
 
     variants: dict[str, Callable[..., mx.array]] = {

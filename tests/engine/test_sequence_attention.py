@@ -17,6 +17,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
 from mlx_nursery.engine._decode_attention import routed
+from mlx_nursery.engine._kv_quant import QuantizedKVRow
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 from mlx_nursery.engine._sequence_attention import sequence_attention, takes
 
@@ -79,7 +80,7 @@ def test_a_sequences_query_gets_mlxs_causal_attention(
 ) -> None:
     cache, keys, values = sequence(prior, length, kv_heads, dim, dtype)
     queries = normal(7, 1, heads, length, dim, dtype=dtype)
-    assert takes(queries, keys, cache, "causal", None)
+    assert takes(queries, keys, values, cache, "causal", None)
     want = mx.fast.scaled_dot_product_attention(
         queries, keys, values, scale=dim**-0.5, mask="causal"
     )
@@ -100,7 +101,7 @@ def test_a_batchs_masked_query_gets_mlxs_attention(
 ) -> None:
     cache, keys, values, mask = batch(priors, length, kv_heads, 16, cls)
     queries = normal(8, len(priors), heads, length, 16)
-    assert takes(queries, keys, cache, mask, None)
+    assert takes(queries, keys, values, cache, mask, None)
     want = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.25, mask=mask)
     assert close(sequence_attention(queries, cache, 0.25, mask), want, mx.float32)
 
@@ -122,16 +123,28 @@ def test_the_router_sends_it_only_what_it_serves() -> None:
     assert attend(q3, k3, v3, cache=short, scale=0.25, mask="causal") is q3
     sinks = mx.zeros((4,))
     assert attend(q4, keys, values, cache=plain, scale=0.25, mask="causal", sinks=sinks) is q4
-    quantized = QuantizedKVCache()
-    assert attend(q4, keys, values, cache=quantized, scale=0.25, mask="causal") is q4
-    rows, bk, bv, mask = batch([5, 9], 2, 2, 16)
+    # A quantized cache holds (data, scales, biases): mlx-lm's attention reads it, never
+    # the buffers, whether a lone sequence's or a batch's.
+    quantized = QuantizedKVCache(group_size=32, bits=8)
+    qk, qv = quantized.update_and_fetch(normal(1, 1, 2, 24, 32), normal(2, 1, 2, 24, 32))
+    assert attend(q4, qk, qv, cache=quantized, scale=0.25, mask="causal") is q4
+    rows_q = QuantizedKVRow.merge([QuantizedKVRow(group_size=32, bits=8) for _ in range(2)])
+    bqk, bqv = rows_q.update_and_fetch(normal(3, 2, 2, 5, 32), normal(4, 2, 2, 5, 32))
     q2 = normal(9, 2, 4, 2, 16)
+    assert (
+        attend(q2, bqk, bqv, cache=rows_q, scale=0.25, mask=mx.ones((2, 1, 2, 5), mx.bool_)) is q2
+    )
+    # A model that tiles its keys over the query heads after the update (mlx-lm's plamo)
+    # pairs heads differently from the buffer's grouping: its own arrays are attended.
+    tiled_k, tiled_v = mx.tile(keys, [1, 2, 1, 1]), mx.tile(values, [1, 2, 1, 1])
+    assert attend(q4, tiled_k, tiled_v, cache=plain, scale=0.25, mask="causal") is q4
+    rows, bk, bv, mask = batch([5, 9], 2, 2, 16)
     assert attend(q2, bk, bv, cache=rows, scale=0.25, mask=mask) is not q2
-    assert calls == [3, 4, 4]
+    assert calls == [3, 4, 4, 2, 4]
     with_cudnn = routed(original, sequences=False)
     assert with_cudnn(q4, keys, values, cache=plain, scale=0.25, mask="causal") is q4
     assert with_cudnn(q2, bk, bv, cache=rows, scale=0.25, mask=mask) is q2
-    assert calls == [3, 4, 4, 4, 2]
+    assert calls == [3, 4, 4, 2, 4, 4, 2]
 
 
 def _masked_softmax_in_mlx(

@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
 from ._ragged import RaggedBatchKVCache
-from ._sequence_attention import sequence_attention, takes
+from ._sequence_attention import same_layout, sequence_attention, takes
 from ._upstream import mlx_lm_attention
 
 _THREADS = 128
@@ -176,12 +176,11 @@ def routed(original: Attention, *, ragged: bool = True, sequences: bool = True) 
             and sinks is None
             and queries.shape[2] == 1
             and isinstance(cache, RaggedBatchKVCache)
-            and cache.keys is not None
             and queries.shape[-1] in (64, 96, 128)
-            and queries.shape[1] % cache.keys.shape[1] == 0
+            and same_layout(queries, keys, values, cache)
         ):
             return ragged_decode_attention(queries, cache, scale)
-        if sequences and takes(queries, keys, cache, mask, sinks):
+        if sequences and takes(queries, keys, values, cache, mask, sinks):
             return sequence_attention(queries, cache, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 

@@ -62,23 +62,26 @@ class _Masks(threading.local):
 _masks = _Masks()
 
 
-def takes(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
-    """Whether `sequence_attention` serves this call of mlx-lm's attention (`keys` is what
-    the cache's update returned): a query of `MIN_QUERY` or more tokens, no attention sinks,
-    and either a plain KV cache (mlx-lm's `KVCache`, whose buffer grows in steps and is read
-    from its start) with a causal mask, or a batch's KV cache (`BatchKVCache`: prompts
-    prefilled together, a batch's verify) with mlx-lm's boolean mask over its keys."""
-    buffer = getattr(cache, "keys", None)
-    if sinks is not None or buffer is None or queries.shape[1] % buffer.shape[1] != 0:
+def takes(
+    queries: mx.array, keys: mx.array, values: mx.array, cache: Any, mask: Any, sinks: Any
+) -> bool:
+    """Whether `sequence_attention` serves this call of mlx-lm's attention (`keys` and
+    `values` are what the model passes: the cache's own, as its update returned them): a
+    query of `MIN_QUERY` or more tokens, no attention sinks, and either a plain KV cache
+    (mlx-lm's `KVCache`, whose buffer grows in steps and is read from its start) with a
+    causal mask, or a batch's KV cache (`BatchKVCache`: prompts prefilled together, a
+    batch's verify) with mlx-lm's boolean mask over its keys. The keys and values must be
+    the buffer's own layout (a model that tiles or reshapes them after the update, or a
+    quantized cache's tuples, keeps mlx-lm's attention)."""
+    if sinks is not None or not same_layout(queries, keys, values, cache):
         return False
     if isinstance(cache, BatchKVCache):
         return (
             queries.shape[2] >= 2
             and isinstance(mask, mx.array)
             and mask.dtype == mx.bool_
-            and mask.ndim == 4
-            and mask.shape[1] == 1
-            and mask.shape[-1] == keys.shape[2] == cache._idx
+            and mask.shape == (queries.shape[0], 1, queries.shape[2], keys.shape[2])
+            and keys.shape[2] == cache._idx
         )
     return (
         queries.shape[2] >= MIN_QUERY
@@ -87,6 +90,27 @@ def takes(queries: mx.array, keys: mx.array, cache: Any, mask: Any, sinks: Any) 
         and isinstance(mask, str)
         and mask == "causal"
         and keys.shape[2] == cache.offset
+    )
+
+
+def same_layout(queries: mx.array, keys: mx.array, values: mx.array, cache: Any) -> bool:
+    """`keys` and `values` are slices of `cache`'s own buffers along the sequence (same
+    batch, heads, width and dtype), and each key-value head serves a whole group of query
+    heads: what a kernel that reads the buffers, not the arrays passed, needs."""
+    buffers = getattr(cache, "keys", None), getattr(cache, "values", None)
+    if not all(isinstance(b, mx.array) and b.ndim == 4 for b in buffers):
+        return False  # none yet, or a quantized cache's (data, scales, biases)
+    key_buffer, value_buffer = buffers
+    assert key_buffer is not None and value_buffer is not None
+    return (
+        keys.shape[:2] == key_buffer.shape[:2]
+        and keys.shape[3] == key_buffer.shape[3] == queries.shape[3]
+        and values.shape[:2] == value_buffer.shape[:2]
+        and values.shape[3] == value_buffer.shape[3]
+        and keys.dtype == key_buffer.dtype == queries.dtype
+        and values.dtype == value_buffer.dtype
+        and queries.shape[0] == keys.shape[0]
+        and queries.shape[1] % keys.shape[1] == 0
     )
 
 
@@ -107,6 +131,8 @@ def sequence_attention(
     keys = keys_buffer[..., :padded, :]
     values = values_buffer[..., :padded, :]
     if _on_cuda() and usable(queries.dtype):  # one kernel: the mask, the scale, the softmax
+        if queries.dtype == mx.float16:  # an unscaled product could pass float16's range
+            queries, scale = queries * mx.array(scale, mx.float16), 1.0
         folded = queries.reshape(batch, kv_heads, rep * length, dim)
         scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, heads, length, padded)
         extras = _kernel_inputs(scale, total, mask)
