@@ -10,16 +10,20 @@ those calls, and none where cuDNN attention is on.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import attrs
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
+from mlx_nursery.engine import EngineConfig, Speculation, open_engine
 from mlx_nursery.engine._decode_attention import routed
 from mlx_nursery.engine._kv_quant import QuantizedKVRow
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 from mlx_nursery.engine._sequence_attention import sequence_attention, takes
+from tests.helpers import collect, collect_all, request
 
 
 def normal(seed: int, *shape: int, dtype: mx.Dtype = mx.float32) -> mx.array:
@@ -179,3 +183,59 @@ def test_the_kernels_self_check_passes_a_masked_softmax_and_refuses_others(
 
     monkeypatch.setattr(_masked_softmax, "masked_softmax", unmasked)
     assert not _masked_softmax._self_check(dtype)
+
+
+PROMPTS = [
+    "hello",
+    "A longer prompt, so that the batch's rows are left-padded to it. " * 5,
+    "def f(x):\n    return x + 1\n" * 4,  # repeats: prompt lookup finds drafts
+]
+
+
+async def _served(config: EngineConfig) -> list[list[int]]:
+    """Each prompt's greedy tokens: alone (a lone sequence's chunks and verifies), then all
+    at once (a batch's prompts and steps)."""
+    async with open_engine(config) as engine:
+        asked = [request(engine, text, max_tokens=12, ignore_eos=True) for text in PROMPTS]
+        lone = [await collect(engine, r) for r in asked]
+        together = await collect_all(engine, asked)
+    return [run.tokens for run in [*lone, *together]]
+
+
+async def test_the_engine_serves_the_same_tokens_with_its_attention_routed(
+    small_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router installed as on CUDA (its sequence attention taking MLX's select and softmax
+    here): prompts prefilled alone and together, speculation's verifies and a quantized
+    cache give the tokens the unrouted engine gives, and every kind of call it must leave
+    alone (decode steps, quantized caches) reaches mlx-lm's attention unharmed."""
+    import mlx_lm.models.qwen3 as qwen3  # the small preset's architecture
+
+    from mlx_nursery.engine import _decode_attention
+
+    base = EngineConfig(
+        small_model, max_concurrency=8, prefill_step_size=32, warmup=False, ragged_attention=False
+    )
+    drafting = Speculation(method="ngram", tokens=4, adaptive=False)
+    plain = await _served(base)
+    speculating = await _served(attrs.evolve(base, speculation=drafting))
+    quantized = await _served(attrs.evolve(base, kv_bits=8, kv_group_size=32))
+
+    served = []
+    original = _decode_attention.sequence_attention
+
+    def counted(*args: Any, **kwargs: Any) -> mx.array:
+        served.append(args[0].shape[2])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(qwen3, "scaled_dot_product_attention", qwen3.scaled_dot_product_attention)
+    monkeypatch.setattr(_decode_attention, "available", lambda: True)
+    monkeypatch.setattr(_decode_attention, "sequence_attention", counted)
+    assert await _served(base) == plain
+    assert served and min(served) >= 4  # lone chunks, and the batch's prompts
+    served.clear()
+    assert await _served(attrs.evolve(base, speculation=drafting)) == speculating
+    assert served  # verifies among them
+    served.clear()
+    assert await _served(attrs.evolve(base, kv_bits=8, kv_group_size=32)) == quantized
+    assert served == []
