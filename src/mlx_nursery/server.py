@@ -130,6 +130,7 @@ async def serve(
             hypercorn_config(settings),
             ConnectionCap(settings.max_connections, parts.metrics, settings.send_timeout),
             shutdown_trigger=stop_accepting.wait,
+            hurry_trigger=hurry.wait,
             task_status=task_status,
         )
         nursery.cancel_scope.cancel()  # Hypercorn is done: stop the watchers
@@ -180,9 +181,10 @@ async def _reload_keys_on_sighup(access: AccessPolicy) -> None:
 
 async def _signals_to(shutdown: trio.Event, hurry: trio.Event) -> None:
     """The first SIGTERM or SIGINT starts the drain; a later one ends its grace at once (the
-    requests still running get their shutdown error, and the server exits 0 as after any
-    drain). The receiver stays open: a repeated signal never falls to the default handler,
-    which would kill the process mid-write."""
+    requests still running get their shutdown error, the connections a second to write what
+    is decided, and the server exits 0 as after any drain). The receiver stays open: a
+    repeated signal never falls to the default handler, which would kill the process
+    mid-write."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)

@@ -181,6 +181,29 @@ async def test_a_client_that_stopped_reading_does_not_hold_the_shutdown(tiny_mod
         await stalled.aclose()
 
 
+async def test_a_second_signal_ends_the_connections_grace_too(tiny_model: Path) -> None:
+    """An operator's second signal ends the drain at once, and with it the connections'
+    grace after it: a whole answer computed and being written to a client that stopped
+    reading held the process for the shutdown grace and Hypercorn's margin past it (here a
+    minute and more), the second signal notwithstanding."""
+    flags = ("--served-model-name", "tiny", "--shutdown-grace", "60")
+    body = chat_body(max_tokens=200, temperature=0, logprobs=True)
+    body["top_logprobs"] = 20  # an answer far larger than the socket's buffers
+    async with spawned_server(tiny_model, *flags) as (process, port):
+        stalled = await slow_reader(port, post_request("/v1/chat/completions", body))
+        await read_until(stalled, b"HTTP/1.1 200")  # computed; its write now waits
+        process.send_signal(signal.SIGTERM)
+        assert process.stderr is not None
+        stderr = process.stderr  # the first signal read: a second one is not merged into it
+        assert await trio.to_thread.run_sync(
+            lambda: any("shutting down: draining" in line for line in stderr)
+        )
+        process.send_signal(signal.SIGTERM)
+        code = await trio.to_thread.run_sync(lambda: process.wait(timeout=30))
+        assert code == 0
+        await stalled.aclose()
+
+
 def client_cancels(server: Any) -> float:
     registry = server.parts.metrics.registry
     labels = {"model_name": "tiny", "cause": "client"}

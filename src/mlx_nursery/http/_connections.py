@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import attrs
 import h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
@@ -230,25 +231,69 @@ class _Connection(TCPServer):
             await self._close()
 
 
+HURRIED_GRACE = 1.0
+"""Seconds the connections keep after an operator's second signal: the answers already
+decided go out; a client that reads slowly is not waited for."""
+
+
+@attrs.define
+class _Grace:
+    """When the connections that outlive the accept loop must end: the graceful timeout
+    after the shutdown, or `HURRIED_GRACE` after a second signal, whichever is sooner."""
+
+    timeout: float
+    cap: ConnectionCap
+    scope: trio.CancelScope | None = None
+    hurried: bool = False
+    began: bool = False
+
+    def begin(self) -> None:
+        """The accept loop is over: the grace starts. Not a checkpoint."""
+        self.began = True
+        self._end_by(trio.current_time() + (HURRIED_GRACE if self.hurried else self.timeout))
+
+    async def hurry_on(self, trigger: Callable[[], Awaitable[None]]) -> None:
+        """Wait for `trigger`, then shorten the grace (now, or when it begins).
+        Cancellation: nothing changes."""
+        await trigger()
+        self.hurried = True
+        if self.began:
+            self._end_by(trio.current_time() + HURRIED_GRACE)
+
+    def _end_by(self, deadline: float) -> None:
+        assert self.scope is not None
+        self.scope.deadline = min(self.scope.deadline, deadline)
+        self.cap.writes_end_by(deadline)
+
+
 async def serve_http(
     app: ASGIFramework,
     config: Config,
     cap: ConnectionCap,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    hurry_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `config.bind` until `shutdown_trigger` returns, as
     `hypercorn.trio.serve` does (lifespan startup first, the graceful timeout on the way
-    out), with `cap` on connections and HTTP/1.1 only. Reports the bound URLs."""
+    out), with `cap` on connections and HTTP/1.1 only. Once `hurry_trigger` returns (an
+    operator's second signal) the connections get `HURRIED_GRACE` seconds from then, or
+    from the shutdown if it comes later, instead of the graceful timeout: enough to write
+    the answers already decided (the requests' shutdown errors), not to wait on clients
+    that read slowly. Reports the bound URLs."""
     wrapped = ASGIWrapper(app)
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     context = WorkerContext(None)
+    grace = _Grace(config.graceful_timeout, cap)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as server_nursery:
+            grace.scope = server_nursery.cancel_scope
+            if hurry_trigger is not None:
+                lifespan_nursery.start_soon(grace.hurry_on, hurry_trigger)
             sockets = config.create_sockets()
             listeners, binds = [], []
             for sock in sockets.insecure_sockets:
@@ -281,9 +326,7 @@ async def serve_http(
                     raise others from None
             finally:
                 await context.terminated.set()
-                grace_end = trio.current_time() + config.graceful_timeout
-                server_nursery.cancel_scope.deadline = grace_end
-                cap.writes_end_by(grace_end)
+                grace.begin()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
 
