@@ -212,7 +212,7 @@ async def test_a_urlencoded_body_on_the_audio_routes_is_refused_before_it_is_rea
         assert (await http.get("/health")).status_code == 200
 
 
-async def test_websocket_and_cleartext_http2_are_refused_without_a_traceback(
+async def test_websocket_cleartext_http2_and_non_http_are_refused_without_a_traceback(
     server: Running, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
@@ -243,6 +243,14 @@ async def test_websocket_and_cleartext_http2_are_refused_without_a_traceback(
         assert status == 505
         assert json.loads(body)["error"]["code"] == "http_version_not_supported"
         assert await closed_by_server(stream)
+    # What is not HTTP/1.1 at all: h11's 400, in the envelope, and the connection closed.
+    for garbage in (b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nHost 127.0.0.1\r\n\r\n"):
+        async with await raw_http(port, garbage) as stream:
+            status, headers, body = await answer(stream)
+            assert status == 400 and headers["content-type"] == "application/json"
+            validate_error(json.loads(body))
+            assert json.loads(body)["error"]["code"] == "malformed_request"
+            assert await closed_by_server(stream)
     problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not problems, [r.getMessage() for r in problems]
     assert "Traceback" not in caplog.text

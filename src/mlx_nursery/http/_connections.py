@@ -130,6 +130,13 @@ class ConnectionCap:
             self._metrics.connections_open.set(self.open)
 
 
+_UNPARSED = {
+    400: ("the request is not valid HTTP/1.1", "malformed_request"),
+    431: ("the request's head is larger than the server takes", "request_headers_too_large"),
+}
+"""h11's refusals by status (its hint), as the envelope says them."""
+
+
 class _HTTP11(H11Protocol):
     """Hypercorn's HTTP/1.1 that never switches to HTTP/2: an `Upgrade: h2c` is ignored (the
     request is answered in HTTP/1.1, as RFC 9110 lets a server do), and a connection that
@@ -148,6 +155,22 @@ class _HTTP11(H11Protocol):
 
     async def _check_protocol(self, event: h11.Request) -> None:
         return None  # a preface later than the first bytes is a request the app refuses
+
+    async def _send_error_response(self, status_code: int) -> None:
+        """What h11 cannot parse (a malformed request line or header, a head past the
+        limit) is refused in the API's envelope, where Hypercorn sends an empty body."""
+        message, code = _UNPARSED.get(status_code, _UNPARSED[400])
+        error = {"message": message, "type": "invalid_request_error", "param": None}
+        body = json.dumps({"error": {**error, "code": code}}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            *self.config.response_headers("h11"),
+        ]
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
 
 
 class _Connection(TCPServer):
