@@ -73,18 +73,18 @@ def takes(
     batch's verify) with mlx-lm's boolean mask over its keys. The keys and values must be
     the buffer's own layout (a model that tiles or reshapes them after the update, or a
     quantized cache's tuples, keeps mlx-lm's attention)."""
-    if sinks is not None or not same_layout(queries, keys, values, cache):
-        return False
+    length = queries.shape[2]
+    if length < 2 or sinks is not None or not same_layout(queries, keys, values, cache):
+        return False  # a decode step's query first: the test every layer of it meets
     if isinstance(cache, BatchKVCache):
         return (
-            queries.shape[2] >= 2
-            and isinstance(mask, mx.array)
+            isinstance(mask, mx.array)
             and mask.dtype == mx.bool_
             and mask.shape == (queries.shape[0], 1, queries.shape[2], keys.shape[2])
             and keys.shape[2] == cache._idx
         )
     return (
-        queries.shape[2] >= MIN_QUERY
+        length >= MIN_QUERY
         and isinstance(cache, KVCache)
         and type(cache).update_and_fetch is KVCache.update_and_fetch
         and isinstance(mask, str)
@@ -102,15 +102,18 @@ def same_layout(queries: mx.array, keys: mx.array, values: mx.array, cache: Any)
         return False  # none yet, or a quantized cache's (data, scales, biases)
     key_buffer, value_buffer = buffers
     assert key_buffer is not None and value_buffer is not None
+    q, k, v = queries.shape, keys.shape, values.shape
+    kb, vb = key_buffer.shape, value_buffer.shape
     return (
-        keys.shape[:2] == key_buffer.shape[:2]
-        and keys.shape[3] == key_buffer.shape[3] == queries.shape[3]
-        and values.shape[:2] == value_buffer.shape[:2]
-        and values.shape[3] == value_buffer.shape[3]
+        k[0] == kb[0] == q[0]
+        and k[1] == kb[1]
+        and k[3] == kb[3] == q[3]
+        and v[0] == vb[0]
+        and v[1] == vb[1]
+        and v[3] == vb[3]
+        and q[1] % k[1] == 0
         and keys.dtype == key_buffer.dtype == queries.dtype
         and values.dtype == value_buffer.dtype
-        and queries.shape[0] == keys.shape[0]
-        and queries.shape[1] % keys.shape[1] == 0
     )
 
 
