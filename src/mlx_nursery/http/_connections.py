@@ -168,9 +168,14 @@ class _HTTP11(H11Protocol):
             (b"connection", b"close"),
             *self.config.response_headers("h11"),
         ]
-        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
-        await self._send_h11_event(h11.Data(data=body))
-        await self._send_h11_event(h11.EndOfMessage())
+        events = (h11.Response(status_code=status_code, headers=headers), h11.Data(data=body))
+        try:  # one write, as Hypercorn's empty answer is two: a client gone fails it once
+            data = b"".join(self.connection.send(e) or b"" for e in (*events, h11.EndOfMessage()))
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        await self.send(RawData(data=data))
 
 
 class _Connection(TCPServer):
