@@ -58,6 +58,11 @@ _HYPERCORN_MARGIN = (
 )
 
 
+_SETTLE_AFTER_HURRY = 10.0
+"""Seconds a second signal waits for the requests it cancelled to decide their final answers
+before the connections' grace is cut short."""
+
+
 def hypercorn_config(settings: Settings) -> Config:
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
@@ -124,13 +129,20 @@ async def serve(
         failed.set()
         shutdown.set()
 
+    async def hurried() -> None:
+        """A second signal, once the requests it cancelled have decided their final answers
+        (the engine acknowledges a cancel within a step; bounded): the connections' grace
+        then ends soon, without cutting those answers off."""
+        await hurry.wait()
+        await service.settled(_SETTLE_AFTER_HURRY)
+
     async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
         await serve_http(
             cast(ASGIFramework, asgi_app(app)),
             hypercorn_config(settings),
             ConnectionCap(settings.max_connections, parts.metrics, settings.send_timeout),
             shutdown_trigger=stop_accepting.wait,
-            hurry_trigger=hurry.wait,
+            hurry_trigger=hurried,
             task_status=task_status,
         )
         nursery.cancel_scope.cancel()  # Hypercorn is done: stop the watchers

@@ -12,6 +12,7 @@ memory does; its read runs on its own thread while the sequence waits (`_loading
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 
 from .. import fault_points
@@ -45,10 +46,10 @@ class PrefixReuse:
         it spares is skipped (`_disk_rates.py`)."""
         self._image_token = int(model.config["image_token_id"]) if model.vision else None
         """A vision model's image placeholder id (None: a text model)."""
-        self._failed: set[str] = set()
-        """What has failed before: a failure that recurs (the idle expiry polls every few
-        seconds) logs its traceback once; the repeats are counted (`reuse_failures`) and
-        logged at debug level, not a traceback per poll."""
+        self._failed: set[tuple[str, str, str]] = set()
+        """The failures seen (what failed, the error's type and message): one that recurs
+        (the idle expiry polls every few seconds) logs its traceback once; the repeats are
+        counted (`reuse_failures`) and logged at debug level, not a traceback per poll."""
 
     @property
     def keeps_state(self) -> bool:
@@ -149,10 +150,12 @@ class PrefixReuse:
         """The cache failed `what`: it is emptied, so that a broken index fails no later
         request, and the failure counted (`reuse_failures`)."""
         assert self.cache is not None
-        if what in self._failed:
+        error = sys.exc_info()[1]
+        failure = (what, type(error).__name__, str(error))
+        if failure in self._failed:
             log.debug("the prefix cache failed %s again; it is emptied", what)
         else:
-            self._failed.add(what)
+            self._failed.add(failure)
             log.exception("the prefix cache failed %s; it is emptied", what)
         self.cache.clear()
         self.cache.record_failure()

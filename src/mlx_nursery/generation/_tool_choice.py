@@ -20,6 +20,24 @@ def shown_tools(raw: list[FunctionTool] | None, served: ServedModel) -> list[dic
     return normalize_tools(raw)
 
 
+def prompted_tools(
+    raw: list[FunctionTool] | None,
+    choice: ToolChoiceMode | NamedToolChoice | None,
+    served: ServedModel,
+) -> list[dict[str, Any]]:
+    """The tools the chat template is shown under `choice`, checked as `offered_tools`
+    checks a choice, without building the constraint on the calls (/tokenize's use: the
+    prompt alone)."""
+    tools = shown_tools(raw, served)
+    if choice not in (None, "auto", "none") and not tools:
+        raise InvalidRequest(
+            "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
+        )
+    if isinstance(choice, NamedToolChoice):
+        _forced_name(choice, tools)
+    return [] if choice == "none" else tools
+
+
 def offered_tools(
     raw: list[FunctionTool] | None,
     choice: ToolChoiceMode | NamedToolChoice | None,

@@ -133,6 +133,7 @@ class ConnectionCap:
 _UNPARSED = {
     400: ("the request is not valid HTTP/1.1", "malformed_request"),
     431: ("the request's head is larger than the server takes", "request_headers_too_large"),
+    501: ("the request's transfer coding is not one the server reads", "not_implemented"),
 }
 """h11's refusals by status (its hint), as the envelope says them."""
 
@@ -168,14 +169,19 @@ class _HTTP11(H11Protocol):
             (b"connection", b"close"),
             *self.config.response_headers("h11"),
         ]
-        events = (h11.Response(status_code=status_code, headers=headers), h11.Data(data=body))
-        try:  # one write, as Hypercorn's empty answer is two: a client gone fails it once
-            data = b"".join(self.connection.send(e) or b"" for e in (*events, h11.EndOfMessage()))
-        except h11.LocalProtocolError:
-            if self.connection.their_state != h11.ERROR:
-                raise
-            return
-        await self.send(RawData(data=data))
+        events = (
+            h11.Response(status_code=status_code, headers=headers),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        )
+        data = b""
+        for event in events:  # built whole, then one write: nothing can come between
+            try:
+                data += self.connection.send(event) or b""
+            except h11.LocalProtocolError:  # e.g. a HEAD request's answer takes no body
+                break
+        if data:
+            await self.send(RawData(data=data))
 
 
 class _Connection(TCPServer):
@@ -291,7 +297,7 @@ class _Grace:
     def _end_by(self, deadline: float) -> None:
         assert self.scope is not None
         self.scope.deadline = min(self.scope.deadline, deadline)
-        self.cap.writes_end_by(deadline)
+        self.cap.writes_end_by(self.scope.deadline)
 
 
 async def serve_http(
@@ -335,7 +341,10 @@ async def serve_http(
             )
 
             async def handle(stream: trio.SocketStream) -> None:
-                await cap.handle(stream, connection)
+                try:
+                    await cap.handle(stream, connection)
+                except Exception:  # one connection's fault must not end the server's
+                    log.exception("a connection failed; the server goes on")
 
             task_status.started(binds)
             try:

@@ -23,7 +23,7 @@ from ..generation import (
     ToolChoiceMode,
     check_count,
     check_token_ids,
-    offered_tools,
+    prompted_tools,
     reject_unimplemented,
     require,
     structure,
@@ -123,7 +123,7 @@ def _tokenize_chat(request: TokenizeChatRequest, served: ServedModel) -> Tokeniz
         "add_generation_prompt to false to continue the last message",
     )
     check_count(len(request.messages), served.caps.max_messages, "messages")
-    tools, _ = offered_tools(request.tools, request.tool_choice, served)  # no decoding here
+    tools = prompted_tools(request.tools, request.tool_choice, served)
     variables = template_variables(
         request.chat_template_kwargs, served.tokenizer, None, strict=served.strict_params
     )

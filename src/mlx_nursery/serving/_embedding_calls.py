@@ -118,6 +118,10 @@ class EmbeddingCalls:
         `Jobs.refuse`. Not a checkpoint."""
         self._intake.refusal = error
 
+    async def settled(self) -> None:
+        """Wait until no call runs. Cancellation: stops the wait only."""
+        await self._idle.wait()
+
     async def drain(self, grace: float) -> None:
         """Refuse new requests from now on, let running ones finish for up to `grace`
         seconds, then cancel the rest (their clients get the shutdown 503)."""

@@ -385,6 +385,11 @@ class Jobs:
         unloaded, and its jobs' nursery is about to close. Not a checkpoint."""
         self._intake.refusal = error
 
+    async def settled(self) -> None:
+        """Wait until no job runs (the cancelled ones' final answers decided). Cancellation:
+        stops the wait only."""
+        await self._idle.wait()
+
     async def drain(self, grace: float) -> None:
         """Refuse new jobs from now on (`start` raises the shutdown error), let running jobs
         finish for up to `grace` seconds, then cancel the rest; returns without waiting for

@@ -226,6 +226,12 @@ class Service:
         if self.models is not None:
             await self.models.drain(0)
 
+    async def settled(self, limit: float) -> None:
+        """Wait, for up to `limit` seconds, until no request's job runs (after a drain: the
+        cancelled ones have decided their final answers). Cancellation: stops the wait."""
+        if self.models is not None:
+            await self.models.settled(limit)
+
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give running ones (background responses too) `grace`
         seconds, then cancel them; return once the background responses stored their ends
