@@ -66,7 +66,7 @@ def replay(prompt: list[int], output: list[int], most: int, costs: ModeledCosts)
     done = steps = verifies = drafted = accepted = 0
     seconds = 0.0
     while done < len(output):
-        wanted = control.drafts()
+        wanted = control.drafts(recurring=index.recurs())  # as the lone stream asks
         drafts = index.draft(wanted) if wanted else []
         kept = 0
         while kept < len(drafts) and done + kept < len(output):

@@ -7,6 +7,7 @@ their cost compares on this machine); the tokens, usage and logprobs must agree.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -536,3 +537,40 @@ def test_speculation_settings_pair_the_method_and_the_draft_model() -> None:
         Speculation("draft")
     with pytest.raises(ValueError, match="draft model"):
         Speculation("ngram", draft_model="somewhere")
+
+
+def _tries(recurring: bool, steps: int) -> list[int]:
+    """The steps at which a control whose drafts are never kept tries a draft, its context
+    recurring (a copy's sign) or not."""
+    costs = VerifyCosts()
+    costs.plain(0.010)
+    costs.verify(1, 0.030)  # a verify costs three plain steps: a draft must hold to pay
+    control = DraftControl(8, costs)
+    tried = []
+    for step in range(steps):
+        if control.drafts(recurring=recurring):
+            tried.append(step)
+            control.verified(1, 0)
+    return tried
+
+
+def test_a_pause_yields_to_a_recurring_context_after_its_first_steps() -> None:
+    """A pause doubles after each try that did not pay, and a run of copied text often
+    starts inside a long one; where the context's last n-gram recurs (a copy's sign) a pause
+    that has run FIRST_PAUSE steps ends for a try, so tries come at least every
+    FIRST_PAUSE + 1 steps, and no oftener where they keep failing."""
+    quiet, copying = _tries(False, 200), _tries(True, 200)
+    gaps = [b - a for a, b in itertools.pairwise(copying)]
+    assert gaps and max(gaps) <= FIRST_PAUSE + 2 and min(gaps) > FIRST_PAUSE
+    quiet_gaps = [b - a for a, b in itertools.pairwise(quiet)]
+    assert max(quiet_gaps) >= 4 * FIRST_PAUSE  # the pauses doubled
+    assert len(quiet) < len(copying)
+
+
+def test_the_index_says_when_the_context_recurs() -> None:
+    index = NgramIndex(Speculation(ngram_max=3), [1, 2, 3, 4, 5])
+    assert not index.recurs()
+    index.extend([9, 1, 2])
+    assert not index.recurs()  # only two tokens of an earlier run
+    index.extend([3])
+    assert index.recurs()  # 1 2 3 occurred before, with 4 after it

@@ -12,7 +12,8 @@ where it is bound by arithmetic (MLX's CPU backend). `DraftControl` therefore me
 (shared by every sequence of the engine: `VerifyCosts`) and each sequence's acceptance, and
 drafts the length that maximizes the expected tokens per second, none when decoding plainly
 is faster; then it waits before trying again, twice as long after each try that did not pay,
-so that speculation costs a request little where it never helps. Engine thread only.
+so that speculation costs a request little where it never helps, unless (on the lone
+stream) the context starts to recur, the sign of a copy. Engine thread only.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class NgramIndex:
 
     def __len__(self) -> int:
         return len(self._tokens)
+
+    def recurs(self) -> bool:
+        """The context's last `ngram_max` tokens occurred before, with a token after them: the
+        strongest sign the lookup has that the text is being copied (`DraftControl.drafts`).
+        Not a checkpoint; a dictionary lookup."""
+        n = self._longest_first[0]
+        context = self._tokens
+        return len(context) >= n and tuple(context[len(context) - n :]) in self._after
 
     def extend(self, tokens: Iterable[int]) -> None:
         context, after = self._tokens, self._after
@@ -285,6 +294,8 @@ class DraftControl:
         self._whole = 0.5
         """Moving average of the share of verifies whose drafts were all accepted."""
         self._pause = 0
+        self._paused = 0
+        """Plain steps of the current pause so far."""
         self._next_pause = FIRST_PAUSE
         self._explore = False
 
@@ -304,25 +315,35 @@ class DraftControl:
         lately (none known yet: not). A wasted one costs the device a forward."""
         return self._whole > 0.5
 
-    def drafts(self) -> int:
+    def drafts(self, recurring: bool = False) -> int:
         """The drafts the next step may carry (0: decode plainly). Called once per step.
         Adaptive, the first steps are plain until a plain step's cost is known: a verify's is
         judged against it, and a source that always has drafts (a draft model) would
-        otherwise verify every step and never learn that none pays."""
+        otherwise verify every step and never learn that none pays. `recurring`: the
+        context's last n-gram occurred before (`NgramIndex.recurs`), the sign of a copy: a
+        pause that has run `FIRST_PAUSE` steps ends for a try at once, rather than let a
+        copy run pass undrafted (a pause doubles up to `LONGEST_PAUSE` steps, and a run of
+        copied text often starts inside one); a try at most every `FIRST_PAUSE` + 1 steps
+        where such signs mislead."""
         if not self._adaptive:
             return self._most
         if self._costs.plain_s is None:
             return 0
         if self._pause:
-            self._pause -= 1
-            self._explore = self._pause == 0
-            return 0
+            self._paused += 1
+            if recurring and self._paused > FIRST_PAUSE:
+                self._pause, self._explore = 0, True
+            else:
+                self._pause -= 1
+                self._explore = self._pause == 0
+                return 0
         best = self.best()
         if best is None or self._explore:  # a try: it lasts until a step drafts (`verified`)
             return min(self._most, max(best or 0, EXPLORE_DRAFTS))
         if best == 0:
             promising = self._costs.promising(self._most)
             self._pause = self._next_pause if promising else LONGEST_PAUSE
+            self._paused = 0
             self._next_pause = min(2 * self._next_pause, LONGEST_PAUSE)
         return best
 

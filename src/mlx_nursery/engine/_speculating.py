@@ -133,8 +133,10 @@ class Speculator:
 
     def plan(self) -> int:
         """How many tokens the next step may draft (the control's choice: 0 decodes
-        plainly). Asked once per step."""
-        return self.control.drafts()
+        plainly; a pause yields to a context that recurs, prompt lookup only). Asked once
+        per step."""
+        index = self.index
+        return self.control.drafts(recurring=isinstance(index, NgramIndex) and index.recurs())
 
     @property
     def pipelines(self) -> bool:
