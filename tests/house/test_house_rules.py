@@ -270,6 +270,7 @@ PUBLIC = {
         "parse_media_hosts",
         "prepared_for",
         "prompt_texts",
+        "prompted_tools",
         "quoted",
         "register_lenient",
         "register_tagged_union",
