@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-import attrs
 import h11
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
@@ -41,6 +40,7 @@ from hypercorn.typing import ASGIFramework, ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, parse_socket_addr, raise_shutdown, repr_socket_addr
 
 from ..serving import Metrics
+from ._grace import Grace
 
 log = logging.getLogger("mlx_nursery.server")
 
@@ -265,41 +265,6 @@ class _Connection(TCPServer):
             await self._close()
 
 
-HURRIED_GRACE = 1.0
-"""Seconds the connections keep after an operator's second signal: the answers already
-decided go out; a client that reads slowly is not waited for."""
-
-
-@attrs.define
-class _Grace:
-    """When the connections that outlive the accept loop must end: the graceful timeout
-    after the shutdown, or `HURRIED_GRACE` after a second signal, whichever is sooner."""
-
-    timeout: float
-    cap: ConnectionCap
-    scope: trio.CancelScope | None = None
-    hurried: bool = False
-    began: bool = False
-
-    def begin(self) -> None:
-        """The accept loop is over: the grace starts. Not a checkpoint."""
-        self.began = True
-        self._end_by(trio.current_time() + (HURRIED_GRACE if self.hurried else self.timeout))
-
-    async def hurry_on(self, trigger: Callable[[], Awaitable[None]]) -> None:
-        """Wait for `trigger`, then shorten the grace (now, or when it begins).
-        Cancellation: nothing changes."""
-        await trigger()
-        self.hurried = True
-        if self.began:
-            self._end_by(trio.current_time() + HURRIED_GRACE)
-
-    def _end_by(self, deadline: float) -> None:
-        assert self.scope is not None
-        self.scope.deadline = min(self.scope.deadline, deadline)
-        self.cap.writes_end_by(self.scope.deadline)
-
-
 async def serve_http(
     app: ASGIFramework,
     config: Config,
@@ -320,7 +285,7 @@ async def serve_http(
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     context = WorkerContext(None)
-    grace = _Grace(config.graceful_timeout, cap)
+    grace = Grace(config.graceful_timeout, cap)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
