@@ -206,10 +206,10 @@ def usable(dtype: mx.Dtype) -> bool:
     without 16-byte loads) runs once on small rows against MLX's softmax. A variant that
     fails to build or to match is logged and the sequence attention takes MLX's select and
     softmax instead, rather than failing requests. Blocks for that check, once per dtype."""
-    usable = _checked.get(dtype)
-    if usable is None:
-        usable = _checked[dtype] = _self_check(dtype)
-    return usable
+    checked = _checked.get(dtype)
+    if checked is None:
+        checked = _checked[dtype] = _self_check(dtype)
+    return checked
 
 
 def _self_check(dtype: mx.Dtype) -> bool:

@@ -28,14 +28,24 @@ def prompted_tools(
     """The tools the chat template is shown under `choice`, checked as `offered_tools`
     checks a choice, without building the constraint on the calls (/tokenize's use: the
     prompt alone)."""
+    tools, _ = _checked(raw, choice, served)
+    return [] if choice == "none" else tools
+
+
+def _checked(
+    raw: list[FunctionTool] | None,
+    choice: ToolChoiceMode | NamedToolChoice | None,
+    served: ServedModel,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The tools as shown, and the function a named choice forces (None: none), once the
+    choice is checked: a named function must be among the tools, a forced call needs one."""
     tools = shown_tools(raw, served)
+    name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
     if choice not in (None, "auto", "none") and not tools:
         raise InvalidRequest(
             "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
         )
-    if isinstance(choice, NamedToolChoice):
-        _forced_name(choice, tools)
-    return [] if choice == "none" else tools
+    return tools, name
 
 
 def offered_tools(
@@ -53,13 +63,8 @@ def offered_tools(
     or the fallback convention). A tool_choice is checked with or without tools: one that
     forces a call needs a tool to call.
     """
-    tools = shown_tools(raw, served)
+    tools, name = _checked(raw, choice, served)
     forcing = choice not in (None, "auto", "none")
-    name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
-    if forcing and not tools:
-        raise InvalidRequest(
-            "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
-        )
     if choice == "none" or not tools:
         return [], None
     form = served.tool_format

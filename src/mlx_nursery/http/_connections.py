@@ -55,10 +55,16 @@ steadily (1 KiB/s or more under the default 60 s) takes a piece within it, howev
 body; a smaller piece costs the Trio thread a scheduler pass for every few KiB written."""
 
 
+def _envelope(message: str, type_: str, code: str) -> bytes:
+    """An error body in the API's envelope (no parameter named)."""
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    ).encode()
+
+
 def _refusal(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 answer, in the envelope, that closes its connection."""
-    error = {"message": message, "type": type_, "param": None, "code": code}
-    body = json.dumps({"error": error}).encode()
+    body = _envelope(message, type_, code)
     head = (
         f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
@@ -161,8 +167,7 @@ class _HTTP11(H11Protocol):
         """What h11 cannot parse (a malformed request line or header, a head past the
         limit) is refused in the API's envelope, where Hypercorn sends an empty body."""
         message, code = _UNPARSED.get(status_code, _UNPARSED[400])
-        error = {"message": message, "type": "invalid_request_error", "param": None}
-        body = json.dumps({"error": {**error, "code": code}}).encode()
+        body = _envelope(message, "invalid_request_error", code)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

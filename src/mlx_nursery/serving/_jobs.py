@@ -386,8 +386,7 @@ class Jobs:
         self._intake.refusal = error
 
     async def settled(self) -> None:
-        """Wait until no job runs (the cancelled ones' final answers decided). Cancellation:
-        stops the wait only."""
+        """Wait until no job runs. Cancellation: stops the wait only."""
         await self._idle.wait()
 
     async def drain(self, grace: float) -> None:

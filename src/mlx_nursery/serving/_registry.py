@@ -186,13 +186,6 @@ class ModelRegistry:
         await self._unload(slot)
         return True
 
-    async def settled(self, limit: float) -> None:
-        """Wait, for up to `limit` seconds, until no loaded model runs a job. Cancellation:
-        stops the wait only."""
-        with trio.move_on_after(limit):
-            for hosted in self.loaded():
-                await hosted.jobs.settled()
-
     async def drain(self, grace: float) -> None:
         """No model loads from now on; every loaded model's jobs drain (`Jobs.drain`)."""
         self._closed = True

@@ -230,7 +230,9 @@ class Service:
         """Wait, for up to `limit` seconds, until no request's job runs (after a drain: the
         cancelled ones have decided their final answers). Cancellation: stops the wait."""
         if self.models is not None:
-            await self.models.settled(limit)
+            with trio.move_on_after(limit):
+                for hosted in self.models.loaded():
+                    await hosted.jobs.settled()
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give running ones (background responses too) `grace`
