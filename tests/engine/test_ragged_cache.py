@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
@@ -129,6 +130,29 @@ def test_a_padded_prefill_chunk_moves_the_padding_as_mlx_lm_does() -> None:
     assert_same(ours, theirs)
 
 
+def test_a_padded_chunk_moves_only_rows_and_leaves_the_old_buffer_as_it_was() -> None:
+    """Rows with long cached prefixes (as prefix-cache hits bring) and a row that held
+    nothing, padded unequally: each row's tokens end at the index as mlx-lm's roll puts
+    them, and the buffer before the chunk (a state handed out earlier) is not changed."""
+    ours, theirs = pair([40, 0, 33, 40], seed=13)
+    chunk = [1, 4, 2, 4]
+    padding = [max(chunk) - n for n in chunk]
+    k, v = mx.random.normal((2, 4, HEADS, max(chunk), DIM), key=mx.random.key(14))
+    for cache in (ours, theirs):
+        cache.prepare(lengths=chunk, right_padding=padding)
+        cache.update_and_fetch(k, v)
+    before = ours.keys
+    assert before is not None
+    kept = np.array(before)  # a copy on the host
+    for cache in (ours, theirs):
+        cache.finalize()
+    assert_same(ours, theirs)
+    assert np.array_equal(np.array(before), kept)
+    assert ours.padding == [3, 40, 9, 0]
+    decode([ours, theirs], 4, seed=15)
+    assert_same(ours, theirs)
+
+
 def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
     """`filter` shares the padding arrays between a batch's layers; a padded chunk after it
     (a speculative verify's realignment, a padded chunk after a prompt left the prompt
@@ -147,7 +171,7 @@ def test_layers_filtered_together_then_padded_keep_their_own_padding() -> None:
             cache.finalize()
     for ours, theirs in layers:
         assert_same(ours, theirs)
-    first = layers[0][0]  # the roll's index and the padding were made once for all layers
+    first = layers[0][0]  # the padding's arrays were made once for all layers
     assert all(ours.left_padding is first.left_padding for ours, _ in layers)
     assert all(ours.offset is first.offset for ours, _ in layers)
 
@@ -249,18 +273,16 @@ def test_the_kernel_equals_masked_attention(
 
 def test_each_engine_thread_shares_arrays_of_its_own() -> None:
     """Engines run on threads of their own, with MLX streams of their own: the arrays one
-    thread's layers share are not handed to another's (the roll index is still lazy)."""
+    thread's layers share are not handed to another's."""
     import threading
 
-    from mlx_nursery.engine._ragged import _offsets, _roll_index
+    from mlx_nursery.engine._ragged import _offsets
 
-    here = (_offsets(9, [1, 2]), _roll_index(16, (1, 0)))
-    assert _offsets(9, [1, 2]) is here[0] and _roll_index(16, (1, 0)) is here[1]
+    here = _offsets(9, [1, 2])
+    assert _offsets(9, [1, 2]) is here
     there: list[Any] = []
-    worker = threading.Thread(
-        target=lambda: there.extend([_offsets(9, [1, 2]), _roll_index(16, (1, 0))])
-    )
+    worker = threading.Thread(target=lambda: there.append(_offsets(9, [1, 2])))
     worker.start()
     worker.join()
-    assert there[0] is not here[0] and there[1] is not here[1]
-    assert there[0].tolist() == here[0].tolist() == [8, 7]
+    assert there[0] is not here
+    assert there[0].tolist() == here.tolist() == [8, 7]

@@ -19,8 +19,9 @@ rows as contiguous runs (usually one or two slices) and rebuilds `offset` and
 `extract` slices without a sync. `offset` and `left_padding` come from the host after every
 change (`update_and_fetch`, `prepare`, `finalize`, `trim`, `extend`), one pair of arrays
 for all the layers of a forward: mlx-lm adds to each layer's own on the device, a kernel
-per layer for the same values (for `offset`, every step); `finalize`'s roll index is made
-once for all layers too.
+per layer for the same values (for `offset`, every step). `finalize` (after a chunk of
+prompts of unequal lengths) moves only the padded rows' tokens, as slices, where mlx-lm
+gathers every row's whole buffer.
 The decode attention on CUDA (`_decode_attention.py`) reads the rows' starts from
 `left_padding` on the device, not from the host list.
 
@@ -83,16 +84,16 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         return n
 
     def finalize(self) -> None:
-        """As mlx-lm's: each row's tokens rolled right by its right padding, which joins its
-        left padding; the roll's index made once for every layer, and `left_padding` and
-        `offset` from the host."""
+        """As mlx-lm's: each row's tokens moved right by its right padding, which joins its
+        left padding; `left_padding` and `offset` from the host. mlx-lm rolls every row's
+        whole buffer with a gather, an element at a time: after a chunk of prompts that
+        reuse a long cached prefix, that is every row's whole prefix (`_moved_right`)."""
         right = self._right_host
         if right is None:
             return
         assert self.keys is not None and self.values is not None
-        index = _roll_index(self.keys.shape[2], tuple(right))
-        self.keys = mx.take_along_axis(self.keys, index, axis=2)
-        self.values = mx.take_along_axis(self.values, index, axis=2)
+        self.keys = _moved_right(self.keys, self.padding, self._idx, right)
+        self.values = _moved_right(self.values, self.padding, self._idx, right)
         self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
         self._right_host = None
         self._sync_device_padding()
@@ -206,18 +207,20 @@ def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
         layer._sync_device_padding()
 
 
-def _roll_index(length: int, shifts: tuple[int, ...]) -> mx.array:
-    """mlx-lm's `dynamic_roll` index for rolling each row i of a (B, H, `length`, D) buffer
-    right by `shifts[i]`, made once for every layer (and for keys and values alike)."""
-    key = (length, shifts)
-    made = _shared.rolls
-    index = made.get(key)
-    if index is None:
-        made.clear()  # only the latest finalize's layers share it
-        positions = mx.arange(length)[None, None, :, None]
-        index = (positions - mx.array(shifts)[:, None, None, None]) % length
-        made[key] = index
-    return index
+def _moved_right(buffer: mx.array, padding: list[int], index: int, shifts: list[int]) -> mx.array:
+    """`buffer` (B, H, L, D) with each row i's tokens (from `padding[i]` up to `index -
+    shifts[i]`) moved `shifts[i]` positions right, to end at `index`; what lies before them
+    is left padding, never read. Lazy: the buffer is copied once (the forward that wrote it
+    may still be in flight, so MLX cannot write into it in place without a wait), then each
+    moving row's tokens as one contiguous slice; no gather."""
+    moved = mx.contiguous(buffer)  # a new array: the updates below must not rebind `buffer`
+    for row, shift in enumerate(shifts):
+        start = padding[row]
+        if shift > 0 and index - shift > start:
+            moved[row : row + 1, :, start + shift : index] = buffer[
+                row : row + 1, :, start : index - shift
+            ]
+    return moved
 
 
 def _offsets(index: int, padding: list[int]) -> mx.array:
@@ -234,14 +237,13 @@ def _offsets(index: int, padding: list[int]) -> mx.array:
 
 class _Shared(threading.local):
     """The arrays the layers of the latest forward share, per engine thread: each engine
-    runs its model on a thread of its own, with MLX streams of that thread, and the roll
-    index is lazy (computed on the stream of the thread that evaluates it first)."""
+    runs its model on a thread of its own, with MLX streams of that thread, and these arrays
+    are lazy (computed on the stream of the thread that evaluates them first)."""
 
     def __init__(self) -> None:
         self.offsets: dict[tuple[int, tuple[int, ...]], mx.array] = {}
         self.padding: dict[tuple[int, tuple[int, ...]], tuple[mx.array, mx.array]] = {}
         """`left_padding` and `offset` of the last (write index, padding) set from the host."""
-        self.rolls: dict[tuple[int, tuple[int, ...]], mx.array] = {}
 
 
 _shared = _Shared()
