@@ -86,8 +86,10 @@ def replay(prompt: list[int], output: list[int], most: int, costs: ModeledCosts)
     return Replay(steps, verifies, drafted, accepted, seconds)
 
 
-def record(out: Path) -> None:
-    """The built-in model's greedy answers to the speculative benchmark's workloads."""
+def record(out: Path, code_edit_tokens: int) -> None:
+    """The built-in model's greedy answers to the speculative benchmark's workloads, as
+    long as `bench/speculative.py --tokens N` makes them (the code edit at most
+    `code_edit_tokens`, the chat in proportion, by the workloads' shares)."""
     import trio
 
     from mlx_nursery.engine import EngineConfig, GenerationRequest, SamplingParams, open_engine
@@ -101,11 +103,12 @@ def record(out: Path) -> None:
         traces: dict[str, dict[str, list[int]]] = {}
         config = EngineConfig(Path(ensure_default_model()), warmup=False)
         async with open_engine(config) as engine:
-            for name, (messages, _) in WORKLOADS.items():
+            for name, (messages, share) in WORKLOADS.items():
                 tokenizer: Any = engine.model.tokenizer  # mlx-lm's wrapper (untyped)
                 prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+                most = round(code_edit_tokens * share / WORKLOADS["code-edit"][1])
                 request = GenerationRequest(
-                    prompt, max_tokens=400, sampling=SamplingParams(temperature=0.0)
+                    prompt, max_tokens=most, sampling=SamplingParams(temperature=0.0)
                 )
                 tokens = []
                 async with engine.generate(request) as stream:
@@ -121,17 +124,46 @@ def record(out: Path) -> None:
         release_mlx_streams()
 
 
+def faithful_edit() -> list[int]:
+    """The code edit's answer as a model that follows the instruction writes it (the
+    built-in SmolLM2 does not: after a preamble and a few lines of the file it repeats
+    itself), in the built-in model's tokens: the whole file, renamed, in one code block."""
+    from transformers import AutoTokenizer
+
+    from mlx_nursery.models.default import ensure_default_model
+
+    sys.path.append(str(Path(__file__).parent))
+    from speculative import CODE
+
+    text = "```python\n" + CODE.replace("merge_settings", "combine_settings") + "```"
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(ensure_default_model()))
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--record", type=Path, help="record the greedy answers to this file")
+    p.add_argument(
+        "--record-tokens", type=int, default=400, help="the code edit's most tokens, recorded"
+    )
     p.add_argument("--tokens", type=Path, help="replay the answers recorded in this file")
     p.add_argument("--most", type=int, default=8, help="the most drafts a step")
+    p.add_argument(
+        "--faithful",
+        action="store_true",
+        help="also replay the code edit a capable model writes: the file, renamed, whole",
+    )
     args = p.parse_args()
     if args.record:
-        record(args.record)
+        record(args.record, args.record_tokens)
     if not args.tokens:
         return
     traces = json.loads(args.tokens.read_text())
+    if args.faithful:
+        traces["code-edit (faithful)"] = {
+            "prompt": traces["code-edit"]["prompt"],
+            "output": faithful_edit(),
+        }
     for name, trace in traces.items():
         output = trace["output"]
         for fixed, per_draft in COSTS:
