@@ -225,6 +225,33 @@ async def test_forced_tool_choice_always_yields_a_valid_call(
             if isinstance(choice, dict):
                 assert call.function.name == "get_time"
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        # Streamed, the first delta names the role with content null (OpenAI's for a call),
+        # where a free answer opens with content "".
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+            firsts = []
+            for forced in (True, False):
+                body = {
+                    "model": "tiny",
+                    "messages": [{"role": "user", "content": "Use a tool."}],
+                    "tools": TOOLS,
+                    "max_tokens": 120,
+                    "stream": True,
+                    **({"tool_choice": choice} if forced else {}),
+                }
+                async with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+                    lines = [
+                        line async for line in reply.aiter_lines() if line.startswith("data: {")
+                    ]
+                firsts.append(json.loads(lines[0][len("data: ") :])["choices"][0]["delta"])
+                if forced:
+                    kinds = {
+                        k for line in lines for k in json.loads(line[6:])["choices"][0]["delta"]
+                    }
+                    assert "tool_calls" in kinds
+            assert firsts == [
+                {"role": "assistant", "content": None},
+                {"role": "assistant", "content": ""},
+            ]
         # And through the Responses API, with its flat tool form.
         flat = [{"type": "function", **t["function"]} for t in TOOLS]
         response = await client.responses.create(

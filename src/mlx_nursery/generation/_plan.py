@@ -125,6 +125,9 @@ class Prepared:
     service_tier: str | None = None
     """The OpenAI service tier the request was served at, echoed in its response (None: it
     sent none)."""
+    calls_only: bool = False
+    """The answer is a tool call by construction (tool_choice "required" or a named
+    function): a stream opens without content (OpenAI's `content: null`), not with text."""
 
     def logprob_aligner(self) -> LogprobAligner | None:
         if self.token_text is None:

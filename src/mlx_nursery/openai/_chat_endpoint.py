@@ -104,7 +104,9 @@ class ChatWire:
         return _with_tier(p, body)
 
     def opening_chunks(self, p: Prepared) -> list[dict[str, Any]]:
-        return [_chunk(p, ChatDelta(role="assistant", content=""))]
+        """OpenAI's first delta: the role with empty content, or null content where the
+        answer can only be a tool call."""
+        return [_chunk(p, ChatDelta(role="assistant", content=None if p.calls_only else ""))]
 
     def reasoning_chunk(self, p: Prepared, text: str) -> dict[str, Any]:
         """A piece of a thinking model's reasoning: `delta.reasoning_content`, as vLLM and
@@ -223,7 +225,8 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     )
     prepared = with_processors(prepared, answer_only(prepared, served, forced))
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
-    prepared = attrs.evolve(prepared, ignored=ignored)
+    forcing = bool(tools) and request.tool_choice not in (None, "auto", "none")
+    prepared = attrs.evolve(prepared, ignored=ignored, calls_only=forcing)
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 

@@ -71,8 +71,14 @@ def _without_tool_calls_if_none(message: chat.AssistantMessage) -> dict[str, Any
 register_unstructure_hook(chat.AssistantMessage, _without_tool_calls_if_none)
 register_unstructure_hook(
     chat.ChatDelta,
-    # OpenAI leaves unset delta fields out: `{"content": "x"}`, and `{}` on the final chunk.
-    lambda delta: {k: v for k, v in attrs.asdict(delta).items() if v is not None},
+    # OpenAI leaves unset delta fields out: `{"content": "x"}`, and `{}` on the final chunk;
+    # the first delta, which names the role, always has `content` ("", or null before a
+    # forced tool call).
+    lambda delta: {
+        k: v
+        for k, v in attrs.asdict(delta).items()
+        if v is not None or (k == "content" and delta.role is not None)
+    },
 )
 register_unstructure_hook(
     ro.ResponseText,
