@@ -124,6 +124,25 @@ def test_the_batch_cache_keeps_each_rows_quantized_kv_through_merge_extend_and_f
     assert not bool(mask[0, 0, 0, 33]) and bool(mask[0, 0, 0, 34])  # padding is masked
 
 
+def test_a_padded_chunk_moves_each_rows_quantized_kv_to_end_at_the_index() -> None:
+    """A chunk of unequal lengths is right-padded; `finalize` moves each row's quantized
+    tokens right by its padding, as mlx-lm's roll did: every row then extracts as the same
+    row that took its chunk alone."""
+    rows = [_row(n, seed) for seed, n in enumerate((5, 30, 17))]
+    batch = QuantizedBatchKVCache.merge([row for row, _ in rows])
+    chunk = [3, 1, 2]
+    longest = max(chunk)
+    step = mx.random.normal((3, HEADS, longest, DIM), key=mx.random.key(21))
+    batch.prepare(lengths=chunk, right_padding=[longest - n for n in chunk])
+    batch.update_and_fetch(step, step)
+    batch.finalize()
+    assert batch.left_padding.tolist() == [25, 2, 14]
+    assert batch.offset.tolist() == [8, 31, 19]
+    for i, ((row, _), n) in enumerate(zip(rows, chunk, strict=True)):
+        row.update_and_fetch(step[i : i + 1, :, :n], step[i : i + 1, :, :n])
+        assert _same_row(batch, i, row)
+
+
 # --- the engine -----------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """A padded prefill chunk's `finalize` on four rows that each reuse a cached ~8,000-token
 prefix (Llama-3.1-8B's KV shapes: 32 layers, 8 KV heads of 128, bf16): mlx-lm's roll (a
-gather over every row's whole buffer, as the engine did before) against `_moved_right` (one
+gather over every row's whole buffer, as the engine did before) against `moved_right` (one
 copy of the buffer, then each moving row's tokens as a slice). Device time of the 64 arrays'
 moves, evaluated alone; the moved tokens compared."""
 
@@ -10,7 +10,7 @@ import time
 
 import mlx.core as mx
 
-from mlx_nursery.engine._ragged import _moved_right
+from mlx_nursery.engine._ragged import moved_right
 
 ROWS, HEADS, DIM, LAYERS = 4, 8, 128, 32
 INDEX, LENGTH = 8040, 8192
@@ -38,7 +38,7 @@ buffers = [
 ]
 mx.eval(buffers)
 old = lambda b: rolled(b, SHIFTS)  # noqa: E731
-new = lambda b: _moved_right(b, PADDING, INDEX, SHIFTS)  # noqa: E731
+new = lambda b: moved_right(b, PADDING, INDEX, SHIFTS)  # noqa: E731
 for fn in (old, new):
     timed(fn, buffers[:4])  # build the kernels
 results = {"old_ms": [], "new_ms": []}

@@ -31,12 +31,12 @@ import attrs
 import mlx.core as mx
 from attrs import validators as v
 
+from ._ragged import moved_right
 from ._upstream import (
     BaseCache,
     KVCache,
     QuantizedKVCache,
     create_causal_mask,
-    dynamic_roll,
     make_prompt_cache,
 )
 
@@ -151,6 +151,8 @@ class QuantizedBatchKVCache(BaseCache):  # type: ignore[misc]  # mlx-lm is untyp
         self.offset = mx.array([-p for p in left_padding])
         self._idx = 0
         self._right_padding: mx.array | None = None
+        self._right_host: list[int] | None = None
+        """`_right_padding` as the host had it: `finalize` moves rows by it without a read."""
         self.bits = bits
         self.group_size = group_size
 
@@ -209,18 +211,26 @@ class QuantizedBatchKVCache(BaseCache):  # type: ignore[misc]  # mlx-lm is untyp
             self.offset = self.offset - padding
         if right_padding is not None and max(right_padding) > 0:
             self._right_padding = mx.array(right_padding)
+            self._right_host = [int(q) for q in right_padding]
 
     def finalize(self) -> None:
-        if self._right_padding is None:
+        """As mlx-lm's: each row rolled right by its right padding, which joins its left
+        padding; the rows moved as slices (`moved_right`), not by mlx-lm's gather over
+        every row's whole buffer."""
+        if self._right_padding is None or self._right_host is None:
             return
-        padding = self._right_padding
+        padding, right = self._right_padding, self._right_host
         if self.keys is not None and self.values is not None:
-            shift = padding[:, None]
-            self.keys = _roll(self.keys, shift)
-            self.values = _roll(self.values, shift)
+            starts = [0] * len(right)  # the padding moves along: no host copy of it is kept
+
+            def move(part: mx.array) -> mx.array:
+                return moved_right(part, starts, self._idx, right)
+
+            (k, s, b), (vk, vs, vb) = self.keys, self.values
+            self.keys, self.values = (move(k), move(s), move(b)), (move(vk), move(vs), move(vb))
         self.offset = self.offset - padding
         self.left_padding = self.left_padding + padding
-        self._right_padding = None
+        self._right_padding = self._right_host = None
 
     @property
     def state(self) -> tuple[Any, ...]:
@@ -369,14 +379,6 @@ def _concat_rows(a: _Parts, b: _Parts) -> _Parts:
 
 def _take_rows(parts: _Parts, rows: Any) -> _Parts:
     return (parts[0][rows], parts[1][rows], parts[2][rows])
-
-
-def _roll(parts: _Parts, shift: mx.array) -> _Parts:
-    return (
-        dynamic_roll(parts[0], shift, axis=2),
-        dynamic_roll(parts[1], shift, axis=2),
-        dynamic_roll(parts[2], shift, axis=2),
-    )
 
 
 def _zero_rows(reference: _Parts, rows: int) -> _Parts:

@@ -87,13 +87,13 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         """As mlx-lm's: each row's tokens moved right by its right padding, which joins its
         left padding; `left_padding` and `offset` from the host. mlx-lm rolls every row's
         whole buffer with a gather, an element at a time: after a chunk of prompts that
-        reuse a long cached prefix, that is every row's whole prefix (`_moved_right`)."""
+        reuse a long cached prefix, that is every row's whole prefix (`moved_right`)."""
         right = self._right_host
         if right is None:
             return
         assert self.keys is not None and self.values is not None
-        self.keys = _moved_right(self.keys, self.padding, self._idx, right)
-        self.values = _moved_right(self.values, self.padding, self._idx, right)
+        self.keys = moved_right(self.keys, self.padding, self._idx, right)
+        self.values = moved_right(self.values, self.padding, self._idx, right)
         self.padding = [p + q for p, q in zip(self.padding, right, strict=True)]
         self._right_host = None
         self._sync_device_padding()
@@ -207,19 +207,25 @@ def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
         layer._sync_device_padding()
 
 
-def _moved_right(buffer: mx.array, padding: list[int], index: int, shifts: list[int]) -> mx.array:
+def moved_right(buffer: mx.array, padding: list[int], index: int, shifts: list[int]) -> mx.array:
     """`buffer` (B, H, L, D) with each row i's tokens (from `padding[i]` up to `index -
-    shifts[i]`) moved `shifts[i]` positions right, to end at `index`; what lies before them
-    is left padding, never read. Lazy: the buffer is copied once (the forward that wrote it
-    may still be in flight, so MLX cannot write into it in place without a wait), then each
-    moving row's tokens as one contiguous slice; no gather."""
+    shifts[i]`) moved `shifts[i]` positions right, to end at `index`, as mlx-lm's
+    `dynamic_roll` puts them; what lies before them is left padding, never read (a
+    `padding` of zeros moves the padding along). Lazy: the buffer is copied once (the
+    forward that wrote it may still be in flight, so MLX cannot write into it in place
+    without a wait), then each moving row's tokens as one contiguous slice; no gather."""
+    moving = [
+        (row, padding[row], shift)
+        for row, shift in enumerate(shifts)
+        if shift > 0 and index - shift > padding[row]
+    ]
+    if not moving:
+        return buffer
     moved = mx.contiguous(buffer)  # a new array: the updates below must not rebind `buffer`
-    for row, shift in enumerate(shifts):
-        start = padding[row]
-        if shift > 0 and index - shift > start:
-            moved[row : row + 1, :, start + shift : index] = buffer[
-                row : row + 1, :, start : index - shift
-            ]
+    for row, start, shift in moving:
+        moved[row : row + 1, :, start + shift : index] = buffer[
+            row : row + 1, :, start : index - shift
+        ]
     return moved
 
 

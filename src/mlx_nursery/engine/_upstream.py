@@ -54,7 +54,6 @@ from mlx_lm.models.cache import (
     KVCache,
     QuantizedKVCache,
     can_trim_prompt_cache,
-    dynamic_roll,
     make_prompt_cache,
     trim_prompt_cache,
 )
@@ -115,7 +114,6 @@ __all__ = [
     "create_attention_mask",
     "create_causal_mask",
     "detect_language",
-    "dynamic_roll",
     "generation_stream",
     "greedy_sampler",
     "log_mel_spectrogram",
