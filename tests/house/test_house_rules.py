@@ -256,6 +256,7 @@ PUBLIC = {
         "common",
         "completion_tokens",
         "fetch_images",
+        "forces_call",
         "generate_text",
         "ignored_hints",
         "ignored_values",

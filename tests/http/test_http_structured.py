@@ -249,9 +249,22 @@ async def test_forced_tool_choice_always_yields_a_valid_call(
                     }
                     assert "tool_calls" in kinds
             assert firsts == [
-                {"role": "assistant", "content": None},
-                {"role": "assistant", "content": ""},
+                {"role": "assistant", "content": None, "refusal": None},
+                {"role": "assistant", "content": "", "refusal": None},
             ]
+        # The SDK's stream helper assembles the call from those deltas.
+        async with client.chat.completions.stream(
+            model="tiny",
+            messages=[{"role": "user", "content": "Use a tool."}],
+            tools=TOOLS,
+            tool_choice=choice,
+            max_tokens=120,
+        ) as stream:
+            final = await stream.get_final_completion()
+        assert final.choices[0].message.content is None
+        (streamed,) = final.choices[0].message.tool_calls or []
+        function = streamed.function
+        jsonschema.validate(json.loads(function.arguments), schemas[function.name])
         # And through the Responses API, with its flat tool form.
         flat = [{"type": "function", **t["function"]} for t in TOOLS]
         response = await client.responses.create(

@@ -114,7 +114,7 @@ from ._template_kwargs import TemplateVariables, template_variables
 from ._token_ids import check_token_ids, completion_tokens, text_tokens
 from ._tokenizing import SegmentEncoder
 from ._tool_calls import ToolCallOut
-from ._tool_choice import offered_tools, prompted_tools, shown_tools
+from ._tool_choice import forces_call, offered_tools, prompted_tools, shown_tools
 from ._tools import strict_tool_names, tool_format
 
 __all__ = [
@@ -188,6 +188,7 @@ __all__ = [
     "decode_audio",
     "engine_errors_as_api_errors",
     "fetch_images",
+    "forces_call",
     "generate_text",
     "ignored_hints",
     "ignored_values",

@@ -48,6 +48,11 @@ def _checked(
     return tools, name
 
 
+def forces_call(choice: ToolChoiceMode | NamedToolChoice | None) -> bool:
+    """Whether a tool_choice forces a call: "required", or a named function."""
+    return choice not in (None, "auto", "none")
+
+
 def offered_tools(
     raw: list[FunctionTool] | None,
     choice: ToolChoiceMode | NamedToolChoice | None,
@@ -64,7 +69,7 @@ def offered_tools(
     forces a call needs a tool to call.
     """
     tools, name = _checked(raw, choice, served)
-    forcing = choice not in (None, "auto", "none")
+    forcing = forces_call(choice)
     if choice == "none" or not tools:
         return [], None
     form = served.tool_format

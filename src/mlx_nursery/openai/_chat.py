@@ -102,6 +102,8 @@ class ChatDelta:
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    refusal: None = None
+    """Never set (no refusals here); the first delta carries it as null, as OpenAI's."""
 
 
 @attrs.frozen

@@ -22,6 +22,7 @@ from ..generation import (
     check_count,
     check_prompt_size,
     common,
+    forces_call,
     ignored_hints,
     ignored_values,
     last_user_text,
@@ -225,8 +226,8 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     )
     prepared = with_processors(prepared, answer_only(prepared, served, forced))
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
-    forcing = bool(tools) and request.tool_choice not in (None, "auto", "none")
-    prepared = attrs.evolve(prepared, ignored=ignored, calls_only=forcing)
+    calls_only = bool(tools) and forces_call(request.tool_choice)
+    prepared = attrs.evolve(prepared, ignored=ignored, calls_only=calls_only)
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 

@@ -73,11 +73,11 @@ register_unstructure_hook(
     chat.ChatDelta,
     # OpenAI leaves unset delta fields out: `{"content": "x"}`, and `{}` on the final chunk;
     # the first delta, which names the role, always has `content` ("", or null before a
-    # forced tool call).
+    # forced tool call) and `refusal` (null).
     lambda delta: {
         k: v
         for k, v in attrs.asdict(delta).items()
-        if v is not None or (k == "content" and delta.role is not None)
+        if v is not None or (k in ("content", "refusal") and delta.role is not None)
     },
 )
 register_unstructure_hook(
