@@ -31,5 +31,4 @@ serve() {  # serve NAME SRC
 }
 serve new $PWD/src
 serve base /tmp/base/src
-serve new2 $PWD/src
 cat $S
