@@ -31,6 +31,7 @@ from typing import Any
 import mlx.core as mx
 
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
+from ._masked_softmax import on_cuda
 from ._ragged import RaggedBatchKVCache
 from ._sequence_attention import same_layout, sequence_attention, takes
 from ._upstream import mlx_lm_attention
@@ -54,10 +55,7 @@ _kernels: dict[str, Any] = {}
 
 def available() -> bool:
     """The kernel runs here: MLX's default device is a CUDA GPU."""
-    if mx.default_device().type != mx.DeviceType.gpu:
-        return False
-    cuda = getattr(mx, "cuda", None)
-    return bool(cuda is not None and cuda.is_available())
+    return on_cuda()
 
 
 _INPUTS = ("q", "keys", "values", "start", "end", "scale")

@@ -2,13 +2,12 @@
 
 `_sequence_attention` lays a query of several tokens out for cuBLAS, but between its two
 products MLX needs two passes over the scores, each slower than the memory allows: a select
-under a mask broadcast over the heads (a general strided kernel) and a softmax. For a
-512-token prefill chunk over 4,096 cached keys on an H200 they took 13.1 and 8.1 ms of
-device time across 32 layers where the products took 4.7 (`docs/results/2026-11-29-gpu14/`).
-This kernel does both in one: a warp per row of scores reads the row (the keys it may see,
-by the causal rule or the batch's boolean mask; 16 bytes a lane at a time where the row's
-length allows) for its scaled maximum and sum in one online pass, then writes the
-probabilities, zero where hidden. The scale is applied here,
+under a mask broadcast over the heads (a general strided kernel) and a softmax, which took
+most of a long prefill chunk's attention where the two products took little (measured in
+docs/benchmarks.md, decisions/0054). This kernel does both in one: a warp per row of
+scores reads the row (the keys it may see, by the causal rule or the batch's boolean mask;
+16 bytes a lane at a time where the row's length allows) for its scaled maximum and sum in
+one online pass, then writes the probabilities, zero where hidden. The scale is applied here,
 to the float32 score, so the query is not multiplied beforehand.
 
 CUDA only (`mx.fast.cuda_kernel`); built on first use per dtype and mode. Engine thread
@@ -17,6 +16,7 @@ only, as every MLX call of a model.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -195,6 +195,15 @@ def masked_softmax(
     )
     result: mx.array = out
     return result
+
+
+@functools.cache
+def on_cuda() -> bool:
+    """MLX's default device is a CUDA GPU: where the engine's kernels run."""
+    if mx.default_device().type != mx.DeviceType.gpu:
+        return False
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
 
 
 _checked: dict[mx.Dtype, bool] = {}

@@ -23,13 +23,12 @@ and the kernel's inputs are kept per engine thread, as `_ragged`'s shared arrays
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any
 
 import mlx.core as mx
 
-from ._masked_softmax import masked_softmax, usable
+from ._masked_softmax import masked_softmax, on_cuda, usable
 from ._upstream import BatchKVCache, KVCache
 
 _ALIGN = 16
@@ -133,7 +132,7 @@ def sequence_attention(
     padded = min(-(-total // _ALIGN) * _ALIGN, keys_buffer.shape[2])
     keys = keys_buffer[..., :padded, :]
     values = values_buffer[..., :padded, :]
-    if _on_cuda() and usable(queries.dtype):  # one kernel: the mask, the scale, the softmax
+    if on_cuda() and usable(queries.dtype):  # one kernel: the mask, the scale, the softmax
         if queries.dtype == mx.float16:  # an unscaled product could pass float16's range
             queries, scale = queries * mx.array(scale, mx.float16), 1.0
         folded = queries.reshape(batch, kv_heads, rep * length, dim)
@@ -150,17 +149,6 @@ def sequence_attention(
     weights = weights.reshape(batch, kv_heads, rep * length, padded)
     out: mx.array = (weights @ values).reshape(batch, heads, length, dim)
     return out
-
-
-@functools.cache
-def _on_cuda() -> bool:
-    """MLX runs on a CUDA GPU here: the masked softmax is a CUDA kernel."""
-    cuda = getattr(mx, "cuda", None)
-    return (
-        mx.default_device().type == mx.DeviceType.gpu
-        and cuda is not None
-        and bool(cuda.is_available())
-    )
 
 
 def _kernel_inputs(
