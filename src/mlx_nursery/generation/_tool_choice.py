@@ -41,7 +41,7 @@ def _checked(
     choice is checked: a named function must be among the tools, a forced call needs one."""
     tools = shown_tools(raw, served)
     name = _forced_name(choice, tools) if isinstance(choice, NamedToolChoice) else None
-    if choice not in (None, "auto", "none") and not tools:
+    if forces_call(choice) and not tools:
         raise InvalidRequest(
             "tool_choice 'required' needs tools to call", param="tool_choice", code="invalid_value"
         )

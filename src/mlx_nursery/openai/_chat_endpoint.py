@@ -226,8 +226,8 @@ def prepare_chat(body: Any, served: ServedModel) -> Prepared:
     )
     prepared = with_processors(prepared, answer_only(prepared, served, forced))
     prepared = with_logprobs(prepared, served, _chat_logprobs(request, bool(tools)))
-    calls_only = bool(tools) and forces_call(request.tool_choice)
-    prepared = attrs.evolve(prepared, ignored=ignored, calls_only=calls_only)
+    # A forcing choice has tools by now (`offered_tools` refuses one without).
+    prepared = attrs.evolve(prepared, ignored=ignored, calls_only=forces_call(request.tool_choice))
     return with_tools(prepared, served, tools, parallel=request.parallel_tool_calls is not False)
 
 
