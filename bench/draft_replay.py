@@ -86,6 +86,16 @@ def replay(prompt: list[int], output: list[int], most: int, costs: ModeledCosts)
     return Replay(steps, verifies, drafted, accepted, seconds)
 
 
+def _speculative() -> Any:
+    """bench/speculative.py, whose workloads these are."""
+    here = str(Path(__file__).parent)
+    if here not in sys.path:
+        sys.path.append(here)  # last: this folder's names shadow nothing
+    import speculative
+
+    return speculative
+
+
 def record(out: Path, code_edit_tokens: int) -> None:
     """The built-in model's greedy answers to the speculative benchmark's workloads, as
     long as `bench/speculative.py --tokens N` makes them (the code edit at most
@@ -96,17 +106,16 @@ def record(out: Path, code_edit_tokens: int) -> None:
     from mlx_nursery.models import release_mlx_streams
     from mlx_nursery.models.default import ensure_default_model
 
-    sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
-    from speculative import WORKLOADS
+    workloads = _speculative().WORKLOADS
 
     async def run() -> dict[str, dict[str, list[int]]]:
         traces: dict[str, dict[str, list[int]]] = {}
         config = EngineConfig(Path(ensure_default_model()), warmup=False)
         async with open_engine(config) as engine:
-            for name, (messages, share) in WORKLOADS.items():
+            for name, (messages, share) in workloads.items():
                 tokenizer: Any = engine.model.tokenizer  # mlx-lm's wrapper (untyped)
                 prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
-                most = round(code_edit_tokens * share / WORKLOADS["code-edit"][1])
+                most = round(code_edit_tokens * share / workloads["code-edit"][1])
                 request = GenerationRequest(
                     prompt, max_tokens=most, sampling=SamplingParams(temperature=0.0)
                 )
@@ -132,10 +141,8 @@ def faithful_edit() -> list[int]:
 
     from mlx_nursery.models.default import ensure_default_model
 
-    sys.path.append(str(Path(__file__).parent))
-    from speculative import CODE
-
-    text = "```python\n" + CODE.replace("merge_settings", "combine_settings") + "```"
+    code = _speculative().CODE
+    text = "```python\n" + code.replace("merge_settings", "combine_settings") + "```"
     tokenizer: Any = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     return list(tokenizer.encode(text, add_special_tokens=False))
 
