@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 import trio
 from mlx_lm.utils import load
 
 from mlx_nursery.engine import EngineConfig, SamplingParams, kv_budget, open_engine
 from mlx_nursery.engine._memory import (
+    BUFFER_CACHE_FRACTION,
     KVBudget,
+    bound_buffer_cache,
     derive_kv_bytes,
     device_memory,
     kv_bytes_per_token,
@@ -34,6 +37,20 @@ def test_a_batch_holds_rows_times_its_longest_sequence_in_steps() -> None:
     assert KVBudget.footprint([10, 255]) == 2 * 256  # 255 + 1 ahead fits one step
     assert KVBudget.footprint([10, 256]) == 2 * 512
     assert KVBudget.footprint([5, 5, 5, 2000]) == 4 * 2048  # one long row lengthens all
+
+
+def test_mlx_buffer_cache_is_bounded_on_cuda_only() -> None:
+    """On CUDA MLX's cache of freed buffers gets a share of the device's memory; elsewhere
+    (and with the memory unknown) MLX's own limit stays."""
+    before = mx.set_cache_limit(2**40)
+    try:
+        assert bound_buffer_cache(False, 10**9) is None
+        assert bound_buffer_cache(True, None) is None
+        assert mx.set_cache_limit(2**40) == 2**40  # untouched by either
+        assert bound_buffer_cache(True, 10**9) == int(10**9 * BUFFER_CACHE_FRACTION)
+        assert mx.set_cache_limit(2**40) == int(10**9 * BUFFER_CACHE_FRACTION)
+    finally:
+        mx.set_cache_limit(before)
 
 
 def test_the_budget_admits_with_room_to_grow_and_never_refuses_a_lone_sequence() -> None:

@@ -19,6 +19,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from mlx_nursery.engine._decode_attention import available, ragged_decode_attention, routed
+from mlx_nursery.engine._memory import KV_STEP
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows, shift_rows
 
 HEADS, DIM = 2, 8
@@ -42,15 +43,19 @@ def pair(lengths: list[int], seed: int) -> tuple[RaggedBatchKVCache, BatchKVCach
 
 
 def assert_same(ours: RaggedBatchKVCache, theirs: BatchKVCache) -> None:
-    assert ours._idx == theirs._idx
-    assert ours.padding == theirs.left_padding.tolist() == ours.left_padding.tolist()
+    """Each row holds what mlx-lm's holds, ending at the write index; the padding before it
+    may be longer (ours drops only whole steps of common padding), and our buffers are
+    whole steps long."""
+    assert ours.padding == ours.left_padding.tolist()
     assert ours.offset.tolist() == theirs.offset.tolist()
     assert ours.offset.tolist() == [ours._idx - p for p in ours.padding]
+    assert ours.keys is None or ours.keys.shape[2] % KV_STEP == 0
     k_ours, v_ours = ours.keys_and_values()
     k_theirs, v_theirs = theirs.keys_and_values()
-    for row, start in enumerate(ours.padding):  # what a row holds: from its padding on
-        assert mx.array_equal(k_ours[row, :, start:], k_theirs[row, :, start:])
-        assert mx.array_equal(v_ours[row, :, start:], v_theirs[row, :, start:])
+    starts = zip(ours.padding, theirs.left_padding.tolist(), strict=True)
+    for row, (mine, upstream) in enumerate(starts):  # what a row holds: from its padding on
+        assert mx.array_equal(k_ours[row, :, mine:], k_theirs[row, :, upstream:])
+        assert mx.array_equal(v_ours[row, :, mine:], v_theirs[row, :, upstream:])
 
 
 def decode(caches: list[Any], rows_: int, seed: int) -> None:
@@ -87,6 +92,37 @@ def test_a_batch_lives_as_mlx_lms_does() -> None:
         assert mine.offset == upstream.offset
         assert mx.array_equal(mine.keys, upstream.keys)
         assert mx.array_equal(mine.values, upstream.values)
+
+
+def test_buffers_are_whole_steps_so_that_their_sizes_recur() -> None:
+    """mlx-lm's buffers come out of merges, growth and filters at any length, so every
+    join and leave frees the batch's KV in sizes never asked for again (module docstring);
+    ours stay whole steps through the same life, and hold the same rows."""
+    ours, theirs = pair([KV_STEP * 2 - 2, 10, 120], seed=21)
+    lengths = {"ours": set(), "mlx-lm": set()}
+
+    def note() -> None:
+        assert ours.keys is not None and theirs.keys is not None
+        lengths["ours"].add(ours.keys.shape[2])
+        lengths["mlx-lm"].add(theirs.keys.shape[2])
+        assert_same(ours, theirs)
+
+    note()
+    for step in range(4):  # past a step's end: the buffer grows
+        decode([ours, theirs], 3, seed=30 + step)
+        note()
+    ours.filter([1, 2])  # the longest leaves: over a step of padding common to the rest
+    theirs.filter(mx.array([1, 2]))
+    note()
+    assert ours.padding[0] < KV_STEP  # whole steps dropped, the rest kept
+    joining_ours, joining_theirs = pair([KV_STEP + 3], seed=22)
+    ours.extend(joining_ours)
+    theirs.extend(joining_theirs)
+    note()
+    decode([ours, theirs], 3, seed=40)
+    note()
+    assert all(n % KV_STEP == 0 for n in lengths["ours"])
+    assert any(n % KV_STEP for n in lengths["mlx-lm"])  # what the test tells apart
 
 
 def test_a_steps_layers_share_one_offset_array() -> None:

@@ -281,6 +281,7 @@ def run_device_thread(
     reports the engine failed instead of raising into its nursery."""
     reason: BaseException | None = None
     keep_compiled_kernels()
+    bound_cuda_buffer_cache()
     try:
         try:
             info, model = load()
@@ -300,6 +301,19 @@ def run_device_thread(
     finally:
         release_streams()
         on_exit(reason)
+
+
+def bound_cuda_buffer_cache() -> None:
+    """MLX's cache of freed buffers limited on CUDA (`_memory.bound_buffer_cache`), before
+    the model loads."""
+    import mlx.core as mx
+
+    from ._masked_softmax import on_cuda
+    from ._memory import bound_buffer_cache, device_memory
+
+    limit = bound_buffer_cache(on_cuda(), device_memory(mx.device_info()))
+    if limit is not None:
+        log.debug("MLX's buffer cache limited to %d bytes", limit)
 
 
 def keep_compiled_kernels() -> None:

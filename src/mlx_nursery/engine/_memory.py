@@ -126,6 +126,28 @@ def derive_kv_bytes(memory: int | None, weights: int, prompt_cache_bytes: int) -
     return max(0, int(memory * DEVICE_MEMORY_FRACTION) - weights - prompt_cache_bytes)
 
 
+BUFFER_CACHE_FRACTION = 0.1
+"""Of the device's memory that MLX's cache of freed buffers may hold on CUDA: within the
+share `DEVICE_MEMORY_FRACTION` leaves for transient buffers."""
+
+
+def bound_buffer_cache(on_cuda: bool, memory: int | None) -> int | None:
+    """On CUDA, limit MLX's cache of freed buffers to `BUFFER_CACHE_FRACTION` of the device's
+    `memory`; the limit set (None: left as it was). Process-wide, so every engine thread
+    may call it: each sets the same.
+
+    Why: MLX keeps freed buffers up to nearly all of the device's memory, and CUDA's memory
+    pool, which they come from, then holds the whole device; past that point MLX empties
+    its cache at every allocation the cache cannot serve, so a busy batch's steps allocated
+    from CUDA every time (docs/benchmarks.md, "MLX's buffer cache under a busy batch").
+    Metal and the CPU keep MLX's default (not measured there)."""
+    if not on_cuda or memory is None:
+        return None
+    limit = int(memory * BUFFER_CACHE_FRACTION)
+    mx.set_cache_limit(limit)
+    return limit
+
+
 def default_memory_budget() -> int | None:
     """What the loaded models may reserve together when no budget is set:
     `DEVICE_MEMORY_FRACTION` of the device's memory (None when it is unknown). Reads

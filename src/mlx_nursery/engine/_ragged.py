@@ -25,6 +25,15 @@ gathers every row's whole buffer.
 The decode attention on CUDA (`_decode_attention.py`) reads the rows' starts from
 `left_padding` on the device, not from the host list.
 
+Every buffer this class makes is a whole number of mlx-lm's steps long (`KV_STEP`): merged,
+grown, and after a filter, which drops whole steps of the common padding only (a row may
+keep up to a step less one of extra padding, which nothing reads). mlx-lm's lengths are any
+number, so each join and leave freed the whole batch's KV in buffers of sizes never asked
+for again; MLX reuses a freed buffer only for a request of about its size, and on CUDA
+those buffers filled its cache until the memory pool held the whole device, after which
+every step's allocations missed the cache (docs/benchmarks.md, "MLX's buffer cache under a
+busy batch"). In whole steps, a batch's sizes recur as rows come and go.
+
 `RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
 every row it takes one (`ragged_rows`). Engine thread only.
 """
@@ -36,6 +45,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ._memory import KV_STEP
 from ._upstream import BatchKVCache, KVCache
 
 
@@ -72,6 +82,10 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self._right_host = [int(q) for q in right_padding]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        needed = self._idx + keys.shape[2]
+        if self.keys is not None and self.values is not None and needed > self.keys.shape[2]:
+            self.keys = _grown(self.keys, self._idx, needed)  # mlx-lm's growth, to whole steps
+            self.values = _grown(self.values, self._idx, needed)
         fetched: tuple[mx.array, mx.array] = super().update_and_fetch(keys, values)
         self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
         return fetched
@@ -100,10 +114,11 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
 
     def filter(self, batch_indices: Any) -> None:
         """Keep the rows `batch_indices` (ascending, as mlx-lm passes them): contiguous
-        copies, no host sync; the padding common to all kept rows is dropped."""
+        copies, no host sync; the whole steps of padding common to all kept rows are
+        dropped."""
         keep = [int(i) for i in batch_indices]
         padding = [self.padding[i] for i in keep]
-        shift = min(padding) if padding else 0
+        shift = (min(padding) // KV_STEP) * KV_STEP if padding else 0  # whole steps (module doc)
         if self.keys is not None and self.values is not None:
             self.keys = _rows(self.keys, keep, shift)
             self.values = _rows(self.values, keep, shift)
@@ -139,11 +154,28 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
 
     @classmethod
     def merge(cls, caches: list[Any]) -> RaggedBatchKVCache:
-        if all(c.size() == 0 for c in caches):  # mlx-lm builds its own class for this one
-            return cls([0] * len(caches))
-        merged = super().merge(caches)
-        if not isinstance(merged, RaggedBatchKVCache):  # pragma: no cover - mlx-lm uses cls
-            raise TypeError("BatchKVCache.merge did not build this class")
+        """As mlx-lm's (rows right-aligned at the longest row's length), in a buffer of
+        whole steps (module docstring)."""
+        lengths = [c.size() for c in caches]
+        index = max(lengths, default=0)
+        merged = cls([index - n for n in lengths])
+        if index == 0:  # mlx-lm builds its own class for this one
+            return merged
+        held = [c for c in caches if c.keys is not None]
+        heads = max(c.keys.shape[1] for c in held)
+        dtype = held[0].keys.dtype
+        capacity = KV_STEP * -(-index // KV_STEP)
+        keys = mx.zeros((len(caches), heads, capacity, max(c.keys.shape[3] for c in held)), dtype)
+        values = mx.zeros(
+            (len(caches), heads, capacity, max(c.values.shape[3] for c in held)), dtype
+        )
+        for row, (cache, length) in enumerate(zip(caches, lengths, strict=True)):
+            if cache.keys is not None and length:
+                start = index - length
+                keys[row : row + 1, :, start:index] = cache.keys[..., :length, :]
+                values[row : row + 1, :, start:index] = cache.values[..., :length, :]
+        merged.keys, merged.values, merged._idx = keys, values, index
+        merged.offset = mx.array(lengths, dtype=mx.int32)  # not shared: no layer's yet
         return merged
 
     @property
@@ -227,6 +259,16 @@ def moved_right(buffer: mx.array, padding: list[int], index: int, shifts: list[i
             row : row + 1, :, start : index - shift
         ]
     return moved
+
+
+def _grown(buffer: mx.array, index: int, needed: int) -> mx.array:
+    """`buffer` (B, H, L, D) with room for `needed` positions, in whole steps: its first
+    `index` positions kept, zeros after (mlx-lm keeps `index` and adds whole steps, so a
+    buffer's length is then any number)."""
+    batch, heads, _, dim = buffer.shape
+    capacity = KV_STEP * -(-needed // KV_STEP)
+    room = mx.zeros((batch, heads, capacity - index, dim), buffer.dtype)
+    return mx.concatenate([buffer[..., :index, :], room], axis=2)
 
 
 def _offsets(index: int, padding: list[int]) -> mx.array:

@@ -25,7 +25,7 @@ from ._adapters import adapter_bytes, with_adapters
 from ._config import EngineConfig
 from ._decode_attention import install as install_attention
 from ._detokenizer import TokenTexts
-from ._device_thread import keep_compiled_kernels
+from ._device_thread import bound_cuda_buffer_cache, keep_compiled_kernels
 from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import with_draft_model
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
@@ -76,6 +76,7 @@ def start_up(
         # Read by MLX's CUDA backend at its first command buffer (`EngineConfig.cuda_graphs`).
         os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if config.cuda_graphs else "0"
         keep_compiled_kernels()
+        bound_cuda_buffer_cache()
         distribution = config.distribution
         model = (
             load_model(config.model, fuse_weights=config.fuse_weights)
