@@ -450,3 +450,19 @@ def test_what_cannot_be_split_is_refused_at_startup(
     )  # fmt: skip
     with pytest.raises(SettingsError, match=refusal):
         start_rank(settings, str(tiny_model))
+
+
+def test_every_rank_sets_mlx_backend_switches_before_the_group_forms(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower runs its shard with rank 0's kernels: the command line's CUDA switches
+    are set in each rank's own environment (MLX reads them once, at its first work on the
+    GPU) before the group forms, here seen on a process that is then refused as no group."""
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    monkeypatch.delenv("MLX_CUDA_USE_CUDNN_SDPA", raising=False)
+    args = ["serve", "--model", str(tiny_model), "--distributed", "tensor", "--cuda-graphs"]
+    settings = distributed_settings(serve_settings(build_parser().parse_args(args), environ={}))
+    with pytest.raises(SettingsError, match="two ranks or more"):
+        start_rank(settings, str(tiny_model))
+    assert os.environ["MLX_USE_CUDA_GRAPHS"] == "1"
+    assert os.environ["MLX_CUDA_USE_CUDNN_SDPA"] == "0"

@@ -28,7 +28,9 @@ from ..engine.stepping import (
     check_quantizable,
     derive_kv_bytes,
     device_memory,
+    install_attention,
     kv_bytes_per_token,
+    prepare_backend,
 )
 from ..models import ModelLoadError
 from ._channel import Channel
@@ -144,15 +146,35 @@ def _no_sampler(logprobs: mx.array) -> mx.array:
     raise AssertionError("a follower draws nothing: rank 0's tokens arrive in the step")
 
 
-def run_follower(path: Path, mode: Mode, timeout: float) -> int:
+@attrs.frozen
+class Backend:
+    """How rank 0's engine runs MLX (`EngineConfig`'s switches, from the same command line
+    on every rank): a follower runs its shard with the same kernels, or the group steps at
+    the pace of the slowest path."""
+
+    cudnn_attention: bool = False
+    cuda_graphs: bool = False
+    ragged_attention: bool = True
+
+    def prepare(self) -> None:
+        """MLX's backend set as rank 0's engine sets it (`prepare_backend`): before the
+        group forms, as MLX reads the switches once, at its first work on the GPU."""
+        prepare_backend(cudnn_attention=self.cudnn_attention, cuda_graphs=self.cuda_graphs)
+
+
+def run_follower(path: Path, mode: Mode, timeout: float, backend: Backend = Backend()) -> int:
     """Serve as a follower until rank 0 shuts the group down; return the exit status
-    (0, or 1 if rank 0's engine failed; 2 if the model was refused; a stall exits 3)."""
+    (0, or 1 if rank 0's engine failed; 2 if the model was refused; a stall exits 3).
+    `backend.prepare()` must have run before anything ran on the GPU (`start_rank`)."""
     group = mx.distributed.init()
     rank = group.rank()
     watchdog = Watchdog(timeout, lambda what, bound: stall_detail_follower(rank, bound, what))
     channel = Channel(group, watchdog)
     try:
         model = load_shard(path, mode, group)
+        install_attention(
+            model.model, ragged=backend.ragged_attention, sequences=not backend.cudnn_attention
+        )
         meet_on_the_model(channel, path)
     except ModelLoadError as exc:
         log.error("rank %d: %s", rank, exc)

@@ -52,7 +52,7 @@ def start_rank(settings: Settings, spec: str | None) -> int | None:
     import mlx.core as mx
 
     from ..models import ModelLoadError, resolve_model_path
-    from ._follower import run_follower
+    from ._follower import Backend, run_follower
     from ._loading import check_supported
 
     mode = cast(Mode, settings.distributed)
@@ -63,6 +63,12 @@ def start_rank(settings: Settings, spec: str | None) -> int | None:
         check_supported(path, mode)
     except ModelLoadError as exc:
         raise SettingsError(str(exc)) from exc
+    backend = Backend(
+        cudnn_attention=settings.cudnn_attention,
+        cuda_graphs=settings.cuda_graphs,
+        ragged_attention=not settings.no_ragged_attention,
+    )
+    backend.prepare()  # every rank, before the group forms (rank 0's engine sets the same)
     group = mx.distributed.init()
     if group.size() < 2:
         raise SettingsError(
@@ -71,7 +77,7 @@ def start_rank(settings: Settings, spec: str | None) -> int | None:
         )
     if group.rank() == 0:
         return None
-    return run_follower(path, mode, settings.distributed_timeout)
+    return run_follower(path, mode, settings.distributed_timeout, backend)
 
 
 @cache

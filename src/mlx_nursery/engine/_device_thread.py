@@ -303,6 +303,20 @@ def run_device_thread(
         on_exit(reason)
 
 
+def prepare_backend(*, cudnn_attention: bool, cuda_graphs: bool) -> None:
+    """MLX's backend set up as the engine serves with it, before the model loads: cuDNN
+    attention and CUDA graphs on or off (`EngineConfig.cudnn_attention`, `.cuda_graphs`:
+    MLX reads each once per process, at its first attention call and its first command
+    buffer, so they must be set before anything runs on the GPU), compiled kernels kept
+    on disk, the buffer cache bounded. Every process that serves a model calls it: the
+    engine's, and each follower rank's (`distributed/`), so that all ranks run the same
+    kernels. No effect on Metal or the CPU but the environment."""
+    os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if cudnn_attention else "0"
+    os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if cuda_graphs else "0"
+    keep_compiled_kernels()
+    bound_cuda_buffer_cache()
+
+
 def bound_cuda_buffer_cache() -> None:
     """MLX's cache of freed buffers limited on CUDA (`_memory.bound_buffer_cache`), before
     the model loads."""

@@ -13,7 +13,6 @@ Engine thread only; the loop that serves afterwards is `Worker`'s (`_worker.py`)
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -25,7 +24,7 @@ from ._adapters import adapter_bytes, with_adapters
 from ._config import EngineConfig
 from ._decode_attention import install as install_attention
 from ._detokenizer import TokenTexts
-from ._device_thread import bound_cuda_buffer_cache, keep_compiled_kernels
+from ._device_thread import prepare_backend
 from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import with_draft_model
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
@@ -71,12 +70,7 @@ def start_up(
     load and warm-up; nothing interrupts it (the Trio side waits for its report)."""
     disk: DiskKV | None = None
     try:
-        # Read by MLX's CUDA backend at its first attention call; nothing else reads it.
-        os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if config.cudnn_attention else "0"
-        # Read by MLX's CUDA backend at its first command buffer (`EngineConfig.cuda_graphs`).
-        os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if config.cuda_graphs else "0"
-        keep_compiled_kernels()
-        bound_cuda_buffer_cache()
+        prepare_backend(cudnn_attention=config.cudnn_attention, cuda_graphs=config.cuda_graphs)
         distribution = config.distribution
         model = (
             load_model(config.model, fuse_weights=config.fuse_weights)
