@@ -20,7 +20,13 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
 from mlx_nursery.engine._decode_attention import available, ragged_decode_attention, routed
 from mlx_nursery.engine._memory import KV_STEP
-from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows, shift_rows
+from mlx_nursery.engine._ragged import (
+    RaggedBatchKVCache,
+    RowKVCache,
+    _layout,
+    ragged_rows,
+    shift_rows,
+)
 
 HEADS, DIM = 2, 8
 
@@ -43,13 +49,15 @@ def pair(lengths: list[int], seed: int) -> tuple[RaggedBatchKVCache, BatchKVCach
 
 
 def assert_same(ours: RaggedBatchKVCache, theirs: BatchKVCache) -> None:
-    """Each row holds what mlx-lm's holds, ending at the write index; the padding before it
-    may be longer (ours drops only whole steps of common padding), and our buffers are
-    whole steps long."""
+    """Each row holds what mlx-lm's holds, ending at the write index; where the decode
+    attention reads rows from their starts, the padding before a row may be longer (a filter
+    drops only whole steps of it), elsewhere it is mlx-lm's."""
+    if not _layout.rows_read_from_their_starts:
+        assert ours._idx == theirs._idx
+        assert ours.padding == theirs.left_padding.tolist()
     assert ours.padding == ours.left_padding.tolist()
     assert ours.offset.tolist() == theirs.offset.tolist()
     assert ours.offset.tolist() == [ours._idx - p for p in ours.padding]
-    assert ours.keys is None or ours.keys.shape[2] % KV_STEP == 0
     k_ours, v_ours = ours.keys_and_values()
     k_theirs, v_theirs = theirs.keys_and_values()
     starts = zip(ours.padding, theirs.left_padding.tolist(), strict=True)
@@ -94,35 +102,49 @@ def test_a_batch_lives_as_mlx_lms_does() -> None:
         assert mx.array_equal(mine.values, upstream.values)
 
 
-def test_buffers_are_whole_steps_so_that_their_sizes_recur() -> None:
+@pytest.fixture(params=[False, True], ids=["masked", "rows-from-their-starts"])
+def rows_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways a batch's decode attention can read it: MLX's masked attention over every
+    row's padded length, or each row from its own start (`read_from_row_starts`)."""
+    monkeypatch.setattr(_layout, "rows_read_from_their_starts", request.param)
+    return bool(request.param)
+
+
+def test_buffers_are_whole_steps_so_that_their_sizes_recur(rows_read: bool) -> None:
     """mlx-lm's buffers come out of merges, growth and filters at any length, so every
     join and leave frees the batch's KV in sizes never asked for again (module docstring);
-    ours stay whole steps through the same life, and hold the same rows."""
+    ours are merged and grown in whole steps, and kept so by a filter where the padding it
+    leaves is never read; each row holds what mlx-lm's does throughout."""
     ours, theirs = pair([KV_STEP * 2 - 2, 10, 120], seed=21)
-    lengths = {"ours": set(), "mlx-lm": set()}
+    lengths: dict[str, list[int]] = {"ours": [], "mlx-lm": []}
 
     def note() -> None:
         assert ours.keys is not None and theirs.keys is not None
-        lengths["ours"].add(ours.keys.shape[2])
-        lengths["mlx-lm"].add(theirs.keys.shape[2])
+        lengths["ours"].append(ours.keys.shape[2])
+        lengths["mlx-lm"].append(theirs.keys.shape[2])
         assert_same(ours, theirs)
 
     note()
     for step in range(4):  # past a step's end: the buffer grows
         decode([ours, theirs], 3, seed=30 + step)
         note()
+    assert all(n % KV_STEP == 0 for n in lengths["ours"])  # merged and grown in whole steps
+    assert any(n % KV_STEP for n in lengths["mlx-lm"])  # what the test tells apart
     ours.filter([1, 2])  # the longest leaves: over a step of padding common to the rest
     theirs.filter(mx.array([1, 2]))
     note()
-    assert ours.padding[0] < KV_STEP  # whole steps dropped, the rest kept
+    if rows_read:
+        assert 0 < min(ours.padding) < KV_STEP  # whole steps dropped, the rest kept
+    else:
+        assert min(ours.padding) == 0  # all of it, as mlx-lm drops it
     joining_ours, joining_theirs = pair([KV_STEP + 3], seed=22)
     ours.extend(joining_ours)
     theirs.extend(joining_theirs)
     note()
     decode([ours, theirs], 3, seed=40)
     note()
-    assert all(n % KV_STEP == 0 for n in lengths["ours"])
-    assert any(n % KV_STEP for n in lengths["mlx-lm"])  # what the test tells apart
+    if rows_read:
+        assert all(n % KV_STEP == 0 for n in lengths["ours"])
 
 
 def test_a_steps_layers_share_one_offset_array() -> None:

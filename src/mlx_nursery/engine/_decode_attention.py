@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
 from ._masked_softmax import on_cuda
-from ._ragged import RaggedBatchKVCache
+from ._ragged import RaggedBatchKVCache, read_from_row_starts
 from ._sequence_attention import same_layout, sequence_attention, takes
 from ._upstream import mlx_lm_attention
 
@@ -205,4 +205,6 @@ def install(model: Any, *, ragged: bool = True, sequences: bool = True) -> bool:
             done = True
         elif getattr(current, "__wrapped__", None) is mlx_lm_attention:
             done = True
+    if done and ragged:
+        read_from_row_starts()  # a batch's filter may leave padding the kernel never reads
     return done

@@ -25,14 +25,17 @@ gathers every row's whole buffer.
 The decode attention on CUDA (`_decode_attention.py`) reads the rows' starts from
 `left_padding` on the device, not from the host list.
 
-Every buffer this class makes is a whole number of mlx-lm's steps long (`KV_STEP`): merged,
-grown, and after a filter, which drops whole steps of the common padding only (a row may
-keep up to a step less one of extra padding, which nothing reads). mlx-lm's lengths are any
-number, so each join and leave freed the whole batch's KV in buffers of sizes never asked
-for again; MLX reuses a freed buffer only for a request of about its size, and on CUDA
-those buffers filled its cache until the memory pool held the whole device, after which
-every step's allocations missed the cache (docs/benchmarks.md, "MLX's buffer cache under a
-busy batch"). In whole steps, a batch's sizes recur as rows come and go.
+Every buffer this class makes is a whole number of mlx-lm's steps long (`KV_STEP`): merged
+and grown so; and where the decode attention reads each row from its own start (the ragged
+kernel on CUDA: `read_from_row_starts`), a filter drops whole steps of the common padding
+only (a row may keep up to a step less one of extra padding, which that kernel never
+reads; elsewhere mlx-lm's masked attention would read it, so the filter drops all of it,
+as mlx-lm's does). mlx-lm's lengths are any number, so each join and leave freed the whole
+batch's KV in buffers of sizes never asked for again; MLX reuses a freed buffer only for a
+request of about its size, and on CUDA those buffers filled its cache until the memory pool
+held the whole device, after which every step's allocations missed the cache
+(docs/benchmarks.md, "MLX's buffer cache under a busy batch"). In whole steps, a batch's
+sizes recur as rows come and go.
 
 `RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
 every row it takes one (`ragged_rows`). Engine thread only.
@@ -114,11 +117,12 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
 
     def filter(self, batch_indices: Any) -> None:
         """Keep the rows `batch_indices` (ascending, as mlx-lm passes them): contiguous
-        copies, no host sync; the whole steps of padding common to all kept rows are
-        dropped."""
+        copies, no host sync; the padding common to all kept rows is dropped (in whole
+        steps where the decode attention reads rows from their starts)."""
         keep = [int(i) for i in batch_indices]
         padding = [self.padding[i] for i in keep]
-        shift = (min(padding) // KV_STEP) * KV_STEP if padding else 0  # whole steps (module doc)
+        step = KV_STEP if _layout.rows_read_from_their_starts else 1  # module docstring
+        shift = (min(padding) // step) * step if padding else 0
         if self.keys is not None and self.values is not None:
             self.keys = _rows(self.keys, keep, shift)
             self.values = _rows(self.values, keep, shift)
@@ -201,6 +205,23 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
                 mx.array([self._idx - p for p in self.padding], dtype=mx.int32),
             )
         self.left_padding, self.offset = arrays
+
+
+class _Layout:
+    """Process-wide: whether the decode attention reads each row of a batch from its own
+    start (set once, by `read_from_row_starts`)."""
+
+    rows_read_from_their_starts = False
+
+
+_layout = _Layout()
+
+
+def read_from_row_starts() -> None:
+    """Say that the batch's decode attention reads each row from its own start (the ragged
+    kernel: `_decode_attention.install`), so that a filter may leave padding it never reads
+    (module docstring). Process-wide, as the install it follows; any thread."""
+    _layout.rows_read_from_their_starts = True
 
 
 def shift_rows(layers: list[RaggedBatchKVCache], shifts: list[int]) -> None:
