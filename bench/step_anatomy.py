@@ -31,6 +31,9 @@ stream, the fast path). A token read with `tolist()` waits inside its phase, not
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
 kernels a GPU step launches.
 
+Every run also samples memory every 2 s (`_memory_watch.py`: MLX's arrays and its cache of
+freed buffers, and on CUDA the device's memory pool), reported under `memory.samples`.
+
 `--mode host` times the host alone (MLX runs asynchronously: a phase's time is what the
 engine thread spent in it, waits included). `--mode sync` synchronizes the device before and
 after each phase, so each phase's time includes its device work: the step is serialized
@@ -84,6 +87,7 @@ from mlx_nursery.tools import make_model
 
 sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
 from _kernels import busy_us
+from _memory_watch import watch_memory
 
 
 @dataclass(slots=True)
@@ -328,9 +332,11 @@ async def measure(
             requests += 1
 
     kernels: dict[str, Any] = {}
+    samples: list[dict[str, Any]] = []
     async with trio.open_nursery() as nursery:
         for i in range(args.clients):
             nursery.start_soon(client, i)
+        nursery.start_soon(watch_memory, args.duration, samples)
         if args.kernels and not phases.sync:
             nursery.start_soon(profile_kernels, args.duration, kernels)
     wall = time.perf_counter() - start
@@ -338,6 +344,7 @@ async def measure(
         "active_gb": round(mx.get_active_memory() / 2**30, 2),
         "cache_gb": round(mx.get_cache_memory() / 2**30, 2),
         "peak_gb": round(mx.get_peak_memory() / 2**30, 2),
+        "samples": samples,  # over the run, in GB of 1e9 bytes (`_memory_watch.py`)
     }
     stats1 = engine.statistics().worker
     steps = (stats1.steps if stats1 else 0) - (stats0.steps if stats0 else 0)
