@@ -144,7 +144,7 @@ def test_compiled_kernels_are_kept_in_the_users_cache_unless_told_otherwise(
 ) -> None:
     import mlx.core as mx
 
-    from mlx_nursery.engine._device_thread import keep_compiled_kernels
+    from mlx_nursery.engine._backend import keep_compiled_kernels
 
     monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

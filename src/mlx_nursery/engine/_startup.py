@@ -21,10 +21,10 @@ import mlx.core as mx
 
 from ..models import LoadedModel, load_model
 from ._adapters import adapter_bytes, with_adapters
+from ._backend import prepare_backend
 from ._config import EngineConfig
 from ._decode_attention import install as install_attention
 from ._detokenizer import TokenTexts
-from ._device_thread import prepare_backend
 from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import with_draft_model
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable

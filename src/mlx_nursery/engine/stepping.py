@@ -4,8 +4,8 @@ arithmetic, MLX's generation stream, the backend's set-up and the attention's ro
 `distributed/` mirrors the batch across devices with them; nothing else outside the engine
 needs them."""
 
+from ._backend import prepare_backend
 from ._decode_attention import install as install_attention
-from ._device_thread import prepare_backend
 from ._kv_quant import CacheFactory, KVQuantization, cache_factory, check_quantizable
 from ._memory import derive_kv_bytes, device_memory, kv_bytes_per_token
 from ._sampling import Sampler, sample_batch
