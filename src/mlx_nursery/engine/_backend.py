@@ -1,16 +1,31 @@
 """MLX's backend, set up in a process before a model loads: the switches MLX reads once per
 process (cuDNN attention, CUDA graphs), where its run-time compiled kernels are kept, and
-the bound on its cache of freed buffers. Every process that runs a model calls these before
-its first MLX work on the GPU: an engine's thread (`_startup.start_up`, `run_device_thread`)
-and each follower rank of a distributed group (`distributed/`)."""
+the bound on its cache of freed buffers; and whether it runs on CUDA (`on_cuda`). Every
+process that runs a model calls these before its first MLX work on the GPU: an engine's
+thread (`_startup.start_up`, `run_device_thread`) and each follower rank of a distributed
+group (`distributed/`)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
 
+import mlx.core as mx
+
+from ._memory import bound_buffer_cache, device_memory
+
 log = logging.getLogger("mlx_nursery.engine")
+
+
+@functools.cache
+def on_cuda() -> bool:
+    """MLX's default device is a CUDA GPU: where the engine's kernels run."""
+    if mx.default_device().type != mx.DeviceType.gpu:
+        return False
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
 
 
 def prepare_backend(*, cudnn_attention: bool, cuda_graphs: bool) -> None:
@@ -30,11 +45,6 @@ def prepare_backend(*, cudnn_attention: bool, cuda_graphs: bool) -> None:
 def bound_cuda_buffer_cache() -> None:
     """MLX's cache of freed buffers limited on CUDA (`_memory.bound_buffer_cache`), before
     the model loads."""
-    import mlx.core as mx
-
-    from ._masked_softmax import on_cuda
-    from ._memory import bound_buffer_cache, device_memory
-
     limit = bound_buffer_cache(on_cuda(), device_memory(mx.device_info()))
     if limit is not None:
         log.debug("MLX's buffer cache limited to %d bytes", limit)
@@ -49,7 +59,6 @@ def keep_compiled_kernels() -> None:
     (docs/decisions/0034-warm-up-runs-serving.md). MLX reads the variable at its first
     compile, so every engine thread sets it before loading; the first one decides. No effect
     on Metal or the CPU."""
-    import mlx.core as mx
     import platformdirs
 
     if "MLX_PTX_CACHE_DIR" in os.environ:

@@ -30,8 +30,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from ._backend import on_cuda
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
-from ._masked_softmax import on_cuda
 from ._ragged import RaggedBatchKVCache, read_from_row_starts
 from ._sequence_attention import same_layout, sequence_attention, takes
 from ._upstream import mlx_lm_attention

@@ -16,7 +16,6 @@ only, as every MLX call of a model.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -195,15 +194,6 @@ def masked_softmax(
     )
     result: mx.array = out
     return result
-
-
-@functools.cache
-def on_cuda() -> bool:
-    """MLX's default device is a CUDA GPU: where the engine's kernels run."""
-    if mx.default_device().type != mx.DeviceType.gpu:
-        return False
-    cuda = getattr(mx, "cuda", None)
-    return bool(cuda is not None and cuda.is_available())
 
 
 _checked: dict[mx.Dtype, bool] = {}

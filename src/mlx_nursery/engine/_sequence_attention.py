@@ -28,7 +28,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ._masked_softmax import masked_softmax, on_cuda, usable
+from ._backend import on_cuda
+from ._masked_softmax import masked_softmax, usable
 from ._upstream import BatchKVCache, KVCache
 
 _ALIGN = 16
