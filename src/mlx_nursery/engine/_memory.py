@@ -37,6 +37,11 @@ DEVICE_MEMORY_FRACTION = 0.8
 cache and KV may use together by default; the rest is for transient buffers and the OS."""
 
 
+def whole_steps(tokens: int) -> int:
+    """`tokens` rounded up to whole KV steps: what a cache grown in steps holds for them."""
+    return KV_STEP * -(-tokens // KV_STEP)
+
+
 @attrs.frozen
 class KVBudget:
     """At most `tokens` of KV (rows x longest, as mlx-lm's batch holds them); None: no limit."""
@@ -48,7 +53,7 @@ class KVBudget:
         """Tokens a batch of sequences of these lengths holds (each grown by one step ahead)."""
         if not lengths:
             return 0
-        return len(lengths) * KV_STEP * math.ceil((max(lengths) + 1) / KV_STEP)
+        return len(lengths) * whole_steps(max(lengths) + 1)
 
     def fits(self, lengths: Collection[int], *, growth: int = 0) -> bool:
         """Whether sequences of these lengths can run together, each `growth` tokens longer.

@@ -48,7 +48,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ._memory import KV_STEP
+from ._memory import KV_STEP, whole_steps
 from ._upstream import BatchKVCache, KVCache
 
 
@@ -168,7 +168,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         held = [c for c in caches if c.keys is not None]
         heads = max(c.keys.shape[1] for c in held)
         dtype = held[0].keys.dtype
-        capacity = KV_STEP * -(-index // KV_STEP)
+        capacity = whole_steps(index)
         keys = mx.zeros((len(caches), heads, capacity, max(c.keys.shape[3] for c in held)), dtype)
         values = mx.zeros(
             (len(caches), heads, capacity, max(c.values.shape[3] for c in held)), dtype
@@ -287,7 +287,7 @@ def _grown(buffer: mx.array, index: int, needed: int) -> mx.array:
     `index` positions kept, zeros after (mlx-lm keeps `index` and adds whole steps, so a
     buffer's length is then any number)."""
     batch, heads, _, dim = buffer.shape
-    capacity = KV_STEP * -(-needed // KV_STEP)
+    capacity = whole_steps(needed)
     room = mx.zeros((batch, heads, capacity - index, dim), buffer.dtype)
     return mx.concatenate([buffer[..., :index, :], room], axis=2)
 
