@@ -75,6 +75,7 @@ from mlx_nursery.engine import (
     SamplingParams,
     _admission,
     _emitting,
+    _memory,
     _ragged,
     _reuse,
     _runner,
@@ -412,6 +413,16 @@ def lengths(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
+def _limit_buffer_cache(limit: int) -> None:
+    """MLX's buffer cache held to `limit` bytes: set now (the CPU, Metal) and, on CUDA, as
+    the share of the device the engine's start bounds it to (`_memory.bound_buffer_cache`),
+    which would otherwise replace it."""
+    mx.set_cache_limit(limit)
+    memory = _memory.device_memory(mx.device_info())
+    if memory:
+        _memory.BUFFER_CACHE_FRACTION = limit / memory
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", type=Path)
@@ -435,7 +446,11 @@ def main() -> None:
     p.add_argument(
         "--graph", type=int, default=0, metavar="N", help="count N evaluations' primitives a phase"
     )
-    p.add_argument("--cache-limit-gb", type=float, help="MLX's buffer cache limit (GiB)")
+    p.add_argument(
+        "--cache-limit-gb",
+        type=float,
+        help="MLX's buffer cache limit (GiB), in place of the bound the engine sets on CUDA",
+    )
     p.add_argument(
         "--pack-chunks",
         action=argparse.BooleanOptionalAction,
@@ -445,7 +460,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.cache_limit_gb is not None:
-        mx.set_cache_limit(int(args.cache_limit_gb * 2**30))
+        _limit_buffer_cache(int(args.cache_limit_gb * 2**30))
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
