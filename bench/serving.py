@@ -7,7 +7,10 @@ Streams chat completions (`stream_options.include_usage`) and measures, per serv
   each; and goodput: requests/s meeting every SLO given (`--goodput ttft:500 tpot:50`, ms;
   a one-token reply's TPOT counts as 0), as vLLM's `vllm bench serve` defines them.
 Output token counts come from the server's usage; a server that omits it is counted by
-content chunks (the JSON says which was used).
+content chunks (the JSON says which was used). Where `nvidia-smi` runs, the GPU's busy share
+(its utilization, sampled every 0.5 s) is reported per run over the load's own window, from
+the first request sent to the last one ended (`gpu_busy_pct`; `_gpu_busy.py`): a server on
+the same machine's GPU, or `--url` on this host.
 
 Load: closed loop (`--clients N`, each sends its next request when the last one ends) or open
 loop (`--rate R`: Poisson arrivals at R requests/s, `--max-concurrency` optionally caps the
@@ -68,6 +71,9 @@ from typing import Any, Protocol, cast
 import httpx
 import numpy as np
 import trio
+
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _gpu_busy import sample_gpu_busy
 
 ROOT = Path(__file__).resolve().parent.parent
 PERCENTILES = (50, 90, 99)
@@ -716,14 +722,30 @@ async def measure(server: Server, workload: Workload, args: argparse.Namespace) 
     async with httpx.AsyncClient(base_url=server.base_url, timeout=timeout, limits=limits) as http:
         await warm_up(http, server, workload, args.warmup)
         records: list[Record] = []
-        origin = time.perf_counter()
+        async with sample_gpu_busy() as gpu:
+            origin = time.perf_counter()
 
-        async def send(spec: RequestSpec) -> Record:
-            records.append(record := await send_request(http, server.model_name, spec, origin))
-            return record
+            async def send(spec: RequestSpec) -> Record:
+                records.append(record := await send_request(http, server.model_name, spec, origin))
+                return record
 
-        duration = await run_load(send, workload, args.load, args.seed)
-    return {"duration_s": duration, "records": records}
+            duration = await run_load(send, workload, args.load, args.seed)
+    busy = None if gpu is None else gpu.mean(origin, origin + duration)
+    return {"duration_s": duration, "records": records, "gpu_busy_pct": busy}
+
+
+def pooled_gpu_busy(runs: Sequence[dict[str, Any]]) -> float | None:
+    """The GPU's busy share over several runs, each weighed by its duration (None: none was
+    sampled)."""
+    sampled: list[tuple[float, float]] = [
+        (float(r["gpu_busy_pct"]), float(r["duration_s"]))
+        for r in runs
+        if r.get("gpu_busy_pct") is not None
+    ]
+    total = sum(seconds for _, seconds in sampled)
+    if not sampled or total <= 0:
+        return None
+    return round(sum(busy * seconds for busy, seconds in sampled) / total, 1)
 
 
 class Terminated(Exception):
@@ -783,6 +805,8 @@ async def run_rounds(
                 result["runs"].append(run)
                 metrics = compute_metrics(run["records"], run["duration_s"], args.slo)
                 print(f"  {format_row(target.label, metrics)}", flush=True)
+                if run["gpu_busy_pct"] is not None:
+                    print(f"  GPU busy {run['gpu_busy_pct']}% (nvidia-smi, the load's window)")
                 by_class = metrics_by_class(run["records"], run["duration_s"], args.slo)
                 for name, class_metrics in by_class.items():
                     print(f"  {format_row(f'{target.label} ({name})', class_metrics)}", flush=True)
@@ -804,10 +828,14 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     result["metrics"] = compute_metrics(records, duration, args.slo)
     if by_class := metrics_by_class(records, duration, args.slo):
         result["by_class"] = by_class
+    result["gpu_busy_pct"] = pooled_gpu_busy(runs)
     result["rounds"] = [
         {
-            key: compute_metrics(run["records"], run["duration_s"], args.slo)[key]
-            for key in ("completed", "duration_s", "requests_per_s", "output_tokens_per_s")
+            **{
+                key: compute_metrics(run["records"], run["duration_s"], args.slo)[key]
+                for key in ("completed", "duration_s", "requests_per_s", "output_tokens_per_s")
+            },
+            "gpu_busy_pct": run.get("gpu_busy_pct"),
         }
         for run in runs
     ]
@@ -1030,6 +1058,9 @@ def report(
     if "ours" in by_label and reference is not None:
         ratio = ratios(by_label["ours"], by_label[reference])
         print(format_ratio_row(ratio, reference))
+    for result in results:
+        if result.get("gpu_busy_pct") is not None:
+            print(f"GPU busy beside {result['label']}: {result['gpu_busy_pct']}% (nvidia-smi)")
     settings = {
         key: (str(value) if isinstance(value, Path) else value)
         for key, value in vars(args).items()

@@ -7,6 +7,7 @@ import base64
 import importlib.util
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -387,15 +388,23 @@ def test_tool_runs_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
     command += ["--model", str(tiny_model), "--clients", "2", "--num-requests", "6"]
     command += ["--input-len", "24", "--output-len", "12", "--ignore-eos", "--warmup", "1"]
     command += ["--mix", "temperature,seeded", "--goodput", "ttft:60000", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    # A stand-in for nvidia-smi on the PATH: the GPU's busy share is sampled over the load
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\nwhile :; do echo 40; sleep 0.01; done\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{smi.parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| ours | 6 / 0 |" in done.stdout
+    assert "GPU busy beside ours: 40.0% (nvidia-smi)" in done.stdout
 
     document = json.loads(out.read_text())
     assert document["complete"] is True  # the file written after each run, final at the end
     assert document["git"]["commit"] and document["machine"]["cpus"] >= 1
     assert "--num-requests 6" in document["command"]
     [server] = document["servers"]
+    assert server["gpu_busy_pct"] == 40.0 and server["rounds"][0]["gpu_busy_pct"] == 40.0
     m, summary = server["metrics"], server["records_summary"]
     assert (m["completed"], m["failed"], m["output_tokens"]) == (6, 0, 72)
     assert m["output_tokens_from"] == "usage"
@@ -410,3 +419,53 @@ def test_tool_runs_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
     # the server it started is gone
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server['url']}/health", timeout=5)
+
+
+gpu_busy = sys.modules["_gpu_busy"]  # loaded by bench/serving.py from its folder
+
+
+def test_gpu_busy_is_the_mean_of_the_samples_inside_the_window() -> None:
+    busy = gpu_busy.GpuBusy()
+    for at, line in [(1.0, "10"), (2.0, " 30 "), (2.5, "[N/A]"), (3.0, "50"), (9.0, "90")]:
+        busy.take(line, at)
+    assert [value for _, value in busy.samples] == [10.0, 30.0, 50.0, 90.0]
+    assert busy.mean(2.0, 3.0) == 40.0  # the load's window: neither its start nor its drain
+    assert busy.mean(1.0, 9.0) == 45.0
+    assert busy.mean(4.0, 8.0) is None
+
+
+def test_runs_pool_their_gpu_busy_by_duration() -> None:
+    runs = [
+        {"gpu_busy_pct": 50.0, "duration_s": 1.0},
+        {"gpu_busy_pct": 80.0, "duration_s": 3.0},
+        {"gpu_busy_pct": None, "duration_s": 5.0},
+    ]
+    assert serving.pooled_gpu_busy(runs) == 72.5
+    assert serving.pooled_gpu_busy(runs[2:]) is None
+
+
+def _program(path: Path, script: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return path
+
+
+async def test_the_sampler_reads_the_program_to_its_end(tmp_path: Path) -> None:
+    smi = _program(tmp_path / "smi", "printf '10\\n20\\n[N/A]\\n30\\n'")
+    async with gpu_busy.sample_gpu_busy((str(smi),)) as busy:
+        assert busy is not None
+        await busy.ended.wait()
+    assert [value for _, value in busy.samples] == [10.0, 20.0, 30.0]
+    assert busy.mean(0.0, float("inf")) == 20.0
+
+
+async def test_the_sampler_is_stopped_when_the_block_ends(tmp_path: Path) -> None:
+    smi = _program(tmp_path / "smi", "echo 70; exec sleep 600")  # runs until it is stopped
+    async with gpu_busy.sample_gpu_busy((str(smi),)) as busy:
+        assert busy is not None
+    assert busy.ended.is_set()
+
+
+async def test_no_sampler_without_the_program(tmp_path: Path) -> None:
+    async with gpu_busy.sample_gpu_busy((str(tmp_path / "absent"),)) as busy:
+        assert busy is None
