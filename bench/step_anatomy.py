@@ -31,6 +31,10 @@ stream, the fast path). A token read with `tolist()` waits inside its phase, not
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
 kernels a GPU step launches.
 
+`--kv-writes copy` has the batch's KV updated as mlx-lm does (MLX copies a layer's buffer
+whenever the step before still reads it) rather than in place (`engine/_kv_append.py`), for
+an A/B of the two in one machine's runs.
+
 Every run also samples memory every 2 s (`_memory_watch.py`: MLX's arrays and its cache of
 freed buffers, and on CUDA the device's memory pool), reported under `memory.samples`.
 
@@ -75,6 +79,7 @@ from mlx_nursery.engine import (
     SamplingParams,
     _admission,
     _emitting,
+    _kv_append,
     _memory,
     _ragged,
     _reuse,
@@ -457,10 +462,18 @@ def main() -> None:
         default=False,
         help="prefill chunks in the decode step's forward (EngineConfig.pack_chunks)",
     )
+    p.add_argument(
+        "--kv-writes",
+        choices=("engine", "copy"),
+        default="engine",
+        help="copy: the batch's KV updated as mlx-lm does, never in place (engine/_kv_append.py)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.cache_limit_gb is not None:
         _limit_buffer_cache(int(args.cache_limit_gb * 2**30))
+    if args.kv_writes == "copy":
+        setattr(_kv_append, "writes_in_place", lambda: False)  # noqa: B010
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:

@@ -48,6 +48,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from . import _kv_append
 from ._memory import KV_STEP, whole_steps
 from ._upstream import BatchKVCache, KVCache
 
@@ -66,6 +67,11 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         self.padding: list[int] = [int(p) for p in left_padding]
         """Each row's left padding, as `left_padding` holds it on the device."""
         self._right_host: list[int] | None = None
+        self._own_buffers = True
+        """New keys may be written into the buffers in place (`_kv_append`): no array made
+        outside this cache shares them, and no reader made before may cover the positions
+        written next. False after `state` was set or the index moved back (`trim`), until
+        the next update (MLX's) makes them its own again."""
 
     def prepare(
         self,
@@ -89,7 +95,20 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         if self.keys is not None and self.values is not None and needed > self.keys.shape[2]:
             self.keys = _grown(self.keys, self._idx, needed)  # mlx-lm's growth, to whole steps
             self.values = _grown(self.values, self._idx, needed)
-        fetched: tuple[mx.array, mx.array] = super().update_and_fetch(keys, values)
+            self._own_buffers = True
+        if (
+            self.keys is not None
+            and self.values is not None
+            and self._own_buffers
+            and _kv_append.writes_in_place()
+        ):  # no copy of the buffers while the step before still reads them (`_kv_append`)
+            written = _kv_append.append_in_place(self.keys, self.values, keys, values, self._idx)
+            self.keys, self.values = mx.depends([self.keys, self.values], [written])
+            self._idx = needed
+            fetched: tuple[mx.array, mx.array] = self.keys_and_values()
+        else:
+            fetched = super().update_and_fetch(keys, values)
+            self._own_buffers = True  # MLX's update copied the buffers or had them alone
         self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
         return fetched
 
@@ -98,6 +117,8 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         n = min(self._idx, n)
         self._idx -= n
         self.offset = _offsets(self._idx, self.padding)
+        if n:  # a forward still lazy may read past the new index: no writes in place there
+            self._own_buffers = False
         return n
 
     def finalize(self) -> None:
@@ -190,6 +211,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
     def state(self, value: Any) -> None:
         self.keys, self.values, self.offset, self.left_padding, self._idx = value
         self.padding = _host_list(self.left_padding)
+        self._own_buffers = False  # the arrays may be another cache's too
 
     def _sync_device_padding(self) -> None:
         """Set `left_padding` and `offset` from the host list (no device reads). Every layer

@@ -1,0 +1,124 @@
+"""New keys written into the batch's KV buffers in place (`_kv_append.py`).
+
+Where CUDA runs, the kernel's writes must equal MLX's slice update bit for bit (a buffer
+that is a view of a larger one included), and a batch living through merges, pipelined
+decode steps, a filter, a join, a padded chunk and a trim must hold what it holds with
+MLX's updates. Everywhere: the cache writes in place only where it may (its own buffers,
+the index never moved back since), and never where `writes_in_place` does not hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from mlx_nursery.engine import _kv_append
+from mlx_nursery.engine._backend import on_cuda
+from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
+
+HEADS, DIM = 2, 8
+
+cuda_only = pytest.mark.skipif(not on_cuda(), reason="the kernel is CUDA's; MLX runs elsewhere")
+
+
+def batch(lengths: list[int], seed: int, heads: int = HEADS, dim: int = DIM) -> RaggedBatchKVCache:
+    rows = []
+    for i, n in enumerate(lengths):
+        row = RowKVCache()
+        k, v = mx.random.normal((2, 1, heads, n, dim), key=mx.random.key(seed * 100 + i))
+        row.update_and_fetch(k, v)
+        rows.append(row)
+    return RaggedBatchKVCache.merge(rows)
+
+
+def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decision alone (the kernel is CUDA's): merged buffers are the cache's own; after a
+    trim a lazy forward may still read past the index, after `state` was set the arrays may
+    be another cache's, so the next write is MLX's, and the one after in place again."""
+    calls: list[int] = []
+
+    def recorded(keys: mx.array, values: mx.array, *_: Any) -> mx.array:
+        calls.append(1)
+        return mx.zeros((1,), dtype=mx.int32)
+
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda: True)
+    monkeypatch.setattr(_kv_append, "append_in_place", recorded)
+    cache = batch([3, 5], seed=1)
+    k, v = mx.random.normal((2, 2, HEADS, 1, DIM))
+
+    def in_place() -> bool:
+        before = len(calls)
+        cache.update_and_fetch(k, v)
+        return len(calls) > before
+
+    assert in_place()
+    cache.trim(1)
+    assert not in_place()
+    assert in_place()
+    cache.state = cache.state
+    assert not in_place()
+    assert in_place()
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda: False)
+    assert not in_place()
+
+
+@cuda_only
+@pytest.mark.parametrize(
+    ("rows", "heads", "dim", "dtype", "length", "view"),
+    [
+        (1, 8, 128, mx.bfloat16, 1, False),
+        (32, 8, 128, mx.bfloat16, 1, True),
+        (5, 4, 128, mx.float16, 7, False),
+        (3, 8, 64, mx.float32, 33, True),
+    ],
+)
+def test_the_kernel_writes_what_a_slice_update_writes(
+    rows: int, heads: int, dim: int, dtype: mx.Dtype, length: int, view: bool
+) -> None:
+    whole_k = mx.random.normal((rows + 2, heads, 256, dim), key=mx.random.key(1)).astype(dtype)
+    whole_v = mx.random.normal((rows + 2, heads, 256, dim), key=mx.random.key(2)).astype(dtype)
+    want_k, want_v = whole_k + 0, whole_v + 0  # copies, made before the write
+    mx.eval(whole_k, whole_v, want_k, want_v)
+    lo = 1 if view else 0
+    keys, values = (whole_k[lo : lo + rows], whole_v[lo : lo + rows])
+    new_k, new_v = mx.random.normal((2, rows, heads, length, dim), key=mx.random.key(3))
+    new_k, new_v = new_k.astype(dtype), new_v.astype(dtype)
+    written = _kv_append.append_in_place(keys, values, new_k, new_v, 100)
+    mx.eval(mx.depends([keys, values], [written]))
+    want_k[lo : lo + rows, :, 100 : 100 + length] = new_k
+    want_v[lo : lo + rows, :, 100 : 100 + length] = new_v
+    assert mx.array_equal(whole_k, want_k).item()
+    assert mx.array_equal(whole_v, want_v).item()
+
+
+@cuda_only
+def test_a_batch_written_in_place_holds_what_mlxs_updates_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def life(in_place: bool) -> list[tuple[mx.array, mx.array]]:
+        monkeypatch.setattr(_kv_append, "writes_in_place", lambda: in_place)
+        cache = batch([3, 9, 5], seed=2)
+        held = []
+        for step in range(6):  # pipelined, as the engine decodes: launched, read a step later
+            k, v = mx.random.normal((2, 3, HEADS, 1, DIM), key=mx.random.key(10 + step))
+            keys, values = cache.update_and_fetch(k, v)
+            mx.async_eval(keys, values)
+            held.append((mx.sum(keys), mx.sum(values)))
+        cache.filter([0, 2])
+        cache.extend(batch([4], seed=3))
+        k, v = mx.random.normal((2, 3, HEADS, 4, DIM), key=mx.random.key(30))
+        cache.prepare(lengths=[4, 2, 3], right_padding=[0, 2, 1])
+        cache.update_and_fetch(k, v)
+        cache.finalize()
+        cache.trim(2)
+        k, v = mx.random.normal((2, 3, HEADS, 1, DIM), key=mx.random.key(40))
+        held.append(cache.update_and_fetch(k, v))
+        return held
+
+    for (a_k, a_v), (b_k, b_v) in zip(life(True), life(False), strict=True):
+        assert mx.array_equal(a_k, b_k).item()
+        assert mx.array_equal(a_v, b_v).item()
