@@ -163,3 +163,30 @@ def test_compiled_kernels_are_kept_in_the_users_cache_unless_told_otherwise(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
     keep_compiled_kernels()
     assert "MLX_PTX_CACHE_DIR" not in os.environ
+
+
+def test_the_smallest_batch_decodes_a_prompt_long_enough_to_split_its_keys(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA a few rows with long keys take the decode attention's two-kernel form
+    (slices, then their combination), which MLX compiles at each start: the smallest batch
+    runs a prompt that long, so that a lone long request does not wait for the compile."""
+    from mlx_nursery.engine import _warmup
+    from mlx_nursery.engine._decode_attention import key_slices
+
+    runs: list[tuple[int, int]] = []
+    run = _warmup._run
+
+    def recorded(stepper: object, sequences: list[object], *, keep_one: bool) -> None:
+        lengths = [len(s.request.prompt_tokens) for s in sequences]  # type: ignore[attr-defined]
+        runs.append((len(lengths), max(lengths)))
+        run(stepper, sequences, keep_one=keep_one)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_warmup, "_run", recorded)
+    plan = WarmupPlan(
+        batch_sizes=(2, 3), solo_variants=1, prefill_step_size=16, prefill_batch_size=2
+    )
+    warm_up(load_model(tiny_model), plan, cache_factory(None), kv_quantized=False)
+    (first_rows, first_longest), (rows, longest) = runs[-2:]
+    assert first_rows == 2 and key_slices(first_rows, 8, first_longest) > 1
+    assert rows == 3 and longest < _warmup.LONG_PROMPT_TOKENS  # one long prompt is enough

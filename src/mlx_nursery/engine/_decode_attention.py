@@ -84,6 +84,21 @@ def _kernel(name: str) -> Any:
     return kernel
 
 
+SPLIT_KEYS = 2 * _MIN_KEYS_PER_SLICE
+"""Keys a row from which a batch of few rows takes the two-kernel form (slices, then their
+combination): the engine's warm-up runs a prompt this long, so that both forms are built
+before a request needs them (MLX compiles custom kernels at each start)."""
+
+
+def key_slices(rows: int, kv_heads: int, longest: int) -> int:
+    """Slices each row's keys are split into, for `rows` rows of `kv_heads` key-value heads
+    whose longest holds `longest` keys: 1 (the one-kernel form) unless few rows leave the
+    device idle and the rows are long enough to split."""
+    return max(
+        1, min(math.ceil(_TARGET_BLOCKS / (rows * kv_heads)), longest // _MIN_KEYS_PER_SLICE)
+    )
+
+
 def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
     """Attention of one query token per row (`queries`: B, Hq, 1, D) over the rows' own keys
     in `cache` (after this step's update): rows' keys run from their left padding to the
@@ -93,10 +108,7 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
         raise ValueError("decode attention over a cache that holds no tokens")
     kv_heads = cache.keys.shape[1]
     rep = heads // kv_heads
-    longest = cache._idx - min(cache.padding)
-    splits = max(
-        1, min(math.ceil(_TARGET_BLOCKS / (batch * kv_heads)), longest // _MIN_KEYS_PER_SLICE)
-    )
+    splits = key_slices(batch, kv_heads, cache._idx - min(cache.padding))
     inputs = [
         queries,
         cache.keys,

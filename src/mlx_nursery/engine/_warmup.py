@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 import attrs
 
 from ..models import LoadedModel
+from ._decode_attention import SPLIT_KEYS
 from ._drafting import Speculation
 from ._kv_quant import CacheFactory
 from ._messages import Submit
@@ -43,6 +44,10 @@ log = logging.getLogger("mlx_nursery.engine")
 
 PROMPT_TOKENS = 48
 NEW_TOKENS = 3
+LONG_PROMPT_TOKENS = SPLIT_KEYS + PROMPT_TOKENS
+"""The first prompt of the smallest batch: long enough that its decode attention on CUDA
+takes the form split over slices of keys (`_decode_attention.SPLIT_KEYS`), which a
+lone long request in a small batch takes."""
 WARMUP_PATIENCE_S = 300.0
 """Distributed, how long beyond its budget every rank waits for the others in the warm-up:
 one step's first compiles, every kernel at once on a machine that never built them."""
@@ -151,9 +156,15 @@ def warm_up(
     seq_ids = itertools.count()
 
     def sequences(
-        count: int, offset: int, *, repeating: bool = False, longest_draft: int = 0
+        count: int,
+        offset: int,
+        *,
+        repeating: bool = False,
+        longest_draft: int = 0,
+        long_first: bool = False,
     ) -> list[LiveSequence]:
-        """`repeating`: for verify steps, with room for drafts of `longest_draft`."""
+        """`repeating`: for verify steps, with room for drafts of `longest_draft`;
+        `long_first`: the first prompt `LONG_PROMPT_TOKENS` long."""
         verifying = max(VERIFY_TOKENS, 2 * (longest_draft + 1)) if repeating else 0
         made = []
         for i in range(count):
@@ -162,6 +173,8 @@ def warm_up(
             # Prompts of several lengths, longer than a chunk: chunked prefill, padded rows;
             # `repeating`: a short cycle, so that prompt lookup finds drafts on every step.
             length = PROMPT_TOKENS + 5 * (seq_id % 4)
+            if long_first and i == 0:
+                length = LONG_PROMPT_TOKENS
             cycle = REPEAT_CYCLE if repeating else min(vocabulary, 256) - 1
             prompt = [1 + (7 * j + seq_id) % cycle for j in range(length)]
             request = GenerationRequest(
@@ -213,7 +226,8 @@ def warm_up(
                 else _batch(model, plan, size, make_cache, kv_quantized)
             )
             try:
-                _run(batch, sequences(size, index), keep_one=True)
+                long_first = size == min(plan.batch_sizes)
+                _run(batch, sequences(size, index, long_first=long_first), keep_one=True)
             finally:
                 batch.close()
     return time.perf_counter() - started
