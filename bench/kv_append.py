@@ -3,7 +3,9 @@ pipelined decode loop pays for the copies (CUDA; `engine/_kv_append.py` says why
 
 `--check` compares `append_in_place` with MLX's slice update over dtypes, head layouts,
 query lengths and a buffer that is a view of a larger one (the rows a filter keeps): the
-written positions must hold the new keys bit for bit, and nothing else may change.
+written positions must hold the new keys bit for bit, and nothing else may change; and a
+batch's life (pipelined steps, a filter, a join, a padded chunk, a trim) written in place
+must fetch what it fetches with MLX's updates.
 
 The timing runs a decode loop as the engine runs one: `--layers` layers of a
 `RaggedBatchKVCache` of `--rows` rows, each step a token's keys and values written into
@@ -80,6 +82,46 @@ def check_cases(rng: random.Random) -> list[dict[str, Any]]:
     return cases
 
 
+def batch_life(in_place: bool) -> list[mx.array]:
+    """A batch's life (merge, pipelined decode steps, a filter, a join, a padded chunk, a
+    trim and a step after it) with its writes in place or MLX's; what each step fetched."""
+    original = _kv_append.writes_in_place
+    setattr(_kv_append, "writes_in_place", lambda: in_place)  # noqa: B010
+    try:
+
+        def merged(lengths: list[int], seed: int) -> RaggedBatchKVCache:
+            rows = []
+            for i, n in enumerate(lengths):
+                row = RowKVCache()
+                k, v = mx.random.normal((2, 1, 8, n, 128), key=mx.random.key(seed * 100 + i))
+                row.update_and_fetch(k.astype(mx.bfloat16), v.astype(mx.bfloat16))
+                rows.append(row)
+            return RaggedBatchKVCache.merge(rows)
+
+        def new(rows: int, length: int, seed: int) -> tuple[mx.array, mx.array]:
+            k, v = mx.random.normal((2, rows, 8, length, 128), key=mx.random.key(seed))
+            return k.astype(mx.bfloat16), v.astype(mx.bfloat16)
+
+        cache = merged([300, 900, 520], seed=1)
+        fetched = []
+        for step in range(8):
+            keys, values = cache.update_and_fetch(*new(3, 1, 10 + step))
+            mx.async_eval(keys, values)  # type: ignore[no-untyped-call]
+            fetched += [mx.sum(keys.astype(mx.float32)), mx.sum(values.astype(mx.float32))]
+        cache.filter([0, 2])
+        cache.extend(merged([700], seed=2))
+        cache.prepare(lengths=[40, 17, 33], right_padding=[0, 23, 7])
+        fetched += list(cache.update_and_fetch(*new(3, 40, 30)))
+        cache.finalize()
+        cache.trim(2)
+        fetched += list(cache.update_and_fetch(*new(3, 1, 40)))
+        fetched += list(cache.keys_and_values())
+        mx.eval(fetched)
+        return fetched
+    finally:
+        setattr(_kv_append, "writes_in_place", original)  # noqa: B010
+
+
 def decode_loop(
     mode: str, rows: int, lengths: list[int], layers: int, steps: int
 ) -> dict[str, float]:
@@ -143,6 +185,11 @@ def main() -> None:
     result: dict[str, Any] = {"device": str(mx.default_device())}
     if args.check:
         cases = check_cases(rng)
+        life = all(
+            bool(mx.array_equal(a, b).item())
+            for a, b in zip(batch_life(True), batch_life(False), strict=True)
+        )
+        cases.append({"batch_life": True, "ok": life})
         result["check"] = {"all_ok": all(c["ok"] for c in cases), "cases": cases}
         print("check:", "all ok" if result["check"]["all_ok"] else cases)
     lo, hi = (int(x) for x in args.context.split(":"))
