@@ -82,9 +82,10 @@ def check_cases(rng: random.Random) -> list[dict[str, Any]]:
     return cases
 
 
-def batch_life(in_place: bool) -> list[mx.array]:
+def batch_life(in_place: bool, *, eager: bool = False) -> list[mx.array]:
     """A batch's life (merge, pipelined decode steps, a filter, a join, a padded chunk, a
-    trim and a step after it) with its writes in place or MLX's; what each step fetched."""
+    trim and a step after it) with its writes in place or MLX's; what each step fetched.
+    `eager`: everything evaluated after each operation (no graph spans two of them)."""
     original = _kv_append.writes_in_place
     setattr(_kv_append, "writes_in_place", lambda: in_place)  # noqa: B010
     try:
@@ -102,19 +103,30 @@ def batch_life(in_place: bool) -> list[mx.array]:
             k, v = mx.random.normal((2, rows, 8, length, 128), key=mx.random.key(seed))
             return k.astype(mx.bfloat16), v.astype(mx.bfloat16)
 
+        fetched: list[mx.array] = []
+
+        def settle() -> None:
+            if eager:
+                mx.eval(fetched, cache.keys, cache.values)
+
         cache = merged([300, 900, 520], seed=1)
-        fetched = []
         for step in range(8):
             keys, values = cache.update_and_fetch(*new(3, 1, 10 + step))
             mx.async_eval(keys, values)  # type: ignore[no-untyped-call]
             fetched += [mx.sum(keys.astype(mx.float32)), mx.sum(values.astype(mx.float32))]
+            settle()
         cache.filter([0, 2])
+        settle()
         cache.extend(merged([700], seed=2))
+        settle()
         cache.prepare(lengths=[40, 17, 33], right_padding=[0, 23, 7])
         fetched += list(cache.update_and_fetch(*new(3, 40, 30)))
+        settle()
         cache.finalize()
+        settle()
         cache.trim(2)
         fetched += list(cache.update_and_fetch(*new(3, 1, 40)))
+        settle()
         fetched += list(cache.keys_and_values())
         mx.eval(fetched)
         return fetched
@@ -185,11 +197,28 @@ def main() -> None:
     result: dict[str, Any] = {"device": str(mx.default_device())}
     if args.check:
         cases = check_cases(rng)
-        life = all(
-            bool(mx.array_equal(a, b).item())
-            for a, b in zip(batch_life(True), batch_life(False), strict=True)
-        )
-        cases.append({"batch_life": True, "ok": life})
+        for first, second, eager in [
+            (True, False, False),
+            (False, False, False),
+            (True, True, False),
+            (True, False, True),
+        ]:
+            differing = [
+                (i, mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).tolist())
+                for i, (a, b) in enumerate(
+                    zip(
+                        batch_life(first, eager=eager), batch_life(second, eager=eager), strict=True
+                    )
+                )
+                if not bool(mx.array_equal(a, b).item())
+            ]
+            cases.append(
+                {
+                    "batch_life": f"{first} against {second}" + (", eager" if eager else ""),
+                    "differing (item, max difference)": differing,
+                    "ok": not differing,
+                }
+            )
         result["check"] = {"all_ok": all(c["ok"] for c in cases), "cases": cases}
         print("check:", "all ok" if result["check"]["all_ok"] else cases)
     lo, hi = (int(x) for x in args.context.split(":"))
