@@ -15,12 +15,13 @@ import mlx.core as mx
 import pytest
 
 from mlx_nursery.engine import _kv_append
-from mlx_nursery.engine._backend import on_cuda
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 
 HEADS, DIM = 2, 8
 
-cuda_only = pytest.mark.skipif(not on_cuda(), reason="the kernel is CUDA's; MLX runs elsewhere")
+cuda_only = pytest.mark.skipif(
+    not _kv_append.writes_in_place(), reason="the kernel is CUDA's, with CUDA graphs off"
+)
 
 
 def batch(lengths: list[int], seed: int, heads: int = HEADS, dim: int = DIM) -> RaggedBatchKVCache:
@@ -31,6 +32,23 @@ def batch(lengths: list[int], seed: int, heads: int = HEADS, dim: int = DIM) -> 
         row.update_and_fetch(k, v)
         rows.append(row)
     return RaggedBatchKVCache.merge(rows)
+
+
+def test_the_engine_package_sets_cuda_graphs_off_before_mlx_reads_it() -> None:
+    """MLX reads `MLX_USE_CUDA_GRAPHS` at its first kernel: importing the engine sets the
+    engine's default, so that GPU work before an engine starts runs as the engine serves
+    (the in-place writes are unsafe with graphs on)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os; import mlx_nursery.engine; print(os.environ['MLX_USE_CUDA_GRAPHS'])"
+    env = {k: v for k, v in os.environ.items() if k != "MLX_USE_CUDA_GRAPHS"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "0", run.stderr
+    env["MLX_USE_CUDA_GRAPHS"] = "1"  # the operator's own choice stands
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "1", run.stderr
 
 
 def test_the_cache_writes_in_place_only_into_buffers_of_its_own(

@@ -18,6 +18,13 @@ from ._memory import bound_buffer_cache, device_memory
 
 log = logging.getLogger("mlx_nursery.engine")
 
+os.environ.setdefault("MLX_USE_CUDA_GRAPHS", "0")
+"""The engine's default (`EngineConfig.cuda_graphs`), set as this package is imported: MLX
+reads the variable once, at the first kernel it encodes, and whatever runs on the GPU
+before an engine's `prepare_backend` (a probe, a caller's own MLX work) must find the
+setting the engine serves with. The in-place KV writes (`_kv_append`) rely on it: with
+graphs on they are not taken."""
+
 
 @functools.cache
 def on_cuda() -> bool:
