@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran 2026-11-29 19:45-19:53 UTC (the next session): docs/results/2026-11-29-gpu18/call-2/.
 # Prepared for the next session, not run (this session's device time was spent): device run
 # 2 of a fresh machine (part 1 staged, part 2 carried), issue 32. The served step's misses
 # in MLX's buffer cache: h3's profile has cudaMallocAsync at 9% of the engine thread while

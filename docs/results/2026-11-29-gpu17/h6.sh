@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran 2026-11-29 19:50 UTC (the next session): docs/results/2026-11-29-gpu18/call-3/.
 # Prepared for the next session, not run: on a machine that ran h5.sh (kernels built, the
 # model made; carry .whl/spy), issue 32's one client (>= 150 tok/s; 126.7 measured at TPOT
 # 7.7 ms, benchmarks.md): where a lone served stream's step goes, py-spy --native --idle at
