@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Not run: the session's device time went to k3/k4 after k1's check failed (k-call-2/).
 # Device run 3, on the machine that ran k1.sh (part 2 carried; MLX's own kernels on its disk,
 # the model made), issue 32's served targets with the batch's KV written in place: one
 # bench/serving.py run per load, which samples the GPU's busy share over each load's window:
