@@ -60,7 +60,8 @@ VERIFY_TOKENS = 8
 Verified = Callable[[LiveSequence, int, int], None]
 """Told of each verify step of a sequence (its drafted and accepted tokens)."""
 MAX_STEPS = 200
-"""Steps of one phase at most: more than a phase needs, a bound should a stepper change."""
+"""Steps of one phase at most beyond its longest prompt's tokens (a prefill chunk takes one
+at least): more than a phase needs, a bound should a stepper change."""
 
 VARIANTS: tuple[tuple[SamplingParams, int | None], ...] = (
     (SamplingParams(temperature=0.0), None),
@@ -173,8 +174,8 @@ def warm_up(
             # Prompts of several lengths, longer than a chunk: chunked prefill, padded rows;
             # `repeating`: a short cycle, so that prompt lookup finds drafts on every step.
             length = PROMPT_TOKENS + 5 * (seq_id % 4)
-            if long_first and i == 0:
-                length = LONG_PROMPT_TOKENS
+            if long_first and i == 0:  # within a short context's half, should one be
+                length = max(length, min(LONG_PROMPT_TOKENS, model.context_length // 2))
             cycle = REPEAT_CYCLE if repeating else min(vocabulary, 256) - 1
             prompt = [1 + (7 * j + seq_id) % cycle for j in range(length)]
             request = GenerationRequest(
@@ -347,7 +348,9 @@ def _run(stepper: Stepper, sequences: Sequence[LiveSequence], *, keep_one: bool)
         )
         by_uid[stepper.insert(sequence, start)] = sequence
     leaver = next(iter(by_uid)) if keep_one and len(by_uid) > 1 else None
-    for _ in range(MAX_STEPS):
+    longest = max((len(s.request.prompt_tokens) for s in sequences), default=0)
+    steps = MAX_STEPS + longest  # a chunk takes a token at least
+    for _ in range(steps):
         if not by_uid:
             return
         for response in stepper.step():
@@ -365,7 +368,7 @@ def _run(stepper: Stepper, sequences: Sequence[LiveSequence], *, keep_one: bool)
         failed = [s.seq_id for s in sequences if s.failures]
         if failed:
             raise RuntimeError(f"the warm-up's sequences {failed} failed: {sequences[0].failures}")
-    raise RuntimeError(f"the warm-up did not end within {MAX_STEPS} steps")
+    raise RuntimeError(f"the warm-up did not end within {steps} steps")
 
 
 def _nothing() -> None:
