@@ -14,6 +14,24 @@ from mlx_nursery.engine._warmup import VARIANTS, WarmupPlan, batch_sizes, plan_f
 from mlx_nursery.models import load_model
 
 
+def test_only_a_split_decode_attention_gets_the_long_prompt() -> None:
+    """The long prompt builds the ragged kernel's split form; elsewhere (Metal, the CPU, the
+    kernel off) it would only lengthen every start."""
+
+    def plan(split_keys: bool) -> WarmupPlan:
+        return plan_for(
+            gpu=True,
+            max_concurrency=4,
+            prefill_step_size=16,
+            prefill_batch_size=2,
+            fast_path=True,
+            budget_s=60,
+            split_keys=split_keys,
+        )
+
+    assert plan(True).long_prompt and not plan(False).long_prompt
+
+
 def test_batch_sizes_ramp_to_the_concurrency() -> None:
     assert batch_sizes(1, gpu=True) == ()
     assert batch_sizes(8, gpu=True) == (2, 3, 4, 6, 8)
@@ -184,7 +202,11 @@ def test_the_smallest_batch_decodes_a_prompt_long_enough_to_split_its_keys(
 
     monkeypatch.setattr(_warmup, "_run", recorded)
     plan = WarmupPlan(
-        batch_sizes=(2, 3), solo_variants=1, prefill_step_size=16, prefill_batch_size=2
+        batch_sizes=(2, 3),
+        solo_variants=1,
+        prefill_step_size=16,
+        prefill_batch_size=2,
+        long_prompt=True,  # as `plan_for` gives it where the ragged kernel runs (CUDA)
     )
     warm_up(load_model(tiny_model), plan, cache_factory(None), kv_quantized=False)
     (first_rows, first_longest), (rows, longest) = runs[-2:]

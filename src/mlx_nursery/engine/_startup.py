@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from ..models import LoadedModel, load_model
 from ._adapters import adapter_bytes, with_adapters
-from ._backend import prepare_backend
+from ._backend import on_cuda, prepare_backend
 from ._config import EngineConfig
 from ._decode_attention import install as install_attention
 from ._detokenizer import TokenTexts
@@ -166,6 +166,7 @@ def _warmup_plan(config: EngineConfig) -> WarmupPlan:
         budget_s=config.warmup_budget_s,
         speculation=config.speculation,
         pack_chunks=config.packs_chunks,
+        split_keys=config.ragged_attention and on_cuda(),
     )
 
 

@@ -94,6 +94,9 @@ class WarmupPlan:
     """The engine's speculative decoding (None: off): its verify steps are warmed too."""
     pack_chunks: bool = False
     """Chunks run in the decode step's forward (`EngineConfig.pack_chunks`), as served."""
+    long_prompt: bool = False
+    """The smallest batch's first prompt `LONG_PROMPT_TOKENS` long: where the decode
+    attention has a split form (the ragged kernel, on CUDA) that only long rows take."""
 
 
 def plan_for(
@@ -106,11 +109,13 @@ def plan_for(
     budget_s: float,
     speculation: Speculation | None = None,
     pack_chunks: bool = False,
+    split_keys: bool = False,
 ) -> WarmupPlan:
     """The warm-up for a backend: on a GPU every variant alone and batches up to
     `max_concurrency`; on the CPU, which compiles per function rather than per broadcasting
     pattern and has no per-kernel compiler to wait for, the fast path's two paths (argmax,
-    a keyed draw) and one mixed batch."""
+    a keyed draw) and one mixed batch. `split_keys`: the decode attention splits long rows'
+    keys (the ragged kernel), so one long prompt runs."""
     return WarmupPlan(
         batch_sizes=batch_sizes(max_concurrency, gpu=gpu),
         solo_variants=len(VARIANTS) if gpu else 2,
@@ -120,6 +125,7 @@ def plan_for(
         budget_s=budget_s,
         speculation=speculation,
         pack_chunks=pack_chunks,
+        long_prompt=split_keys,
     )
 
 
@@ -227,7 +233,7 @@ def warm_up(
                 else _batch(model, plan, size, make_cache, kv_quantized)
             )
             try:
-                long_first = size == min(plan.batch_sizes)
+                long_first = plan.long_prompt and size == min(plan.batch_sizes)
                 _run(batch, sequences(size, index, long_first=long_first), keep_one=True)
             finally:
                 batch.close()
