@@ -66,11 +66,13 @@ def main() -> None:
     whole, split = batch(32, 300), batch(1, 600)  # 32 rows: one kernel; one long row: split
     new = mx.random.normal((2, 32, 8, 1, 128)).astype(mx.bfloat16)
     mx.eval(queries, one, new)
+    assert whole.keys is not None and whole.values is not None
+    buffers = whole.keys, whole.values
     kernels: dict[str, Callable[[], object]] = {
         "decode attention, one kernel": lambda: ragged_decode_attention(queries, whole, SCALE),
         "decode attention, split": lambda: ragged_decode_attention(one, split, SCALE),
         "KV write in place": lambda: _kv_append.append_in_place(
-            whole.keys, whole.values, new[0], new[1], whole._idx
+            *buffers, new[0], new[1], whole._idx
         ),
     }
     measured: dict[str, dict[str, object]] = {}
