@@ -87,7 +87,7 @@ def batch_life(in_place: bool, *, eager: bool = False) -> list[mx.array]:
     trim and a step after it) with its writes in place or MLX's; what each step fetched.
     `eager`: everything evaluated after each operation (no graph spans two of them)."""
     original = _kv_append.writes_in_place
-    setattr(_kv_append, "writes_in_place", lambda: in_place)  # noqa: B010
+    setattr(_kv_append, "writes_in_place", lambda dtype: in_place)  # noqa: B010
     try:
 
         def merged(lengths: list[int], seed: int) -> RaggedBatchKVCache:
@@ -139,7 +139,7 @@ def decode_loop(
 ) -> dict[str, float]:
     """ms a step and peak memory of a pipelined decode loop writing in `mode`."""
     original = _kv_append.writes_in_place
-    setattr(_kv_append, "writes_in_place", lambda: mode == "in-place")  # noqa: B010
+    setattr(_kv_append, "writes_in_place", lambda dtype: mode == "in-place")  # noqa: B010
     try:
         caches = []
         for layer in range(layers):

@@ -9,6 +9,7 @@ the index never moved back since), and never where `writes_in_place` does not ho
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import mlx.core as mx
@@ -20,7 +21,7 @@ from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 HEADS, DIM = 2, 8
 
 cuda_only = pytest.mark.skipif(
-    not _kv_append.writes_in_place(), reason="the kernel is CUDA's, with CUDA graphs off"
+    not _kv_append.writes_in_place(mx.float32), reason="the kernel is CUDA's, graphs off"
 )
 
 
@@ -51,6 +52,19 @@ def test_the_engine_package_sets_cuda_graphs_off_before_mlx_reads_it() -> None:
     assert run.stdout.strip() == "1", run.stderr
 
 
+def test_a_kernel_that_cannot_run_leaves_mlxs_updates_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`usable` runs the kernel once per dtype against MLX's update; where it fails (here:
+    no CUDA to build it on) the cache keeps MLX's updates and the log says why."""
+    if _kv_append.on_cuda():
+        pytest.skip("the kernel runs here")
+    _kv_append._checked.pop(mx.float16, None)
+    with caplog.at_level(logging.WARNING, logger="mlx_nursery.engine"):
+        assert not _kv_append.usable(mx.float16)
+    assert any("in-place KV write unusable" in r.getMessage() for r in caplog.records)
+
+
 def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -63,7 +77,7 @@ def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
         calls.append(1)
         return mx.zeros((1,), dtype=mx.int32)
 
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda: True)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: True)
     monkeypatch.setattr(_kv_append, "append_in_place", recorded)
     cache = batch([3, 5], seed=1)
     k, v = mx.random.normal((2, 2, HEADS, 1, DIM))
@@ -80,7 +94,7 @@ def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
     cache.state = cache.state
     assert not in_place()
     assert in_place()
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda: False)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: False)
     assert not in_place()
 
 
@@ -118,7 +132,7 @@ def test_a_batch_written_in_place_holds_what_mlxs_updates_give(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def life(in_place: bool) -> list[tuple[mx.array, mx.array]]:
-        monkeypatch.setattr(_kv_append, "writes_in_place", lambda: in_place)
+        monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: in_place)
         cache = batch([3, 9, 5], seed=2)
         held = []
         for step in range(6):  # pipelined, as the engine decodes: launched, read a step later

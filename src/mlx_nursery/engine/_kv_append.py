@@ -27,12 +27,15 @@ only (the kernel is built on first use, per dtype).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
 import mlx.core as mx
 
 from ._backend import on_cuda
+
+log = logging.getLogger("mlx_nursery.engine")
 
 APPEND = """
     // One thread an element: of the new keys (B, H, L, DK), then of the new values
@@ -79,10 +82,11 @@ _THREADS = 256
 _kernel: list[Any] = []
 
 
-def writes_in_place() -> bool:
-    """The cache may write new keys and values in place here: MLX runs on CUDA with CUDA
-    graphs off. Engine thread, after `_backend.prepare_backend`."""
-    return _cuda_without_graphs()
+def writes_in_place(dtype: mx.Dtype) -> bool:
+    """The cache may write new keys and values of `dtype` in place here: MLX runs on CUDA
+    with CUDA graphs off, and the kernel passed its check for `dtype` (`usable`). Engine
+    thread, after `_backend.prepare_backend`; blocks for the check on a dtype's first use."""
+    return _cuda_without_graphs() and usable(dtype)
 
 
 @functools.cache
@@ -99,7 +103,8 @@ def append_in_place(
     (B, H, capacity, D) at positions `index` to `index + L`, in place; returns a lazy
     one-element array that stands for the write: whatever reads the buffers after must
     depend on it (`mx.depends`). The caller owns the buffers (nothing else may read those
-    positions) and has checked `writes_in_place`. Lazy, as any MLX operation."""
+    positions) and has checked `writes_in_place`. Lazy, as any MLX operation; raises where
+    MLX cannot build the kernel (not CUDA) when it is evaluated or before."""
     if index + new_keys.shape[2] > keys.shape[2] or keys.shape[2] != values.shape[2]:
         raise ValueError("the new keys do not fit the buffers at the write index")
     if not _kernel:
@@ -123,6 +128,41 @@ def append_in_place(
     )
     marker: mx.array = done
     return marker
+
+
+_checked: dict[mx.Dtype, bool] = {}
+
+
+def usable(dtype: mx.Dtype) -> bool:
+    """Whether the kernel writes what MLX's slice update writes for `dtype`: checked once per
+    dtype on small buffers (the engine's warm-up meets it first). A kernel that fails to build
+    or to match is logged and the cache keeps MLX's updates, rather than failing requests.
+    Blocks for the check, once per dtype."""
+    checked = _checked.get(dtype)
+    if checked is None:
+        checked = _checked[dtype] = _self_check(dtype)
+    return checked
+
+
+def _self_check(dtype: mx.Dtype) -> bool:
+    shape, written = (2, 2, 16, 8), (2, 2, 3, 8)
+    try:
+        keys, values = mx.zeros(shape, dtype), mx.ones(shape, dtype)
+        new_keys = mx.random.normal(written, key=mx.random.key(1)).astype(dtype)
+        new_values = mx.random.normal(written, key=mx.random.key(2)).astype(dtype)
+        done = append_in_place(keys, values, new_keys, new_values, 5)
+        keys, values = mx.depends([keys, values], [done])
+        want_keys, want_values = mx.zeros(shape, dtype), mx.ones(shape, dtype)
+        want_keys[:, :, 5:8] = new_keys
+        want_values[:, :, 5:8] = new_values
+        if not (
+            mx.array_equal(keys, want_keys).item() and mx.array_equal(values, want_values).item()
+        ):
+            raise ValueError("the in-place write differs from MLX's slice update")
+    except Exception:  # any failure: MLX's updates serve
+        log.warning("in-place KV write unusable for %s; MLX's updates serve", dtype, exc_info=True)
+        return False
+    return True
 
 
 _indexes: dict[int, mx.array] = {}

@@ -100,7 +100,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self.keys is not None
             and self.values is not None
             and self._own_buffers
-            and _kv_append.writes_in_place()
+            and _kv_append.writes_in_place(self.keys.dtype)
         ):  # no copy of the buffers while the step before still reads them (`_kv_append`)
             written = _kv_append.append_in_place(self.keys, self.values, keys, values, self._idx)
             self.keys, self.values = mx.depends([self.keys, self.values], [written])
