@@ -9,6 +9,7 @@ the index never moved back since), and never where `writes_in_place` does not ho
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
@@ -35,21 +36,46 @@ def batch(lengths: list[int], seed: int, heads: int = HEADS, dim: int = DIM) -> 
     return RaggedBatchKVCache.merge(rows)
 
 
-def test_the_engine_package_sets_cuda_graphs_off_before_mlx_reads_it() -> None:
-    """MLX reads `MLX_USE_CUDA_GRAPHS` at its first kernel: importing the engine sets the
-    engine's default, so that GPU work before an engine starts runs as the engine serves
-    (the in-place writes are unsafe with graphs on)."""
+@pytest.mark.parametrize(
+    ("variable", "before", "after", "value", "known_off"),
+    [
+        (None, "", "", "0", True),  # defaulted before MLX ran anything
+        (None, "import mlx.core", "", "0", True),  # loaded, nothing allocated yet
+        (None, "import mlx.core as mx; mx.eval(mx.ones(2) + 1)", "", "0", False),  # it ran
+        ("0", "", "", "0", True),  # the operator's
+        ("1", "", "", "1", False),
+        (None, "", "prepare(cuda_graphs=False)", "0", True),  # the engine's default kept
+        (None, "", "prepare(cuda_graphs=True)", "1", False),
+        ("1", "", "prepare(cuda_graphs=False)", "0", False),  # changed after MLX may have read
+    ],
+)
+def test_cuda_graphs_are_known_off_only_where_mlx_cannot_have_read_otherwise(
+    variable: str | None, before: str, after: str, value: str, known_off: bool
+) -> None:
+    """MLX reads `MLX_USE_CUDA_GRAPHS` at its first kernel (unset: on). The package sets the
+    engine's default (off) as it is imported, unless the operator set it; the in-place
+    writes count on graphs being off only where MLX cannot have read another value."""
     import os
     import subprocess
     import sys
 
-    code = "import os; import mlx_nursery.engine; print(os.environ['MLX_USE_CUDA_GRAPHS'])"
+    code = "; ".join(
+        line
+        for line in (
+            before,
+            "import os",
+            "from mlx_nursery.engine._backend import cuda_graphs_known_off, prepare_backend",
+            "prepare = lambda **kw: prepare_backend(cudnn_attention=False, **kw)",
+            after,
+            "print(os.environ['MLX_USE_CUDA_GRAPHS'], cuda_graphs_known_off())",
+        )
+        if line
+    )
     env = {k: v for k, v in os.environ.items() if k != "MLX_USE_CUDA_GRAPHS"}
+    if variable is not None:
+        env["MLX_USE_CUDA_GRAPHS"] = variable
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert run.stdout.strip() == "0", run.stderr
-    env["MLX_USE_CUDA_GRAPHS"] = "1"  # the operator's own choice stands
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert run.stdout.strip() == "1", run.stderr
+    assert run.stdout.split() == [value, str(known_off)], run.stderr
 
 
 def test_a_kernel_that_cannot_run_leaves_mlxs_updates_serving(
@@ -69,8 +95,9 @@ def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The decision alone (the kernel is CUDA's): merged buffers are the cache's own; after a
-    trim a lazy forward may still read past the index, after `state` was set the arrays may
-    be another cache's, so the next write is MLX's, and the one after in place again."""
+    trim a lazy forward may still read past the index, after `state` was set or a deep copy
+    the arrays may be another cache's, so the next write is MLX's, and the one after in
+    place again; keys of another dtype than the buffers' are MLX's to write."""
     calls: list[int] = []
 
     def recorded(keys: mx.array, values: mx.array, *_: Any) -> mx.array:
@@ -94,6 +121,16 @@ def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
     cache.state = cache.state
     assert not in_place()
     assert in_place()
+    copied = copy.deepcopy(cache)  # as mlx-lm's split copies a batch: the same buffers
+    assert not in_place()
+    assert in_place()
+    before = len(calls)
+    copied.update_and_fetch(k, v)
+    assert len(calls) == before  # the copy's first write is MLX's too
+    k16, v16 = k.astype(mx.float16), v.astype(mx.float16)
+    before = len(calls)
+    cache.update_and_fetch(k16, v16)  # keys of another dtype than the buffers': MLX's
+    assert len(calls) == before
     monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: False)
     assert not in_place()
 

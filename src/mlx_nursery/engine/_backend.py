@@ -14,16 +14,15 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .. import _cuda_graphs
 from ._memory import bound_buffer_cache, device_memory
 
 log = logging.getLogger("mlx_nursery.engine")
 
-os.environ.setdefault("MLX_USE_CUDA_GRAPHS", "0")
-"""The engine's default (`EngineConfig.cuda_graphs`), set as this package is imported: MLX
-reads the variable once, at the first kernel it encodes, and whatever runs on the GPU
-before an engine's `prepare_backend` (a probe, a caller's own MLX work) must find the
-setting the engine serves with. The in-place KV writes (`_kv_append`) rely on it: with
-graphs on they are not taken."""
+
+def cuda_graphs_known_off() -> bool:
+    """MLX's CUDA graphs are off in this process for certain (`mlx_nursery._cuda_graphs`)."""
+    return _cuda_graphs.state.known_off
 
 
 @functools.cache
@@ -44,7 +43,7 @@ def prepare_backend(*, cudnn_attention: bool, cuda_graphs: bool) -> None:
     engine's, and each follower rank's (`distributed/`), so that all ranks run the same
     kernels. No effect on Metal or the CPU but the environment."""
     os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "1" if cudnn_attention else "0"
-    os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if cuda_graphs else "0"
+    _cuda_graphs.set_for_engine(cuda_graphs)
     keep_compiled_kernels()
     bound_cuda_buffer_cache()
 

@@ -26,14 +26,12 @@ only (the kernel is built on first use, per dtype).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 from typing import Any
 
 import mlx.core as mx
 
-from ._backend import on_cuda
+from ._backend import cuda_graphs_known_off, on_cuda
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -84,16 +82,10 @@ _kernel: list[Any] = []
 
 def writes_in_place(dtype: mx.Dtype) -> bool:
     """The cache may write new keys and values of `dtype` in place here: MLX runs on CUDA
-    with CUDA graphs off, and the kernel passed its check for `dtype` (`usable`). Engine
-    thread, after `_backend.prepare_backend`; blocks for the check on a dtype's first use."""
-    return _cuda_without_graphs() and usable(dtype)
-
-
-@functools.cache
-def _cuda_without_graphs() -> bool:
-    """MLX runs on CUDA with CUDA graphs off (MLX reads `MLX_USE_CUDA_GRAPHS` once; unset
-    means on)."""
-    return on_cuda() and os.environ.get("MLX_USE_CUDA_GRAPHS") == "0"
+    with CUDA graphs known off (`_backend.cuda_graphs_known_off`), and the kernel passed its
+    check for `dtype` (`usable`). Engine thread, after `_backend.prepare_backend`; blocks
+    for the check on a dtype's first use."""
+    return on_cuda() and cuda_graphs_known_off() and usable(dtype)
 
 
 def append_in_place(

@@ -43,6 +43,7 @@ every row it takes one (`ragged_rows`). Engine thread only.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -100,6 +101,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self.keys is not None
             and self.values is not None
             and self._own_buffers
+            and keys.dtype == values.dtype == self.keys.dtype == self.values.dtype
             and _kv_append.writes_in_place(self.keys.dtype)
         ):  # no copy of the buffers while the step before still reads them (`_kv_append`)
             written = _kv_append.append_in_place(self.keys, self.values, keys, values, self._idx)
@@ -202,6 +204,17 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         merged.keys, merged.values, merged._idx = keys, values, index
         merged.offset = mx.array(lengths, dtype=mx.int32)  # not shared: no layer's yet
         return merged
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RaggedBatchKVCache:
+        """A copy whose arrays share this cache's buffers (copying an MLX array does not copy
+        its data: mlx-lm's `PromptProcessingBatch.split` copies a batch this way): neither
+        writes into them in place until an update of MLX's has made them its own."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            setattr(copied, name, copy.deepcopy(value, memo))
+        copied._own_buffers = self._own_buffers = False
+        return copied
 
     @property
     def state(self) -> Any:
