@@ -129,7 +129,9 @@ async def test_a_failing_expiry_pass_leaves_the_engine_serving(
         raise RuntimeError("expiry broke")
 
     monkeypatch.setattr(PrefixCache, "evict_expired", broken)
-    config = attrs.evolve(engine_config, prompt_cache_ttl=0.001)  # a pass every iteration
+    # A pass every iteration: a TTL below any iteration's length (with a millisecond, a
+    # request that arrived within it of the first pass, on a fast machine, saw none more).
+    config = attrs.evolve(engine_config, prompt_cache_ttl=1e-9)
     with caplog.at_level(logging.WARNING, logger="mlx_nursery.engine"):
         async with open_engine(config) as fresh:
             result = await collect(
