@@ -33,6 +33,7 @@ import mlx.core as mx
 from ._backend import on_cuda
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
 from ._ragged import RaggedBatchKVCache, read_from_row_starts
+from ._scalars import scalar
 from ._sequence_attention import same_layout, sequence_attention, takes
 from ._upstream import mlx_lm_attention
 
@@ -114,8 +115,8 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
         cache.keys,
         cache.values,
         cache.left_padding,
-        _scalar(cache._idx, mx.int32),
-        _scalar(scale, mx.float32),
+        scalar(cache._idx, mx.int32),
+        scalar(scale, mx.float32),
     ]
     layout = [("REP", rep), ("D", dim), ("WARPS", _WARPS)]
     if splits == 1:  # one block a row and head: it writes the result itself
@@ -147,21 +148,6 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
     )
     combined: mx.array = out
     return combined
-
-
-_scalars: dict[tuple[float, mx.Dtype], mx.array] = {}
-
-
-def _scalar(value: float, dtype: mx.Dtype) -> mx.array:
-    """`value` as a one-element array, made once: every layer of a step passes the same
-    write index and scale, and each new array costs the host an allocation and a copy."""
-    key = (value, dtype)
-    array = _scalars.get(key)
-    if array is None:
-        if len(_scalars) > 64:  # write indexes move on: keep only the recent ones
-            _scalars.clear()
-        array = _scalars[key] = mx.array([value], dtype=dtype)
-    return array
 
 
 Attention = Callable[..., mx.array]

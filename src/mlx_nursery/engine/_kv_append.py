@@ -32,6 +32,7 @@ from typing import Any
 import mlx.core as mx
 
 from ._backend import cuda_graphs_known_off, on_cuda
+from ._scalars import scalar
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -111,7 +112,7 @@ def append_in_place(
         )
     elements = new_keys.size + new_values.size
     (done,) = _kernel[0](
-        inputs=[keys, values, new_keys, new_values, _index(index)],
+        inputs=[keys, values, new_keys, new_values, scalar(index, mx.int64)],
         template=[("T", keys.dtype)],
         grid=(max(elements, 1), 1, 1),
         threadgroup=(_THREADS, 1, 1),
@@ -155,17 +156,3 @@ def _self_check(dtype: mx.Dtype) -> bool:
         log.warning("in-place KV write unusable for %s; MLX's updates serve", dtype, exc_info=True)
         return False
     return True
-
-
-_indexes: dict[int, mx.array] = {}
-
-
-def _index(value: int) -> mx.array:
-    """The write index as a one-element array, made once per index: every layer of a step
-    writes at the same one."""
-    array = _indexes.get(value)
-    if array is None:
-        if len(_indexes) > 64:  # write indexes move on: keep only the recent ones
-            _indexes.clear()
-        array = _indexes[value] = mx.array([value], dtype=mx.int64)
-    return array
