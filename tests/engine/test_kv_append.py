@@ -18,22 +18,15 @@ import pytest
 
 from mlx_nursery.engine import _kv_append
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
-
-HEADS, DIM = 2, 8
+from tests.engine.test_ragged_cache import DIM, HEADS, rows
 
 cuda_only = pytest.mark.skipif(
     not _kv_append.writes_in_place(mx.float32), reason="the kernel is CUDA's, graphs off"
 )
 
 
-def batch(lengths: list[int], seed: int, heads: int = HEADS, dim: int = DIM) -> RaggedBatchKVCache:
-    rows = []
-    for i, n in enumerate(lengths):
-        row = RowKVCache()
-        k, v = mx.random.normal((2, 1, heads, n, dim), key=mx.random.key(seed * 100 + i))
-        row.update_and_fetch(k, v)
-        rows.append(row)
-    return RaggedBatchKVCache.merge(rows)
+def batch(lengths: list[int], seed: int) -> RaggedBatchKVCache:
+    return RaggedBatchKVCache.merge(rows(lengths, seed, RowKVCache))
 
 
 @pytest.mark.parametrize(
