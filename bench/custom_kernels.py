@@ -24,12 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+from kv_append import merged
 
 from mlx_nursery.engine import _kv_append
 from mlx_nursery.engine._backend import on_cuda
 from mlx_nursery.engine._decode_attention import ragged_decode_attention
 from mlx_nursery.engine._masked_softmax import usable
-from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 
 SCALE = 128**-0.5
 
@@ -42,18 +42,6 @@ def timed(run: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def batch(rows: int, length: int) -> RaggedBatchKVCache:
-    caches = []
-    for i in range(rows):
-        row = RowKVCache()
-        k, v = mx.random.normal((2, 1, 8, length, 128), key=mx.random.key(i))
-        row.update_and_fetch(k.astype(mx.bfloat16), v.astype(mx.bfloat16))
-        caches.append(row)
-    cache = RaggedBatchKVCache.merge(caches)
-    mx.eval(cache.keys, cache.values)
-    return cache
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path)
@@ -63,7 +51,8 @@ def main() -> None:
     mx.synchronize()
     queries = mx.random.normal((32, 32, 1, 128)).astype(mx.bfloat16)
     one = mx.random.normal((1, 32, 1, 128)).astype(mx.bfloat16)
-    whole, split = batch(32, 300), batch(1, 600)  # 32 rows: one kernel; one long row: split
+    whole, split = merged([300] * 32, seed=0), merged([600], seed=1)  # one kernel; split
+    mx.eval(whole.keys, whole.values, split.keys, split.values)
     new = mx.random.normal((2, 32, 8, 1, 128)).astype(mx.bfloat16)
     mx.eval(queries, one, new)
     assert whole.keys is not None and whole.values is not None

@@ -26,6 +26,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,22 +84,33 @@ def check_cases(rng: random.Random) -> list[dict[str, Any]]:
     return cases
 
 
+def merged(lengths: list[int], seed: int) -> RaggedBatchKVCache:
+    """A batch of rows of these lengths (random bfloat16 keys, 8 heads of 128), merged."""
+    rows = []
+    for i, n in enumerate(lengths):
+        row = RowKVCache()
+        k, v = mx.random.normal((2, 1, 8, n, 128), key=mx.random.key(seed * 100 + i))
+        row.update_and_fetch(k.astype(mx.bfloat16), v.astype(mx.bfloat16))
+        rows.append(row)
+    return RaggedBatchKVCache.merge(rows)
+
+
+@contextmanager
+def kv_writes(in_place: bool) -> Iterator[None]:
+    """The batch caches write in place (`in_place`) or as MLX updates, within the block."""
+    original = _kv_append.writes_in_place
+    setattr(_kv_append, "writes_in_place", lambda dtype: in_place)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(_kv_append, "writes_in_place", original)  # noqa: B010
+
+
 def batch_life(in_place: bool, *, eager: bool = False) -> list[mx.array]:
     """A batch's life (merge, pipelined decode steps, a filter, a join, a padded chunk, a
     trim and a step after it) with its writes in place or MLX's; what each step fetched.
     `eager`: everything evaluated after each operation (no graph spans two of them)."""
-    original = _kv_append.writes_in_place
-    setattr(_kv_append, "writes_in_place", lambda dtype: in_place)  # noqa: B010
-    try:
-
-        def merged(lengths: list[int], seed: int) -> RaggedBatchKVCache:
-            rows = []
-            for i, n in enumerate(lengths):
-                row = RowKVCache()
-                k, v = mx.random.normal((2, 1, 8, n, 128), key=mx.random.key(seed * 100 + i))
-                row.update_and_fetch(k.astype(mx.bfloat16), v.astype(mx.bfloat16))
-                rows.append(row)
-            return RaggedBatchKVCache.merge(rows)
+    with kv_writes(in_place):
 
         def new(rows: int, length: int, seed: int) -> tuple[mx.array, mx.array]:
             k, v = mx.random.normal((2, rows, 8, length, 128), key=mx.random.key(seed))
@@ -130,26 +143,14 @@ def batch_life(in_place: bool, *, eager: bool = False) -> list[mx.array]:
         fetched += list(cache.keys_and_values())
         mx.eval(fetched)
         return fetched
-    finally:
-        setattr(_kv_append, "writes_in_place", original)  # noqa: B010
 
 
 def decode_loop(
     mode: str, rows: int, lengths: list[int], layers: int, steps: int
 ) -> dict[str, float]:
     """ms a step and peak memory of a pipelined decode loop writing in `mode`."""
-    original = _kv_append.writes_in_place
-    setattr(_kv_append, "writes_in_place", lambda dtype: mode == "in-place")  # noqa: B010
-    try:
-        caches = []
-        for layer in range(layers):
-            row_caches = []
-            for i, n in enumerate(lengths):
-                row = RowKVCache()
-                k, v = mx.random.normal((2, 1, 8, n, 128), key=mx.random.key(layer * 997 + i))
-                row.update_and_fetch(k.astype(mx.bfloat16), v.astype(mx.bfloat16))
-                row_caches.append(row)
-            caches.append(RaggedBatchKVCache.merge(row_caches))
+    with kv_writes(mode == "in-place"):
+        caches = [merged(lengths, seed=layer) for layer in range(layers)]
         mx.eval([(c.keys, c.values) for c in caches])
         queries = mx.random.normal((rows, 32, 1, 128)).astype(mx.bfloat16)
         new = mx.random.normal((2, rows, 8, 1, 128)).astype(mx.bfloat16)
@@ -177,8 +178,6 @@ def decode_loop(
             "ms_per_step": round(1000 * statistics.median(times), 3),
             "peak_gb": round(mx.get_peak_memory() / 1e9, 2),
         }
-    finally:
-        setattr(_kv_append, "writes_in_place", original)  # noqa: B010
 
 
 def main() -> None:
