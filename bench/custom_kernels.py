@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+
+sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
 from kv_append import merged
 
 from mlx_nursery.engine import _kv_append
