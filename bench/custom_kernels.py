@@ -28,7 +28,7 @@ import mlx.core as mx
 sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
 from kv_append import merged
 
-from mlx_nursery.engine import _kv_append
+from mlx_nursery.engine import _kv_append, _own_kernels
 from mlx_nursery.engine._backend import on_cuda
 from mlx_nursery.engine._decode_attention import ragged_decode_attention
 from mlx_nursery.engine._masked_softmax import usable
@@ -79,7 +79,10 @@ def main() -> None:
         "usable": ok,
     }
     print(f"{'masked softmax (4 variants)':32s} first {seconds:7.3f} s   usable {ok}")
-    text = json.dumps({"device": str(mx.default_device()), "kernels": measured}, indent=1)
+    here = _own_kernels.compiler() is not None
+    print(f"compiled by the engine's NVRTC (not MLX): {here}")
+    summary = {"device": str(mx.default_device()), "compiled_here": here, "kernels": measured}
+    text = json.dumps(summary, indent=1)
     if args.out:
         args.out.write_text(text)
 

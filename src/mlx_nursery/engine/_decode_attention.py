@@ -32,6 +32,7 @@ import mlx.core as mx
 
 from ._backend import on_cuda
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
+from ._own_kernels import CudaKernel
 from ._ragged import RaggedBatchKVCache, read_from_row_starts
 from ._scalars import scalar
 from ._sequence_attention import same_layout, sequence_attention, takes
@@ -51,7 +52,7 @@ blocks measured slower (bench/ragged_attention.py, docs/benchmarks.md)."""
 _MIN_KEYS_PER_SLICE = 128
 """A slice holds at least one tile of 32 keys for each of the block's warps."""
 
-_kernels: dict[str, Any] = {}
+_kernels: dict[str, CudaKernel] = {}
 
 
 def available() -> bool:
@@ -70,11 +71,11 @@ _KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str, str, bool]] = {
 row-contiguous first (the queries and the KV buffers are read through their strides)."""
 
 
-def _kernel(name: str) -> Any:
+def _kernel(name: str) -> CudaKernel:
     kernel = _kernels.get(name)
     if kernel is None:
         inputs, outputs, source, header, row_contiguous = _KERNELS[name]
-        kernel = _kernels[name] = mx.fast.cuda_kernel(
+        kernel = _kernels[name] = CudaKernel(
             name=f"nursery_ragged_decode_{name}",
             input_names=list(inputs),
             output_names=list(outputs),
@@ -105,15 +106,16 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
     in `cache` (after this step's update): rows' keys run from their left padding to the
     cache's write index. Lazy, as any MLX operation."""
     batch, heads, _, dim = queries.shape
-    if cache.keys is None:
+    keys, values = cache.keys, cache.values
+    if keys is None or values is None:
         raise ValueError("decode attention over a cache that holds no tokens")
-    kv_heads = cache.keys.shape[1]
+    kv_heads = keys.shape[1]
     rep = heads // kv_heads
     splits = key_slices(batch, kv_heads, cache._idx - min(cache.padding))
     inputs = [
         queries,
-        cache.keys,
-        cache.values,
+        keys,
+        values,
         cache.left_padding,
         scalar(cache._idx, mx.int32),
         scalar(scale, mx.float32),

@@ -17,9 +17,10 @@ only, as every MLX call of a model.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import mlx.core as mx
+
+from ._own_kernels import CudaKernel
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -143,15 +144,15 @@ _MASKED = (
 )
 """mlx-lm's boolean mask (B, L, S) says which keys each query sees; keys past S none."""
 
-_kernels: dict[bool, Any] = {}
+_kernels: dict[bool, CudaKernel] = {}
 
 
-def _kernel(causal: bool) -> Any:
+def _kernel(causal: bool) -> CudaKernel:
     kernel = _kernels.get(causal)
     if kernel is None:
         inputs = ["scores", "scale", "total"] if causal else ["scores", "scale", "mask"]
         bounds, visible = _CAUSAL if causal else _MASKED
-        kernel = _kernels[causal] = mx.fast.cuda_kernel(
+        kernel = _kernels[causal] = CudaKernel(
             name=f"nursery_masked_softmax_{'causal' if causal else 'mask'}",
             input_names=inputs,
             output_names=["out"],
