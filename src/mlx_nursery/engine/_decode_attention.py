@@ -89,7 +89,8 @@ def _kernel(name: str) -> CudaKernel:
 SPLIT_KEYS = 2 * _MIN_KEYS_PER_SLICE
 """Keys a row from which a batch of few rows takes the two-kernel form (slices, then their
 combination): the engine's warm-up runs a prompt this long, so that both forms are built
-before a request needs them (MLX compiles custom kernels at each start)."""
+before a request needs them (the engine's kernels are compiled at each start, by
+`_own_kernels` or by MLX)."""
 
 
 def key_slices(rows: int, kv_heads: int, longest: int) -> int:

@@ -1,0 +1,112 @@
+"""The engine's read-only CUDA kernels compiled by its own NVRTC call (`_own_kernels.py`).
+
+MLX runs a precompiled kernel with its inputs, its outputs, then its scalars, and here the
+scalars carry each input's shape, strides and ndim where the source reads them, the strides
+row-major (MLX makes every input row-contiguous first): the written function must take them
+in that order, and the values must be what MLX's own compile would read. Where no compute
+capability, NVRTC or CUDA headers are found, nothing is compiled here (MLX compiles). Where
+an NVRTC and CUDA's headers are found on this machine, every variant the engine builds
+compiles; on CUDA the engine's attention tests run these compiles against MLX's results.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import mlx.core as mx
+import pytest
+
+from mlx_nursery.engine import _decode_attention, _masked_softmax
+from mlx_nursery.engine._own_kernels import CudaKernel, Nvrtc, _library, compiler, cuda_roots
+
+SOURCE = "out[0] = a[a_strides[1]] + a_shape[0] + b[0] + b_ndim + N;"
+
+
+@pytest.fixture
+def fresh_compiler() -> Iterator[None]:
+    compiler.cache_clear()
+    yield
+    compiler.cache_clear()
+
+
+def parameters(source: str) -> list[str]:
+    signature = re.search(r"__global__ void \w+\(\s*(.*?)\)\s*\{", source, re.S)
+    assert signature is not None, source
+    return [p.strip() for p in signature.group(1).split(",")]
+
+
+def test_the_function_takes_inputs_outputs_then_each_inputs_shape_strides_and_ndim() -> None:
+    kernel = CudaKernel("k", ["a", "b"], ["out"], SOURCE)
+    a, b = mx.zeros((2, 3, 4), mx.bfloat16), mx.zeros((5,), mx.int32)
+    source = kernel.source("k_variant", [a, b], [("N", 7), ("T", mx.float16)], [mx.float32])
+    assert parameters(source) == [
+        "const __nv_bfloat16* a",
+        "const int* b",
+        "float* out",
+        *(f"int a_shape_{i}" for i in range(3)),
+        *(f"int a_strides_{i}" for i in range(3)),
+        "int b_ndim",
+    ]
+    assert "constexpr int N = 7;" in source and "using T = __half;" in source
+    assert "const int a_shape[3] = {a_shape_0, a_shape_1, a_shape_2};" in source
+    assert SOURCE in source and "#include <cuda_bf16.h>" in source
+    # one scalar a parameter past the outputs, in the same order
+    assert kernel._arguments(((2, 3, 4), (5,))) == [2, 3, 4, 12, 4, 1, 1]
+
+
+def test_a_dimension_past_a_32_bit_argument_is_left_to_mlx() -> None:
+    kernel = CudaKernel("k", ["a", "b"], ["out"], SOURCE)
+    assert kernel._arguments(((2, 3, 4), (5,))) is not None
+    assert kernel._arguments(((2, 2**20, 2**12), (5,))) is None  # a stride of 2**32
+
+
+def test_without_a_compute_capability_nothing_is_compiled_here(
+    fresh_compiler: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mx, "device_info", lambda: {"device_name": "cpu"})
+    kernel = CudaKernel("k", ["a", "b"], ["out"], SOURCE)
+    a, b = mx.zeros((2, 3, 4), mx.float32), mx.zeros((5,), mx.int32)
+    assert compiler() is None
+    assert kernel._compiled([a, b], [("N", 1)], [mx.float32]) is None
+
+
+def _nvrtc_here() -> Nvrtc | None:
+    roots = cuda_roots()
+    library = _library(roots)
+    includes = next((r / "include" for r in roots if (r / "include/cuda_bf16.h").is_file()), None)
+    return None if library is None or includes is None else Nvrtc(library, includes, "sm_80")
+
+
+@pytest.mark.skipif(_nvrtc_here() is None, reason="no NVRTC with CUDA's headers here")
+def test_every_variant_the_engine_builds_compiles() -> None:
+    nvrtc = _nvrtc_here()
+    assert nvrtc is not None
+    built = 0
+    for dtype in (mx.bfloat16, mx.float16, mx.float32):
+        for rep, dim in ((4, 128), (1, 64)):
+            queries = mx.zeros((2, 8 * rep, 1, dim), dtype)
+            keys = mx.zeros((2, 8, 300, dim), dtype)
+            starts, scalar = mx.zeros((2,), mx.int32), mx.zeros((1,), mx.int32)
+            inputs = [queries, keys, keys, starts, scalar, mx.zeros((1,), mx.float32)]
+            layout = [("REP", rep), ("D", dim), ("WARPS", 4)]
+            partials = [mx.zeros((2, 8 * rep, 2, dim), mx.float32)]
+            partials += [mx.zeros((2, 8 * rep, 2), mx.float32)] * 2
+            for name, args, template, outputs in (
+                ("whole", inputs, [*layout, ("T", dtype)], [dtype]),
+                ("partial", inputs, layout, [mx.float32] * 3),
+                ("combine", partials, [("T", dtype), ("D", dim)], [dtype]),
+            ):
+                source = _decode_attention._kernel(name).source("f", args, template, outputs)
+                assert nvrtc.compile(source, "f")
+                built += 1
+        scores = mx.zeros((1, 2, 3, 16), dtype)
+        for causal in (True, False):
+            extra = mx.zeros((1,), mx.int32) if causal else mx.zeros((1, 3, 15), mx.bool_)
+            for vector in (16 // dtype.size, 1):
+                template = [("T", dtype), ("VEC", vector), ("WARPS", 8)]
+                args = [scores, mx.zeros((1,), mx.float32), extra]
+                source = _masked_softmax._kernel(causal).source("f", args, template, [dtype])
+                assert nvrtc.compile(source, "f")
+                built += 1
+    assert built == 3 * (2 * 3 + 4)
