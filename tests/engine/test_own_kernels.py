@@ -18,7 +18,14 @@ import mlx.core as mx
 import pytest
 
 from mlx_nursery.engine import _decode_attention, _masked_softmax
-from mlx_nursery.engine._own_kernels import CudaKernel, Nvrtc, _library, compiler, cuda_roots
+from mlx_nursery.engine._own_kernels import (
+    CudaKernel,
+    Nvrtc,
+    _library,
+    compiler,
+    cuda_roots,
+    headers,
+)
 
 SOURCE = "out[0] = a[a_strides[1]] + a_shape[0] + b[0] + b_ndim + N;"
 
@@ -74,7 +81,7 @@ def test_without_a_compute_capability_nothing_is_compiled_here(
 def _nvrtc_here() -> Nvrtc | None:
     roots = cuda_roots()
     library = _library(roots)
-    includes = next((r / "include" for r in roots if (r / "include/cuda_bf16.h").is_file()), None)
+    includes = headers(roots)
     return None if library is None or includes is None else Nvrtc(library, includes, "sm_80")
 
 

@@ -108,6 +108,11 @@ def cuda_roots() -> list[Path]:
     return [root for root in roots if root.is_dir()]
 
 
+def headers(roots: list[Path]) -> Path | None:
+    """The first of `roots`' include folders that holds CUDA's bfloat16 header."""
+    return next((r / "include" for r in roots if (r / "include/cuda_bf16.h").is_file()), None)
+
+
 def _library(roots: list[Path]) -> ctypes.CDLL | None:
     candidates = [
         path
@@ -131,7 +136,7 @@ def compiler() -> Nvrtc | None:
     info = mx.device_info()
     major, minor = info.get("compute_capability_major"), info.get("compute_capability_minor")
     roots = cuda_roots()
-    includes = next((r / "include" for r in roots if (r / "include/cuda_bf16.h").is_file()), None)
+    includes = headers(roots)
     library = _library(roots)
     if major is None or minor is None or includes is None or library is None:
         log.info(
