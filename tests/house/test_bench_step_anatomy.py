@@ -41,3 +41,19 @@ def test_the_cache_limit_replaces_the_engines_bound(monkeypatch: pytest.MonkeyPa
         assert _memory.bound_buffer_cache(False, memory) is None  # elsewhere: untouched
     finally:
         mx.set_cache_limit(before)
+
+
+def test_the_devices_idle_time_is_split_by_the_host_phase_in_force() -> None:
+    _load_tool()  # puts bench/ on the path, as the tool runs
+    from _timeline import idle_by_phase
+
+    kernels = [(10.0, 20.0), (15.0, 30.0), (50.0, 60.0)]  # idle: 0-10, 30-50, 60-100
+    host = [(0.0, "decode"), (25.0, "launch (decode)"), (40.0, "rest"), (55.0, "decode")]
+    idle = idle_by_phase(kernels, host, (0.0, 100.0))
+    assert idle == {"decode": 50.0, "launch (decode)": 10.0, "rest": 10.0}
+    # before the host's first change the phase is not known; kernels outside the window
+    # do not count
+    assert idle_by_phase([(-5.0, 5.0)], [(8.0, "rest")], (0.0, 10.0)) == {
+        "unknown": 3.0,
+        "rest": 2.0,
+    }
