@@ -101,6 +101,7 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         max_concurrency=args.clients,
         max_queue=4 * args.clients,
         pack_chunks=args.pack_chunks,
+        cuda_graphs=args.cuda_graphs,
     )
     results = {}
     async with open_engine(config) as engine:
@@ -280,6 +281,11 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="prefill chunks in the decode step's forward (EngineConfig.pack_chunks)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="MLX's CUDA graphs on (EngineConfig.cuda_graphs; the engine's default is off)",
     )
     p.add_argument(
         "--kv-writes",
