@@ -28,7 +28,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from mlx_nursery.engine import _decode_attention
+from mlx_nursery.engine import _decode_attention, _own_kernels
 from mlx_nursery.engine._decode_attention import available
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 
@@ -171,10 +171,35 @@ def at_blocks(blocks: int) -> Kernel:
     return kernel
 
 
+def compiled_by_mlx() -> Kernel:
+    """The current kernel compiled by MLX (`mx.fast.cuda_kernel`) rather than by the
+    engine's own NVRTC call (`_own_kernels`, decisions/0057): the same source, the two
+    compiles' device time side by side."""
+    own: dict[str, Any] = {}
+
+    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
+        saved_kernels, saved_compiler = _decode_attention._kernels, _own_kernels.compiler
+        _decode_attention._kernels = own
+        _own_kernels.compiler = lambda: None  # type: ignore[assignment]
+        try:
+            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
+            return out
+        finally:
+            _decode_attention._kernels = saved_kernels
+            _own_kernels.compiler = saved_compiler
+
+    return kernel
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--previous", type=Path, help="another version of _decode_attention.py")
     p.add_argument("--target-blocks", type=int, nargs="*", default=[])
+    p.add_argument(
+        "--mlx-compiled",
+        action="store_true",
+        help="also the same kernel compiled by MLX, not by the engine's NVRTC call",
+    )
     p.add_argument(
         "--kernels",
         action="store_true",
@@ -194,6 +219,8 @@ def main() -> None:
         kernels["previous_kernel"] = load_previous(args.previous)
     for blocks in args.target_blocks:
         kernels[f"ragged_kernel_{blocks}_blocks"] = at_blocks(blocks)
+    if args.mlx_compiled:
+        kernels["mlx_compiled"] = compiled_by_mlx()
     checks = {name: check(random.Random(0), kernel) for name, kernel in kernels.items()}
     result = {
         "device": str(mx.default_device()),
