@@ -17,6 +17,7 @@ Usage: python -P bench/ragged_attention.py [--previous FILE] [--target-blocks N 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import random
@@ -191,6 +192,29 @@ def compiled_by_mlx() -> Kernel:
     return kernel
 
 
+def compiled_for(arch: str) -> Kernel:
+    """The current kernel compiled by the engine's NVRTC call for `arch` (e.g. sm_90a, as
+    MLX targets a Hopper) rather than for the device's plain compute capability."""
+    own: dict[str, Any] = {}
+    base = _own_kernels.compiler()
+    alternative = copy.copy(base)
+    if alternative is not None:
+        alternative._options = [f"--gpu-architecture={arch}".encode(), *base._options[1:]]  # type: ignore[union-attr]
+
+    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
+        saved_kernels, saved_compiler = _decode_attention._kernels, _own_kernels.compiler
+        _decode_attention._kernels = own
+        _own_kernels.compiler = lambda: alternative  # type: ignore[assignment]
+        try:
+            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
+            return out
+        finally:
+            _decode_attention._kernels = saved_kernels
+            _own_kernels.compiler = saved_compiler
+
+    return kernel
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--previous", type=Path, help="another version of _decode_attention.py")
@@ -200,6 +224,7 @@ def main() -> None:
         action="store_true",
         help="also the same kernel compiled by MLX, not by the engine's NVRTC call",
     )
+    p.add_argument("--arch", nargs="*", default=[], help="also compiled for these targets")
     p.add_argument(
         "--kernels",
         action="store_true",
@@ -221,6 +246,8 @@ def main() -> None:
         kernels[f"ragged_kernel_{blocks}_blocks"] = at_blocks(blocks)
     if args.mlx_compiled:
         kernels["mlx_compiled"] = compiled_by_mlx()
+    for arch in args.arch:
+        kernels[f"compiled_for_{arch}"] = compiled_for(arch)
     checks = {name: check(random.Random(0), kernel) for name, kernel in kernels.items()}
     result = {
         "device": str(mx.default_device()),
