@@ -172,6 +172,22 @@ def at_blocks(blocks: int) -> Kernel:
     return kernel
 
 
+def at_threads(threads: int) -> Kernel:
+    """The current kernel with `threads` a block (`threads / 32` warps taking tiles of a
+    slice's keys in turn, combined in shared memory at the end) in place of the engine's."""
+
+    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
+        saved = _decode_attention._THREADS, _decode_attention._WARPS
+        _decode_attention._THREADS, _decode_attention._WARPS = threads, threads // 32
+        try:
+            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
+            return out
+        finally:
+            _decode_attention._THREADS, _decode_attention._WARPS = saved
+
+    return kernel
+
+
 def compiled_by_mlx() -> Kernel:
     """The current kernel compiled by MLX (`mx.fast.cuda_kernel`) rather than by the
     engine's own NVRTC call (`_own_kernels`, decisions/0057): the same source, the two
@@ -225,6 +241,7 @@ def main() -> None:
         help="also the same kernel compiled by MLX, not by the engine's NVRTC call",
     )
     p.add_argument("--arch", nargs="*", default=[], help="also compiled for these targets")
+    p.add_argument("--threads", type=int, nargs="*", default=[], help="also these block sizes")
     p.add_argument(
         "--kernels",
         action="store_true",
@@ -246,6 +263,8 @@ def main() -> None:
         kernels[f"ragged_kernel_{blocks}_blocks"] = at_blocks(blocks)
     if args.mlx_compiled:
         kernels["mlx_compiled"] = compiled_by_mlx()
+    for threads in args.threads:
+        kernels[f"ragged_kernel_{threads}_threads"] = at_threads(threads)
     for arch in args.arch:
         kernels[f"compiled_for_{arch}"] = compiled_for(arch)
     checks = {name: check(random.Random(0), kernel) for name, kernel in kernels.items()}

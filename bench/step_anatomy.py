@@ -71,8 +71,10 @@ from mlx_nursery.engine import (
     EngineConfig,
     GenerationRequest,
     SamplingParams,
+    _decode_attention,
     _kv_append,
     _memory,
+    _own_kernels,
     open_engine,
 )
 from mlx_nursery.engine._solo_sequence import SoloSequence
@@ -293,8 +295,30 @@ def main() -> None:
         default="engine",
         help="copy: the batch's KV updated as mlx-lm does, never in place (engine/_kv_append.py)",
     )
+    p.add_argument(
+        "--attention-threads",
+        type=int,
+        help="threads a block of the ragged decode attention (engine/_decode_attention.py)",
+    )
+    p.add_argument(
+        "--attention-blocks",
+        type=int,
+        help="the ragged decode attention's target blocks (rows split into slices below it)",
+    )
+    p.add_argument(
+        "--mlx-compiles",
+        action="store_true",
+        help="the engine's CUDA kernels compiled by MLX, not its own NVRTC call (decisions/0057)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.attention_threads:
+        _decode_attention._THREADS = args.attention_threads
+        _decode_attention._WARPS = args.attention_threads // 32
+    if args.attention_blocks:
+        _decode_attention._TARGET_BLOCKS = args.attention_blocks
+    if args.mlx_compiles:
+        setattr(_own_kernels, "compiler", lambda: None)  # noqa: B010
     if args.cache_limit_gb is not None:
         _limit_buffer_cache(int(args.cache_limit_gb * 2**30))
     if args.kv_writes == "copy":
