@@ -46,8 +46,9 @@ _WARPS = _THREADS // 32
 _TARGET_BLOCKS = 128
 """Blocks to aim for (about one per streaming multiprocessor of an H100 or H200): a batch
 with few rows splits each row's keys into more slices so that the device stays busy; with
-as many rows and heads as this, a block takes a row's keys whole, in one kernel. More
-blocks measured slower (bench/ragged_attention.py, docs/benchmarks.md)."""
+as many rows and heads as this, a block takes a row's keys whole, in one kernel. Chosen on
+runs whose layers overlapped under CUDA graphs; to be measured again with the layers in
+sequence (bench/ragged_attention.py --target-blocks, docs/benchmarks.md)."""
 
 _MIN_KEYS_PER_SLICE = 128
 """A slice holds at least one tile of 32 keys for each of the block's warps."""
