@@ -243,6 +243,11 @@ def main() -> None:
     p.add_argument("--arch", nargs="*", default=[], help="also compiled for these targets")
     p.add_argument("--threads", type=int, nargs="*", default=[], help="also these block sizes")
     p.add_argument(
+        "--again",
+        action="store_true",
+        help="time the kernel in service once more after every variant (the run's drift)",
+    )
+    p.add_argument(
         "--kernels",
         action="store_true",
         help="also the device's own time for each variant (torch.profiler), and the KV "
@@ -267,6 +272,8 @@ def main() -> None:
         kernels[f"ragged_kernel_{threads}_threads"] = at_threads(threads)
     for arch in args.arch:
         kernels[f"compiled_for_{arch}"] = compiled_for(arch)
+    if args.again:
+        kernels["ragged_kernel_again"] = _decode_attention.ragged_decode_attention
     checks = {name: check(random.Random(0), kernel) for name, kernel in kernels.items()}
     result = {
         "device": str(mx.default_device()),
