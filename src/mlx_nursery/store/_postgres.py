@@ -30,6 +30,7 @@ are scrubbed of it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -230,6 +231,12 @@ class PostgresResponsesStore:
     def _close_db(self) -> None:
         self._open = False
         if self._db is not None:
+            # The runner's lock released before the connection closes: the server ends a
+            # closed session's locks only once its backend has seen the close, after
+            # `close` returns, and another store asking meanwhile would find this
+            # process still alive.
+            with contextlib.suppress(Exception):  # a dropped connection holds no lock
+                self._db.execute("SELECT pg_advisory_unlock_all()")
             self._db.close()
             self._db = None
 
