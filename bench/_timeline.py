@@ -92,32 +92,45 @@ async def profile_kernels(duration: float, into: dict[str, Any], phases: Phases)
             origin = time.perf_counter()
             phases.log = []
         steps_before = phases.calls["decode"]
-        await trio.sleep(window)
-        log, phases.log = phases.log, None
+        try:
+            await trio.sleep(window)
+        finally:
+            log, phases.log = phases.log, None
         decode_steps = phases.calls["decode"] - steps_before
     events = list(prof.events())
-    marker = next((e for e in events if e.name == "nursery-align"), None)
-    kernels = [e for e in events if e.device_type.name == "CUDA"]
-    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in kernels:
-        by_name[e.name[:90]][0] += e.time_range.end - e.time_range.start
-        by_name[e.name[:90]][1] += 1
-    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
-    busy = busy_us(spans)
-    into["window_s"] = window
-    into["busy_share"] = round(busy / (window * 1e6), 3)
-    into["kernels"] = len(kernels)
-    into["decode_steps"] = decode_steps
-    into["top"] = [
-        {"name": name, "ms": round(t / 1000, 2), "count": n}
-        for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:40]
+    marker = next(
+        (e for e in events if e.name == "nursery-align" and e.device_type.name == "CPU"), None
+    )
+    kernels = [
+        e
+        for e in events
+        if e.device_type.name == "CUDA" and not getattr(e, "is_user_annotation", False)
     ]
+    into["window_s"] = window
+    into["decode_steps"] = decode_steps
     if marker is None:
         into["error"] = "the profiler kept no marker range: no host timeline"
         return
     zero = marker.time_range.start  # the profiler's clock at `origin`, within the marker
-    host = [(zero + (t - origin) * 1e6, label) for t, label in log]
-    idle = idle_by_phase(spans, host, (zero, zero + window * 1e6))
+    lo, hi = zero, zero + window * 1e6
+    spans = [
+        (max(e.time_range.start, lo), min(e.time_range.end, hi))
+        for e in kernels
+        if e.time_range.end > lo and e.time_range.start < hi
+    ]
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        if lo < e.time_range.end and e.time_range.start < hi:
+            by_name[e.name[:90]][0] += e.time_range.end - e.time_range.start
+            by_name[e.name[:90]][1] += 1
+    into["busy_share"] = round(busy_us(spans) / (hi - lo), 3)
+    into["kernels"] = len(spans)
+    into["top"] = [
+        {"name": name, "ms": round(t / 1000, 2), "count": n}
+        for name, (t, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:40]
+    ]
+    host = [(zero + (t - origin) * 1e6, label) for t, label in log or []]
+    idle = idle_by_phase(spans, host, (lo, hi))
     into["idle_ms_by_phase"] = {
         name: round(us / 1000, 2) for name, us in sorted(idle.items(), key=lambda kv: -kv[1])
     }

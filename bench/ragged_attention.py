@@ -213,9 +213,10 @@ def compiled_for(arch: str) -> Kernel:
     MLX targets a Hopper) rather than for the device's plain compute capability."""
     own: dict[str, Any] = {}
     base = _own_kernels.compiler()
+    if base is None:
+        raise SystemExit(f"--arch {arch}: no NVRTC here for the engine's own compile")
     alternative = copy.copy(base)
-    if alternative is not None:
-        alternative._options = [f"--gpu-architecture={arch}".encode(), *base._options[1:]]  # type: ignore[union-attr]
+    alternative._options = [f"--gpu-architecture={arch}".encode(), *base._options[1:]]
 
     def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
         saved_kernels, saved_compiler = _decode_attention._kernels, _own_kernels.compiler
@@ -269,6 +270,8 @@ def main() -> None:
     if args.mlx_compiled:
         kernels["mlx_compiled"] = compiled_by_mlx()
     for threads in args.threads:
+        if threads % 32 or not 32 <= threads <= 512:
+            p.error("--threads: multiples of 32 from 32 to 512 (shared memory past it)")
         kernels[f"ragged_kernel_{threads}_threads"] = at_threads(threads)
     for arch in args.arch:
         kernels[f"compiled_for_{arch}"] = compiled_for(arch)

@@ -9,8 +9,9 @@ batch (its `BatchStepper`, fused projections, ragged cache and kernels): `--rows
 decoding, every `--chunk-every` steps a `--chunk`-token prefill forward launched after the
 decode step (as the engine launches one apart), and `--host-ms` of Python a step standing
 for what the engine does beside the model (posting tokens, settling, the HTTP side's GIL).
-Each step's tokens are read `--depth` steps after its launch (1: the engine's way, as
-mlx-lm's `GenerationBatch` reads them).
+Each step's tokens are read once `--depth` more steps have been launched after it (0: at
+once, before the next step is built; 1: the engine's way, as mlx-lm's `GenerationBatch`
+reads them after launching the next). "launch" is the time in `mx.async_eval` alone.
 
 MLX stops launching while more than ten command buffers are in flight; with CUDA graphs
 off a buffer holds `MLX_MAX_OPS_PER_BUFFER` kernels, so how far ahead a thread may run also
@@ -93,16 +94,18 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
             tokens = sample_batch(samplers, logprobs)
             tic = time.perf_counter()
             mx.async_eval(tokens)  # type: ignore[no-untyped-call]
+            launch += time.perf_counter() - tic
             if args.chunk_every and step % args.chunk_every == 0:
                 cache = make_prompt_cache(model)
                 hidden = model.model(chunk_tokens, cache=cache)
+                tic = time.perf_counter()
                 mx.async_eval(hidden, [c.state for c in cache])  # type: ignore[no-untyped-call]
-            toc = time.perf_counter()
-            launch += toc - tic
+                launch += time.perf_counter() - tic
             unread.append(tokens)
-            if len(unread) >= args.depth:
+            tic = time.perf_counter()
+            if len(unread) > args.depth:  # the step launched `depth` steps ago
                 unread.popleft().tolist()
-            wait += time.perf_counter() - toc
+            wait += time.perf_counter() - tic
             spin(args.host_ms)
         while unread:
             unread.popleft().tolist()
@@ -136,7 +139,7 @@ def main() -> None:
     parser.add_argument("--chunk-every", type=int, default=3, help="steps (0: no chunks)")
     parser.add_argument("--steps", type=int, default=96)
     parser.add_argument("--warmup", type=int, default=12)
-    parser.add_argument("--depth", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--depth", type=int, nargs="+", default=[1, 2])  # steps behind
     parser.add_argument("--ops", nargs="+", default=["default"], help="MLX_MAX_OPS_PER_BUFFER")
     parser.add_argument("--host-ms", type=float, nargs="+", default=[0.0])
     parser.add_argument("--rounds", type=int, default=1)
@@ -170,14 +173,9 @@ def main() -> None:
             else:
                 results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
-    if args.out is not None:
-        args.out.write_text(
-            json.dumps(
-                {"args": vars(args) | {"model": str(args.model)}, "results": results},
-                indent=1,
-                default=str,
-            )
-        )
+            if args.out is not None:  # after each variant: a run cut short keeps what it has
+                report = {"args": vars(args) | {"model": str(args.model)}, "results": results}
+                args.out.write_text(json.dumps(report, indent=1, default=str))
 
 
 if __name__ == "__main__":

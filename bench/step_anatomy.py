@@ -186,7 +186,10 @@ async def measure(
                     if event.usage is not None:
                         tokens += event.usage.completion_tokens
             requests += 1
+        ended.append(time.perf_counter())
 
+    ended: list[float] = []
+    """When each client finished its last request: the run's wall time ends at the last."""
     kernels: dict[str, Any] = {}
     samples: list[dict[str, Any]] = []
     async with trio.open_nursery() as nursery:
@@ -195,7 +198,7 @@ async def measure(
         nursery.start_soon(watch_memory, args.duration, samples)
         if args.kernels and not phases.sync:
             nursery.start_soon(profile_kernels, args.duration, kernels, phases)
-    wall = time.perf_counter() - start
+    wall = max(ended, default=time.perf_counter()) - start  # not the watchers' tails
     memory = {
         "active_gb": round(mx.get_active_memory() / 2**30, 2),
         "cache_gb": round(mx.get_cache_memory() / 2**30, 2),
@@ -313,6 +316,8 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.attention_threads:
+        if args.attention_threads % 32 or not 32 <= args.attention_threads <= 512:
+            p.error("--attention-threads: a multiple of 32 from 32 to 512")
         _decode_attention._THREADS = args.attention_threads
         _decode_attention._WARPS = args.attention_threads // 32
     if args.attention_blocks:
