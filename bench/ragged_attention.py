@@ -188,6 +188,22 @@ def at_threads(threads: int) -> Kernel:
     return kernel
 
 
+def with_vector_values() -> Kernel:
+    """The current kernel with a lane reading a key's values in one load
+    (`_decode_attention._VECTOR_VALUES`)."""
+
+    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
+        saved = _decode_attention._VECTOR_VALUES
+        _decode_attention._VECTOR_VALUES = True
+        try:
+            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
+            return out
+        finally:
+            _decode_attention._VECTOR_VALUES = saved
+
+    return kernel
+
+
 def compiled_by_mlx() -> Kernel:
     """The current kernel compiled by MLX (`mx.fast.cuda_kernel`) rather than by the
     engine's own NVRTC call (`_own_kernels`, decisions/0057): the same source, the two
@@ -243,6 +259,7 @@ def main() -> None:
     )
     p.add_argument("--arch", nargs="*", default=[], help="also compiled for these targets")
     p.add_argument("--threads", type=int, nargs="*", default=[], help="also these block sizes")
+    p.add_argument("--vector-values", action="store_true", help="also a lane's values in one load")
     p.add_argument(
         "--again",
         action="store_true",
@@ -275,6 +292,8 @@ def main() -> None:
         kernels[f"ragged_kernel_{threads}_threads"] = at_threads(threads)
     for arch in args.arch:
         kernels[f"compiled_for_{arch}"] = compiled_for(arch)
+    if args.vector_values:
+        kernels["vector_values"] = with_vector_values()
     if args.again:
         kernels["ragged_kernel_again"] = _decode_attention.ragged_decode_attention
     checks = {name: check(random.Random(0), kernel) for name, kernel in kernels.items()}

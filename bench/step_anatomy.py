@@ -309,6 +309,11 @@ def main() -> None:
         help="the ragged decode attention's target blocks (rows split into slices below it)",
     )
     p.add_argument(
+        "--attention-vector-values",
+        action="store_true",
+        help="the ragged decode attention reads a key's values in one load a lane",
+    )
+    p.add_argument(
         "--mlx-compiles",
         action="store_true",
         help="the engine's CUDA kernels compiled by MLX, not its own NVRTC call (decisions/0057)",
@@ -320,6 +325,8 @@ def main() -> None:
             p.error("--attention-threads: a multiple of 32 from 32 to 512")
         _decode_attention._THREADS = args.attention_threads
         _decode_attention._WARPS = args.attention_threads // 32
+    if args.attention_vector_values:
+        _decode_attention._VECTOR_VALUES = True
     if args.attention_blocks:
         _decode_attention._TARGET_BLOCKS = args.attention_blocks
     if args.mlx_compiles:

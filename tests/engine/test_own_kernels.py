@@ -11,6 +11,7 @@ compiles; on CUDA the engine's attention tests run these compiles against MLX's 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 
@@ -91,12 +92,12 @@ def test_every_variant_the_engine_builds_compiles() -> None:
     assert nvrtc is not None
     built = 0
     for dtype in (mx.bfloat16, mx.float16, mx.float32):
-        for rep, dim in ((4, 128), (1, 64)):
+        for (rep, dim), vload in itertools.product(((4, 128), (1, 64), (2, 96)), (False, True)):
             queries = mx.zeros((2, 8 * rep, 1, dim), dtype)
             keys = mx.zeros((2, 8, 300, dim), dtype)
             starts, scalar = mx.zeros((2,), mx.int32), mx.zeros((1,), mx.int32)
             inputs = [queries, keys, keys, starts, scalar, mx.zeros((1,), mx.float32)]
-            layout = [("REP", rep), ("D", dim), ("WARPS", 4)]
+            layout = [("REP", rep), ("D", dim), ("WARPS", 4), ("VLOAD", vload)]
             partials = [mx.zeros((2, 8 * rep, 2, dim), mx.float32)]
             partials += [mx.zeros((2, 8 * rep, 2), mx.float32)] * 2
             for name, args, template, outputs in (
@@ -116,4 +117,4 @@ def test_every_variant_the_engine_builds_compiles() -> None:
                 source = _masked_softmax._kernel(causal).source("f", args, template, [dtype])
                 assert nvrtc.compile(source, "f")
                 built += 1
-    assert built == 3 * (2 * 3 + 4)
+    assert built == 3 * (3 * 2 * 3 + 4)

@@ -14,6 +14,7 @@ A="--model /tmp/l8b --clients 32 --input-len 500:1000 --output-len 64:192 --mode
 sa build 200 $A --duration 8
 sa default 90 $A --duration 25
 sa threads512 90 $A --duration 25 --attention-threads 512
+sa vector-values 90 $A --duration 25 --attention-vector-values
 sa mlxcompiles 90 $A --duration 25 --mlx-compiles
 [ $(( $(date +%s) - PREPARE_T0 )) -lt 500 ] && sa default-again 90 $A --duration 25
 for f in /tmp/j/*.json; do python3 -c "

@@ -50,6 +50,11 @@ as many rows and heads as this, a block takes a row's keys whole, in one kernel.
 runs whose layers overlapped under CUDA graphs; to be measured again with the layers in
 sequence (bench/ragged_attention.py --target-blocks, docs/benchmarks.md)."""
 
+_VECTOR_VALUES = False
+"""Whether a lane reads its share of a key's values in one load (consecutive dimensions)
+rather than one load a dimension (dimensions 32 apart): a variant for
+bench/ragged_attention.py (`--vector-values`) to measure before it is the default."""
+
 _MIN_KEYS_PER_SLICE = 128
 """A slice holds at least one tile of 32 keys for each of the block's warps."""
 
@@ -122,7 +127,7 @@ def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale:
         scalar(cache._idx, mx.int32),
         scalar(scale, mx.float32),
     ]
-    layout = [("REP", rep), ("D", dim), ("WARPS", _WARPS)]
+    layout = [("REP", rep), ("D", dim), ("WARPS", _WARPS), ("VLOAD", _VECTOR_VALUES)]
     if splits == 1:  # one block a row and head: it writes the result itself
         (out,) = _kernel("whole")(
             inputs=inputs,

@@ -2,7 +2,7 @@
 `mx.fast.cuda_kernel`: MLX wraps each body in a kernel whose parameters are the inputs
 (with `<name>_strides` and `<name>_shape` where the body reads them), the outputs, and the
 template's constants (`REP` query heads a key-value head, head size `D`, `WARPS` a block,
-output type `T`).
+`VLOAD` whether a lane reads a key's values in one load, output type `T`).
 
 `PARTIAL` computes one slice of a row's keys for one key-value head and its `REP` query
 heads, and writes the slice's unnormalized result with its maximum and sum; `COMBINE` folds
@@ -24,6 +24,32 @@ __device__ __forceinline__ void nursery_load_floats(const T* source, float* targ
 #pragma unroll
     for (int i = 0; i < N; ++i) {
         target[i] = static_cast<float>(values[i]);
+    }
+}
+
+template <int N, typename T>
+__device__ __forceinline__ void nursery_load_few(const T* source, float* target) {
+    // N consecutive elements of T at `source` as floats: one load where they make 4, 8 or
+    // 16 bytes (`source` aligned to that), else one load an element.
+    constexpr int BYTES = N * sizeof(T);
+    if constexpr (BYTES == 16) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(source);
+        const T* values = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; ++i) target[i] = static_cast<float>(values[i]);
+    } else if constexpr (BYTES == 8) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(source);
+        const T* values = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; ++i) target[i] = static_cast<float>(values[i]);
+    } else if constexpr (BYTES == 4) {
+        const unsigned int raw = *reinterpret_cast<const unsigned int*>(source);
+        const T* values = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < N; ++i) target[i] = static_cast<float>(values[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) target[i] = static_cast<float>(source[i]);
     }
 }
 """
@@ -88,6 +114,10 @@ _BODY = """
     const long value_dim_stride = values_strides[3];
     const bool vectors = keys_strides[3] == 1 && key_stride % VEC == 0
         && (reinterpret_cast<unsigned long long>(k_base) % 16) == 0;
+    // With VLOAD, a lane accumulates E consecutive dimensions of the values (one load a
+    // key), where the layout allows; else dimensions 32 apart (E loads a key).
+    const bool by_lane = VLOAD && value_dim_stride == 1 && value_stride % E == 0
+        && (reinterpret_cast<unsigned long long>(v_base) % (E * sizeof(values[0]))) == 0;
     float* p_warp = p_sh + warp * REP * 32;
 
     for (int tile = lo + warp * 32; tile < hi; tile += WARPS * 32) {
@@ -152,10 +182,14 @@ _BODY = """
 #pragma unroll 8
         for (int j = 0; j < count; ++j) {
             float vv[E];
+            if (by_lane) {
+                nursery_load_few<E>(v_tile + j * value_stride + lane * E, vv);
+            } else {
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-                const long at = j * value_stride + (e * 32 + lane) * value_dim_stride;
-                vv[e] = static_cast<float>(v_tile[at]);
+                for (int e = 0; e < E; ++e) {
+                    const long at = j * value_stride + (e * 32 + lane) * value_dim_stride;
+                    vv[e] = static_cast<float>(v_tile[at]);
+                }
             }
 #pragma unroll
             for (int r = 0; r < REP; ++r) {
@@ -179,7 +213,8 @@ _BODY = """
         }
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            shared_acc[(warp * REP + r) * D + e * 32 + lane] = acc[r][e];
+            const int dim = by_lane ? lane * E + e : e * 32 + lane;
+            shared_acc[(warp * REP + r) * D + dim] = acc[r][e];
         }
     }
     __syncthreads();
