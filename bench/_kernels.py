@@ -65,3 +65,10 @@ def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
             for f, (t, n) in sorted(by_family.items(), key=lambda kv: -kv[1][1])
         ],
     }
+
+
+def decode_block_fits(threads: int) -> bool:
+    """Whether the ragged decode attention builds with `threads` a block: whole warps, and
+    its static shared memory (the warps' results, combined at the end) under CUDA's 48 KB
+    past 512 threads."""
+    return threads % 32 == 0 and 32 <= threads <= 512

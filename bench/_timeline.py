@@ -113,16 +113,12 @@ async def profile_kernels(duration: float, into: dict[str, Any], phases: Phases)
         return
     zero = marker.time_range.start  # the profiler's clock at `origin`, within the marker
     lo, hi = zero, zero + window * 1e6
-    spans = [
-        (max(e.time_range.start, lo), min(e.time_range.end, hi))
-        for e in kernels
-        if e.time_range.end > lo and e.time_range.start < hi
-    ]
+    inside = [e for e in kernels if e.time_range.end > lo and e.time_range.start < hi]
+    spans = [(max(e.time_range.start, lo), min(e.time_range.end, hi)) for e in inside]
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in kernels:
-        if lo < e.time_range.end and e.time_range.start < hi:
-            by_name[e.name[:90]][0] += e.time_range.end - e.time_range.start
-            by_name[e.name[:90]][1] += 1
+    for e in inside:
+        by_name[e.name[:90]][0] += e.time_range.end - e.time_range.start
+        by_name[e.name[:90]][1] += 1
     into["busy_share"] = round(busy_us(spans) / (hi - lo), 3)
     into["kernels"] = len(spans)
     into["top"] = [

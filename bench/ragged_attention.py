@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, cast
 
 import mlx.core as mx
@@ -34,7 +35,7 @@ from mlx_nursery.engine._decode_attention import available
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 
 sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
-from _kernels import profile_steps
+from _kernels import decode_block_fits, profile_steps
 
 Kernel = Callable[[mx.array, RaggedBatchKVCache, float], mx.array]
 
@@ -157,95 +158,62 @@ def timing(
     return out
 
 
-def at_blocks(blocks: int) -> Kernel:
-    """The current kernel with `blocks` as its grid's target."""
+def patched(*changes: tuple[ModuleType, str, object]) -> Kernel:
+    """The current kernel with each (module, name, value) set for the call and put back
+    after: the engine's choices as module constants, tried one variant at a time."""
 
     def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
-        saved = _decode_attention._TARGET_BLOCKS
-        _decode_attention._TARGET_BLOCKS = blocks
+        saved = [(module, name, getattr(module, name)) for module, name, _ in changes]
+        for module, name, value in changes:
+            setattr(module, name, value)
         try:
             out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
             return out
         finally:
-            _decode_attention._TARGET_BLOCKS = saved
+            for module, name, value in saved:
+                setattr(module, name, value)
 
     return kernel
+
+
+def at_blocks(blocks: int) -> Kernel:
+    """The current kernel with `blocks` as its grid's target."""
+    return patched((_decode_attention, "_TARGET_BLOCKS", blocks))
 
 
 def at_threads(threads: int) -> Kernel:
     """The current kernel with `threads` a block (`threads / 32` warps taking tiles of a
     slice's keys in turn, combined in shared memory at the end) in place of the engine's."""
-
-    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
-        saved = _decode_attention._THREADS, _decode_attention._WARPS
-        _decode_attention._THREADS, _decode_attention._WARPS = threads, threads // 32
-        try:
-            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
-            return out
-        finally:
-            _decode_attention._THREADS, _decode_attention._WARPS = saved
-
-    return kernel
+    return patched(
+        (_decode_attention, "_THREADS", threads), (_decode_attention, "_WARPS", threads // 32)
+    )
 
 
 def with_vector_values() -> Kernel:
     """The current kernel with a lane reading a key's values in one load
     (`_decode_attention._VECTOR_VALUES`)."""
-
-    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
-        saved = _decode_attention._VECTOR_VALUES
-        _decode_attention._VECTOR_VALUES = True
-        try:
-            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
-            return out
-        finally:
-            _decode_attention._VECTOR_VALUES = saved
-
-    return kernel
+    return patched((_decode_attention, "_VECTOR_VALUES", True))
 
 
 def compiled_by_mlx() -> Kernel:
     """The current kernel compiled by MLX (`mx.fast.cuda_kernel`) rather than by the
     engine's own NVRTC call (`_own_kernels`, decisions/0057): the same source, the two
-    compiles' device time side by side."""
-    own: dict[str, Any] = {}
-
-    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
-        saved_kernels, saved_compiler = _decode_attention._kernels, _own_kernels.compiler
-        _decode_attention._kernels = own
-        _own_kernels.compiler = lambda: None  # type: ignore[assignment]
-        try:
-            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
-            return out
-        finally:
-            _decode_attention._kernels = saved_kernels
-            _own_kernels.compiler = saved_compiler
-
-    return kernel
+    compiles' device time side by side. Its kernels are its own (the engine's cache holds
+    the engine's compiles)."""
+    return patched((_decode_attention, "_kernels", {}), (_own_kernels, "compiler", lambda: None))
 
 
 def compiled_for(arch: str) -> Kernel:
     """The current kernel compiled by the engine's NVRTC call for `arch` (e.g. sm_90a, as
     MLX targets a Hopper) rather than for the device's plain compute capability."""
-    own: dict[str, Any] = {}
     base = _own_kernels.compiler()
     if base is None:
         raise SystemExit(f"--arch {arch}: no NVRTC here for the engine's own compile")
     alternative = copy.copy(base)
     alternative._options = [f"--gpu-architecture={arch}".encode(), *base._options[1:]]
-
-    def kernel(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
-        saved_kernels, saved_compiler = _decode_attention._kernels, _own_kernels.compiler
-        _decode_attention._kernels = own
-        _own_kernels.compiler = lambda: alternative  # type: ignore[assignment]
-        try:
-            out: mx.array = _decode_attention.ragged_decode_attention(queries, cache, scale)
-            return out
-        finally:
-            _decode_attention._kernels = saved_kernels
-            _own_kernels.compiler = saved_compiler
-
-    return kernel
+    return patched(
+        (_decode_attention, "_kernels", {}), (_own_kernels, "compiler", lambda: alternative)
+    )
 
 
 def main() -> None:
@@ -287,7 +255,7 @@ def main() -> None:
     if args.mlx_compiled:
         kernels["mlx_compiled"] = compiled_by_mlx()
     for threads in args.threads:
-        if threads % 32 or not 32 <= threads <= 512:
+        if not decode_block_fits(threads):
             p.error("--threads: multiples of 32 from 32 to 512 (shared memory past it)")
         kernels[f"ragged_kernel_{threads}_threads"] = at_threads(threads)
     for arch in args.arch:

@@ -81,6 +81,7 @@ from mlx_nursery.engine._solo_sequence import SoloSequence
 from mlx_nursery.tools import make_model
 
 sys.path.append(str(Path(__file__).parent))  # last: this folder's names shadow nothing
+from _kernels import decode_block_fits
 from _memory_watch import watch_memory
 from _phases import Graphs, Phases, install
 from _timeline import profile_kernels
@@ -321,7 +322,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.attention_threads:
-        if args.attention_threads % 32 or not 32 <= args.attention_threads <= 512:
+        if not decode_block_fits(args.attention_threads):
             p.error("--attention-threads: a multiple of 32 from 32 to 512")
         _decode_attention._THREADS = args.attention_threads
         _decode_attention._WARPS = args.attention_threads // 32
