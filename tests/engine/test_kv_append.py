@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import copy
 import logging
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import pytest
 
 from mlx_nursery.engine import _kv_append
-from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
+from mlx_nursery.engine._kv_quant import make_cache
+from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache, ragged_rows
+from mlx_nursery.engine._upstream import KVCache
+from mlx_nursery.models import load_model
 from tests.engine.test_ragged_cache import DIM, HEADS, rows
 
 cuda_only = pytest.mark.skipif(
@@ -179,6 +183,94 @@ def test_a_batch_written_in_place_holds_what_mlxs_updates_give(
         cache.trim(2)
         k, v = mx.random.normal((2, 3, HEADS, 1, DIM), key=mx.random.key(40))
         held.append(cache.update_and_fetch(k, v))
+        return held
+
+    for (a_k, a_v), (b_k, b_v) in zip(life(True), life(False), strict=True):
+        assert mx.array_equal(a_k, b_k).item()
+        assert mx.array_equal(a_v, b_v).item()
+
+
+def test_a_sequence_writes_in_place_only_into_buffers_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone sequence's cache (`RowKVCache`, the fast path's and a row's before it joins)
+    follows the batch's rules: its first write allocates (MLX's), the next ones go in place
+    until a trim, a `state` set or a deep copy (the prefix cache's hits share the entry's
+    buffers) makes the next one MLX's; a write past the buffer's end grows it (MLX's); a
+    plain `KVCache` made a row in place writes MLX's way first."""
+    calls: list[int] = []
+
+    def recorded(keys: mx.array, values: mx.array, *_: Any) -> mx.array:
+        calls.append(1)
+        return mx.zeros((1,), dtype=mx.int32)
+
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: True)
+    monkeypatch.setattr(_kv_append, "append_in_place", recorded)
+    cache = RowKVCache()
+    k, v = mx.random.normal((2, 1, HEADS, 1, DIM))
+
+    def in_place(row: RowKVCache = cache, length: int = 1) -> bool:
+        before, offset = len(calls), row.offset
+        keys, _ = row.update_and_fetch(mx.repeat(k, length, axis=2), mx.repeat(v, length, axis=2))
+        assert row.offset == offset + length == keys.shape[2]  # the fetched layout holds
+        return len(calls) > before
+
+    assert not in_place()  # no buffers yet: MLX's allocation and write
+    assert in_place()
+    assert in_place()
+    cache.trim(1)
+    assert not in_place()
+    assert in_place()
+    cache.state = cache.state
+    assert not in_place()
+    assert in_place()
+    copied = copy.deepcopy(cache)
+    assert not in_place() and not in_place(copied)
+    assert in_place() and in_place(copied)
+    assert not in_place(length=KVCache.step)  # past the buffer's end: grown by MLX
+    assert not in_place()  # mlx-lm grew it to the new end exactly: grown again
+    assert in_place()
+    k16 = k.astype(mx.float16)
+    before = len(calls)
+    cache.update_and_fetch(k16, k16)  # keys of another dtype than the buffers': MLX's
+    assert len(calls) == before
+    plain = KVCache()
+    plain.update_and_fetch(k, v)
+    (row,) = ragged_rows([plain])
+    assert not in_place(row)
+    assert in_place(row)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: False)
+    assert not in_place()
+
+
+def test_a_fresh_cache_of_a_model_is_made_of_rows(tiny_model: Path) -> None:
+    """The steppers' caches (`_kv_quant.make_cache` without quantization) are `RowKVCache`s
+    for every plain layer: the fast path writes in place too, and rows join the batch as
+    ragged rows."""
+    loaded = load_model(tiny_model)
+    cache = make_cache(loaded.model, None)
+    assert cache and all(type(layer) is RowKVCache for layer in cache)
+
+
+@cuda_only
+def test_a_sequence_written_in_place_holds_what_mlxs_updates_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def life(in_place: bool) -> list[tuple[mx.array, mx.array]]:
+        monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: in_place)
+        cache = RowKVCache()
+        held = []
+        k, v = mx.random.normal((2, 1, HEADS, 250, DIM), key=mx.random.key(5))
+        cache.update_and_fetch(k, v)
+        for step in range(10):  # pipelined, across the buffer's growth at 256
+            k, v = mx.random.normal((2, 1, HEADS, 1, DIM), key=mx.random.key(10 + step))
+            keys, values = cache.update_and_fetch(k, v)
+            mx.async_eval(keys, values)
+            held.append((mx.sum(keys), mx.sum(values)))
+        cache.trim(3)
+        for step in range(3):
+            k, v = mx.random.normal((2, 1, HEADS, 2, DIM), key=mx.random.key(30 + step))
+            held.append(cache.update_and_fetch(k, v))
         return held
 
     for (a_k, a_v), (b_k, b_v) in zip(life(True), life(False), strict=True):

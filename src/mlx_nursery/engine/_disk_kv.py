@@ -39,7 +39,7 @@ from ._disk_format import (
 from ._disk_rates import ReadRate
 from ._disk_tier import DiskTier
 from ._kv_quant import CacheFactory, QuantizedKVRow
-from ._upstream import KVCache
+from ._row_cache import is_plain_kv
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -280,7 +280,7 @@ def _int64_key(key: list[int]) -> list[int]:
 
 def _arrays(layer: Any) -> list[mx.array] | None:
     """A layer's KV arrays, `offset` long (None: a kind the disk tier does not store)."""
-    if type(layer) is KVCache:
+    if is_plain_kv(layer):
         parts = [layer.keys, layer.values]
     elif type(layer) is QuantizedKVRow:
         parts = [*layer.keys, *layer.values]

@@ -32,6 +32,7 @@ import mlx.core as mx
 from attrs import validators as v
 
 from ._ragged import moved_right
+from ._row_cache import is_plain_kv, ragged_rows
 from ._upstream import (
     BaseCache,
     KVCache,
@@ -69,7 +70,7 @@ def make_cache(model: Any, quantization: KVQuantization | None) -> list[Any]:
     """A fresh KV cache for `model`, its growing layers quantized if `quantization` is set."""
     cache: list[Any] = make_prompt_cache(model)
     if quantization is None:
-        return cache
+        return ragged_rows(cache)  # written in place where that is safe (`_row_cache`)
     return [
         QuantizedKVRow(quantization.group_size, quantization.bits) if type(c) is KVCache else c
         for c in cache
@@ -90,7 +91,7 @@ def check_quantizable(model: Any, quantization: KVQuantization) -> None:
     dims = {
         int(array.shape[-1])
         for layer in cache
-        if type(layer) is KVCache and layer.keys is not None
+        if is_plain_kv(layer) and layer.keys is not None
         for array in (layer.keys, layer.values)
     }
     bad = sorted(d for d in dims if d % quantization.group_size)

@@ -37,8 +37,8 @@ held the whole device, after which every step's allocations missed the cache
 (docs/benchmarks.md, "MLX's buffer cache under a busy batch"). In whole steps, a batch's
 sizes recur as rows come and go.
 
-`RowKVCache` is mlx-lm's `KVCache` whose `merge` makes this class: `BatchStepper` gives
-every row it takes one (`ragged_rows`). Engine thread only.
+A row joins from a `RowKVCache` (`_row_cache.py`), whose `merge` makes this class: every
+sequence's cache is one (`ragged_rows`). Engine thread only.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ import mlx.core as mx
 
 from . import _kv_append
 from ._memory import KV_STEP, whole_steps
+from ._row_cache import RowKVCache as RowKVCache
+from ._row_cache import ragged_rows as ragged_rows
 from ._upstream import BatchKVCache, KVCache
 
 
@@ -92,27 +94,46 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self._right_host = [int(q) for q in right_padding]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        needed = self._idx + keys.shape[2]
-        if self.keys is not None and self.values is not None and needed > self.keys.shape[2]:
+        length = keys.shape[2]
+        index = self.write_slot(keys.dtype, length) if keys.dtype == values.dtype else None
+        if index is not None:  # no copy of the buffers while the step before reads them
+            assert self.keys is not None and self.values is not None
+            written = _kv_append.append_in_place(self.keys, self.values, keys, values, index)
+            self.written(written, length)
+            fetched: tuple[mx.array, mx.array] = self.keys_and_values()
+            return fetched
+        fetched = super().update_and_fetch(keys, values)
+        self._own_buffers = True  # MLX's update copied the buffers or had them alone
+        self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
+        return fetched
+
+    def write_slot(self, dtype: mx.Dtype, length: int) -> int | None:
+        """Where `length` new tokens of `dtype` go when the caller writes them into the
+        buffers in place (`_kv_append`, `_decode_prelude`), then calls `written`; None where
+        they may not be written so (no buffers yet, buffers not this cache's own, another
+        dtype, not CUDA): `update_and_fetch` then. Grows the buffers to hold them."""
+        if self.keys is None or self.values is None:
+            return None
+        needed = self._idx + length
+        if needed > self.keys.shape[2]:
             self.keys = _grown(self.keys, self._idx, needed)  # mlx-lm's growth, to whole steps
             self.values = _grown(self.values, self._idx, needed)
             self._own_buffers = True
-        if (
-            self.keys is not None
-            and self.values is not None
-            and self._own_buffers
-            and keys.dtype == values.dtype == self.keys.dtype == self.values.dtype
-            and _kv_append.writes_in_place(self.keys.dtype)
-        ):  # no copy of the buffers while the step before still reads them (`_kv_append`)
-            written = _kv_append.append_in_place(self.keys, self.values, keys, values, self._idx)
-            self.keys, self.values = mx.depends([self.keys, self.values], [written])
-            self._idx = needed
-            fetched: tuple[mx.array, mx.array] = self.keys_and_values()
-        else:
-            fetched = super().update_and_fetch(keys, values)
-            self._own_buffers = True  # MLX's update copied the buffers or had them alone
-        self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
-        return fetched
+        if not (
+            self._own_buffers
+            and dtype == self.keys.dtype == self.values.dtype
+            and _kv_append.writes_in_place(dtype)
+        ):
+            return None
+        return self._idx
+
+    def written(self, marker: mx.array, length: int) -> None:
+        """`length` tokens were written at the write slot by the kernel whose output is
+        `marker`: everything reading the buffers from now on is launched after it."""
+        assert self.keys is not None and self.values is not None
+        self.keys, self.values = mx.depends([self.keys, self.values], [marker])
+        self._idx += length
+        self.offset = _offsets(self._idx, self.padding)
 
     def trim(self, n: int) -> int:
         """As mlx-lm's (speculation's realignment after a verify), `offset` from the host."""
@@ -351,23 +372,6 @@ class _Shared(threading.local):
 
 
 _shared = _Shared()
-
-
-class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
-    """mlx-lm's `KVCache`, batched as a `RaggedBatchKVCache`."""
-
-    def merge(self, caches: list[Any]) -> RaggedBatchKVCache:
-        return RaggedBatchKVCache.merge(caches)
-
-
-def ragged_rows(cache: list[Any]) -> list[Any]:
-    """`cache` (one sequence's, per layer) with each plain `KVCache` made a `RowKVCache` in
-    place (the same object and arrays: only how it batches changes); other kinds (rotating
-    windows, quantized rows, recurrent state) are left as they are."""
-    for layer in cache:
-        if type(layer) is KVCache:
-            layer.__class__ = RowKVCache
-    return cache
 
 
 def _rows(buffer: mx.array, keep: list[int], shift: int) -> mx.array:

@@ -30,7 +30,8 @@ import mlx.core as mx
 
 from ._backend import on_cuda
 from ._masked_softmax import masked_softmax, usable
-from ._upstream import BatchKVCache, KVCache
+from ._row_cache import is_plain_kv
+from ._upstream import BatchKVCache
 
 _ALIGN = 16
 """Keys are read up to a multiple of this many: 32 bytes of a 2-byte type, which cuBLAS's
@@ -85,8 +86,7 @@ def takes(
         )
     return (
         length >= MIN_QUERY
-        and isinstance(cache, KVCache)
-        and type(cache).update_and_fetch is KVCache.update_and_fetch
+        and is_plain_kv(cache)
         and isinstance(mask, str)
         and mask == "causal"
         and keys.shape[2] == cache.offset
