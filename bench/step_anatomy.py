@@ -31,6 +31,9 @@ stream, the fast path). A token read with `tolist()` waits inside its phase, not
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
 kernels a GPU step launches.
 
+`--no-prelude` has a decode step's heads made ready as mlx-lm does (slices, RoPE, the KV
+write, the queries' copy) rather than by one kernel (`engine/_decode_prelude.py`).
+
 `--kv-writes copy` has the batch's KV updated as mlx-lm does (MLX copies a layer's buffer
 whenever the step before still reads it) rather than in place (`engine/_kv_append.py`), for
 an A/B of the two in one machine's runs.
@@ -72,6 +75,7 @@ from mlx_nursery.engine import (
     GenerationRequest,
     SamplingParams,
     _decode_attention,
+    _decode_prelude,
     _kv_append,
     _memory,
     _own_kernels,
@@ -319,8 +323,16 @@ def main() -> None:
         action="store_true",
         help="the engine's CUDA kernels compiled by MLX, not its own NVRTC call (decisions/0057)",
     )
+    p.add_argument(
+        "--no-prelude",
+        action="store_true",
+        help="a decode step's heads made ready as mlx-lm does, not by the one-kernel decode"
+        " prelude (engine/_decode_prelude.py)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.no_prelude:
+        _decode_prelude.ENABLED = False
     if args.attention_threads:
         if not decode_block_fits(args.attention_threads):
             p.error("--attention-threads: a multiple of 32 from 32 to 512")

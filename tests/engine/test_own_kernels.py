@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 import pytest
 
-from mlx_nursery.engine import _decode_attention, _masked_softmax
+from mlx_nursery.engine import _decode_attention, _decode_prelude, _masked_softmax
 from mlx_nursery.engine._own_kernels import (
     CudaKernel,
     Nvrtc,
@@ -117,4 +117,16 @@ def test_every_variant_the_engine_builds_compiles() -> None:
                 source = _masked_softmax._kernel(causal).source("f", args, template, [dtype])
                 assert nvrtc.compile(source, "f")
                 built += 1
-    assert built == 3 * (3 * 2 * 3 + 4)
+        for heads, kv_heads, dim, traditional, with_freqs in (
+            (32, 8, 128, False, True), (14, 2, 64, True, False), (12, 4, 96, False, False),
+        ):  # fmt: skip
+            qkv = mx.zeros((3, 1, (heads + 2 * kv_heads) * dim), dtype)
+            buffer = mx.zeros((3, kv_heads, 256, dim), dtype)
+            args = [qkv, buffer, buffer, mx.zeros((3,), mx.int32), mx.zeros((1,), mx.int64),
+                    mx.zeros((dim // 2 if with_freqs else 1,), mx.float32),
+                    mx.zeros((1,), mx.float32)]  # fmt: skip
+            template = [("HQ", heads), ("HKV", kv_heads), ("D", dim), ("T", dtype),
+                        ("TRADITIONAL", traditional), ("FREQS", with_freqs)]  # fmt: skip
+            assert nvrtc.compile(_decode_prelude._kernel.source("f", args, template, [dtype]), "f")
+            built += 1
+    assert built == 3 * (3 * 2 * 3 + 4 + 3)

@@ -24,6 +24,7 @@ from ._adapters import adapter_bytes, with_adapters
 from ._backend import on_cuda, prepare_backend
 from ._config import EngineConfig
 from ._decode_attention import install as install_attention
+from ._decode_prelude import install as install_prelude
 from ._detokenizer import TokenTexts
 from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import with_draft_model
@@ -81,10 +82,13 @@ def start_up(
         if model.kind == "lm" and install_attention(
             model.model, ragged=config.ragged_attention, sequences=not config.cudnn_attention
         ):
+            preludes = install_prelude(model.model)
             log.info(
-                "attention routed (CUDA): ragged decode kernel %s, sequence attention %s",
+                "attention routed (CUDA): ragged decode kernel %s, sequence attention %s,"
+                " one-kernel decode prelude in %d blocks",
                 "on" if config.ragged_attention else "off",
                 "off" if config.cudnn_attention else "on",
+                preludes,
             )
         scripted = model.kind == "scripted"
         cache = None

@@ -58,6 +58,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 from mlx_lm.models.cache import _BaseCache as BaseCache
+from mlx_lm.models.rope_utils import Llama3RoPE
 from mlx_lm.sample_utils import greedy_sampler, make_logits_processors, make_sampler
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, StreamingDetokenizer
 
@@ -104,6 +105,7 @@ __all__ = [
     "GreedyDecoder",
     "Inference",
     "KVCache",
+    "Llama3RoPE",
     "PromptProcessingBatch",
     "QuantizedKVCache",
     "StopSequences",
