@@ -205,8 +205,18 @@ def test_the_kernel_gives_mlx_lms_decode_step(
     model = model_of(module, **config)
     model.set_dtype(dtype)
     assert install(model) == 2
+    calls: list[int] = []
+    kernel = _decode_prelude.prelude
+
+    def recorded(*args: Any) -> mx.array:
+        calls.append(1)
+        return kernel(*args)
+
+    monkeypatch.setattr(_decode_prelude, "prelude", recorded)
     want_logits, want_keys = decoded(model, form, False, monkeypatch)
+    assert calls == []
     got_logits, got_keys = decoded(model, form, True, monkeypatch)
+    assert len(calls) == 4  # the kernel passed its check and served both layers, both steps
     tolerance = 1e-4 if dtype == mx.float32 else 5e-2
     for got, want in zip(got_logits + got_keys, want_logits + want_keys, strict=True):
         assert mx.allclose(got, want, atol=tolerance, rtol=tolerance).item()

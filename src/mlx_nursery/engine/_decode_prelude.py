@@ -109,7 +109,7 @@ _kernel = CudaKernel(
 )
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a key of `checked`, looked up by every layer of a step
 class Plan:
     """A block's heads and rotation, as the kernel takes them; one object for every block
     of the same (`install` shares them)."""
