@@ -205,6 +205,8 @@ def test_the_kernel_gives_mlx_lms_decode_step(
     model = model_of(module, **config)
     model.set_dtype(dtype)
     assert install(model) == 2
+    plan = blocks(model)[0]._nursery_plan
+    assert _decode_prelude.checked(plan, dtype)  # against mlx-lm's path, on small inputs
     calls: list[int] = []
     kernel = _decode_prelude.prelude
 

@@ -256,10 +256,9 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
         and type(self.q_proj) is FusedPart  # no adapters wrapped around the parts
         and type(self.k_proj) is FusedPart
         and type(self.v_proj) is FusedPart
-        and checked(plan, x.dtype)
     ):
         index = write_slot(x.dtype, 1)
-        if index is not None:
+        if index is not None and checked(plan, x.dtype):  # not checked where never served
             qkv = self.qkv_proj(x)
             if qkv.dtype == x.dtype:
                 queries = prelude(qkv, cache, index, plan)
