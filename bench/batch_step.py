@@ -6,12 +6,11 @@ between arrivals. Two variants, each in this process one after the other, on one
 directory:
 
   ours     the engine's `BatchStepper` on the model as the engine loads it (fused
-           projections, the ragged KV cache, the ragged decode-attention kernel and the
-           one-kernel decode prelude on CUDA, one keyed sampler per row, as requests bring
-           them);
-  ours-no-prelude
-           the same without the decode prelude (`_decode_prelude.py`): mlx-lm's slices,
-           RoPE and KV write between the projection and the attention;
+           projections, the ragged KV cache, the ragged decode-attention kernel on CUDA,
+           one keyed sampler per row, as requests bring them);
+  ours-prelude
+           the same with the one-kernel decode prelude in the batch's step too
+           (`_decode_prelude.BATCHES`; the engine takes it for lone sequences only);
   mlx_lm   mlx-lm's own `BatchGenerator` on mlx-lm's model (its `BatchKVCache`, one
            sampler for the batch): what mlx_lm.server decodes with.
 
@@ -102,11 +101,10 @@ def _prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 
 def ours(
-    path: Path, args: argparse.Namespace, prelude: bool = True
+    path: Path, args: argparse.Namespace, prelude: bool = False
 ) -> tuple[Any, Callable[[], None]]:
-    from mlx_nursery.engine import SamplingParams
+    from mlx_nursery.engine import SamplingParams, _decode_prelude
     from mlx_nursery.engine._decode_attention import install
-    from mlx_nursery.engine._decode_prelude import install as install_prelude
     from mlx_nursery.engine._sampling import make_request_sampler
     from mlx_nursery.engine._stepper import BatchStepper, Start
     from mlx_nursery.models import load_model
@@ -114,8 +112,8 @@ def ours(
     loaded = load_model(path)
     assert loaded.model is not None, "a text model"
     install(loaded.model)
-    if prelude:
-        install_prelude(loaded.model)
+    _decode_prelude.install(loaded.model)
+    _decode_prelude.BATCHES = prelude
     stepper = BatchStepper(
         loaded.model,
         max_concurrency=args.rows,
@@ -165,7 +163,7 @@ def measure(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
     if name == "mlx_lm":
         generator, step = mlx_lm(path, args)
     else:
-        generator, step = ours(path, args, prelude=name == "ours")
+        generator, step = ours(path, args, prelude=name == "ours-prelude")
     while len(generator._prompt_batch) or len(generator._generation_batch) < args.rows:
         step()  # the prompts' prefill, until every row decodes
     for _ in range(args.warmup):
@@ -236,7 +234,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument(
         "--variants", nargs="+", default=["ours", "mlx_lm"],
-        choices=["ours", "ours-no-prelude", "mlx_lm"],
+        choices=["ours", "ours-prelude", "mlx_lm"],
     )  # fmt: skip
     parser.add_argument("--kernels", action="store_true", help="torch.profiler (GPU machine)")
     parser.add_argument("--graph", action="store_true", help="count one step's primitives")

@@ -31,8 +31,9 @@ stream, the fast path). A token read with `tolist()` waits inside its phase, not
 `mx.async_eval`, from `mx.export_to_dot` of the first calls): on the CPU, a proxy for how many
 kernels a GPU step launches.
 
-`--no-prelude` has a decode step's heads made ready as mlx-lm does (slices, RoPE, the KV
-write, the queries' copy) rather than by one kernel (`engine/_decode_prelude.py`).
+`--no-prelude` has a lone stream's decode step's heads made ready as mlx-lm does (slices,
+RoPE, the KV write) rather than by one kernel (`engine/_decode_prelude.py`);
+`--prelude-batches` has a running batch's step take that kernel too.
 
 `--kv-writes copy` has the batch's KV updated as mlx-lm does (MLX copies a layer's buffer
 whenever the step before still reads it) rather than in place (`engine/_kv_append.py`), for
@@ -329,10 +330,17 @@ def main() -> None:
         help="a decode step's heads made ready as mlx-lm does, not by the one-kernel decode"
         " prelude (engine/_decode_prelude.py)",
     )
+    p.add_argument(
+        "--prelude-batches",
+        action="store_true",
+        help="the decode prelude in a running batch's step too (_decode_prelude.BATCHES)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if args.no_prelude:
         _decode_prelude.ENABLED = False
+    if args.prelude_batches:
+        _decode_prelude.BATCHES = True
     if args.attention_threads:
         if not decode_block_fits(args.attention_threads):
             p.error("--attention-threads: a multiple of 32 from 32 to 512")

@@ -3,8 +3,9 @@
 The kernel is CUDA's: where CUDA runs, a served block's decode step must give what
 mlx-lm's path gives, through the real kernel. Everywhere: the blocks it serves are the ones
 it can (fused llama and qwen2 attention with a whole-head RoPE, by base or by frequencies),
-and a block given the path takes it exactly where it may (a one-token query, a cache with a
-write slot, no adapter around the projections) and computes there what mlx-lm's code does
+and a block given the path takes it exactly where it may (a one-token query, a lone
+sequence's cache with a write slot, a running batch's only where asked, no adapter around
+the projections) and computes there what mlx-lm's code does
 (the kernel stood in for by MLX's own operations), writing the cache as mlx-lm's update
 does, for a lone sequence's cache and a running batch's.
 """
@@ -160,6 +161,7 @@ def test_a_decode_step_through_the_path_is_mlx_lms(
 ) -> None:
     model = model_of(module, **config)
     install(model)
+    monkeypatch.setattr(_decode_prelude, "BATCHES", form == "batch")  # off by default
     want_logits, want_keys = decoded(model, form, False, monkeypatch)  # no write slot
     assert through_stand_in == []
     got_logits, got_keys = decoded(model, form, True, monkeypatch)
@@ -168,6 +170,19 @@ def test_a_decode_step_through_the_path_is_mlx_lms(
     for got, want in zip(got_logits + got_keys, want_logits + want_keys, strict=True):
         assert got.shape == want.shape
         assert mx.allclose(got, want, atol=1e-5).item()
+
+
+def test_a_running_batch_keeps_mlx_lms_path_unless_asked(
+    through_stand_in: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = model_of(llama, rope_scaling=LLAMA3)
+    install(model)
+    monkeypatch.setattr(_kv_append, "append_in_place", lambda *a: mx.zeros((1,), mx.int32))
+    decoded(model, "batch", True, monkeypatch)  # mlx-lm's path, its write in place
+    assert through_stand_in == []
+    monkeypatch.setattr(_decode_prelude, "BATCHES", True)
+    decoded(model, "batch", True, monkeypatch)
+    assert through_stand_in == [3] * 4
 
 
 def test_a_block_with_adapters_or_a_longer_query_keeps_mlx_lms_path(
@@ -215,6 +230,7 @@ def test_the_kernel_gives_mlx_lms_decode_step(
         return kernel(*args)
 
     monkeypatch.setattr(_decode_prelude, "prelude", recorded)
+    monkeypatch.setattr(_decode_prelude, "BATCHES", True)  # the kernel where it may serve
     want_logits, want_keys = decoded(model, form, False, monkeypatch)
     assert calls == []
     got_logits, got_keys = decoded(model, form, True, monkeypatch)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import mlx.core as mx
 import pytest
 
-from mlx_nursery.engine import _decode_attention, _decode_prelude, _masked_softmax
+from mlx_nursery.engine import _decode_attention, _decode_prelude, _masked_softmax, _own_kernels
 from mlx_nursery.engine._own_kernels import (
     CudaKernel,
     Nvrtc,
@@ -67,6 +68,51 @@ def test_a_dimension_past_a_32_bit_argument_is_left_to_mlx() -> None:
     kernel = CudaKernel("k", ["a", "b"], ["out"], SOURCE)
     assert kernel._arguments(((2, 3, 4), (5,))) is not None
     assert kernel._arguments(((2, 2**20, 2**12), (5,))) is None  # a stride of 2**32
+
+
+def test_a_call_compiles_its_variant_once_and_passes_its_shapes_scalars(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the engine compiles (NVRTC stood in for), a variant (template, dtypes, ranks)
+    is compiled once and each call hands MLX that cubin with the scalars of its own shapes;
+    a shape whose scalars pass 32 bits, and a variant that does not compile, go to MLX."""
+    compiled: list[str] = []
+    launched: list[dict[str, Any]] = []
+
+    class Compiler:
+        def compile(self, source: str, name: str) -> bytes:
+            compiled.append(name)
+            if "N = 9" in source:
+                raise RuntimeError("NVRTC: error")
+            return name.encode()
+
+    def launch(**call: Any) -> list[mx.array]:
+        launched.append(call)
+        return [mx.zeros(call["output_shapes"][0], call["output_dtypes"][0])]
+
+    by_mlx: list[int] = []
+    monkeypatch.setattr(_own_kernels, "compiler", lambda: Compiler())
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", launch)
+    monkeypatch.setattr(CudaKernel, "_by_mlx", lambda self, *args: by_mlx.append(1) or [])
+    kernel = CudaKernel("k", ["a", "b"], ["out"], SOURCE)
+
+    def call(a_shape: tuple[int, ...], n: int = 1) -> None:
+        a, b = mx.zeros(a_shape, mx.float32), mx.zeros((5,), mx.int32)
+        kernel(inputs=[a, b], template=[("N", n)], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+               output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip
+
+    call((2, 3, 4))
+    call((2, 3, 4))
+    call((5, 3, 4))
+    assert len(compiled) == 1  # one variant: the same template, dtypes and ranks
+    assert [c["scalars"] for c in launched] == [[2, 3, 4, 12, 4, 1, 1]] * 2 + [
+        [5, 3, 4, 12, 4, 1, 1]
+    ]
+    assert {c["name"] for c in launched} == set(compiled)
+    assert all(c["compiled_source"] == compiled[0].encode() for c in launched)
+    call((2, 2**20, 2**12))  # a stride of 2**32
+    call((2, 3, 4), n=9)  # does not compile
+    assert by_mlx == [1, 1] and len(launched) == 3
 
 
 def test_without_a_compute_capability_nothing_is_compiled_here(

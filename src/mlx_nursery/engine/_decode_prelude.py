@@ -12,14 +12,17 @@ the values into the cache's buffers in place, as `_kv_append` does and under its
 caches' `write_slot` says where that holds); the layer then calls its attention as before.
 
 `install(model)` gives the attention blocks it can serve a subclass of their own class whose
-`__call__` takes this path for a one-token query on a cache that has a write slot (the
-running batch's `RaggedBatchKVCache`, a lone sequence's `RowKVCache`), and mlx-lm's own code
-for everything else (prefill chunks, verifies, quantized KV, a block whose projections carry
-LoRA adapters). The blocks it serves: mlx-lm's llama (Mistral) and qwen2 attention, fused at
-load, whose RoPE rotates the whole head with a base or with per-pair frequencies (MLX's `RoPE`,
-mlx-lm's `Llama3RoPE`). The rotation is MLX's own arithmetic (its CUDA RoPE kernel's). Each
-shape of block is checked once against mlx-lm's path on small inputs before it serves (a
-mismatch is logged and leaves mlx-lm's path); CUDA only. Engine thread only.
+`__call__` takes this path for a one-token query on a lone sequence's cache (`RowKVCache`:
+the fast path) that has a write slot, and mlx-lm's own code for everything else (prefill
+chunks, verifies, quantized KV, a block whose projections carry LoRA adapters). A running
+batch's decode step (`RaggedBatchKVCache`) keeps mlx-lm's path unless `BATCHES`: on an H200
+the kernel ran longer on the device than the three kernels it replaces there, and the
+32-client load ran no faster with it (decisions/0058). The blocks it serves: mlx-lm's llama
+(Mistral) and qwen2 attention, fused at load, whose RoPE rotates the whole head with a base
+or with per-pair frequencies (MLX's `RoPE`, mlx-lm's `Llama3RoPE`). The rotation is MLX's
+own arithmetic (its CUDA RoPE kernel's). Each shape of block is checked once against
+mlx-lm's path on small inputs before it serves (a mismatch is logged and leaves mlx-lm's
+path); CUDA only. Engine thread only.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from mlx.nn.layers.positional_encoding import RoPE
 from ..models._fusing import FusedPart
 from ._backend import on_cuda
 from ._own_kernels import CudaKernel
+from ._row_cache import RowKVCache
 from ._scalars import scalar
 from ._upstream import Llama3RoPE
 
@@ -99,6 +103,10 @@ _SERVED = frozenset({"mlx_lm.models.llama", "mlx_lm.models.qwen2"})
 ENABLED = True
 """Whether `install` gives blocks the one-kernel path: bench/batch_step.py and
 bench/step_anatomy.py turn it off to measure against mlx-lm's path in one run."""
+
+BATCHES = False
+"""Whether a running batch's decode step takes the path too (module docstring): for
+bench/batch_step.py and bench/step_anatomy.py to measure again."""
 
 _kernel = CudaKernel(
     name="nursery_decode_prelude",
@@ -253,6 +261,7 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     if (
         x.shape[1] == 1
         and write_slot is not None
+        and (BATCHES or type(cache) is RowKVCache)
         and type(self.q_proj) is FusedPart  # no adapters wrapped around the parts
         and type(self.k_proj) is FusedPart
         and type(self.v_proj) is FusedPart
