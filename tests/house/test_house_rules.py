@@ -340,6 +340,8 @@ PUBLIC = {
         "resolve_model_path",
         "AdapterBank",
         "AdapterError",
+        "FusedPart",
+        "fused_sizes",
     ],
     "openai": [
         "PreparedSynthesis",

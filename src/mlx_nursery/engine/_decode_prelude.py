@@ -37,7 +37,7 @@ import attrs
 import mlx.core as mx
 from mlx.nn.layers.positional_encoding import RoPE
 
-from ..models._fusing import FusedPart
+from ..models import FusedPart, fused_sizes
 from ._backend import on_cuda
 from ._own_kernels import CudaKernel
 from ._row_cache import RowKVCache
@@ -146,10 +146,10 @@ def plan_for(block: Any) -> Plan | None:
     """What the kernel needs to serve `block`, or None where it cannot (module docstring)."""
     if type(block).__module__ not in _SERVED or type(block).__name__ != "Attention":
         return None
-    parts = [getattr(block, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    if not all(isinstance(p, FusedPart) for p in parts) or "qkv_proj" not in block:
+    sizes = fused_sizes([getattr(block, name, None) for name in ("q_proj", "k_proj", "v_proj")])
+    if sizes is None or "qkv_proj" not in block:
         return None
-    q_size, k_size, v_size = parts[0]._shared.sizes  # type: ignore[union-attr]
+    q_size, k_size, v_size = sizes
     heads, kv_heads = int(block.n_heads), int(block.n_kv_heads)
     dim = q_size // heads
     if dim % 2 or q_size != heads * dim or not k_size == v_size == kv_heads * dim:

@@ -2,6 +2,7 @@
 and the built-in models (the default, the scripted) written once into the user cache."""
 
 from ._embedding_loading import Activation, Classifier, EmbeddingSpec, PoolingMode
+from ._fusing import FusedPart, fused_sizes
 from ._loading import (
     LoadedModel,
     ModelFacts,
@@ -23,6 +24,7 @@ __all__ = [
     "AdapterError",
     "Classifier",
     "EmbeddingSpec",
+    "FusedPart",
     "LoadedModel",
     "ModelFacts",
     "ModelLoadError",
@@ -31,6 +33,7 @@ __all__ = [
     "SpeechModel",
     "SynthesisModel",
     "SynthesizedPiece",
+    "fused_sizes",
     "load_model",
     "load_speech_model",
     "load_synthesis_model",

@@ -107,6 +107,21 @@ class FusedPart(Module):
         return self._shared.sizes[self._index], linear_dims(self._shared.linear)[1]
 
 
+def fused_sizes(parts: list[object]) -> list[int] | None:
+    """The output sizes of one fused group whose parts are `parts`, in order (each an
+    unwrapped `FusedPart` of the same group, its index its place), or None."""
+    first = parts[0]
+    if not isinstance(first, FusedPart):
+        return None
+    shared = first._shared
+    if len(parts) != len(shared.sizes) or any(
+        type(p) is not FusedPart or p._shared is not shared or p._index != i
+        for i, p in enumerate(parts)
+    ):
+        return None
+    return list(shared.sizes)
+
+
 def linear_dims(linear: Module) -> tuple[int, int]:
     """(out, in) of a `Linear` or `QuantizedLinear`."""
     weight = linear.weight
