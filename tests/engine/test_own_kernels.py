@@ -91,6 +91,14 @@ def test_a_call_compiles_its_variant_once_and_passes_its_shapes_scalars(
         return [mx.zeros(call["output_shapes"][0], call["output_dtypes"][0])]
 
     by_mlx: list[int] = []
+    worked_out: list[int] = []
+    arguments = CudaKernel._arguments
+
+    def counted(self: CudaKernel, shapes: Any) -> Any:
+        worked_out.append(1)
+        return arguments(self, shapes)
+
+    monkeypatch.setattr(CudaKernel, "_arguments", counted)
     monkeypatch.setattr(_own_kernels, "compiler", lambda: Compiler())
     monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", launch)
     monkeypatch.setattr(CudaKernel, "_by_mlx", lambda self, *args: by_mlx.append(1) or [])
@@ -110,9 +118,15 @@ def test_a_call_compiles_its_variant_once_and_passes_its_shapes_scalars(
     ]
     assert {c["name"] for c in launched} == set(compiled)
     assert all(c["compiled_source"] == compiled[0].encode() for c in launched)
+    assert len(worked_out) == 2  # a shape's scalars once, however often it is called
     call((2, 2**20, 2**12))  # a stride of 2**32
     call((2, 3, 4), n=9)  # does not compile
     assert by_mlx == [1, 1] and len(launched) == 3
+    monkeypatch.setattr(_own_kernels, "_MAX_SCALAR_SETS", len(kernel._calls))
+    call((7, 3, 4))  # past the bound: the calls' table starts again, the variants stay
+    assert len(kernel._calls) == 1 and len(compiled) == 2
+    call((2, 3, 4))
+    assert len(compiled) == 2 and launched[-1]["scalars"] == [2, 3, 4, 12, 4, 1, 1]
 
 
 def test_without_a_compute_capability_nothing_is_compiled_here(

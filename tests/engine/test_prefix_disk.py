@@ -254,3 +254,22 @@ async def test_a_read_expected_slower_than_its_prefill_is_skipped_and_a_faster_o
     assert runs[1e18].final.usage.cached_tokens == LENGTH - 1
     for run in runs.values():
         assert _same_as_cold(run, cold["b"])
+
+
+async def test_sequences_that_end_in_the_running_batch_are_stored_too(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Two prompts at once end in the batch, whose rows leave it as `RowKVCache`s: the disk
+    tier stores them as it stores a lone sequence's."""
+    directory = tmp_path / "kv"
+    async with open_engine(_config(tiny_model, directory)) as engine:
+        prompts = _prompts(engine)
+        async with trio.open_nursery() as nursery:
+            for name in ("b", "c"):
+                nursery.start_soon(collect, engine, _request(prompts[name]))
+    stored = []
+    for path in directory.iterdir():
+        with safe_open(path, framework="numpy") as file:
+            stored.append(file.get_tensor("tokens").tolist())
+    for name in ("b", "c"):  # the prompt and what was generated (a batch's row holds all)
+        assert any(t[:LENGTH] == prompts[name] and len(t) > LENGTH for t in stored), name

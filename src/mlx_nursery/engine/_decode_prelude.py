@@ -48,12 +48,13 @@ log = logging.getLogger("mlx_nursery.engine")
 
 PRELUDE = """
     // One thread a pair of elements (i and i + D/2, or 2i and 2i + 1 where TRADITIONAL) of
-    // one head of one row's fused product (B, 1, (HQ + 2 HKV) D): a query head's pair rotated
-    // into `q_out` (B, HQ, 1, D), a key head's rotated and a value head's copied into the
-    // buffers `keys` and `values` (B, HKV, capacity, D) at position `index`. The buffers are
-    // declared as inputs and written in place (`_kv_append`'s docstring says why that is
-    // safe). The rotation is MLX's RoPE kernel's: the angle position * inverse frequency,
-    // the inverse frequency from `freqs` (per pair where FREQS, else 2^(-i/(D/2) log2 base)).
+    // one head of one row's fused product (B, 1, (HQ + 2 HKV) D, contiguous: a matmul's
+    // output): a query head's pair rotated into `q_out` (B, HQ, 1, D), a key head's rotated
+    // and a value head's copied into the buffers `keys` and `values` (B, HKV, capacity, D,
+    // through their strides) at position `index`. The buffers are declared as inputs and
+    // written in place (`_kv_append`'s docstring says why that is safe). The rotation is
+    // MLX's RoPE kernel's: the angle position * inverse frequency, the inverse frequency
+    // from `freqs` (per pair where FREQS, else 2^(-i/(D/2) log2 base)).
     constexpr int HALF = D / 2;
     constexpr int HEADS = HQ + 2 * HKV;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -66,13 +67,12 @@ PRELUDE = """
     const int i1 = TRADITIONAL ? 2 * i : i;
     const int i2 = TRADITIONAL ? 2 * i + 1 : i + HALF;
     const T* source = qkv + (b * HEADS + head) * D;
-    const long long capacity = keys_shape[2];
     const long long position = index[0];
     if (head >= HQ + HKV) {
-        T* target = const_cast<T*>(values)
-            + ((b * HKV + (head - HQ - HKV)) * capacity + position) * D;
-        target[i1] = source[i1];
-        target[i2] = source[i2];
+        T* target = const_cast<T*>(values) + b * values_strides[0]
+            + (head - HQ - HKV) * values_strides[1] + position * values_strides[2];
+        target[i1 * values_strides[3]] = source[i1];
+        target[i2 * values_strides[3]] = source[i2];
         return;
     }
     float inv_freq;
@@ -87,11 +87,18 @@ PRELUDE = """
     const float sin_theta = sin(theta);
     const float x1 = static_cast<float>(source[i1]);
     const float x2 = static_cast<float>(source[i2]);
-    T* target = head < HQ
-        ? q_out + (b * HQ + head) * D
-        : const_cast<T*>(keys) + ((b * HKV + (head - HQ)) * capacity + position) * D;
-    target[i1] = static_cast<T>(x1 * cos_theta - x2 * sin_theta);
-    target[i2] = static_cast<T>(x1 * sin_theta + x2 * cos_theta);
+    const T r1 = static_cast<T>(x1 * cos_theta - x2 * sin_theta);
+    const T r2 = static_cast<T>(x1 * sin_theta + x2 * cos_theta);
+    if (head < HQ) {
+        T* target = q_out + (b * HQ + head) * D;
+        target[i1] = r1;
+        target[i2] = r2;
+    } else {
+        T* target = const_cast<T*>(keys) + b * keys_strides[0]
+            + (head - HQ) * keys_strides[1] + position * keys_strides[2];
+        target[i1 * keys_strides[3]] = r1;
+        target[i2 * keys_strides[3]] = r2;
+    }
 """
 
 _THREADS = 256
@@ -115,6 +122,11 @@ _kernel = CudaKernel(
     source=PRELUDE,
     ensure_row_contiguous=False,  # MLX's compile, where it compiles: never copy the buffers
 )
+"""Compiled here (`_own_kernels`), where MLX copies an input that is not row-contiguous
+before the call: a write into such a copy would be lost. The buffers it writes are a cache's
+own (`write_slot`), which only MLX's zeros, concatenations and slice updates made: always
+row-contiguous. MLX's own compile, where it serves, passes the buffers as they are, with
+their strides."""
 
 
 @attrs.frozen(cache_hash=True)  # a key of `checked`, looked up by every layer of a step
@@ -237,11 +249,14 @@ def prelude(qkv: mx.array, cache: Any, index: int, plan: Plan) -> mx.array:
     values written into `cache`'s buffers at `index` (its write slot, taken by the caller,
     who tells the cache it was written). Lazy, as any MLX operation."""
     batch = qkv.shape[0]
+    keys, values = cache.keys, cache.values
+    if index + 1 > keys.shape[2] or keys.shape[2] != values.shape[2]:
+        raise ValueError("the new keys do not fit the buffers at the write index")
     positions = cache.offset
     if not isinstance(positions, mx.array):
         positions = scalar(int(positions), mx.int32)
     (q_out,) = _kernel(
-        inputs=[qkv, cache.keys, cache.values, positions, scalar(index, mx.int64),
+        inputs=[qkv, keys, values, positions, scalar(index, mx.int64),
                 plan.freqs, plan.scale_array],
         template=plan.template(qkv.dtype),
         grid=((plan.q_heads + 2 * plan.kv_heads) * plan.dim // 2, batch, 1),
@@ -261,14 +276,14 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     if (
         x.shape[1] == 1
         and write_slot is not None
-        and (BATCHES or type(cache) is RowKVCache)
+        and (x.shape[0] == 1 if type(cache) is RowKVCache else BATCHES)
         and type(self.q_proj) is FusedPart  # no adapters wrapped around the parts
         and type(self.k_proj) is FusedPart
         and type(self.v_proj) is FusedPart
     ):
         index = write_slot(x.dtype, 1)
         if index is not None and checked(plan, x.dtype):  # not checked where never served
-            qkv = self.qkv_proj(x)
+            qkv = self.q_proj.group(x)  # the parts' own product (an adapter wraps a part)
             if qkv.dtype == x.dtype:
                 queries = prelude(qkv, cache, index, plan)
                 cache.written(queries, 1)

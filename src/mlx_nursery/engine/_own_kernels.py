@@ -1,4 +1,4 @@
-"""The engine's read-only CUDA kernels compiled by NVRTC here, run by MLX as compiled code
+"""The engine's CUDA kernels compiled by NVRTC here, run by MLX as compiled code
 (`mx.fast.precompiled_cuda_kernel`) rather than compiled by MLX itself.
 
 Why: `mx.fast.cuda_kernel` compiles each kernel variant at its first use in every process
@@ -13,8 +13,10 @@ or ndim where the source reads them, passed as scalar arguments computed from th
 its inputs are made row-contiguous first), compiles each variant once per process, and
 falls back to MLX's own `cuda_kernel` where it cannot: no NVRTC library or CUDA headers
 found, no compute capability reported, a compile that fails (logged once), a dimension
-beyond a 32-bit argument. Only for kernels that read their inputs: a kernel that writes
-into an input (`_kv_append`) needs MLX's path, which never copies it. Engine thread only.
+beyond a 32-bit argument. A kernel that writes into an input may run here only where that
+input is row-contiguous for certain (`_decode_prelude`: a cache's own buffers): MLX copies
+any other first, and the write would land in the copy; `_kv_append`, which writes buffers
+of any layout, keeps MLX's path, which never copies. Engine thread only.
 """
 
 from __future__ import annotations

@@ -101,6 +101,11 @@ class FusedPart(Module):
     def __call__(self, x: mx.array) -> mx.array:
         return self._shared.part(x, self._index)
 
+    def group(self, x: mx.array) -> mx.array:
+        """The whole group's product of `x`, every part's slice side by side (not kept)."""
+        product: mx.array = self._shared.linear(x)
+        return product
+
     @property
     def dims(self) -> tuple[int, int]:
         """(out, in) of the projection this part stands for: its slice of the group."""
