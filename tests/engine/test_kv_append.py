@@ -88,13 +88,10 @@ def test_a_kernel_that_cannot_run_leaves_mlxs_updates_serving(
     assert any("in-place KV write unusable" in r.getMessage() for r in caplog.records)
 
 
-def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The decision alone (the kernel is CUDA's): merged buffers are the cache's own; after a
-    trim a lazy forward may still read past the index, after `state` was set or a deep copy
-    the arrays may be another cache's, so the next write is MLX's, and the one after in
-    place again; keys of another dtype than the buffers' are MLX's to write."""
+@pytest.fixture
+def writes_recorded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """In-place writes allowed, and recorded rather than run (the kernel is CUDA's): one
+    entry a write the cache took in place."""
     calls: list[int] = []
 
     def recorded(keys: mx.array, values: mx.array, *_: Any) -> mx.array:
@@ -103,6 +100,17 @@ def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
 
     monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: True)
     monkeypatch.setattr(_kv_append, "append_in_place", recorded)
+    return calls
+
+
+def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
+    writes_recorded: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision alone (the kernel is CUDA's): merged buffers are the cache's own; after a
+    trim a lazy forward may still read past the index, after `state` was set or a deep copy
+    the arrays may be another cache's, so the next write is MLX's, and the one after in
+    place again; keys of another dtype than the buffers' are MLX's to write."""
+    calls = writes_recorded
     cache = batch([3, 5], seed=1)
     k, v = mx.random.normal((2, 2, HEADS, 1, DIM))
 
@@ -191,21 +199,14 @@ def test_a_batch_written_in_place_holds_what_mlxs_updates_give(
 
 
 def test_a_sequence_writes_in_place_only_into_buffers_of_its_own(
-    monkeypatch: pytest.MonkeyPatch,
+    writes_recorded: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A lone sequence's cache (`RowKVCache`, the fast path's and a row's before it joins)
     follows the batch's rules: its first write allocates (MLX's), the next ones go in place
     until a trim, a `state` set or a deep copy (the prefix cache's hits share the entry's
     buffers) makes the next one MLX's; a write past the buffer's end grows it (MLX's); a
     plain `KVCache` made a row in place writes MLX's way first."""
-    calls: list[int] = []
-
-    def recorded(keys: mx.array, values: mx.array, *_: Any) -> mx.array:
-        calls.append(1)
-        return mx.zeros((1,), dtype=mx.int32)
-
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype: True)
-    monkeypatch.setattr(_kv_append, "append_in_place", recorded)
+    calls = writes_recorded
     cache = RowKVCache()
     k, v = mx.random.normal((2, 1, HEADS, 1, DIM))
 

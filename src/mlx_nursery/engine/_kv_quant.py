@@ -35,7 +35,6 @@ from ._ragged import moved_right
 from ._row_cache import is_plain_kv, ragged_rows
 from ._upstream import (
     BaseCache,
-    KVCache,
     QuantizedKVCache,
     create_causal_mask,
     make_prompt_cache,
@@ -72,7 +71,7 @@ def make_cache(model: Any, quantization: KVQuantization | None) -> list[Any]:
     if quantization is None:
         return ragged_rows(cache)  # written in place where that is safe (`_row_cache`)
     return [
-        QuantizedKVRow(quantization.group_size, quantization.bits) if type(c) is KVCache else c
+        QuantizedKVRow(quantization.group_size, quantization.bits) if is_plain_kv(c) else c
         for c in cache
     ]
 

@@ -204,7 +204,7 @@ class CudaKernel:
         if call is None:
             if len(self._calls) >= _MAX_SCALAR_SETS:
                 self._calls.clear()
-            call = self._calls[key] = self._resolved(inputs, template, output_dtypes, key[1])
+            call = self._calls[key] = self._resolved(key, inputs)
         if call is False:
             return self._by_mlx(inputs, template, grid, threadgroup, output_shapes, output_dtypes)
         function, cubin, scalars = call
@@ -222,16 +222,13 @@ class CudaKernel:
         return outputs
 
     def _resolved(
-        self,
-        inputs: Sequence[mx.array],
-        template: Template,
-        output_dtypes: Sequence[mx.Dtype],
-        shapes: tuple[tuple[int, ...], ...],
+        self, key: tuple[Any, ...], inputs: Sequence[mx.array]
     ) -> tuple[str, bytes, list[int]] | Literal[False]:
-        """The compiled variant and the scalar arguments of a call of these shapes, or False
-        where MLX runs it (not compiled here, or an argument past 32 bits)."""
-        variant_key = (tuple(template), tuple(a.dtype for a in inputs),
-                       tuple(map(len, shapes)), tuple(output_dtypes))  # fmt: skip
+        """The compiled variant and the scalar arguments of a call whose `__call__` key is
+        `key` (template, shapes, dtypes, output dtypes), or False where MLX runs it (not
+        compiled here, or an argument past 32 bits)."""
+        template, shapes, dtypes, output_dtypes = key
+        variant_key = (template, dtypes, tuple(map(len, shapes)), output_dtypes)
         if variant_key not in self._variants:
             self._variants[variant_key] = self._compiled(inputs, template, output_dtypes)
         variant = self._variants[variant_key]

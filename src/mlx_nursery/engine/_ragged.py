@@ -43,7 +43,6 @@ sequence's cache is one (`ragged_rows`). Engine thread only.
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any
 
@@ -52,6 +51,7 @@ import mlx.core as mx
 from . import _kv_append
 from ._memory import KV_STEP, whole_steps
 from ._row_cache import RowKVCache as RowKVCache
+from ._row_cache import appended_in_place, copy_sharing_buffers
 from ._row_cache import ragged_rows as ragged_rows
 from ._upstream import BatchKVCache, KVCache
 
@@ -94,17 +94,11 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self._right_host = [int(q) for q in right_padding]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        length = keys.shape[2]
-        index = self.write_slot(keys.dtype, length) if keys.dtype == values.dtype else None
-        if index is not None:  # no copy of the buffers while the step before reads them
-            assert self.keys is not None and self.values is not None
-            written = _kv_append.append_in_place(self.keys, self.values, keys, values, index)
-            self.written(written, length)
-            fetched: tuple[mx.array, mx.array] = self.keys_and_values()
-            return fetched
-        fetched = super().update_and_fetch(keys, values)
-        self._own_buffers = True  # MLX's update copied the buffers or had them alone
-        self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` goes unused
+        fetched = appended_in_place(self, keys, values)  # no copy while the step before reads
+        if fetched is None:
+            fetched = super().update_and_fetch(keys, values)
+            self._own_buffers = True  # MLX's update copied the buffers or had them alone
+            self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` unused
         return fetched
 
     def write_slot(self, dtype: mx.Dtype, length: int) -> int | None:
@@ -227,15 +221,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         return merged
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RaggedBatchKVCache:
-        """A copy whose arrays share this cache's buffers (copying an MLX array does not copy
-        its data: mlx-lm's `PromptProcessingBatch.split` copies a batch this way): neither
-        writes into them in place until an update of MLX's has made them its own."""
-        copied = type(self).__new__(type(self))
-        memo[id(self)] = copied
-        for name, value in self.__dict__.items():
-            setattr(copied, name, copy.deepcopy(value, memo))
-        copied._own_buffers = self._own_buffers = False
-        return copied
+        return copy_sharing_buffers(self, memo)
 
     @property
     def state(self) -> Any:

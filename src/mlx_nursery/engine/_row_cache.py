@@ -26,7 +26,7 @@ place (`ragged_rows`) starts without: its next write is MLX's. Engine thread onl
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import mlx.core as mx
 
@@ -49,16 +49,10 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     whose class `ragged_rows` changed has no attribute of its own yet."""
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        length = keys.shape[2]
-        index = self.write_slot(keys.dtype, length) if keys.dtype == values.dtype else None
-        if index is not None:
-            assert self.keys is not None and self.values is not None
-            written = _kv_append.append_in_place(self.keys, self.values, keys, values, index)
-            self.written(written, length)
-            fetched: tuple[mx.array, mx.array] = self.keys_and_values()
-            return fetched
-        fetched = super().update_and_fetch(keys, values)
-        self._own_buffers = True  # MLX's update copied the buffers or had them alone
+        fetched = appended_in_place(self, keys, values)
+        if fetched is None:
+            fetched = super().update_and_fetch(keys, values)
+            self._own_buffers = True  # MLX's update copied the buffers or had them alone
         return fetched
 
     def write_slot(self, dtype: mx.Dtype, length: int) -> int | None:
@@ -100,19 +94,45 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
         self._own_buffers = False  # the arrays may be another cache's too
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RowKVCache:
-        """A copy whose arrays share this cache's buffers (copying an MLX array does not copy
-        its data): neither writes into them in place until an update of MLX's."""
-        copied = type(self).__new__(type(self))
-        memo[id(self)] = copied
-        for name, value in self.__dict__.items():
-            setattr(copied, name, copy.deepcopy(value, memo))
-        copied._own_buffers = self._own_buffers = False
-        return copied
+        return copy_sharing_buffers(self, memo)
 
     def merge(self, caches: list[Any]) -> RaggedBatchKVCache:
         from ._ragged import RaggedBatchKVCache  # the batch's module imports this one
 
         return RaggedBatchKVCache.merge(caches)
+
+
+def appended_in_place(
+    cache: Any, keys: mx.array, values: mx.array
+) -> tuple[mx.array, mx.array] | None:
+    """`keys` and `values` written into `cache`'s buffers in place at its write slot
+    (`_kv_append`), and the keys and values it then holds; None where its `write_slot` says
+    they may not be (the caller updates as mlx-lm does). For this module's cache and the
+    batch's (`RaggedBatchKVCache`), which keep the same rules."""
+    length = keys.shape[2]
+    index = cache.write_slot(keys.dtype, length) if keys.dtype == values.dtype else None
+    if index is None:
+        return None
+    written = _kv_append.append_in_place(cache.keys, cache.values, keys, values, index)
+    cache.written(written, length)
+    fetched: tuple[mx.array, mx.array] = cache.keys_and_values()
+    return fetched
+
+
+_Cache = TypeVar("_Cache")
+
+
+def copy_sharing_buffers(cache: _Cache, memo: dict[int, Any]) -> _Cache:
+    """A deep copy of `cache` (this module's or the batch's) whose arrays share its buffers
+    (copying an MLX array does not copy its data, as mlx-lm's `PromptProcessingBatch.split`
+    and the prefix cache's hits copy caches): neither writes into them in place until an
+    update of MLX's has made them its own."""
+    copied = type(cache).__new__(type(cache))
+    memo[id(cache)] = copied
+    for name, value in cache.__dict__.items():
+        setattr(copied, name, copy.deepcopy(value, memo))
+    copied._own_buffers = cache._own_buffers = False  # type: ignore[attr-defined]
+    return copied
 
 
 def ragged_rows(cache: list[Any]) -> list[Any]:
