@@ -37,7 +37,8 @@ def busy_us(spans: list[tuple[float, float]]) -> float:
 
 
 def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
-    """`steps` steps (always run) under torch.profiler: kernels a step by family, device busy."""
+    """`steps` steps (always run) under torch.profiler: kernels a step by family, device busy,
+    and the host's CUDA API calls a step (graphs instantiated or updated, kernels launched)."""
     try:
         from torch.profiler import ProfilerActivity, profile
     except ImportError:  # the steps still run: other ranks' collectives wait for them
@@ -50,7 +51,12 @@ def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
         for _ in range(steps):
             step()
         mx.synchronize()
-    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    every = list(prof.events())
+    events = [e for e in every if e.device_type.name == "CUDA"]
+    runtime: dict[str, int] = defaultdict(int)  # the host's CUDA API calls (CUPTI's runtime)
+    for e in every:
+        if e.device_type.name != "CUDA" and e.name.startswith("cu"):
+            runtime[e.name] += 1
     by_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in events:
         totals = by_family[_family(e.name)]
@@ -64,6 +70,9 @@ def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
             {"family": f, "per_step": round(n / steps, 1), "us_per_step": round(t / steps, 1)}
             for f, (t, n) in sorted(by_family.items(), key=lambda kv: -kv[1][1])
         ],
+        "runtime_calls_per_step": {
+            name: round(n / steps, 2) for name, n in sorted(runtime.items(), key=lambda kv: -kv[1])
+        },
     }
 
 

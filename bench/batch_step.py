@@ -18,7 +18,9 @@ Per variant, over `--steps` steps after `--warmup` steps: wall ms a step, ms in 
 `async_eval` a step (encoding and launching), in `eval` (waiting for the device), and the
 rest (Python: building the step's graph, bookkeeping), and with `--kernels` (torch.profiler, on the
 GPU machine) CUDA kernels a step by name and the device's busy ms a step. The kernels by
-name say what a step launches beyond mlx-lm's: that is the host time to win back.
+name say what a step launches beyond mlx-lm's: that is the host time to win back. MLX's CUDA
+graphs follow `MLX_USE_CUDA_GRAPHS` (the package sets it off where unset, as the engine
+serves; `MLX_USE_CUDA_GRAPHS=1` measures with them); the report records it.
 
 Usage:
   python -P bench/batch_step.py --preset tiny --layers 32 --rows 32 --context 200:400  # CPU
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import sys
@@ -247,6 +250,7 @@ def main() -> None:
         results = [measure(name, path, args) for name in args.variants]
     report = {
         "device": str(mx.default_device()),
+        "cuda_graphs": os.environ.get("MLX_USE_CUDA_GRAPHS", "unset (MLX: on)"),
         "args": {k: str(v) for k, v in vars(args).items()},
         "results": results,
     }

@@ -281,7 +281,7 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
         and type(self.k_proj) is FusedPart
         and type(self.v_proj) is FusedPart
     ):
-        index = write_slot(x.dtype, 1)
+        index = write_slot(x.dtype, 1, ordered=True)  # its output is the queries
         if index is not None and checked(plan, x.dtype):  # not checked where never served
             qkv = self.q_proj.group(x)  # the parts' own product (an adapter wraps a part)
             if qkv.dtype == x.dtype:

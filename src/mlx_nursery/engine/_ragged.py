@@ -64,6 +64,10 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
     offset: mx.array
     left_padding: mx.array
     _idx: int
+    readers_wait = False
+    """The cache's reader takes its writes' markers (`_kv_append.waited_for`)."""
+    pending_write: mx.array | None = None
+    """The marker of the latest write in place (`written`), for the reader to wait for."""
 
     def __init__(self, left_padding: list[int]) -> None:
         super().__init__(left_padding)
@@ -98,14 +102,17 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         if fetched is None:
             fetched = super().update_and_fetch(keys, values)
             self._own_buffers = True  # MLX's update copied the buffers or had them alone
+            self.pending_write = None
             self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` unused
         return fetched
 
-    def write_slot(self, dtype: mx.Dtype, length: int) -> int | None:
+    def write_slot(self, dtype: mx.Dtype, length: int, *, ordered: bool = False) -> int | None:
         """Where `length` new tokens of `dtype` go when the caller writes them into the
         buffers in place (`_kv_append`, `_decode_prelude`), then calls `written`; None where
         they may not be written so (no buffers yet, buffers not this cache's own, another
-        dtype, not CUDA): `update_and_fetch` then. Grows the buffers to hold them."""
+        dtype, not CUDA, a reader that does not wait for the write under CUDA graphs, unless
+        `ordered`: the writer's output is what the reader reads): `update_and_fetch` then.
+        Grows the buffers to hold them."""
         if self.keys is None or self.values is None:
             return None
         needed = self._idx + length
@@ -116,7 +123,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         if not (
             self._own_buffers
             and dtype == self.keys.dtype == self.values.dtype
-            and _kv_append.writes_in_place(dtype)
+            and _kv_append.writes_in_place(dtype, readers_wait=ordered or self.readers_wait)
         ):
             return None
         return self._idx
@@ -126,6 +133,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         `marker`: everything reading the buffers from now on is launched after it."""
         assert self.keys is not None and self.values is not None
         self.keys, self.values = mx.depends([self.keys, self.values], [marker])
+        self.pending_write = marker
         self._idx += length
         self.offset = _offsets(self._idx, self.padding)
 

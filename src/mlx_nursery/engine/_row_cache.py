@@ -47,26 +47,33 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     _own_buffers = False
     """New keys may be written into the buffers in place. A class default: a `KVCache`
     whose class `ragged_rows` changed has no attribute of its own yet."""
+    readers_wait = False
+    """The cache's reader takes its writes' markers (`_kv_append.waited_for`)."""
+    pending_write: mx.array | None = None
+    """The marker of the latest write in place (`written`), for the reader to wait for."""
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         fetched = appended_in_place(self, keys, values)
         if fetched is None:
             fetched = super().update_and_fetch(keys, values)
             self._own_buffers = True  # MLX's update copied the buffers or had them alone
+            self.pending_write = None
         return fetched
 
-    def write_slot(self, dtype: mx.Dtype, length: int) -> int | None:
+    def write_slot(self, dtype: mx.Dtype, length: int, *, ordered: bool = False) -> int | None:
         """Where `length` new tokens of `dtype` go when the caller writes them into the
         buffers in place (`_kv_append`, `_decode_prelude`), then calls `written`; None where
         they may not be written so (no buffers, or too short: mlx-lm's update grows them;
-        buffers not this cache's own, another dtype, not CUDA): `update_and_fetch` then."""
+        buffers not this cache's own, another dtype, not CUDA, a reader that does not wait
+        for the write under CUDA graphs, unless `ordered`: the writer's output is what the
+        reader reads): `update_and_fetch` then."""
         if (
             self.keys is None
             or self.values is None
             or not self._own_buffers
             or self.offset + length > self.keys.shape[2]
             or not dtype == self.keys.dtype == self.values.dtype
-            or not _kv_append.writes_in_place(dtype)
+            or not _kv_append.writes_in_place(dtype, readers_wait=ordered or self.readers_wait)
         ):
             return None
         return self.offset
@@ -76,6 +83,7 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
         `marker`: everything reading the buffers from now on is launched after it."""
         assert self.keys is not None and self.values is not None
         self.keys, self.values = mx.depends([self.keys, self.values], [marker])
+        self.pending_write = marker
         self.offset += length
 
     def trim(self, n: int) -> int:
