@@ -77,7 +77,8 @@ def idle_by_phase(
 
 async def profile_kernels(duration: float, into: dict[str, Any], phases: Phases) -> None:
     """CUDA kernels' device time over a window in the middle of the run, grouped by name,
-    and the device's idle time by the engine thread's phase. Only where torch with CUDA is
+    the device's idle time by the engine thread's phase, and the host's CUDA calls (buffer
+    allocations, graphs built and updated) a decode step. Only where torch with CUDA is
     installed (the GPU machine)."""
     try:
         from torch.autograd.profiler import record_function
@@ -127,6 +128,15 @@ async def profile_kernels(duration: float, into: dict[str, Any], phases: Phases)
     ]
     host = [(zero + (t - origin) * 1e6, label) for t, label in log or []]
     idle = idle_by_phase(spans, host, (lo, hi))
+    runtime: dict[str, int] = defaultdict(int)  # the host's CUDA calls (mallocs, graphs)
+    for e in events:
+        start = e.time_range.start
+        if e.device_type.name != "CUDA" and e.name.startswith("cu") and lo <= start < hi:
+            runtime[e.name] += 1
+    into["runtime_calls_per_decode_step"] = {
+        name: round(n / max(decode_steps, 1), 2)
+        for name, n in sorted(runtime.items(), key=lambda kv: -kv[1])[:24]
+    }
     into["idle_ms_by_phase"] = {
         name: round(us / 1000, 2) for name, us in sorted(idle.items(), key=lambda kv: -kv[1])
     }

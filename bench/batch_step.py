@@ -20,7 +20,8 @@ rest (Python: building the step's graph, bookkeeping), and with `--kernels` (tor
 GPU machine) CUDA kernels a step by name and the device's busy ms a step. The kernels by
 name say what a step launches beyond mlx-lm's: that is the host time to win back. MLX's CUDA
 graphs follow `MLX_USE_CUDA_GRAPHS` (the package sets it off where unset, as the engine
-serves; `MLX_USE_CUDA_GRAPHS=1` measures with them); the report records it.
+serves; `MLX_USE_CUDA_GRAPHS=1` measures with them); the report records it. MLX's cache of
+freed buffers is bounded for ours as the engine bounds it, and MLX's default for mlx-lm's.
 
 Usage:
   python -P bench/batch_step.py --preset tiny --layers 32 --rows 32 --context 200:400  # CPU
@@ -162,10 +163,14 @@ def mlx_lm(path: Path, args: argparse.Namespace) -> tuple[Any, Callable[[], None
     return generator, step
 
 
-def measure(name: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+def measure(name: str, path: Path, args: argparse.Namespace, cache_limit: int) -> dict[str, Any]:
     if name == "mlx_lm":
+        mx.set_cache_limit(cache_limit)  # MLX's default, as mlx_lm.server runs
         generator, step = mlx_lm(path, args)
     else:
+        from mlx_nursery.engine._backend import bound_cuda_buffer_cache
+
+        bound_cuda_buffer_cache()  # as the engine serves (decisions/0055)
         generator, step = ours(path, args, prelude=name == "ours-prelude")
     while len(generator._prompt_batch) or len(generator._generation_batch) < args.rows:
         step()  # the prompts' prefill, until every row decodes
@@ -247,7 +252,9 @@ def main() -> None:
         path = args.model
         if path is None:
             path = _make(Path(scratch) / "model", args.preset, args.layers)
-        results = [measure(name, path, args) for name in args.variants]
+        cache_limit = mx.set_cache_limit(0)  # MLX's default, read
+        mx.set_cache_limit(cache_limit)
+        results = [measure(name, path, args, cache_limit) for name in args.variants]
     report = {
         "device": str(mx.default_device()),
         "cuda_graphs": os.environ.get("MLX_USE_CUDA_GRAPHS", "unset (MLX: on)"),

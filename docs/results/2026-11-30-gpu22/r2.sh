@@ -11,7 +11,7 @@ sa c32-on 85 $C --cuda-graphs
 sa c32-off 85 $C
 sa c32-on-2 85 $C --cuda-graphs
 sa c32-off-2 85 $C
-[ $(( $(date +%s) - PREPARE_T0 )) -lt 440 ] && sa one-on-2 55 $O --cuda-graphs
-[ $(( $(date +%s) - PREPARE_T0 )) -lt 500 ] && sa one-off-2 55 $O
+[ $(( $(date +%s) - PREPARE_T0 )) -lt 420 ] && sa one-on-2 80 $O --cuda-graphs
+[ $(( $(date +%s) - PREPARE_T0 )) -lt 500 ] && sa one-off-2 80 $O
 cd /tmp/j && tar -czf $OUT/json.tgz c32-*.json c32-*.log one-*-2.json && cd - > /dev/null
 cat $S
