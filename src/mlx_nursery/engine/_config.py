@@ -125,12 +125,12 @@ class EngineConfig:
     GPU: the first engine's choice holds."""
     cuda_graphs: bool = False
     """On CUDA, let MLX record each command buffer as a CUDA graph (`MLX_USE_CUDA_GRAPHS`,
-    set from this before loading). A graph is reused only while a step's kernels keep the
-    same topology and functions; a serving batch changes both (rows join and leave, prefill
-    chunks bring new lengths), so MLX instantiates new graphs on the engine thread, the
-    step's host time, and a busy batch ran faster without them (docs/benchmarks.md). MLX
-    reads the switch once per process, at its first command buffer: the first engine's
-    choice holds. No effect on other backends."""
+    set from this before loading). A graph's kernels run back to back, but the engine
+    thread then adds each kernel to a graph and captures each matrix product as one, which
+    cost a busy batch more host time than launching them: it ran faster without graphs, a
+    lone stream with them (docs/benchmarks.md). The KV is written in place either way
+    (decisions/0059). MLX reads the switch once per process, at its first command buffer:
+    the first engine's choice holds. No effect on other backends."""
     fuse_weights: bool = True
     """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
     with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,

@@ -117,8 +117,8 @@ class Settings(ServerSettings):
     cuda_graphs: bool = attrs.field(
         default=engine_default("cuda_graphs"),
         metadata=described(
-            "on CUDA, let MLX record its command buffers as CUDA graphs: fewer launches for "
-            "a steady step, but a serving batch's changing shapes make it build new ones"
+            "on CUDA, let MLX record its command buffers as CUDA graphs: faster for one "
+            "stream at a time, slower for a busy batch (building graphs costs the host more)"
         ),
     )
     no_fuse_weights: bool = attrs.field(
