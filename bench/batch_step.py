@@ -246,8 +246,24 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--kernels", action="store_true", help="torch.profiler (GPU machine)")
     parser.add_argument("--graph", action="store_true", help="count one step's primitives")
+    parser.add_argument(
+        "--attention-blocks",
+        type=int,
+        help="ours: the ragged decode attention's target blocks (rows split into slices below it)",
+    )
+    parser.add_argument(
+        "--mlx-compiles",
+        action="store_true",
+        help="ours: the engine's CUDA kernels compiled by MLX, not its own NVRTC call (0057)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    from mlx_nursery.engine import _decode_attention, _own_kernels
+
+    if args.attention_blocks:
+        _decode_attention._TARGET_BLOCKS = args.attention_blocks
+    if args.mlx_compiles:
+        setattr(_own_kernels, "compiler", lambda: None)  # noqa: B010
     with tempfile.TemporaryDirectory() as scratch:
         path = args.model
         if path is None:
