@@ -99,7 +99,7 @@ def merged(lengths: list[int], seed: int) -> RaggedBatchKVCache:
 def kv_writes(in_place: bool) -> Iterator[None]:
     """The batch caches write in place (`in_place`) or as MLX updates, within the block."""
     original = _kv_append.writes_in_place
-    setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: in_place)  # noqa: B010
+    setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: in_place)  # noqa: B010
     try:
         yield
     finally:

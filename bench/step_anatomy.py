@@ -355,7 +355,7 @@ def main() -> None:
     if args.cache_limit_gb is not None:
         _limit_buffer_cache(int(args.cache_limit_gb * 2**30))
     if args.kv_writes == "copy":
-        setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: False)  # noqa: B010
+        setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: False)  # noqa: B010
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:

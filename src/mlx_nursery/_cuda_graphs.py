@@ -2,10 +2,10 @@
 
 MLX reads `MLX_USE_CUDA_GRAPHS` once per process, at the first kernel it encodes (unset
 means on). The engine serves with graphs off by default (`EngineConfig.cuda_graphs`), and
-its in-place KV writes (`engine/_kv_append.py`) need no more than launch order only with
-graphs off (with graphs on, a cache waits for its reader to take the write's marker): so
-the default is set here, before anything of this package can run on the GPU, unless the
-operator set the variable; and `known_off` records whether graphs are off for certain.
+its in-place KV writes (`engine/_kv_append.py`) are safe with graphs on only where the
+writer's output is what the step reads next (the decode prelude): so the default is set
+here, before anything of this package can run on the GPU, unless the operator set the
+variable; and `known_off` records whether graphs are off for certain.
 That is so where the operator set it to "0", or where it was set here before MLX had
 allocated anything (so before it ran a kernel); if MLX had (a caller's own MLX work may
 have read the variable unset), or the engine later changes the variable, it is not known.

@@ -132,14 +132,14 @@ def prefilled(model: Any, prompts: list[list[int]]) -> list[list[Any]]:
 
 def decoded(model: Any, form: str, in_place: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Logits of two decode steps after the prompts, and the caches' keys after them."""
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: False)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: False)
     prompts = [[5, 9, 2, 7, 1], [3, 8], [4, 4, 6, 1, 2, 9, 9, 3]]
     rows = prefilled(model, prompts if form == "batch" else prompts[:1])
     if form == "batch":
         cache: list[Any] = [RaggedBatchKVCache.merge([r[i] for r in rows]) for i in range(2)]
     else:
         (cache,) = rows
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: in_place)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: in_place)
     tokens = mx.array([[11], [12], [13]][: len(rows)])
     logits = [model(tokens, cache=cache)]
     logits.append(model(tokens + 1, cache=cache))
@@ -190,7 +190,7 @@ def test_a_block_with_adapters_or_a_longer_query_keeps_mlx_lms_path(
 ) -> None:
     model = model_of(llama, rope_scaling=LLAMA3)
     install(model)
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: True)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: True)
     monkeypatch.setattr(_kv_append, "append_in_place", lambda *a: mx.zeros((1,), mx.int32))
     (cache,) = prefilled(model, [[1, 2, 3]])
     model(mx.array([[4, 5]]), cache=cache)  # two tokens: a chunk, not a decode step

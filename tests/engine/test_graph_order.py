@@ -1,11 +1,11 @@
-"""In-place KV writes under MLX's CUDA graphs (`_kv_append`'s docstring).
+"""In-place KV writes under MLX's CUDA graphs (`_kv_append`'s docstring, decisions/0059).
 
 With graphs on, MLX orders a graph's kernels only by the arrays they declare, and the write
-declares the buffers as read: a cache may then write in place only once its reader has shown
-it takes the write's marker (`waited_for`), or where the writer's output is what the reader
-reads (`ordered`, the decode prelude). The engine's attention takes the marker: its own
-kernel as an input, any other reader through queries made after the write (`after_write`).
-On the GPU, a batch and a lone sequence decoded in place under graphs give MLX's logits.
+declares the buffers as read, so many readers could run beside it: there only an ordered
+writer writes in place (the decode prelude, whose output is the queries the step reads next
+and which takes the cache's previous write as an input); every other write is MLX's update.
+On the GPU, a batch and a lone sequence decoded under graphs give the logits of MLX's
+updates, the lone sequence's keys written in place by the prelude.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from mlx_nursery.engine import _decode_attention, _kv_append
+from mlx_nursery.engine import _decode_prelude, _kv_append
 from mlx_nursery.engine._backend import on_cuda
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
 from tests.engine.test_ragged_cache import DIM, HEADS, rows
@@ -43,68 +43,30 @@ def graphs_on(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("kind", ["batch", "sequence"])
-def test_under_graphs_a_cache_writes_in_place_once_its_reader_waits(
-    graphs_on: list[int], kind: str
+def test_under_graphs_only_an_ordered_writer_writes_in_place(
+    graphs_on: list[int], kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache: Any = (
         RaggedBatchKVCache.merge(rows([3, 5], 1, RowKVCache)) if kind == "batch" else RowKVCache()
     )
     count = 2 if kind == "batch" else 1
     k, v = mx.random.normal((2, count, HEADS, 1, DIM))
-    if kind == "sequence":
-        cache.update_and_fetch(k, v)  # its first write allocates the buffers (MLX's)
-    cache.update_and_fetch(k, v)
-    assert graphs_on == []  # a reader that never waited may run beside the write
-    assert cache.write_slot(mx.float32, 1, ordered=True) is not None  # the prelude's case
-    assert _kv_append.waited_for(cache) is None  # MLX's update: nothing to wait for
-    cache.update_and_fetch(k, v)
-    assert graphs_on == [1]
-    marker = _kv_append.waited_for(cache)
-    assert marker is not None and marker is cache.pending_write
-    cache.trim(1)  # the next write is MLX's again, and leaves no marker behind
-    cache.update_and_fetch(k, v)
-    assert graphs_on == [1] and _kv_append.waited_for(cache) is None
-
-
-def test_without_graphs_a_cache_writes_in_place_before_its_reader_waits(
-    graphs_on: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+    for _ in range(3):  # a sequence's first update allocates; none is taken in place
+        cache.update_and_fetch(k, v)
+    assert graphs_on == [] and cache.pending_write is None
+    slot = cache.write_slot(mx.float32, 1, ordered=True)  # the prelude's case
+    assert slot is not None
+    marker = mx.zeros((1,), mx.int32)
+    cache.written(marker, 1)
+    assert cache.pending_write is marker  # the next ordered write takes it as an input
+    assert _decode_prelude.previous_write(cache) is marker
+    cache.trim(1)  # the next write is MLX's, and leaves no marker behind
+    assert cache.pending_write is None
+    assert _decode_prelude.previous_write(cache).item() == 0
     monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: True)
-    cache = RaggedBatchKVCache.merge(rows([3, 5], 1, RowKVCache))
-    k, v = mx.random.normal((2, 2, HEADS, 1, DIM))
-    cache.update_and_fetch(k, v)
+    cache.update_and_fetch(k, v)  # MLX's (after the trim): the buffers are its own again
+    cache.update_and_fetch(k, v)  # graphs off: in place
     assert graphs_on == [1]
-
-
-def test_the_engines_attention_reads_after_the_write(
-    graphs_on: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A reader other than the ragged kernel gets queries made after the write: a kernel
-    whose inputs are the queries and the marker (recorded here: it is CUDA's)."""
-    waited: list[tuple[mx.array, mx.array | None]] = []
-
-    def after(array: mx.array, marker: mx.array | None) -> mx.array:
-        waited.append((array, marker))
-        return array if marker is None else array + 0
-
-    monkeypatch.setattr(_kv_append, "after_write", after)
-    got: list[mx.array] = []
-
-    def original(queries: mx.array, *_: Any, **__: Any) -> mx.array:
-        got.append(queries)
-        return queries
-
-    attend = _decode_attention.routed(original, ragged=False, sequences=False)
-    cache = RowKVCache()
-    k, v = mx.random.normal((2, 1, HEADS, 1, DIM))
-    queries = mx.zeros((1, HEADS, 1, DIM))
-    for _ in range(3):
-        keys, values = cache.update_and_fetch(k, v)
-        attend(queries, keys, values, cache, 1.0, None)
-    assert graphs_on == [1, 1]  # the first write allocates (MLX's), the reader then waits
-    assert [m is None for _, m in waited] == [True, False, False]
-    assert got[0] is queries and got[1] is not queries and got[2] is not queries
-    assert waited[2][1] is cache.pending_write
 
 
 GRAPHS_SCRIPT = """
@@ -130,15 +92,19 @@ assert _decode_attention.install(model)
 _decode_prelude.install(model)
 real = _kv_append.writes_in_place
 writes = []
-append = _kv_append.append_in_place
+append, prelude = _kv_append.append_in_place, _decode_prelude.prelude
 def counted(*a):
-    writes.append(1)
+    writes.append("append")
     return append(*a)
+def counted_prelude(*a):
+    writes.append("prelude")
+    return prelude(*a)
 _kv_append.append_in_place = counted
+_decode_prelude.prelude = counted_prelude
 prompts = [[5, 9, 2, 7, 1] * 40, [3, 8] * 70, [4, 4, 6, 1, 2, 9, 9, 3] * 30]
 
 def life(in_place, form):
-    _kv_append.writes_in_place = real if in_place else (lambda dtype, readers_wait=False: False)
+    _kv_append.writes_in_place = real if in_place else (lambda dtype, ordered=False: False)
     caches = []
     for prompt in prompts if form == "batch" else prompts[:1]:
         cache = ragged_rows(make_prompt_cache(model))
@@ -162,8 +128,9 @@ for form in ("batch", "sequence"):
     want = life(False, form)
     before = len(writes)
     got = life(True, form)
-    if form == "batch":
-        assert len(writes) > before, "no write in place"
+    kinds = set(writes[before:])
+    # under graphs the batch's writes are MLX's; the lone sequence's, the prelude's
+    assert kinds == (set() if form == "batch" else {"prelude"}), kinds
     error = max(mx.abs(a - b).max().item() for a, b in zip(got, want))
     print(form, error)
     assert error < 1e-4, error

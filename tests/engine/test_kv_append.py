@@ -98,7 +98,7 @@ def writes_recorded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(1)
         return mx.zeros((1,), dtype=mx.int32)
 
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: True)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: True)
     monkeypatch.setattr(_kv_append, "append_in_place", recorded)
     return calls
 
@@ -136,7 +136,7 @@ def test_the_cache_writes_in_place_only_into_buffers_of_its_own(
     before = len(calls)
     cache.update_and_fetch(k16, v16)  # keys of another dtype than the buffers': MLX's
     assert len(calls) == before
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: False)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: False)
     assert not in_place()
 
 
@@ -174,9 +174,7 @@ def test_a_batch_written_in_place_holds_what_mlxs_updates_give(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def life(in_place: bool) -> list[tuple[mx.array, mx.array]]:
-        monkeypatch.setattr(
-            _kv_append, "writes_in_place", lambda dtype, readers_wait=False: in_place
-        )
+        monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: in_place)
         cache = batch([3, 9, 5], seed=2)
         held = []
         for step in range(6):  # pipelined, as the engine decodes: launched, read a step later
@@ -242,7 +240,7 @@ def test_a_sequence_writes_in_place_only_into_buffers_of_its_own(
     (row,) = ragged_rows([plain])
     assert not in_place(row)
     assert in_place(row)
-    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, readers_wait=False: False)
+    monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: False)
     assert not in_place()
 
 
@@ -260,9 +258,7 @@ def test_a_sequence_written_in_place_holds_what_mlxs_updates_give(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def life(in_place: bool) -> list[tuple[mx.array, mx.array]]:
-        monkeypatch.setattr(
-            _kv_append, "writes_in_place", lambda dtype, readers_wait=False: in_place
-        )
+        monkeypatch.setattr(_kv_append, "writes_in_place", lambda dtype, ordered=False: in_place)
         cache = RowKVCache()
         held = []
         k, v = mx.random.normal((2, 1, HEADS, 250, DIM), key=mx.random.key(5))

@@ -128,9 +128,9 @@ class EngineConfig:
     set from this before loading). A graph's kernels run back to back, but the engine
     thread then adds each kernel to a graph and captures each matrix product as one, which
     cost a busy batch more host time than launching them: it ran faster without graphs, a
-    lone stream with them (docs/benchmarks.md). The KV is written in place either way
-    (decisions/0059). MLX reads the switch once per process, at its first command buffer:
-    the first engine's choice holds. No effect on other backends."""
+    lone stream with them (docs/benchmarks.md); under them only the decode prelude writes
+    the KV in place (decisions/0059). MLX reads the switch once per process, at its first
+    command buffer: the first engine's choice holds. No effect on other backends."""
     fuse_weights: bool = True
     """Run each layer's q/k/v projections as one matmul, and its gate/up projections as one,
     with weights concatenated at load (models/_fusing.py): fewer kernel launches per step,

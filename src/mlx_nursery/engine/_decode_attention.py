@@ -30,7 +30,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import _kv_append
 from ._backend import on_cuda
 from ._decode_kernels import COMBINE, HEADER, PARTIAL, WHOLE
 from ._own_kernels import CudaKernel
@@ -67,9 +66,7 @@ def available() -> bool:
     return on_cuda()
 
 
-_INPUTS = ("q", "keys", "values", "start", "end", "scale", "written")
-"""`written`: the marker of the step's in-place KV write (`_kv_append`), unread: an input so
-that under CUDA graphs the kernel runs after the write."""
+_INPUTS = ("q", "keys", "values", "start", "end", "scale")
 _PARTIALS = ("partial_out", "partial_max", "partial_sum")
 _KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str, str, bool]] = {
     "partial": (_INPUTS, _PARTIALS, PARTIAL, HEADER, False),
@@ -111,13 +108,10 @@ def key_slices(rows: int, kv_heads: int, longest: int) -> int:
     )
 
 
-def ragged_decode_attention(
-    queries: mx.array, cache: RaggedBatchKVCache, scale: float, written: mx.array | None = None
-) -> mx.array:
+def ragged_decode_attention(queries: mx.array, cache: RaggedBatchKVCache, scale: float) -> mx.array:
     """Attention of one query token per row (`queries`: B, Hq, 1, D) over the rows' own keys
     in `cache` (after this step's update): rows' keys run from their left padding to the
-    cache's write index. `written`: the marker of the step's in-place write into the cache,
-    which the kernel runs after (`_kv_append.waited_for`). Lazy, as any MLX operation."""
+    cache's write index. Lazy, as any MLX operation."""
     batch, heads, _, dim = queries.shape
     keys, values = cache.keys, cache.values
     if keys is None or values is None:
@@ -132,7 +126,6 @@ def ragged_decode_attention(
         cache.left_padding,
         scalar(cache._idx, mx.int32),
         scalar(scale, mx.float32),
-        scalar(0, mx.int32) if written is None else written,
     ]
     layout = [("REP", rep), ("D", dim), ("WARPS", _WARPS), ("VLOAD", _VECTOR_VALUES)]
     if splits == 1:  # one block a row and head: it writes the result itself
@@ -183,7 +176,6 @@ def routed(original: Attention, *, ragged: bool = True, sequences: bool = True) 
         mask: Any,
         sinks: mx.array | None = None,
     ) -> mx.array:
-        written = _kv_append.waited_for(cache)  # this step's in-place write, if any
         if (
             ragged
             and sinks is None
@@ -192,8 +184,7 @@ def routed(original: Attention, *, ragged: bool = True, sequences: bool = True) 
             and queries.shape[-1] in (64, 96, 128)
             and same_layout(queries, keys, values, cache)
         ):
-            return ragged_decode_attention(queries, cache, scale, written)
-        queries = _kv_append.after_write(queries, written)
+            return ragged_decode_attention(queries, cache, scale)
         if sequences and takes(queries, keys, values, cache, mask, sinks):
             return sequence_attention(queries, cache, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)

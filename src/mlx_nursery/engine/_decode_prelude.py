@@ -117,7 +117,7 @@ bench/batch_step.py and bench/step_anatomy.py to measure again."""
 
 _kernel = CudaKernel(
     name="nursery_decode_prelude",
-    input_names=["qkv", "keys", "values", "positions", "index", "freqs", "scale"],
+    input_names=["qkv", "keys", "values", "positions", "index", "freqs", "scale", "previous"],
     output_names=["q_out"],
     source=PRELUDE,
     ensure_row_contiguous=False,  # MLX's compile, where it compiles: never copy the buffers
@@ -227,6 +227,7 @@ def _self_check(plan: Plan, dtype: mx.Dtype) -> bool:
         want_keys[:, :, index : index + 1] = rope(k, offset=positions)
         want_values[:, :, index : index + 1] = v
         got = prelude(qkv, _Buffers(keys, values, positions), index, plan)
+        mx.eval(got)  # run before the comparisons are encoded: under CUDA graphs too
         keys, values = mx.depends([keys, values], [got])
         tolerance = 1e-4 if dtype == mx.float32 else 1e-2
         same = (
@@ -244,6 +245,15 @@ def _self_check(plan: Plan, dtype: mx.Dtype) -> bool:
     return bool(same)
 
 
+def previous_write(cache: Any) -> mx.array:
+    """The marker of `cache`'s previous write in place (`pending_write`), or a constant where
+    the previous write was MLX's: an input the kernel does not read, so that under CUDA
+    graphs, which order kernels only by the arrays they declare, this write follows that one
+    even where nothing else links two steps (known tokens fed one at a time)."""
+    marker: mx.array | None = getattr(cache, "pending_write", None)
+    return scalar(0, mx.int32) if marker is None else marker
+
+
 def prelude(qkv: mx.array, cache: Any, index: int, plan: Plan) -> mx.array:
     """The rotated queries (B, HQ, 1, D) of `qkv` (B, 1, (HQ + 2 HKV) D), its keys and
     values written into `cache`'s buffers at `index` (its write slot, taken by the caller,
@@ -257,7 +267,7 @@ def prelude(qkv: mx.array, cache: Any, index: int, plan: Plan) -> mx.array:
         positions = scalar(int(positions), mx.int32)
     (q_out,) = _kernel(
         inputs=[qkv, keys, values, positions, scalar(index, mx.int64),
-                plan.freqs, plan.scale_array],
+                plan.freqs, plan.scale_array, previous_write(cache)],
         template=plan.template(qkv.dtype),
         grid=((plan.q_heads + 2 * plan.kv_heads) * plan.dim // 2, batch, 1),
         threadgroup=(_THREADS, 1, 1),

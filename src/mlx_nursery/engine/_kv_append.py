@@ -12,22 +12,19 @@ for each layer, each step. The busier the device, the more steps pay it.
 `append_in_place` instead launches a kernel that writes the new keys and values straight
 into the buffers at the write index, and returns a one-element array that stands for the
 write; the cache then makes its buffers depend on it (`mx.depends`), so that everything
-reading them after is launched after the write. This is safe because the cache only ever
-writes at its write index and beyond, positions no lazy reader of its older arrays covers
-(a reader made before the write reads up to the write index of its time; where the index
-moves back, `trim`, and where the buffers came from elsewhere, `state`, the next write is
-MLX's own), and because its readers run after the write:
-
-- with CUDA graphs off, kernels run in launch order on one stream;
-- with CUDA graphs on, MLX orders a graph's kernels only by the buffers they declare, and
-  the write declares the buffers as read: a reader of them could run beside it. So there a
-  cache writes in place only once its reader has shown that it takes the write's marker
-  as an input (`waited_for`, called by the engine's attention, which then passes the
-  marker to its own kernel or makes the queries wait for it, `after_write`), or where the
-  writer's output is what the reader reads anyway (`_decode_prelude` writes the queries).
-
-Metal's concurrent encoders order by buffers too: there the cache updates as mlx-lm does.
-Engine thread only (the kernels are built on first use, per dtype).
+reading them after is launched after the write. This is safe because the kernels run in
+launch order on one stream, and because the cache only ever writes at its write index and
+beyond, positions no lazy reader of its older arrays covers (a reader made before the write
+reads up to the write index of its time; where the index moves back, `trim`, and where the
+buffers came from elsewhere, `state`, the next write is MLX's own). It is not safe where
+MLX orders kernels by the buffers they declare (CUDA graphs, Metal's concurrent encoders):
+there a kernel that writes a buffer it declares as read may run beside its readers, which
+are many (the attention, a padded chunk's realignment, a batch's joins and filters, models
+that read their keys themselves). So `writes_in_place` holds only on CUDA with CUDA graphs
+off (the engine's default, `EngineConfig.cuda_graphs`), or for an `ordered` writer: one
+whose output is what the step reads next and which takes the cache's previous write as an
+input (`_decode_prelude`, whose output is the queries: decisions/0059); elsewhere the cache
+updates as mlx-lm does. Engine thread only (the kernel is built on first use, per dtype).
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ from typing import Any
 import mlx.core as mx
 
 from ._backend import cuda_graphs_known_off, on_cuda
-from ._own_kernels import CudaKernel
 from ._scalars import scalar
 
 log = logging.getLogger("mlx_nursery.engine")
@@ -88,67 +84,13 @@ _THREADS = 256
 _kernel: list[Any] = []
 
 
-def writes_in_place(dtype: mx.Dtype, *, readers_wait: bool = False) -> bool:
+def writes_in_place(dtype: mx.Dtype, *, ordered: bool = False) -> bool:
     """The cache may write new keys and values of `dtype` in place here: MLX runs on CUDA,
-    with CUDA graphs known off (`_backend.cuda_graphs_known_off`) or readers that wait for
-    the write's marker (`readers_wait`; the module's docstring says why), and the kernel
-    passed its check for `dtype` (`usable`). Engine thread, after
-    `_backend.prepare_backend`; blocks for the check on a dtype's first use."""
-    return on_cuda() and (readers_wait or cuda_graphs_known_off()) and usable(dtype)
-
-
-def waited_for(cache: Any) -> mx.array | None:
-    """The marker of the latest in-place write into `cache` (None where there is none or
-    `cache` is not one of the engine's), which the caller, the reader of the cache's
-    buffers, takes as an input of its kernel or waits for (`after_write`); records that the
-    cache's reader does, so that it may write in place under CUDA graphs from then on."""
-    if not hasattr(cache, "pending_write"):
-        return None
-    cache.readers_wait = True
-    marker: mx.array | None = cache.pending_write
-    return marker
-
-
-_AFTER = """
-    // A copy of `source` made after the kernel whose output is `written`: a reader of a
-    // buffer written in place takes the copy, so that under CUDA graphs it runs after the
-    // write (MLX orders a graph's kernels by the arrays they declare).
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count[0]) {
-        out[i] = source[i];
-    }
-"""
-
-_after_kernel: list[CudaKernel] = []
-
-
-def after_write(array: mx.array, marker: mx.array | None) -> mx.array:
-    """`array`, read only after the in-place write that `marker` stands for has run: itself
-    where there is no marker or kernels run in launch order (CUDA graphs known off), else a
-    copy made by a kernel that takes `marker` as an input. Lazy, as any MLX operation."""
-    if marker is None or marker is array or cuda_graphs_known_off():
-        return array
-    if not _after_kernel:
-        _after_kernel.append(
-            CudaKernel(
-                name="nursery_after_write",
-                input_names=["source", "written", "count"],
-                output_names=["out"],
-                source=_AFTER,
-                header="",
-                ensure_row_contiguous=True,
-            )
-        )
-    (out,) = _after_kernel[0](
-        inputs=[array, marker, scalar(array.size, mx.int64)],
-        template=[],
-        grid=(max(array.size, 1), 1, 1),
-        threadgroup=(_THREADS, 1, 1),
-        output_shapes=[array.shape],
-        output_dtypes=[array.dtype],
-    )
-    waited: mx.array = out
-    return waited
+    with CUDA graphs known off (`_backend.cuda_graphs_known_off`) or for an `ordered`
+    writer (the module's docstring says which), and the kernel passed its check for
+    `dtype` (`usable`). Engine thread, after `_backend.prepare_backend`; blocks for the
+    check on a dtype's first use."""
+    return on_cuda() and (ordered or cuda_graphs_known_off()) and usable(dtype)
 
 
 def append_in_place(
@@ -206,6 +148,7 @@ def _self_check(dtype: mx.Dtype) -> bool:
         new_keys = mx.random.normal(written, key=mx.random.key(1)).astype(dtype)
         new_values = mx.random.normal(written, key=mx.random.key(2)).astype(dtype)
         done = append_in_place(keys, values, new_keys, new_values, 5)
+        mx.eval(done)  # run before the comparison is encoded: under CUDA graphs too
         keys, values = mx.depends([keys, values], [done])
         want_keys, want_values = mx.zeros(shape, dtype), mx.ones(shape, dtype)
         want_keys[:, :, 5:8] = new_keys

@@ -64,10 +64,9 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
     offset: mx.array
     left_padding: mx.array
     _idx: int
-    readers_wait = False
-    """The cache's reader takes its writes' markers (`_kv_append.waited_for`)."""
     pending_write: mx.array | None = None
-    """The marker of the latest write in place (`written`), for the reader to wait for."""
+    """The marker of the latest write in place (`written`), which an ordered writer's next
+    write takes as an input (`_kv_append`'s docstring); None after an update of MLX's."""
 
     def __init__(self, left_padding: list[int]) -> None:
         super().__init__(left_padding)
@@ -110,9 +109,8 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         """Where `length` new tokens of `dtype` go when the caller writes them into the
         buffers in place (`_kv_append`, `_decode_prelude`), then calls `written`; None where
         they may not be written so (no buffers yet, buffers not this cache's own, another
-        dtype, not CUDA, a reader that does not wait for the write under CUDA graphs, unless
-        `ordered`: the writer's output is what the reader reads): `update_and_fetch` then.
-        Grows the buffers to hold them."""
+        dtype, not CUDA; under CUDA graphs, a writer that is not `ordered`, as `_kv_append`
+        says): `update_and_fetch` then. Grows the buffers to hold them."""
         if self.keys is None or self.values is None:
             return None
         needed = self._idx + length
@@ -123,7 +121,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         if not (
             self._own_buffers
             and dtype == self.keys.dtype == self.values.dtype
-            and _kv_append.writes_in_place(dtype, readers_wait=ordered or self.readers_wait)
+            and _kv_append.writes_in_place(dtype, ordered=ordered)
         ):
             return None
         return self._idx
@@ -144,6 +142,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         self.offset = _offsets(self._idx, self.padding)
         if n:  # a forward still lazy may read past the new index: no writes in place there
             self._own_buffers = False
+            self.pending_write = None
         return n
 
     def finalize(self) -> None:
@@ -240,6 +239,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         self.keys, self.values, self.offset, self.left_padding, self._idx = value
         self.padding = _host_list(self.left_padding)
         self._own_buffers = False  # the arrays may be another cache's too
+        self.pending_write = None
 
     def _sync_device_padding(self) -> None:
         """Set `left_padding` and `offset` from the host list (no device reads). Every layer

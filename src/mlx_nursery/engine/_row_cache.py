@@ -47,10 +47,9 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     _own_buffers = False
     """New keys may be written into the buffers in place. A class default: a `KVCache`
     whose class `ragged_rows` changed has no attribute of its own yet."""
-    readers_wait = False
-    """The cache's reader takes its writes' markers (`_kv_append.waited_for`)."""
     pending_write: mx.array | None = None
-    """The marker of the latest write in place (`written`), for the reader to wait for."""
+    """The marker of the latest write in place (`written`), which an ordered writer's next
+    write takes as an input (`_kv_append`'s docstring); None after an update of MLX's."""
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         fetched = appended_in_place(self, keys, values)
@@ -64,16 +63,15 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
         """Where `length` new tokens of `dtype` go when the caller writes them into the
         buffers in place (`_kv_append`, `_decode_prelude`), then calls `written`; None where
         they may not be written so (no buffers, or too short: mlx-lm's update grows them;
-        buffers not this cache's own, another dtype, not CUDA, a reader that does not wait
-        for the write under CUDA graphs, unless `ordered`: the writer's output is what the
-        reader reads): `update_and_fetch` then."""
+        buffers not this cache's own, another dtype, not CUDA; under CUDA graphs, a writer
+        that is not `ordered`, as `_kv_append` says): `update_and_fetch` then."""
         if (
             self.keys is None
             or self.values is None
             or not self._own_buffers
             or self.offset + length > self.keys.shape[2]
             or not dtype == self.keys.dtype == self.values.dtype
-            or not _kv_append.writes_in_place(dtype, readers_wait=ordered or self.readers_wait)
+            or not _kv_append.writes_in_place(dtype, ordered=ordered)
         ):
             return None
         return self.offset
@@ -90,6 +88,7 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
         trimmed: int = super().trim(n)
         if trimmed:  # a forward still lazy may read past the new index
             self._own_buffers = False
+            self.pending_write = None
         return trimmed
 
     @property
@@ -100,6 +99,7 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     def state(self, value: Any) -> None:
         self.keys, self.values, self.offset = value
         self._own_buffers = False  # the arrays may be another cache's too
+        self.pending_write = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RowKVCache:
         return copy_sharing_buffers(self, memo)
@@ -140,6 +140,7 @@ def copy_sharing_buffers(cache: _Cache, memo: dict[int, Any]) -> _Cache:
     for name, value in cache.__dict__.items():
         setattr(copied, name, copy.deepcopy(value, memo))
     copied._own_buffers = cache._own_buffers = False  # type: ignore[attr-defined]
+    copied.pending_write = cache.pending_write = None  # type: ignore[attr-defined]
     return copied
 
 
