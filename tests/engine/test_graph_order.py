@@ -18,10 +18,12 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models import llama
 
 from mlx_nursery.engine import _decode_prelude, _kv_append
 from mlx_nursery.engine._backend import on_cuda
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
+from tests.engine.test_decode_prelude import blocks, model_of
 from tests.engine.test_ragged_cache import DIM, HEADS, rows
 
 
@@ -38,6 +40,7 @@ def graphs_on(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(_kv_append, "on_cuda", lambda: True)
     monkeypatch.setattr(_kv_append, "usable", lambda dtype: True)
     monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: False)
+    monkeypatch.setattr(_decode_prelude, "cuda_graphs_known_off", lambda: False)
     monkeypatch.setattr(_kv_append, "append_in_place", recorded)
     return calls
 
@@ -63,10 +66,61 @@ def test_under_graphs_only_an_ordered_writer_writes_in_place(
     cache.trim(1)  # the next write is MLX's, and leaves no marker behind
     assert cache.pending_write is None
     assert _decode_prelude.previous_write(cache).item() == 0
+    cache.written(marker, 1)
     monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: True)
+    monkeypatch.setattr(_decode_prelude, "cuda_graphs_known_off", lambda: True)
+    assert _decode_prelude.previous_write(cache).item() == 0  # graphs off: launch order
+    cache.trim(1)
     cache.update_and_fetch(k, v)  # MLX's (after the trim): the buffers are its own again
     cache.update_and_fetch(k, v)  # graphs off: in place
     assert graphs_on == [1]
+
+
+def test_an_update_of_mlxs_commits_a_pending_write_first(
+    graphs_on: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under graphs MLX's update reads the buffers without the marker: the write it follows
+    is committed (evaluated asynchronously) before it is encoded."""
+    committed: list[Any] = []
+    monkeypatch.setattr(mx, "async_eval", lambda *arrays: committed.extend(arrays))
+    cache = RowKVCache()
+    k, v = mx.random.normal((2, 1, HEADS, 1, DIM))
+    cache.update_and_fetch(k, v)
+    assert committed == []  # nothing pending
+    assert cache.write_slot(mx.float32, 1, ordered=True) is not None
+    marker = mx.zeros((1,), mx.int32)
+    cache.written(marker, 1)
+    cache.update_and_fetch(k, v)  # not ordered under graphs: MLX's update
+    assert committed == [marker] and cache.pending_write is None
+    monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: True)
+    cache.written(marker, 1)
+    cache._own_buffers = False  # the next update is MLX's
+    cache.update_and_fetch(k, v)
+    assert committed == [marker]  # graphs off: launch order suffices
+
+
+def test_the_prelude_takes_the_previous_write_as_an_input(
+    graphs_on: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = model_of(llama)
+    monkeypatch.setattr(_decode_prelude, "on_cuda", lambda: True)
+    _decode_prelude.install(model)
+    plan = blocks(model)[0]._nursery_plan
+    seen: list[mx.array] = []
+
+    def kernel(*, inputs: list[mx.array], output_shapes: Any, output_dtypes: Any, **_: Any) -> Any:
+        seen.append(inputs[-1])
+        return [mx.zeros(output_shapes[0], output_dtypes[0])]
+
+    monkeypatch.setattr(_decode_prelude, "_kernel", kernel)
+    cache = RowKVCache()
+    k = mx.zeros((1, plan.kv_heads, 4, plan.dim))
+    cache.update_and_fetch(k, k)
+    qkv = mx.zeros((1, 1, (plan.q_heads + 2 * plan.kv_heads) * plan.dim))
+    first = _decode_prelude.prelude(qkv, cache, cache.offset, plan)
+    cache.written(first, 1)
+    _decode_prelude.prelude(qkv, cache, cache.offset, plan)
+    assert seen[0].item() == 0 and seen[1] is first  # after an update of MLX's: a constant
 
 
 GRAPHS_SCRIPT = """
@@ -103,12 +157,13 @@ _kv_append.append_in_place = counted
 _decode_prelude.prelude = counted_prelude
 prompts = [[5, 9, 2, 7, 1] * 40, [3, 8] * 70, [4, 4, 6, 1, 2, 9, 9, 3] * 30]
 
-def life(in_place, form):
+def life(in_place, form, pipelined):
     _kv_append.writes_in_place = real if in_place else (lambda dtype, ordered=False: False)
     caches = []
     for prompt in prompts if form == "batch" else prompts[:1]:
         cache = ragged_rows(make_prompt_cache(model))
         model(mx.array([prompt]), cache=cache)
+        mx.eval([c.keys for c in cache])
         caches.append(cache)
     if form == "batch":
         cache = [RaggedBatchKVCache.merge([c[i] for c in caches]) for i in range(2)]
@@ -116,23 +171,28 @@ def life(in_place, form):
         (cache,) = caches
     tokens = mx.array([[11], [12], [13]][: len(caches)])
     out = []
-    for _ in range(40):  # launched before the step before is read, as the engine decodes
+    for _ in range(70):  # known tokens, past the buffers' growth at 256
         logits = model(tokens, cache=cache)
-        mx.async_eval(logits)
+        if pipelined:  # launched before the step before is read, as the engine decodes
+            mx.async_eval(logits)
         out.append(logits)
         tokens = (tokens * 7 + 1) % 96
-    mx.eval(out)
+    mx.eval(out)  # unpipelined: every step in one evaluation
     return out
 
-for form in ("batch", "sequence"):
-    want = life(False, form)
+for form, pipelined, batches in [
+    ("batch", True, False), ("sequence", True, False), ("sequence", False, False),
+    ("batch", True, True), ("batch", False, True),
+]:
+    _decode_prelude.BATCHES = batches  # the prelude in a running batch's step too
+    want = life(False, form, pipelined)
     before = len(writes)
-    got = life(True, form)
+    got = life(True, form, pipelined)
     kinds = set(writes[before:])
-    # under graphs the batch's writes are MLX's; the lone sequence's, the prelude's
-    assert kinds == (set() if form == "batch" else {"prelude"}), kinds
+    # under graphs only the prelude writes in place: a lone sequence's, a batch's if asked
+    assert kinds == ({"prelude"} if form == "sequence" or batches else set()), kinds
     error = max(mx.abs(a - b).max().item() for a, b in zip(got, want))
-    print(form, error)
+    print(form, pipelined, batches, error)
     assert error < 1e-4, error
 print("same")
 """

@@ -38,7 +38,7 @@ import mlx.core as mx
 from mlx.nn.layers.positional_encoding import RoPE
 
 from ..models import FusedPart, fused_sizes
-from ._backend import on_cuda
+from ._backend import cuda_graphs_known_off, on_cuda
 from ._own_kernels import CudaKernel
 from ._row_cache import RowKVCache
 from ._scalars import scalar
@@ -54,7 +54,8 @@ PRELUDE = """
     // through their strides) at position `index`. The buffers are declared as inputs and
     // written in place (`_kv_append`'s docstring says why that is safe). The rotation is
     // MLX's RoPE kernel's: the angle position * inverse frequency, the inverse frequency
-    // from `freqs` (per pair where FREQS, else 2^(-i/(D/2) log2 base)).
+    // from `freqs` (per pair where FREQS, else 2^(-i/(D/2) log2 base)). `previous`, the
+    // cache's previous write, is not read: an input that orders this write after it.
     constexpr int HALF = D / 2;
     constexpr int HEADS = HQ + 2 * HKV;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -246,12 +247,15 @@ def _self_check(plan: Plan, dtype: mx.Dtype) -> bool:
 
 
 def previous_write(cache: Any) -> mx.array:
-    """The marker of `cache`'s previous write in place (`pending_write`), or a constant where
-    the previous write was MLX's: an input the kernel does not read, so that under CUDA
-    graphs, which order kernels only by the arrays they declare, this write follows that one
-    even where nothing else links two steps (known tokens fed one at a time)."""
+    """Under CUDA graphs, the marker of `cache`'s previous write in place (`pending_write`),
+    an input the kernel does not read, so that this write follows that one even where
+    nothing else links two steps in one evaluation (known tokens fed one at a time; an
+    update of MLX's in between commits the earlier write first, `_kv_append.settle`).
+    Elsewhere, or after an update of MLX's, a constant: kernels run in launch order."""
     marker: mx.array | None = getattr(cache, "pending_write", None)
-    return scalar(0, mx.int32) if marker is None else marker
+    if marker is None or cuda_graphs_known_off():
+        return scalar(0, mx.int32)
+    return marker
 
 
 def prelude(qkv: mx.array, cache: Any, index: int, plan: Plan) -> mx.array:

@@ -22,9 +22,13 @@ there a kernel that writes a buffer it declares as read may run beside its reade
 are many (the attention, a padded chunk's realignment, a batch's joins and filters, models
 that read their keys themselves). So `writes_in_place` holds only on CUDA with CUDA graphs
 off (the engine's default, `EngineConfig.cuda_graphs`), or for an `ordered` writer: one
-whose output is what the step reads next and which takes the cache's previous write as an
-input (`_decode_prelude`, whose output is the queries: decisions/0059); elsewhere the cache
-updates as mlx-lm does. Engine thread only (the kernel is built on first use, per dtype).
+whose output every reader of the buffers in the write's evaluation consumes, and which
+takes the cache's previous write as an input (`_decode_prelude`, whose output is the
+queries: decisions/0059); elsewhere the cache updates as mlx-lm does, and an update of
+MLX's first commits a pending write (`settle`): MLX's update reads the buffers and takes
+no marker. Under graphs that holds only where the attention is the buffers' one reader
+within a step, as on the fast path. Engine thread only (the kernel is built on first use,
+per dtype).
 """
 
 from __future__ import annotations
@@ -86,11 +90,21 @@ _kernel: list[Any] = []
 
 def writes_in_place(dtype: mx.Dtype, *, ordered: bool = False) -> bool:
     """The cache may write new keys and values of `dtype` in place here: MLX runs on CUDA,
-    with CUDA graphs known off (`_backend.cuda_graphs_known_off`) or for an `ordered`
-    writer (the module's docstring says which), and the kernel passed its check for
-    `dtype` (`usable`). Engine thread, after `_backend.prepare_backend`; blocks for the
+    and either the writer is `ordered` (the module's docstring says which: it writes with a
+    kernel and a check of its own) or CUDA graphs are known off
+    (`_backend.cuda_graphs_known_off`) and this module's kernel passed its check for `dtype`
+    (`usable`). Engine thread, after `_backend.prepare_backend`; blocks for the
     check on a dtype's first use."""
-    return on_cuda() and (ordered or cuda_graphs_known_off()) and usable(dtype)
+    return on_cuda() and (ordered or (cuda_graphs_known_off() and usable(dtype)))
+
+
+def settle(marker: mx.array | None) -> None:
+    """Commit the in-place write `marker` stands for before anything else is encoded, where
+    CUDA graphs may be on: a graph orders kernels only by the arrays they declare, but
+    graphs run one after another. Called before an update of MLX's reads the buffers. A
+    no-op with graphs known off, without a marker, or where it was committed already."""
+    if marker is not None and not cuda_graphs_known_off():
+        mx.async_eval(marker)  # type: ignore[no-untyped-call]
 
 
 def append_in_place(

@@ -99,6 +99,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         fetched = appended_in_place(self, keys, values)  # no copy while the step before reads
         if fetched is None:
+            _kv_append.settle(self.pending_write)  # MLX's update reads the buffers
             fetched = super().update_and_fetch(keys, values)
             self._own_buffers = True  # MLX's update copied the buffers or had them alone
             self.pending_write = None
@@ -115,6 +116,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             return None
         needed = self._idx + length
         if needed > self.keys.shape[2]:
+            _kv_append.settle(self.pending_write)  # the growth copies the buffers: MLX's
             self.keys = _grown(self.keys, self._idx, needed)  # mlx-lm's growth, to whole steps
             self.values = _grown(self.values, self._idx, needed)
             self._own_buffers = True

@@ -54,6 +54,7 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         fetched = appended_in_place(self, keys, values)
         if fetched is None:
+            _kv_append.settle(self.pending_write)  # MLX's update reads the buffers
             fetched = super().update_and_fetch(keys, values)
             self._own_buffers = True  # MLX's update copied the buffers or had them alone
             self.pending_write = None
