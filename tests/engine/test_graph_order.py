@@ -66,10 +66,11 @@ def test_under_graphs_only_an_ordered_writer_writes_in_place(
     cache.trim(1)  # the next write is MLX's, and leaves no marker behind
     assert cache.pending_write is None
     assert _decode_prelude.previous_write(cache).item() == 0
-    cache.written(marker, 1)
     monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: True)
     monkeypatch.setattr(_decode_prelude, "cuda_graphs_known_off", lambda: True)
-    assert _decode_prelude.previous_write(cache).item() == 0  # graphs off: launch order
+    cache.written(marker, 1)
+    assert cache.pending_write is None  # graphs off: launch order, nothing kept
+    assert _decode_prelude.previous_write(cache).item() == 0
     cache.trim(1)
     cache.update_and_fetch(k, v)  # MLX's (after the trim): the buffers are its own again
     cache.update_and_fetch(k, v)  # graphs off: in place

@@ -98,6 +98,14 @@ def writes_in_place(dtype: mx.Dtype, *, ordered: bool = False) -> bool:
     return on_cuda() and (ordered or (cuda_graphs_known_off() and usable(dtype)))
 
 
+def kept(marker: mx.array) -> mx.array | None:
+    """What a cache keeps of its latest in-place write (`pending_write`): the marker where
+    CUDA graphs may be on (the next ordered write takes it, an update of MLX's commits it
+    first), nothing where they are known off (launch order is enough, and a stored cache
+    would hold the marker, a step's queries for the prelude, for nothing)."""
+    return None if cuda_graphs_known_off() else marker
+
+
 def settle(marker: mx.array | None) -> None:
     """Commit the in-place write `marker` stands for before anything else is encoded, where
     CUDA graphs may be on: a graph orders kernels only by the arrays they declare, but

@@ -66,7 +66,8 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
     _idx: int
     pending_write: mx.array | None = None
     """The marker of the latest write in place (`written`), which an ordered writer's next
-    write takes as an input (`_kv_append`'s docstring); None after an update of MLX's."""
+    write takes as an input (`_kv_append`'s docstring); None after an update of MLX's, and
+    with CUDA graphs known off (`_kv_append.kept`)."""
 
     def __init__(self, left_padding: list[int]) -> None:
         super().__init__(left_padding)
@@ -133,7 +134,7 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
         `marker`: everything reading the buffers from now on is launched after it."""
         assert self.keys is not None and self.values is not None
         self.keys, self.values = mx.depends([self.keys, self.values], [marker])
-        self.pending_write = marker
+        self.pending_write = _kv_append.kept(marker)
         self._idx += length
         self.offset = _offsets(self._idx, self.padding)
 

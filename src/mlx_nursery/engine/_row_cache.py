@@ -49,7 +49,8 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     whose class `ragged_rows` changed has no attribute of its own yet."""
     pending_write: mx.array | None = None
     """The marker of the latest write in place (`written`), which an ordered writer's next
-    write takes as an input (`_kv_append`'s docstring); None after an update of MLX's."""
+    write takes as an input (`_kv_append`'s docstring); None after an update of MLX's, and
+    with CUDA graphs known off (`_kv_append.kept`)."""
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         fetched = appended_in_place(self, keys, values)
@@ -82,7 +83,7 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
         `marker`: everything reading the buffers from now on is launched after it."""
         assert self.keys is not None and self.values is not None
         self.keys, self.values = mx.depends([self.keys, self.values], [marker])
-        self.pending_write = marker
+        self.pending_write = _kv_append.kept(marker)
         self.offset += length
 
     def trim(self, n: int) -> int:
