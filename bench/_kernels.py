@@ -36,6 +36,23 @@ def busy_us(spans: list[tuple[float, float]]) -> float:
     return busy
 
 
+def runtime_calls(
+    events: list[Any], lo: float = float("-inf"), hi: float = float("inf")
+) -> dict[str, int]:
+    """The host's CUDA API calls among torch.profiler's `events` (CUPTI's runtime records:
+    buffer allocations, graphs built and updated, kernels launched) that start in [lo, hi),
+    by name, the most frequent first."""
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        if (
+            e.device_type.name != "CUDA"
+            and e.name.startswith("cu")
+            and lo <= e.time_range.start < hi
+        ):
+            counts[e.name] += 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
     """`steps` steps (always run) under torch.profiler: kernels a step by family, device busy,
     and the host's CUDA API calls a step (graphs instantiated or updated, kernels launched)."""
@@ -53,10 +70,6 @@ def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
         mx.synchronize()
     every = list(prof.events())
     events = [e for e in every if e.device_type.name == "CUDA"]
-    runtime: dict[str, int] = defaultdict(int)  # the host's CUDA API calls (CUPTI's runtime)
-    for e in every:
-        if e.device_type.name != "CUDA" and e.name.startswith("cu"):
-            runtime[e.name] += 1
     by_family: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for e in events:
         totals = by_family[_family(e.name)]
@@ -71,7 +84,7 @@ def profile_steps(step: Callable[[], None], steps: int) -> dict[str, Any]:
             for f, (t, n) in sorted(by_family.items(), key=lambda kv: -kv[1][1])
         ],
         "runtime_calls_per_step": {
-            name: round(n / steps, 2) for name, n in sorted(runtime.items(), key=lambda kv: -kv[1])
+            name: round(n / steps, 2) for name, n in runtime_calls(every).items()
         },
     }
 

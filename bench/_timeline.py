@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 import trio
-from _kernels import busy_us
+from _kernels import busy_us, runtime_calls
 from _phases import Phases
 
 Span = tuple[float, float]
@@ -128,14 +128,9 @@ async def profile_kernels(duration: float, into: dict[str, Any], phases: Phases)
     ]
     host = [(zero + (t - origin) * 1e6, label) for t, label in log or []]
     idle = idle_by_phase(spans, host, (lo, hi))
-    runtime: dict[str, int] = defaultdict(int)  # the host's CUDA calls (mallocs, graphs)
-    for e in events:
-        start = e.time_range.start
-        if e.device_type.name != "CUDA" and e.name.startswith("cu") and lo <= start < hi:
-            runtime[e.name] += 1
+    runtime = list(runtime_calls(events, lo, hi).items())[:24]
     into["runtime_calls_per_decode_step"] = {
-        name: round(n / max(decode_steps, 1), 2)
-        for name, n in sorted(runtime.items(), key=lambda kv: -kv[1])[:24]
+        name: round(n / max(decode_steps, 1), 2) for name, n in runtime
     }
     into["idle_ms_by_phase"] = {
         name: round(us / 1000, 2) for name, us in sorted(idle.items(), key=lambda kv: -kv[1])

@@ -40,7 +40,6 @@ def graphs_on(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(_kv_append, "on_cuda", lambda: True)
     monkeypatch.setattr(_kv_append, "usable", lambda dtype: True)
     monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: False)
-    monkeypatch.setattr(_decode_prelude, "cuda_graphs_known_off", lambda: False)
     monkeypatch.setattr(_kv_append, "append_in_place", recorded)
     return calls
 
@@ -67,7 +66,6 @@ def test_under_graphs_only_an_ordered_writer_writes_in_place(
     assert cache.pending_write is None
     assert _decode_prelude.previous_write(cache).item() == 0
     monkeypatch.setattr(_kv_append, "cuda_graphs_known_off", lambda: True)
-    monkeypatch.setattr(_decode_prelude, "cuda_graphs_known_off", lambda: True)
     cache.written(marker, 1)
     assert cache.pending_write is None  # graphs off: launch order, nothing kept
     assert _decode_prelude.previous_write(cache).item() == 0

@@ -38,7 +38,7 @@ import mlx.core as mx
 from mlx.nn.layers.positional_encoding import RoPE
 
 from ..models import FusedPart, fused_sizes
-from ._backend import cuda_graphs_known_off, on_cuda
+from ._backend import on_cuda
 from ._own_kernels import CudaKernel
 from ._row_cache import RowKVCache
 from ._scalars import scalar
@@ -251,11 +251,10 @@ def previous_write(cache: Any) -> mx.array:
     an input the kernel does not read, so that this write follows that one even where
     nothing else links two steps in one evaluation (known tokens fed one at a time; an
     update of MLX's in between commits the earlier write first, `_kv_append.settle`).
-    Elsewhere, or after an update of MLX's, a constant: kernels run in launch order."""
+    A constant where the cache keeps none: after an update of MLX's, and with graphs known
+    off, where kernels run in launch order (`_kv_append.kept`)."""
     marker: mx.array | None = getattr(cache, "pending_write", None)
-    if marker is None or cuda_graphs_known_off():
-        return scalar(0, mx.int32)
-    return marker
+    return scalar(0, mx.int32) if marker is None else marker
 
 
 def prelude(qkv: mx.array, cache: Any, index: int, plan: Plan) -> mx.array:

@@ -51,7 +51,7 @@ import mlx.core as mx
 from . import _kv_append
 from ._memory import KV_STEP, whole_steps
 from ._row_cache import RowKVCache as RowKVCache
-from ._row_cache import appended_in_place, copy_sharing_buffers
+from ._row_cache import copy_sharing_buffers, updated
 from ._row_cache import ragged_rows as ragged_rows
 from ._upstream import BatchKVCache, KVCache
 
@@ -98,13 +98,11 @@ class RaggedBatchKVCache(BatchKVCache):  # type: ignore[misc]  # mlx-lm is untyp
             self._right_host = [int(q) for q in right_padding]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        fetched = appended_in_place(self, keys, values)  # no copy while the step before reads
-        if fetched is None:
-            _kv_append.settle(self.pending_write)  # MLX's update reads the buffers
-            fetched = super().update_and_fetch(keys, values)
-            self._own_buffers = True  # MLX's update copied the buffers or had them alone
-            self.pending_write = None
-            self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` unused
+        return updated(self, keys, values, self._updated_by_mlx)  # no copy while read
+
+    def _updated_by_mlx(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        fetched: tuple[mx.array, mx.array] = super().update_and_fetch(keys, values)
+        self.offset = _offsets(self._idx, self.padding)  # mlx-lm's `offset + n` unused
         return fetched
 
     def write_slot(self, dtype: mx.Dtype, length: int, *, ordered: bool = False) -> int | None:

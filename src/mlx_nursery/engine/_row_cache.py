@@ -26,6 +26,7 @@ place (`ragged_rows`) starts without: its next write is MLX's. Engine thread onl
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import mlx.core as mx
@@ -53,13 +54,7 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
     with CUDA graphs known off (`_kv_append.kept`)."""
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        fetched = appended_in_place(self, keys, values)
-        if fetched is None:
-            _kv_append.settle(self.pending_write)  # MLX's update reads the buffers
-            fetched = super().update_and_fetch(keys, values)
-            self._own_buffers = True  # MLX's update copied the buffers or had them alone
-            self.pending_write = None
-        return fetched
+        return updated(self, keys, values, super().update_and_fetch)
 
     def write_slot(self, dtype: mx.Dtype, length: int, *, ordered: bool = False) -> int | None:
         """Where `length` new tokens of `dtype` go when the caller writes them into the
@@ -112,17 +107,22 @@ class RowKVCache(KVCache):  # type: ignore[misc]  # mlx-lm is untyped
         return RaggedBatchKVCache.merge(caches)
 
 
-def appended_in_place(
-    cache: Any, keys: mx.array, values: mx.array
-) -> tuple[mx.array, mx.array] | None:
+def updated(
+    cache: Any, keys: mx.array, values: mx.array, by_mlx: Callable[..., Any]
+) -> tuple[mx.array, mx.array]:
     """`keys` and `values` written into `cache`'s buffers in place at its write slot
-    (`_kv_append`), and the keys and values it then holds; None where its `write_slot` says
-    they may not be (the caller updates as mlx-lm does). For this module's cache and the
-    batch's (`RaggedBatchKVCache`), which keep the same rules."""
+    (`_kv_append`), or where its `write_slot` says they may not be, by `by_mlx` (mlx-lm's
+    update: a pending write in place is committed first, `_kv_append.settle`, and the
+    buffers it leaves are the cache's own); the keys and values it then holds. For this
+    module's cache and the batch's (`RaggedBatchKVCache`), which keep the same rules."""
     length = keys.shape[2]
     index = cache.write_slot(keys.dtype, length) if keys.dtype == values.dtype else None
     if index is None:
-        return None
+        _kv_append.settle(cache.pending_write)  # MLX's update reads the buffers
+        by_mlx_fetched: tuple[mx.array, mx.array] = by_mlx(keys, values)
+        cache._own_buffers = True  # MLX's update copied the buffers or had them alone
+        cache.pending_write = None
+        return by_mlx_fetched
     written = _kv_append.append_in_place(cache.keys, cache.values, keys, values, index)
     cache.written(written, length)
     fetched: tuple[mx.array, mx.array] = cache.keys_and_values()
