@@ -256,6 +256,12 @@ def main() -> None:
         action="store_true",
         help="ours: the engine's CUDA kernels compiled by MLX, not its own NVRTC call (0057)",
     )
+    parser.add_argument(
+        "--own-compiles",
+        action="store_true",
+        help="ours: every CUDA kernel compiled by the engine's NVRTC call where it can, the"
+        " decode attention's too (its default is MLX's compile, decisions/0060)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from mlx_nursery.engine import _decode_attention, _own_kernels
@@ -264,6 +270,8 @@ def main() -> None:
         _decode_attention._TARGET_BLOCKS = args.attention_blocks
     if args.mlx_compiles:
         setattr(_own_kernels, "compiler", lambda: None)  # noqa: B010
+    if args.own_compiles:
+        _decode_attention.COMPILED_BY_MLX = False
     with tempfile.TemporaryDirectory() as scratch:
         path = args.model
         if path is None:

@@ -325,6 +325,12 @@ def main() -> None:
         help="the engine's CUDA kernels compiled by MLX, not its own NVRTC call (decisions/0057)",
     )
     p.add_argument(
+        "--own-compiles",
+        action="store_true",
+        help="ours: every CUDA kernel compiled by the engine's NVRTC call where it can, the"
+        " decode attention's too (its default is MLX's compile, decisions/0060)",
+    )
+    p.add_argument(
         "--no-prelude",
         action="store_true",
         help="a decode step's heads made ready as mlx-lm does, not by the one-kernel decode"
@@ -352,6 +358,8 @@ def main() -> None:
         _decode_attention._TARGET_BLOCKS = args.attention_blocks
     if args.mlx_compiles:
         setattr(_own_kernels, "compiler", lambda: None)  # noqa: B010
+    if args.own_compiles:
+        _decode_attention.COMPILED_BY_MLX = False
     if args.cache_limit_gb is not None:
         _limit_buffer_cache(int(args.cache_limit_gb * 2**30))
     if args.kv_writes == "copy":

@@ -129,6 +129,32 @@ def test_a_call_compiles_its_variant_once_and_passes_its_shapes_scalars(
     assert len(compiled) == 2 and launched[-1]["scalars"] == [2, 3, 4, 12, 4, 1, 1]
 
 
+def test_a_kernel_left_to_mlx_never_compiles_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compile_here=False` (the decode attention's kernels): every call goes to MLX's
+    compile even where an NVRTC is found; set back, the same object compiles here."""
+    compiled: list[str] = []
+
+    class Compiler:
+        def compile(self, source: str, name: str) -> bytes:
+            compiled.append(name)
+            return name.encode()
+
+    by_mlx: list[int] = []
+    monkeypatch.setattr(_own_kernels, "compiler", lambda: Compiler())
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", lambda **call: [mx.zeros((1,))])
+    monkeypatch.setattr(CudaKernel, "_by_mlx", lambda self, *args: by_mlx.append(1) or [])
+    kernel = CudaKernel("k", ["a", "b"], ["out"], SOURCE, compile_here=False)
+    a, b = mx.zeros((2, 3, 4), mx.float32), mx.zeros((5,), mx.int32)
+    call = dict(inputs=[a, b], template=[("N", 1)], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+                output_shapes=[(1,)], output_dtypes=[mx.float32])  # fmt: skip
+    kernel(**call)  # type: ignore[arg-type]
+    kernel(**call)  # type: ignore[arg-type]
+    assert by_mlx == [1, 1] and compiled == []
+    kernel.compile_here = True
+    kernel(**call)  # type: ignore[arg-type]
+    assert by_mlx == [1, 1] and len(compiled) == 1
+
+
 def test_without_a_compute_capability_nothing_is_compiled_here(
     fresh_compiler: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -43,12 +43,14 @@ _THREADS = 128
 
 _WARPS = _THREADS // 32
 
-_TARGET_BLOCKS = 128
-"""Blocks to aim for (about one per streaming multiprocessor of an H100 or H200): a batch
-with few rows splits each row's keys into more slices so that the device stays busy; with
-as many rows and heads as this, a block takes a row's keys whole, in one kernel. Chosen on
-runs whose layers overlapped under CUDA graphs; to be measured again with the layers in
-sequence (bench/ragged_attention.py --target-blocks, docs/benchmarks.md)."""
+_TARGET_BLOCKS = 512
+"""Blocks to aim for: a batch whose rows and key-value heads make fewer blocks than this
+splits each row's keys into slices (and combines them in a second kernel) so that the device
+has enough loads in flight; with as many as this, a block takes a row's keys whole, in one
+kernel. A block of four warps reads a row's keys with little memory parallelism, so a
+few blocks per streaming multiprocessor (an H100 or H200 has 132) are needed to approach
+the memory's bandwidth: measured with the layers in sequence on the engine's bare step
+(bench/batch_step.py --attention-blocks, docs/benchmarks.md)."""
 
 _VECTOR_VALUES = False
 """Whether a lane reads its share of a key's values in one load (consecutive dimensions)
@@ -76,6 +78,12 @@ _KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str, str, bool]] = {
 """Per kernel: its inputs, outputs, source, header, and whether MLX copies its inputs to
 row-contiguous first (the queries and the KV buffers are read through their strides)."""
 
+COMPILED_BY_MLX = True
+"""MLX compiles these kernels, not `_own_kernels` (decisions/0060): its compile of the same
+source ran faster on the device, reads the queries through their strides where the engine's
+call has MLX copy them first, and costs less host time a call; it costs seconds of compile
+at each start instead (the warm-up builds both forms). bench/ sets it to measure both."""
+
 
 def _kernel(name: str) -> CudaKernel:
     kernel = _kernels.get(name)
@@ -88,6 +96,7 @@ def _kernel(name: str) -> CudaKernel:
             source=source,
             header=header,
             ensure_row_contiguous=row_contiguous,
+            compile_here=not COMPILED_BY_MLX,
         )
     return kernel
 

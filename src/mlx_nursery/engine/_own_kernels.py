@@ -162,8 +162,14 @@ class CudaKernel:
         source: str,
         header: str = "",
         ensure_row_contiguous: bool = True,
+        compile_here: bool = True,
     ) -> None:
+        """`compile_here`: False where MLX's compile serves the kernel better than this
+        module's, whatever its start costs (the decode attention: decisions/0060)."""
         self._name = name
+        self.compile_here = compile_here
+        """Whether a call may run this module's compile; False: MLX compiles every variant
+        (bench/ sets it to measure both)."""
         self._row_contiguous = ensure_row_contiguous
         """For MLX's compile only: here every input is made row-contiguous."""
         self._inputs = list(input_names)
@@ -200,7 +206,7 @@ class CudaKernel:
             tuple([a.dtype for a in inputs]),
             tuple(output_dtypes),
         )
-        call = self._calls.get(key)
+        call = self._calls.get(key) if self.compile_here else False
         if call is None:
             if len(self._calls) >= _MAX_SCALAR_SETS:
                 self._calls.clear()
