@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Device run 2 of a fresh machine (part 1 staged; .whl/part-2 and .whl/test carried): first the CUDA tests of the decode
-# attention (split forms now at more row counts), the prelude and the graph ordering. The decode attention
+# attention (split forms now at more row counts), and the prelude's. The decode attention
 # compiled by MLX and split below 512 blocks (decisions/0060), in-process under 32 clients
 # (the first process builds the kernels); then one greedy client with the engine's kernels as
 # shipped (the decode prelude compiled by the engine) against every kernel compiled by MLX
-# (the prelude too), the shipped way again last, to say whether the prelude's compile moves
+# (the prelude too), to say whether the prelude's compile moves
 # a lone stream.
 set -u
 source bench/device/prepare.sh
@@ -13,7 +13,7 @@ source docs/results/2026-11-29-gpu19/lib.sh
 python3 -m pip install -q --no-index --no-deps --target /tmp/pt .whl/test/*.whl > /dev/null 2>&1
 PYTHONPATH=/tmp/pt:$PYTHONPATH timeout 150 python3 -m pytest -q -p no:cacheprovider --noconftest \
   -o addopts="-ra" tests/engine/test_ragged_cache.py tests/engine/test_decode_prelude.py \
-  tests/engine/test_graph_order.py > $OUT/cuda-tests.log 2>&1
+  > $OUT/cuda-tests.log 2>&1
 echo "== cuda tests: rc=$? $(elapsed)" >> $S
 tail -3 $OUT/cuda-tests.log >> $S
 model_8b >> $S
@@ -22,6 +22,5 @@ sa c32 200 $A --clients 32 --output-len 64:192 --duration 20
 O="$A --clients 1 --output-len 128 --temperature 0 --duration 15"
 sa one 70 $O
 sa one-mlx 80 $O --mlx-compiles
-sa one-2 60 $O
 cd /tmp/j && tar -czf $OUT/json.tgz *.json && cd - > /dev/null
 cat $S
