@@ -2,10 +2,9 @@
 # Device run 2 of a fresh machine (part 1 staged; .whl/part-2 and .whl/test carried): first the CUDA tests of the decode
 # attention (split forms now at more row counts), and the prelude's. The decode attention
 # compiled by MLX and split below 512 blocks (decisions/0060), in-process under 32 clients
-# (the first process builds the kernels); then one greedy client with the engine's kernels as
-# shipped (the decode prelude compiled by the engine) against every kernel compiled by MLX
-# (the prelude too), to say whether the prelude's compile moves
-# a lone stream.
+# (the first process builds the kernels); then one greedy client as shipped (the decode
+# prelude compiled by MLX too) against the engine's own compile of both (--own-compiles, the
+# previous default), to say whether the prelude's compile moves a lone stream.
 set -u
 source bench/device/prepare.sh
 S=$OUT/a-summary.txt
@@ -21,6 +20,6 @@ A="--model /tmp/l8b --input-len 500:1000 --mode host --launch"
 sa c32 200 $A --clients 32 --output-len 64:192 --duration 20
 O="$A --clients 1 --output-len 128 --temperature 0 --duration 15"
 sa one 70 $O
-sa one-mlx 80 $O --mlx-compiles
+sa one-own 80 $O --own-compiles
 cd /tmp/j && tar -czf $OUT/json.tgz *.json && cd - > /dev/null
 cat $S
