@@ -260,11 +260,11 @@ def main() -> None:
         "--own-compiles",
         action="store_true",
         help="ours: every CUDA kernel compiled by the engine's NVRTC call where it can, the"
-        " decode attention's and prelude's too (MLX compiles those by default, decisions/0060)",
+        " decode attention's too (MLX compiles it by default, decisions/0060)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from mlx_nursery.engine import _decode_attention, _decode_prelude, _own_kernels
+    from mlx_nursery.engine import _decode_attention, _own_kernels
 
     if args.attention_blocks:
         _decode_attention._TARGET_BLOCKS = args.attention_blocks
@@ -272,7 +272,6 @@ def main() -> None:
         setattr(_own_kernels, "compiler", lambda: None)  # noqa: B010
     if args.own_compiles:
         _decode_attention.COMPILED_BY_MLX = False
-        _decode_prelude._kernel.compile_here = True
     with tempfile.TemporaryDirectory() as scratch:
         path = args.model
         if path is None:

@@ -328,7 +328,7 @@ def main() -> None:
         "--own-compiles",
         action="store_true",
         help="ours: every CUDA kernel compiled by the engine's NVRTC call where it can, the"
-        " decode attention's and prelude's too (MLX compiles those by default, decisions/0060)",
+        " decode attention's too (MLX compiles it by default, decisions/0060)",
     )
     p.add_argument(
         "--no-prelude",
@@ -360,7 +360,6 @@ def main() -> None:
         setattr(_own_kernels, "compiler", lambda: None)  # noqa: B010
     if args.own_compiles:
         _decode_attention.COMPILED_BY_MLX = False
-        _decode_prelude._kernel.compile_here = True
     if args.cache_limit_gb is not None:
         _limit_buffer_cache(int(args.cache_limit_gb * 2**30))
     if args.kv_writes == "copy":

@@ -43,14 +43,13 @@ _THREADS = 128
 
 _WARPS = _THREADS // 32
 
-_TARGET_BLOCKS = 512
-"""Blocks to aim for: a batch whose rows and key-value heads make fewer blocks than this
-splits each row's keys into slices (and combines them in a second kernel) so that the device
-has enough loads in flight; with as many as this, a block takes a row's keys whole, in one
-kernel. A block of four warps reads a row's keys with little memory parallelism, so a
-few blocks per streaming multiprocessor (an H100 or H200 has 132) are needed to approach
-the memory's bandwidth: measured with the layers in sequence on the engine's bare step
-(bench/batch_step.py --attention-blocks, docs/benchmarks.md)."""
+_TARGET_BLOCKS = 128
+"""Blocks to aim for (about one per streaming multiprocessor of an H100 or H200): a batch
+whose rows and key-value heads make fewer blocks than this splits each row's keys into
+slices (and combines them in a second kernel) so that the device stays busy; with as many
+as this, a block takes a row's keys whole, in one kernel. More blocks cut the kernel's own
+device time at 32 rows of an 8B model, but the served step ran slower with them (a second
+kernel a layer, more host time): docs/benchmarks.md, decisions/0060."""
 
 _VECTOR_VALUES = False
 """Whether a lane reads its share of a key's values in one load (consecutive dimensions)

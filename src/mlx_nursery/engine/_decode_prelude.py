@@ -121,16 +121,13 @@ _kernel = CudaKernel(
     input_names=["qkv", "keys", "values", "positions", "index", "freqs", "scale", "previous"],
     output_names=["q_out"],
     source=PRELUDE,
-    ensure_row_contiguous=False,  # MLX's compile: never copy the buffers it writes
-    compile_here=False,
+    ensure_row_contiguous=False,  # MLX's compile, where it compiles: never copy the buffers
 )
-"""Compiled by MLX, as the decode attention's kernels are (decisions/0060): a call of a
-kernel compiled by `_own_kernels` costs more host time, and a lone stream's step calls this
-one each layer. Where `_own_kernels` compiles it (bench/ sets `compile_here` to measure),
-MLX copies an input that is not row-contiguous before the call, and a write into such a copy
-would be lost: the buffers it writes are a cache's own (`write_slot`), which only MLX's
-zeros, concatenations and slice updates made, always row-contiguous. MLX's compile passes
-the buffers as they are, with their strides."""
+"""Compiled here (`_own_kernels`), where MLX copies an input that is not row-contiguous
+before the call: a write into such a copy would be lost. The buffers it writes are a cache's
+own (`write_slot`), which only MLX's zeros, concatenations and slice updates made: always
+row-contiguous. MLX's own compile, where it serves, passes the buffers as they are, with
+their strides."""
 
 
 @attrs.frozen(cache_hash=True)  # a key of `checked`, looked up by every layer of a step

@@ -13,10 +13,12 @@ or ndim where the source reads them, passed as scalar arguments computed from th
 its inputs are made row-contiguous first), compiles each variant once per process, and
 falls back to MLX's own `cuda_kernel` where it cannot: no NVRTC library or CUDA headers
 found, no compute capability reported, a compile that fails (logged once), a dimension
-beyond a 32-bit argument. A kernel that writes into an input may run here only where that
-input is row-contiguous for certain (`_decode_prelude`: a cache's own buffers): MLX copies
-any other first, and the write would land in the copy; `_kv_append`, which writes buffers
-of any layout, keeps MLX's path, which never copies. Engine thread only.
+beyond a 32-bit argument; and where its maker asks (`compile_here=False`: the decode
+attention, which ran faster compiled by MLX, decisions/0060). A kernel that writes into an
+input may run here only where that input is row-contiguous for certain (`_decode_prelude`:
+a cache's own buffers): MLX copies any other first, and the write would land in the copy;
+`_kv_append`, which writes buffers of any layout, keeps MLX's path, which never copies.
+Engine thread only.
 """
 
 from __future__ import annotations
