@@ -193,6 +193,37 @@ async def test_max_tokens_shorter_than_the_script_gives_length(
         assert _generated(server) - generated == 3
 
 
+async def test_each_chunk_arrives_as_written(scripted: ThreadedServer) -> None:
+    """A streamed chunk comes whole, exactly as the script wrote it, in the delta of its
+    arrival: a detokenizer would have held back a trailing space, or a word's end, into the
+    next delta. Deltas may carry several chunks (a write takes what is ready), never part of
+    one. A chunk cut by `max_tokens` gives what its tokens decode to."""
+    chunks = ["Hel", "lo wor", "ld! ", "caf", "é ", "\U0001f642", "", " ok  ", " end."]
+    async with borrowed(scripted) as server:
+        client = sdk(server, max_retries=0)
+        script = {"output": {"chunks": chunks}, "token_delay": 0.05}
+        deltas: list[str] = []
+        async with await client.chat.completions.create(
+            stream=True, **ask(script=script)
+        ) as stream:
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    deltas.append(chunk.choices[0].delta.content)
+        assert "".join(deltas) == "".join(chunks)
+        boundaries = {len("".join(chunks[:i])) for i in range(len(chunks) + 1)}
+        ends = [len("".join(deltas[: i + 1])) for i in range(len(deltas))]
+        assert set(ends) <= boundaries, (deltas, chunks)
+
+        encode = engine_of(server).model.tokenizer.encode
+        decode = engine_of(server).model.tokenizer.decode
+        first = encode("Hel", add_special_tokens=False)
+        second = encode("lo wor", add_special_tokens=False)
+        assert len(second) > 1, "the cut must fall inside the second chunk"
+        cut = await _chat(client, True, **ask(script=script, max_tokens=len(first) + 1))
+        assert cut["finish"] == "length"
+        assert cut["content"] == "Hel" + decode(second[:1])
+
+
 async def test_error_after_n_pieces_is_an_error_after_them(scripted: ThreadedServer) -> None:
     script = {"output": {"chunks": ["one", " two", " three"]}, "fault": {"error_after": 2}}
     async with (

@@ -6,6 +6,9 @@ queue, deadlines, the ledger, the outbox, cancellation and the HTTP layer. Its d
 is the wait for the next due piece, cut into slices of at most `SLICE_SECONDS`: the worker
 sees a cancel, a deadline or a shutdown within one slice, as it sees them within one
 decode step of a real model. Engine thread only.
+
+`ChunkDetokenizer` gives a script written as chunks its text as written, a chunk at a time
+(in the consumer's task, as every stream's detokenizer runs).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import mlx.core as mx
 from ._sequence import LiveSequence, Response
 from ._stepper import KVState, Start
 from ._types import Script
+from ._upstream import StreamingDetokenizer
 
 SLICE_SECONDS = 0.02
 """The longest one step sleeps: the scripted model's bound on a cancel's latency."""
@@ -165,3 +169,67 @@ class ScriptedStepper:
     @property
     def token_in_flight(self) -> bool:
         return False
+
+
+class ChunkDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped base
+    """The text of a script written as chunks (`Script.texts`): nothing until a chunk's last
+    token, then the chunk exactly as written. A streaming detokenizer cuts text where the
+    tokens allow (it holds back a trailing space, or a word until the next begins), so a
+    test harness could not say what a chunk delivers. A chunk cut short (by `max_tokens`, a
+    stop token) gives what `fallback`, a real detokenizer, makes of its tokens; a token past
+    the pieces (the end's EOS) stands for nothing."""
+
+    def __init__(self, script: Script, fallback: StreamingDetokenizer) -> None:
+        if script.texts is None:
+            raise ValueError("a script without chunk texts has a real detokenizer")
+        self._sizes = [len(piece) for piece in script.pieces]
+        self._texts = script.texts
+        self._fallback = fallback
+        self.reset()
+
+    def reset(self) -> None:
+        self._piece = 0
+        self._held: list[int] = []
+        self._segment = ""
+        self.tokens: list[int] = []
+        self.text = ""
+        self._fallback.reset()
+
+    def add_token(self, token: int) -> None:
+        self.tokens.append(token)
+        while self._piece < len(self._sizes) and self._sizes[self._piece] == 0:
+            self._piece += 1  # an empty chunk: no token comes for it
+        if self._piece >= len(self._sizes):
+            return
+        self._held.append(token)
+        if len(self._held) == self._sizes[self._piece]:
+            self._emit(self._texts[self._piece])
+            self._piece += 1
+            self._held = []
+
+    def finalize(self) -> None:
+        if self._held:
+            for token in self._held:
+                self._fallback.add_token(token)
+            self._fallback.finalize()
+            self._emit(str(self._fallback.last_segment))
+            self._held = []
+
+    def _emit(self, text: str) -> None:
+        self._segment += text
+        self.text += text
+
+    @property
+    def last_segment(self) -> str:
+        segment, self._segment = self._segment, ""
+        return segment
+
+
+def scripted_detokenizer(
+    script: Script | None, detokenizer: StreamingDetokenizer
+) -> StreamingDetokenizer:
+    """A request's detokenizer: a `ChunkDetokenizer` where its script is written as chunks,
+    else `detokenizer` (a real one)."""
+    if script is None or script.texts is None:
+        return detokenizer
+    return ChunkDetokenizer(script, detokenizer)

@@ -123,17 +123,26 @@ class Script:
     the time before the end when there is no piece. After the last piece the sequence ends
     on its EOS ("stop"), in the same step, unless `max_tokens` ended it first ("length").
     `error_after`: the sequence fails after that many pieces (or after its last, if it has
-    fewer), as a real failure would: the client gets an error, not a finish."""
+    fewer), as a real failure would: the client gets an error, not a finish.
+    `texts`: each piece's text, where the script was written as chunks: the client gets
+    each chunk's text as written, at its last token (`_scripted.ChunkDetokenizer`), not as
+    a streaming detokenizer would cut it (it holds back a trailing space, a word's end)."""
 
     pieces: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_pieces)
     delays: tuple[float, ...] = attrs.field(default=(0.0,), converter=_delays)
     error_after: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
+    texts: tuple[str, ...] | None = attrs.field(default=None)
 
     @delays.validator
     def _check_delays(self, attribute: attrs.Attribute[Any], values: tuple[float, ...]) -> None:
         _non_negative(self, attribute, values)
         if len(values) != len(self.pieces) + 1:
             raise ValueError("a script has one delay per piece, and one before the end")
+
+    @texts.validator
+    def _check_texts(self, attribute: attrs.Attribute[Any], values: tuple[str, ...] | None) -> None:
+        if values is not None and len(values) != len(self.pieces):
+            raise ValueError("a script's texts are one per piece")
 
 
 @attrs.frozen

@@ -158,7 +158,8 @@ def script_for(
             retry_after=retry_after,
         )
     raw = spec.output if spec.output is not None else {"text": DEFAULT_TEXT}
-    pieces = output_pieces(_output(raw, f"{param}.output"), tokenizer, echo)
+    output = _output(raw, f"{param}.output")
+    pieces = output_pieces(output, tokenizer, echo)
     stalls: dict[int, float] = {}
     for stall in spec.stalls:
         stalls[stall.at] = stalls.get(stall.at, 0.0) + stall.seconds
@@ -171,7 +172,8 @@ def script_for(
     fails_after = None
     if fault is not None:
         fails_after = fault.error_after if fault.error_after is not None else fault.drop_after
-    return Script(pieces, delays, fails_after)
+    texts = None if output.chunks is None else tuple(output.chunks)
+    return Script(pieces, delays, fails_after, texts=texts)
 
 
 def drops_connection(spec: ScriptSpec | None, script: Script) -> bool:
