@@ -8,7 +8,8 @@ both for a batch shaped like a busy server's (32 rows of 500-1,200 tokens, Llama
 heads), as one step's 32 layers. CUDA only (the kernel's backend); elsewhere it says so.
 
 `--previous FILE` checks and times another version of `engine/_decode_attention.py` beside
-the current one, in the same run (a kernel change against the kernel it replaces);
+the current one, in the same run (a kernel change against the kernel it replaces; a version
+before decisions/0060 ran the engine's own compile, this one MLX's);
 `--target-blocks N ...` times the current kernel at other grid sizes too.
 
 Usage: python -P bench/ragged_attention.py [--previous FILE] [--target-blocks N ...] [--out FILE]
@@ -195,12 +196,14 @@ def with_vector_values() -> Kernel:
     return patched((_decode_attention, "_VECTOR_VALUES", True))
 
 
-def compiled_by_mlx() -> Kernel:
-    """The current kernel compiled by MLX (`mx.fast.cuda_kernel`) rather than by the
-    engine's own NVRTC call (`_own_kernels`, decisions/0057): the same source, the two
-    compiles' device time side by side. Its kernels are its own (the engine's cache holds
-    the engine's compiles)."""
-    return patched((_decode_attention, "_kernels", {}), (_own_kernels, "compiler", lambda: None))
+def compiled_here() -> Kernel:
+    """The current kernel compiled by the engine's own NVRTC call (`_own_kernels`,
+    decisions/0057) rather than by MLX (`mx.fast.cuda_kernel`, the engine's choice since
+    decisions/0060): the same source, the two compiles' device time side by side. Its kernels
+    are its own (the engine's cache holds MLX's compiles)."""
+    return patched(
+        (_decode_attention, "_kernels", {}), (_decode_attention, "COMPILED_BY_MLX", False)
+    )
 
 
 def compiled_for(arch: str) -> Kernel:
@@ -212,7 +215,9 @@ def compiled_for(arch: str) -> Kernel:
     alternative = copy.copy(base)
     alternative._options = [f"--gpu-architecture={arch}".encode(), *base._options[1:]]
     return patched(
-        (_decode_attention, "_kernels", {}), (_own_kernels, "compiler", lambda: alternative)
+        (_decode_attention, "_kernels", {}),
+        (_decode_attention, "COMPILED_BY_MLX", False),
+        (_own_kernels, "compiler", lambda: alternative),
     )
 
 
@@ -221,9 +226,9 @@ def main() -> None:
     p.add_argument("--previous", type=Path, help="another version of _decode_attention.py")
     p.add_argument("--target-blocks", type=int, nargs="*", default=[])
     p.add_argument(
-        "--mlx-compiled",
+        "--own-compiled",
         action="store_true",
-        help="also the same kernel compiled by MLX, not by the engine's NVRTC call",
+        help="also the same kernel compiled by the engine's NVRTC call, not by MLX",
     )
     p.add_argument("--arch", nargs="*", default=[], help="also compiled for these targets")
     p.add_argument("--threads", type=int, nargs="*", default=[], help="also these block sizes")
@@ -252,8 +257,8 @@ def main() -> None:
         kernels["previous_kernel"] = load_previous(args.previous)
     for blocks in args.target_blocks:
         kernels[f"ragged_kernel_{blocks}_blocks"] = at_blocks(blocks)
-    if args.mlx_compiled:
-        kernels["mlx_compiled"] = compiled_by_mlx()
+    if args.own_compiled:
+        kernels["own_compiled"] = compiled_here()
     for threads in args.threads:
         if not decode_block_fits(threads):
             p.error("--threads: multiples of 32 from 32 to 512 (shared memory past it)")

@@ -6,7 +6,9 @@ row-major (MLX makes every input row-contiguous first): the written function mus
 in that order, and the values must be what MLX's own compile would read. Where no compute
 capability, NVRTC or CUDA headers are found, nothing is compiled here (MLX compiles). Where
 an NVRTC and CUDA's headers are found on this machine, every variant the engine builds
-compiles; on CUDA the engine's attention tests run these compiles against MLX's results.
+compiles here, the decode attention's too, which MLX compiles in service (decisions/0060;
+`bench/ragged_attention.py --own-compiled` checks this compile's results against MLX's
+masked attention on a GPU); on CUDA the prelude's tests run its compile here.
 """
 
 from __future__ import annotations

@@ -217,11 +217,22 @@ async def test_each_chunk_arrives_as_written(scripted: ThreadedServer) -> None:
         encode = engine_of(server).model.tokenizer.encode
         decode = engine_of(server).model.tokenizer.decode
         first = encode("Hel", add_special_tokens=False)
-        second = encode("lo wor", add_special_tokens=False)
-        assert len(second) > 1, "the cut must fall inside the second chunk"
-        cut = await _chat(client, True, **ask(script=script, max_tokens=len(first) + 1))
-        assert cut["finish"] == "length"
-        assert cut["content"] == "Hel" + decode(second[:1])
+        for second in ("lo wor", " world here"):  # a cut chunk keeps its leading space
+            tokens = encode(second, add_special_tokens=False)
+            assert len(tokens) > 1, "the cut must fall inside the second chunk"
+            cut_script = {"output": {"chunks": ["Hel", second, "!"]}}
+            cut = await _chat(client, True, **ask(script=cut_script, max_tokens=len(first) + 1))
+            assert cut["finish"] == "length"
+            assert cut["content"] == "Hel" + decode(tokens[:1])
+            assert cut["content"].startswith("Hel" + second[0])
+
+        # The first chunk's leading space stays, in the content and in its logprobs alike.
+        spaced = {"output": {"chunks": [" Hi there", " ok"]}}
+        reply = await client.chat.completions.create(**ask(script=spaced, logprobs=True))
+        (choice,) = reply.choices
+        assert choice.message.content == " Hi there ok"
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        assert "".join(t.token for t in choice.logprobs.content) == " Hi there ok"
 
 
 async def test_error_after_n_pieces_is_an_error_after_them(scripted: ThreadedServer) -> None:

@@ -36,7 +36,7 @@ from ._errors import EngineUnavailable, PromptTooLong
 from ._lanes import FairLanes
 from ._messages import Delivery, ModelInfo, Resume, StepEvent, Suspend, WorkerStats
 from ._priority import WaitStatistics
-from ._scripted import scripted_detokenizer
+from ._scripted import request_detokenizer
 from ._statistics import CancelRecorder, CancelStatistics
 from ._stream import Handle, TokenStream
 from ._types import FinishReason, GenerationRequest
@@ -319,8 +319,8 @@ class Engine:
         # any other), up to the configured bound: a slow reader is never cut short of it.
         bound = min(self.config.max_buffered_events, request.max_tokens + _EVENT_MARGIN)
         send, receive = trio.open_memory_channel[StepEvent](bound)
-        detokenizer = self.model.texts.detokenizer(trim_space=request.trim_leading_space)
-        detokenizer = scripted_detokenizer(request.script, detokenizer)
+        texts, trim = self.model.texts, request.trim_leading_space
+        detokenizer = request_detokenizer(request.script, texts, trim)
         return Handle(next(self._ids), request, send, receive, detokenizer)
 
     # -- delivery (runs in the Trio thread, scheduled by the engine thread) ------------------

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import attrs
 import mlx.core as mx
 
+from ._detokenizer import TokenTexts
 from ._sequence import LiveSequence, Response
 from ._stepper import KVState, Start
 from ._types import Script
@@ -225,11 +226,12 @@ class ChunkDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped b
         return segment
 
 
-def scripted_detokenizer(
-    script: Script | None, detokenizer: StreamingDetokenizer
+def request_detokenizer(
+    script: Script | None, texts: TokenTexts, trim_space: bool
 ) -> StreamingDetokenizer:
-    """A request's detokenizer: a `ChunkDetokenizer` where its script is written as chunks,
-    else `detokenizer` (a real one)."""
+    """A request's detokenizer: a `ChunkDetokenizer` where its script is written as chunks
+    (its text as written: nothing trimmed, nor in a chunk cut short, which may start with
+    a space), else a real one that trims the text's leading space if `trim_space`."""
     if script is None or script.texts is None:
-        return detokenizer
-    return ChunkDetokenizer(script, detokenizer)
+        return texts.detokenizer(trim_space=trim_space)
+    return ChunkDetokenizer(script, texts.detokenizer(trim_space=False))

@@ -104,6 +104,10 @@ def _delays(values: Iterable[float]) -> tuple[float, ...]:
     return tuple(float(value) for value in values)
 
 
+def _texts(values: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
+
+
 def _pieces(values: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(token) for token in piece) for piece in values)
 
@@ -131,7 +135,7 @@ class Script:
     pieces: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_pieces)
     delays: tuple[float, ...] = attrs.field(default=(0.0,), converter=_delays)
     error_after: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
-    texts: tuple[str, ...] | None = attrs.field(default=None)
+    texts: tuple[str, ...] | None = attrs.field(default=None, converter=_texts)
 
     @delays.validator
     def _check_delays(self, attribute: attrs.Attribute[Any], values: tuple[float, ...]) -> None:

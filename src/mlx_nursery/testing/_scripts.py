@@ -294,9 +294,11 @@ class ScriptedPlans:
             spec, self.default, self.tokenizer, echo=prepared.user_text, counts=self.counts
         )
         chosen = spec if spec is not None else self.default
+        # Chunks come as written: a first chunk's leading space stays (the logprobs too).
+        trim = prepared.generation.trim_leading_space and script.texts is None
         return attrs.evolve(
             prepared,
-            generation=attrs.evolve(prepared.generation, script=script),
+            generation=attrs.evolve(prepared.generation, script=script, trim_leading_space=trim),
             drop_on_failure=drops_connection(chosen, script) and prepared.stream,
             usage=reported_usage(chosen),
         )
