@@ -110,6 +110,7 @@ async def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         max_queue=4 * args.clients,
         pack_chunks=args.pack_chunks,
         cuda_graphs=args.cuda_graphs,
+        prefill_step_size=args.prefill_step_size,
     )
     results = {}
     async with open_engine(config) as engine:
@@ -292,6 +293,13 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="prefill chunks in the decode step's forward (EngineConfig.pack_chunks)",
+    )
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=EngineConfig.__attrs_attrs__.prefill_step_size.default,
+        help="the largest prefill chunk (EngineConfig.prefill_step_size): fewer, larger chunks"
+        " launch fewer kernels a prompt token",
     )
     p.add_argument(
         "--cuda-graphs",

@@ -4,7 +4,9 @@
 # compiled by MLX, one kernel at 32 rows) in-process under 32 clients, the first run building
 # the kernels; then the decode prelude in the running batch's step too (--prelude-batches: 96
 # fewer kernels a step to launch for a longer kernel, never compared in pairs at the same
-# target blocks while the step is bound by the host), alternating; then a lone greedy
+# target blocks while the step is bound by the host), alternating; prefill chunks of up to
+# 1,024 tokens against 512 (a chunk's launch costs the host about as much whatever its
+# length, and a ~750-token prompt takes two chunks of 512); then a lone greedy
 # stream; c3.sh (the call after, same machine) serves it
 # against mlx_lm.server for issue 32's served table, which this session measured only with
 # the split form it then turned down.
@@ -20,6 +22,8 @@ sa c32 75 $C
 sa c32-prelude 75 $C --prelude-batches
 sa c32-again 75 $C
 sa c32-prelude-again 75 $C --prelude-batches
+sa c32-chunk1024 80 $C --prefill-step-size 1024
+sa c32-chunk512 75 $C
 sa one 60 $A --clients 1 --output-len 128 --temperature 0 --duration 15
 cd /tmp/j && tar -czf $OUT/json.tgz *.json && cd - > /dev/null
 cat $S
