@@ -7,7 +7,8 @@
 # target blocks while the step is bound by the host), alternating; prefill chunks of up to
 # 1,024 tokens against 512 (a chunk's launch costs the host about as much whatever its
 # length, and a ~750-token prompt takes two chunks of 512); then a lone greedy
-# stream; c3.sh (the call after, same machine) serves it
+# stream (next2.sh, the call after: one call's limit holds this half); c3.sh (the call
+# after that, same machine) serves it
 # against mlx_lm.server for issue 32's served table, which this session measured only with
 # the split form it then turned down.
 set -u
@@ -20,10 +21,5 @@ sa c32-build 200 $A --clients 32 --output-len 64:192 --duration 20
 C="$A --clients 32 --output-len 64:192 --duration 20"
 sa c32 75 $C
 sa c32-prelude 75 $C --prelude-batches
-sa c32-again 75 $C
-sa c32-prelude-again 75 $C --prelude-batches
-sa c32-chunk1024 80 $C --prefill-step-size 1024
-sa c32-chunk512 75 $C
-sa one 60 $A --clients 1 --output-len 128 --temperature 0 --duration 15
 cd /tmp/j && tar -czf $OUT/json.tgz *.json && cd - > /dev/null
 cat $S
