@@ -305,7 +305,12 @@ def test_the_router_leaves_every_other_call_to_mlx_lm() -> None:
 @pytest.mark.skipif(not available(), reason="the kernel is CUDA's; MLX runs elsewhere here")
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "dim", "dtype"),
-    [(1, 32, 8, 128, mx.bfloat16), (7, 28, 4, 128, mx.float16), (5, 8, 8, 64, mx.float32)],
+    [
+        (1, 32, 8, 128, mx.bfloat16),  # few rows: the keys in slices, then combined
+        (7, 28, 4, 128, mx.float16),
+        (5, 8, 8, 64, mx.float32),
+        (20, 32, 8, 128, mx.bfloat16),  # rows x heads past the target blocks: one kernel
+    ],
 )
 def test_the_kernel_equals_masked_attention(
     batch: int, heads: int, kv_heads: int, dim: int, dtype: mx.Dtype
