@@ -319,8 +319,7 @@ class Engine:
         # any other), up to the configured bound: a slow reader is never cut short of it.
         bound = min(self.config.max_buffered_events, request.max_tokens + _EVENT_MARGIN)
         send, receive = trio.open_memory_channel[StepEvent](bound)
-        texts, trim = self.model.texts, request.trim_leading_space
-        detokenizer = request_detokenizer(request.script, texts, trim)
+        detokenizer = request_detokenizer(request, self.model.texts)
         return Handle(next(self._ids), request, send, receive, detokenizer)
 
     # -- delivery (runs in the Trio thread, scheduled by the engine thread) ------------------

@@ -200,6 +200,8 @@ class CudaKernel:
     ) -> list[mx.array]:
         """The kernel's outputs, lazily, as MLX's kernel object returns them; the first
         call of a variant compiles it (blocking, well under a second)."""
+        if not self.compile_here:
+            return self._by_mlx(inputs, template, grid, threadgroup, output_shapes, output_dtypes)
         # One lookup a call, by everything the call's variant and scalars follow from: a
         # decode step calls each kernel once a layer, and the host's time is the step's.
         key = (
@@ -208,7 +210,7 @@ class CudaKernel:
             tuple([a.dtype for a in inputs]),
             tuple(output_dtypes),
         )
-        call = self._calls.get(key) if self.compile_here else False
+        call = self._calls.get(key)
         if call is None:
             if len(self._calls) >= _MAX_SCALAR_SETS:
                 self._calls.clear()

@@ -24,7 +24,7 @@ import mlx.core as mx
 from ._detokenizer import TokenTexts
 from ._sequence import LiveSequence, Response
 from ._stepper import KVState, Start
-from ._types import Script
+from ._types import GenerationRequest, Script
 from ._upstream import StreamingDetokenizer
 
 SLICE_SECONDS = 0.02
@@ -191,9 +191,9 @@ class ChunkDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped b
     def reset(self) -> None:
         self._piece = 0
         self._held: list[int] = []
-        self._segment = ""
         self.tokens: list[int] = []
         self.text = ""
+        self.offset = 0  # the base's `last_segment`: the text past it
         self._fallback.reset()
 
     def add_token(self, token: int) -> None:
@@ -204,7 +204,7 @@ class ChunkDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped b
             return
         self._held.append(token)
         if len(self._held) == self._sizes[self._piece]:
-            self._emit(self._texts[self._piece])
+            self.text += self._texts[self._piece]
             self._piece += 1
             self._held = []
 
@@ -213,25 +213,15 @@ class ChunkDetokenizer(StreamingDetokenizer):  # type: ignore[misc]  # untyped b
             for token in self._held:
                 self._fallback.add_token(token)
             self._fallback.finalize()
-            self._emit(str(self._fallback.last_segment))
+            self.text += str(self._fallback.last_segment)
             self._held = []
 
-    def _emit(self, text: str) -> None:
-        self._segment += text
-        self.text += text
 
-    @property
-    def last_segment(self) -> str:
-        segment, self._segment = self._segment, ""
-        return segment
-
-
-def request_detokenizer(
-    script: Script | None, texts: TokenTexts, trim_space: bool
-) -> StreamingDetokenizer:
+def request_detokenizer(request: GenerationRequest, texts: TokenTexts) -> StreamingDetokenizer:
     """A request's detokenizer: a `ChunkDetokenizer` where its script is written as chunks
     (its text as written: nothing trimmed, nor in a chunk cut short, which may start with
-    a space), else a real one that trims the text's leading space if `trim_space`."""
+    a space), else a real one that trims the text's leading space as the request says."""
+    script = request.script
     if script is None or script.texts is None:
-        return texts.detokenizer(trim_space=trim_space)
+        return texts.detokenizer(trim_space=request.trim_leading_space)
     return ChunkDetokenizer(script, texts.detokenizer(trim_space=False))

@@ -172,8 +172,7 @@ def script_for(
     fails_after = None
     if fault is not None:
         fails_after = fault.error_after if fault.error_after is not None else fault.drop_after
-    texts = None if output.chunks is None else tuple(output.chunks)
-    return Script(pieces, delays, fails_after, texts=texts)
+    return Script(pieces, delays, fails_after, texts=output.chunks)
 
 
 def drops_connection(spec: ScriptSpec | None, script: Script) -> bool:
