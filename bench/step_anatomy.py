@@ -298,8 +298,8 @@ def main() -> None:
         "--prefill-step-size",
         type=int,
         default=EngineConfig.__attrs_attrs__.prefill_step_size.default,
-        help="the largest prefill chunk (EngineConfig.prefill_step_size): fewer, larger chunks"
-        " launch fewer kernels a prompt token",
+        help="the largest prefill chunk (EngineConfig.prefill_step_size; default: the"
+        " backend's): fewer, larger chunks launch fewer kernels a prompt token",
     )
     p.add_argument(
         "--cuda-graphs",

@@ -15,7 +15,9 @@ import trio
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
 from mlx_nursery.engine._chunking import (
     CPU_BUDGET_MS,
+    CPU_CHUNK_TOKENS,
     GPU_BUDGET_MS,
+    GPU_CHUNK_TOKENS,
     MIN_CHUNK_TOKENS,
     ChunkSizer,
     GapMeter,
@@ -38,6 +40,17 @@ def test_the_configured_budget_zero_is_none_and_unset_is_the_backends() -> None:
     assert budget_ms(120.0) == 120.0
     on_cpu = mx.default_device().type == mx.cpu
     assert budget_ms(None) == (CPU_BUDGET_MS if on_cpu else GPU_BUDGET_MS)
+
+
+def test_the_configured_chunk_is_kept_and_unset_is_the_backends(tiny_model: Path) -> None:
+    """`prefill_step_size` unset: 1,024 tokens on a GPU, 512 on the CPU (decided by
+    measurement on an H200; the CPU keeps the shorter chunk a cancel waits for)."""
+    on_cpu = mx.default_device().type == mx.cpu
+    assert GPU_CHUNK_TOKENS > CPU_CHUNK_TOKENS
+    assert EngineConfig(tiny_model).chunk_tokens() == (
+        CPU_CHUNK_TOKENS if on_cpu else GPU_CHUNK_TOKENS
+    )
+    assert EngineConfig(tiny_model, prefill_step_size=48).chunk_tokens() == 48
 
 
 def test_a_prompt_prefilled_while_nothing_decodes_gets_the_largest_chunk() -> None:

@@ -94,7 +94,7 @@ class Leader:
             model,
             max_concurrency=config.max_concurrency,
             prefill_batch_size=config.prefill_batch_size,
-            prefill_step_size=config.prefill_step_size,
+            prefill_step_size=config.chunk_tokens(),
             chunk_sizer=None,  # its sizes follow measured times: no two ranks would agree
             make_cache=make_cache,
             draw=self._draw,

@@ -41,7 +41,7 @@ class Hello:
         return cls(
             config.max_concurrency,
             config.prefill_batch_size,
-            config.prefill_step_size,
+            config.chunk_tokens(),
             config.kv_bits,
             config.kv_group_size,
             config.kv_cache_bytes,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import attrs
 from attrs import validators as v
 
+from ._chunking import chunk_tokens
 from ._drafting import Speculation
 from ._kv_quant import KV_BITS, KV_GROUP_SIZES, KVQuantization
 from ._priority import PriorityPolicy
@@ -49,9 +50,17 @@ class EngineConfig:
     def priorities(self) -> PriorityPolicy:
         return PriorityPolicy(self.priority_aging, self.max_preemptions)
 
-    prefill_step_size: int = attrs.field(default=512, validator=v.ge(1))
+    prefill_step_size: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned,
-    and the largest chunk while other sequences decode (`prefill_chunk_ms`)."""
+    and the largest chunk while other sequences decode (`prefill_chunk_ms`). None: the
+    backend's (`_chunking.CPU_CHUNK_TOKENS`, `GPU_CHUNK_TOKENS`); read it through
+    `chunk_tokens()`."""
+
+    def chunk_tokens(self) -> int:
+        """`prefill_step_size`, or the default of this process's MLX device (engine thread:
+        it asks MLX)."""
+        return chunk_tokens(self.prefill_step_size)
+
     prefill_chunk_ms: float | None = attrs.field(default=None, validator=v.optional(v.ge(0.0)))
     """While other sequences decode, the time a prefill chunk may hold them: chunks shrink
     to fit it by the measured cost of a token, to powers of two down to 16 tokens

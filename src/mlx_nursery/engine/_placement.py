@@ -55,12 +55,12 @@ class Placement:
         """The model as both steppers call it, counting the prefill shapes they run."""
         self.make_cache = cache_factory(config.kv_quantization)
         """Fresh KV caches, quantized if the config asks (engine/_kv_quant.py)."""
-        self.chunks = ChunkSizer(config.prefill_step_size, budget_ms(config.prefill_chunk_ms))
+        self.chunks = ChunkSizer(config.chunk_tokens(), budget_ms(config.prefill_chunk_ms))
         """Sizes the prefill chunks run beside decoding sequences (engine/_chunking.py)."""
         self.batch: Stepper = self._new_batch()
         self.solo = SoloStepper(
             self.shapes,
-            prefill_step_size=config.prefill_step_size,
+            prefill_step_size=config.chunk_tokens(),
             before_launch=outbox.post_at_launch,
             make_cache=self.make_cache,
             chunk_timed=self.chunks.observe,
@@ -162,7 +162,7 @@ class Placement:
             self.shapes,
             max_concurrency=self._config.max_concurrency,
             prefill_batch_size=self._config.prefill_batch_size,
-            prefill_step_size=self._config.prefill_step_size,
+            prefill_step_size=self._config.chunk_tokens(),
             chunk_sizer=self.chunks,
             make_cache=make_cache,
             adapters=self.adapters,

@@ -164,7 +164,7 @@ def _warmup_plan(config: EngineConfig) -> WarmupPlan:
     return plan_for(
         gpu=mx.default_device().type == mx.DeviceType.gpu,
         max_concurrency=config.max_concurrency,
-        prefill_step_size=config.prefill_step_size,
+        prefill_step_size=config.chunk_tokens(),
         prefill_batch_size=config.prefill_batch_size,
         fast_path=config.single_sequence_fast_path,
         budget_s=config.warmup_budget_s,

@@ -141,10 +141,14 @@ class ServerSettings:
             "prompts prefilled together in one step beside the running batch's decode"
         ),
     )
-    prefill_step_size: int = attrs.field(
+    prefill_step_size: int | None = attrs.field(
         default=engine_default("prefill_step_size"),
-        validator=v.ge(1),
-        metadata=described("prompt tokens per prefill chunk; a cancel is honoured between chunks"),
+        validator=v.optional(v.ge(1)),
+        metadata=described(
+            "prompt tokens per prefill chunk (by backend: 512 on the CPU, 1024 on a GPU);"
+            " a cancel is honoured between chunks",
+            none="by backend",
+        ),
     )
     prefill_chunk_ms: float | None = attrs.field(
         default=engine_default("prefill_chunk_ms"),
