@@ -18,7 +18,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
-from mlx_nursery.engine import EngineConfig, Speculation, open_engine
+from mlx_nursery.engine import EngineConfig, Speculation, _sequence_attention, open_engine
 from mlx_nursery.engine._decode_attention import routed
 from mlx_nursery.engine._kv_quant import QuantizedKVRow
 from mlx_nursery.engine._ragged import RaggedBatchKVCache, RowKVCache
@@ -108,6 +108,51 @@ def test_a_batchs_masked_query_gets_mlxs_attention(
     assert takes(queries, keys, values, cache, mask, None)
     want = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=0.25, mask=mask)
     assert close(sequence_attention(queries, cache, 0.25, mask), want, mx.float32)
+
+
+@pytest.mark.parametrize(
+    ("priors", "length", "slices"),
+    [
+        ([40], 30, 3),  # a lone prompt's chunk: each slice reads the keys up to its last
+        ([40], 29, 4),  # a length the slices do not divide: the last one shorter
+        ([30, 7, 19], 12, 3),  # prompts together: each slice takes its rows of the mask
+    ],
+)
+def test_a_query_whose_scores_pass_the_bound_is_computed_in_slices_alike(
+    priors: list[int], length: int, slices: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scores past `MAX_SCORES_BYTES` are computed a slice of the query's positions at a
+    time (so that a chunk of long prompts holds a bounded share of memory at once), with
+    the same result as MLX's attention of the whole query."""
+    heads, kv_heads, dim = 4, 2, 16
+    if len(priors) == 1:
+        cache, keys, values = sequence(priors[0], length, kv_heads, dim, mx.float32)
+        mask: Any = "causal"
+    else:
+        cache, keys, values, mask = batch(priors, length, kv_heads, dim)
+    queries = normal(9, len(priors), heads, length, dim)
+    assert takes(queries, keys, values, cache, mask, None)
+    want = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=dim**-0.5, mask=mask)
+    total = cache._idx if len(priors) > 1 else cache.offset
+    keys_read = min(-(-total // 16) * 16, cache.keys.shape[2])
+    position_bytes = len(priors) * heads * keys_read * 4
+    # the bound that gives `slices` slices of ceil(length / slices) positions
+    monkeypatch.setattr(
+        _sequence_attention, "MAX_SCORES_BYTES", -(-position_bytes * length // slices)
+    )
+    attended: list[tuple[int, int]] = []
+    attend = _sequence_attention._attend
+
+    def counted(queries: mx.array, *args: Any) -> mx.array:
+        attended.append((args[4], queries.shape[2]))
+        return attend(queries, *args)
+
+    monkeypatch.setattr(_sequence_attention, "_attend", counted)
+    got = sequence_attention(queries, cache, dim**-0.5, mask)
+    step = -(-length // slices)
+    assert attended == [(start, min(step, length - start)) for start in range(0, length, step)]
+    assert len(attended) > 1
+    assert close(got, want, mx.float32)
 
 
 def test_the_router_sends_it_only_what_it_serves() -> None:

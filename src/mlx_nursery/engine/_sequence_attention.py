@@ -37,6 +37,15 @@ _ALIGN = 16
 """Keys are read up to a multiple of this many: 32 bytes of a 2-byte type, which cuBLAS's
 aligned kernels need of a leading dimension."""
 
+MAX_SCORES_BYTES = 1 << 30
+"""A query's scores are made in arrays of this many bytes at most (and its weights after the
+softmax as many again): a query whose scores would take more is computed in slices of its
+positions, each over the keys it sees. A prefill chunk's scores are rows x heads x length x
+keys: a chunk of several prompts deep into long contexts would otherwise need one array
+larger than the device's room beside the KV budget (engine/_memory.py), whatever the chunk
+size. Slices free their arrays as the device runs them; a slice this large keeps its
+products as efficient as the whole query's."""
+
 MIN_QUERY = 4
 """On one sequence's cache, shorter queries take MLX's vector kernel (a fused attention),
 which this does not beat. A batch's (masked) queries of any length above one take the
@@ -51,10 +60,11 @@ class _Masks(threading.local):
     def __init__(self) -> None:
         self.causal: dict[tuple[int, int, int], mx.array] = {}
         self.kernel: dict[
-            tuple[float, int, int | None],
+            tuple[float, int, int | None, int, int],
             tuple[Any, tuple[mx.array, mx.array | None, mx.array | None]],
         ] = {}
-        """The masked softmax's inputs (`_kernel_inputs`), with the mask they came from."""
+        """The masked softmax's inputs (`_kernel_inputs`) for each slice of the query, with
+        the mask they came from."""
         self.padded: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
         """A batch's mask (mlx-lm's, one array for every layer) by identity and padded
         length: the mask itself (which keeps its identity valid) and its padded form."""
@@ -124,50 +134,92 @@ def sequence_attention(
     this forward's update) over the cache's keys, under `mask` ("causal" on a plain cache;
     mlx-lm's boolean mask (B, 1, L, keys) on a batch's): what mlx-lm's
     `scaled_dot_product_attention` computes, in MLX operations laid out for cuBLAS (module
-    docstring). Only for calls `takes` accepts. Lazy, as any MLX operation."""
-    batch, heads, length, dim = queries.shape
+    docstring), in slices of the query where its scores would pass `MAX_SCORES_BYTES`. Only
+    for calls `takes` accepts. Lazy, as any MLX operation."""
+    batch, heads, length, _ = queries.shape
+    total: int = cache._idx if isinstance(cache, BatchKVCache) else cache.offset
+    position_bytes = batch * heads * _aligned(total, cache.keys) * queries.dtype.size
+    slices = max(1, -(-position_bytes * length // MAX_SCORES_BYTES))
+    if slices == 1:
+        return _attend(queries, cache, scale, mask, total, 0, length)
+    step = -(-length // slices)
+    return mx.concatenate(
+        [
+            _attend(queries[:, :, start : start + step], cache, scale, mask, total, start, length)
+            for start in range(0, length, step)
+        ],
+        axis=2,
+    )
+
+
+def _aligned(total: int, buffer: mx.array) -> int:
+    """The keys read for `total` written: up to a multiple of `_ALIGN`, within `buffer`."""
+    return min(-(-total // _ALIGN) * _ALIGN, buffer.shape[2])
+
+
+def _attend(
+    queries: mx.array,
+    cache: Any,
+    scale: float,
+    mask: mx.array | str,
+    total: int,
+    start: int,
+    length: int,
+) -> mx.array:
+    """`sequence_attention` of the query's positions `start` to `start` + its length, of
+    `length` in all, over the `total` keys written. A causal slice reads the keys up to its
+    last position only."""
+    batch, heads, count, dim = queries.shape
+    stop = start + count
     keys_buffer, values_buffer = cache.keys, cache.values
     kv_heads = keys_buffer.shape[1]
     rep = heads // kv_heads
-    total: int = cache._idx if isinstance(cache, BatchKVCache) else cache.offset
-    padded = min(-(-total // _ALIGN) * _ALIGN, keys_buffer.shape[2])
+    seen = total - (length - stop) if isinstance(mask, str) else total
+    """The keys the slice's last position sees (a batch's mask: all those written)."""
+    padded = _aligned(seen, keys_buffer)
     keys = keys_buffer[..., :padded, :]
     values = values_buffer[..., :padded, :]
     if on_cuda() and usable(queries.dtype):  # one kernel: the mask, the scale, the softmax
         if queries.dtype == mx.float16:  # an unscaled product could pass float16's range
             queries, scale = queries * mx.array(scale, mx.float16), 1.0
-        folded = queries.reshape(batch, kv_heads, rep * length, dim)
-        scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, heads, length, padded)
-        extras = _kernel_inputs(scale, total, mask)
+        folded = queries.reshape(batch, kv_heads, rep * count, dim)
+        scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, heads, count, padded)
+        extras = _kernel_inputs(scale, seen, mask, start, stop)
         weights = masked_softmax(scores, extras[0], total=extras[1], mask=extras[2])
     else:
         dtype = queries.dtype
-        folded = (queries * mx.array(scale, dtype)).reshape(batch, kv_heads, rep * length, dim)
-        scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, rep, length, padded)
-        visible = _causal(length, total, padded) if isinstance(mask, str) else _padded(mask, padded)
+        folded = (queries * mx.array(scale, dtype)).reshape(batch, kv_heads, rep * count, dim)
+        scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, rep, count, padded)
+        visible = (
+            _causal(count, seen, padded)
+            if isinstance(mask, str)
+            else _padded(mask, padded)[..., start:stop, :]
+        )
         scores = mx.where(visible, scores, mx.array(mx.finfo(dtype).min, dtype))
         weights = mx.softmax(scores, axis=-1, precise=True)
-    weights = weights.reshape(batch, kv_heads, rep * length, padded)
-    out: mx.array = (weights @ values).reshape(batch, heads, length, dim)
+    weights = weights.reshape(batch, kv_heads, rep * count, padded)
+    out: mx.array = (weights @ values).reshape(batch, heads, count, dim)
     return out
 
 
 def _kernel_inputs(
-    scale: float, total: int, mask: mx.array | str
+    scale: float, total: int, mask: mx.array | str, start: int, stop: int
 ) -> tuple[mx.array, mx.array | None, mx.array | None]:
-    """The masked softmax's scale, and its key count (causal) or mask (B, L, keys), made once
-    per forward."""
-    key = (scale, total, None if isinstance(mask, str) else id(mask))
+    """The masked softmax's scale, and its key count (causal) or mask rows `start` to `stop`
+    (B, rows, keys), made once per forward and slice."""
+    key = (scale, total, None if isinstance(mask, str) else id(mask), start, stop)
     made = _masks.kernel
     held = made.get(key)
     if held is None:
-        made.clear()  # only the latest forward's layers share them
+        if start == 0:
+            made.clear()  # only the latest forward's layers share them
         scale_array = mx.array([scale], dtype=mx.float32)
         if isinstance(mask, str):
             held = (mask, (scale_array, mx.array([total], dtype=mx.int32), None))
         else:
             squeezed = mask.reshape(mask.shape[0], mask.shape[2], mask.shape[3])
-            held = (mask, (scale_array, None, squeezed))
+            rows = squeezed if (start, stop) == (0, mask.shape[2]) else squeezed[:, start:stop]
+            held = (mask, (scale_array, None, rows))
         made[key] = held
     return held[1]
 
