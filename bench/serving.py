@@ -650,6 +650,8 @@ class Server:
     model_name: str
     command: list[str] | None
     log: str | None
+    ready_s: float | None = None
+    """Seconds from the process's launch to its first ready answer (None: a --url server)."""
 
 
 @contextlib.asynccontextmanager
@@ -672,6 +674,7 @@ async def open_server(
     command = server_command(target.label, model, port, args.server_concurrency, extra)
     log = log_dir / f"{target.label}-{port}.log"
     base_url = f"http://127.0.0.1:{port}"
+    launched = trio.current_time()
     with log.open("wb") as sink:
         process = await trio.lowlevel.open_process(
             command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
@@ -680,9 +683,10 @@ async def open_server(
         async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
             with trio.fail_after(args.ready_timeout):
                 await wait_ready(http, process, log)
+            ready_s = round(trio.current_time() - launched, 1)
             # mlx_lm.server's /v1/models lists the HF cache; it answers to its --model path.
             name = await listed_model(http) if target.label == "ours" else str(model)
-        yield Server(target.label, base_url, name, command, str(log))
+        yield Server(target.label, base_url, name, command, str(log), ready_s)
     finally:
         await stop_process(process)
 
@@ -802,7 +806,10 @@ async def run_rounds(
                 result = results[target.label]
                 result.update(url=server.base_url, model_name=server.model_name)
                 result.update(command=server.command)
+                run["ready_s"] = server.ready_s
                 result["runs"].append(run)
+                if server.ready_s is not None:
+                    print(f"  {target.label} ready {server.ready_s} s after its launch", flush=True)
                 metrics = compute_metrics(run["records"], run["duration_s"], args.slo)
                 print(f"  {format_row(target.label, metrics)}", flush=True)
                 if run["gpu_busy_pct"] is not None:
@@ -836,6 +843,7 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
                 for key in ("completed", "duration_s", "requests_per_s", "output_tokens_per_s")
             },
             "gpu_busy_pct": run.get("gpu_busy_pct"),
+            "ready_s": run.get("ready_s"),
         }
         for run in runs
     ]

@@ -405,6 +405,8 @@ def test_tool_runs_against_our_server(tiny_model: Path, tmp_path: Path) -> None:
     assert "--num-requests 6" in document["command"]
     [server] = document["servers"]
     assert server["gpu_busy_pct"] == 40.0 and server["rounds"][0]["gpu_busy_pct"] == 40.0
+    assert server["rounds"][0]["ready_s"] > 0  # from its launch to its first ready answer
+    assert f"ours ready {server['rounds'][0]['ready_s']} s after its launch" in done.stdout
     m, summary = server["metrics"], server["records_summary"]
     assert (m["completed"], m["failed"], m["output_tokens"]) == (6, 0, 72)
     assert m["output_tokens_from"] == "usage"
