@@ -64,7 +64,10 @@ def batch(
 
 
 def close(got: mx.array, want: mx.array, dtype: mx.Dtype) -> bool:
-    tolerance = 1e-5 if dtype == mx.float32 else 2e-2
+    # On CUDA MLX's float32 products are TF32 (ten bits of mantissa), and MLX's own attention
+    # takes a vector kernel in float32 for short queries where this takes the products
+    tf32 = mx.default_device().type == mx.gpu and not mx.metal.is_available()
+    tolerance = (3e-3 if tf32 else 1e-5) if dtype == mx.float32 else 2e-2
     return bool(mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=tolerance))
 
 

@@ -60,7 +60,7 @@ class _Masks(threading.local):
     def __init__(self) -> None:
         self.causal: dict[tuple[int, int, int], mx.array] = {}
         self.kernel: dict[
-            tuple[float, int, int | None, int, int],
+            tuple[float, int, int, int | None, int, int],
             tuple[Any, tuple[mx.array, mx.array | None, mx.array | None]],
         ] = {}
         """The masked softmax's inputs (`_kernel_inputs`) for each slice of the query, with
@@ -184,17 +184,16 @@ def _attend(
             queries, scale = queries * mx.array(scale, mx.float16), 1.0
         folded = queries.reshape(batch, kv_heads, rep * count, dim)
         scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, heads, count, padded)
-        extras = _kernel_inputs(scale, seen, mask, start, stop)
+        extras = _kernel_inputs(scale, total, length, mask, start, stop)
         weights = masked_softmax(scores, extras[0], total=extras[1], mask=extras[2])
     else:
         dtype = queries.dtype
         folded = (queries * mx.array(scale, dtype)).reshape(batch, kv_heads, rep * count, dim)
         scores = (folded @ keys.swapaxes(-1, -2)).reshape(batch, kv_heads, rep, count, padded)
-        visible = (
-            _causal(count, seen, padded)
-            if isinstance(mask, str)
-            else _padded(mask, padded)[..., start:stop, :]
-        )
+        whole = _aligned(total, keys_buffer)
+        visible = _causal(length, total, whole) if isinstance(mask, str) else _padded(mask, whole)
+        if count < length:  # the slice's rows, and the keys they see
+            visible = visible[..., start:stop, :padded]
         scores = mx.where(visible, scores, mx.array(mx.finfo(dtype).min, dtype))
         weights = mx.softmax(scores, axis=-1, precise=True)
     weights = weights.reshape(batch, kv_heads, rep * count, padded)
@@ -203,11 +202,12 @@ def _attend(
 
 
 def _kernel_inputs(
-    scale: float, total: int, mask: mx.array | str, start: int, stop: int
+    scale: float, total: int, length: int, mask: mx.array | str, start: int, stop: int
 ) -> tuple[mx.array, mx.array | None, mx.array | None]:
-    """The masked softmax's scale, and its key count (causal) or mask rows `start` to `stop`
-    (B, rows, keys), made once per forward and slice."""
-    key = (scale, total, None if isinstance(mask, str) else id(mask), start, stop)
+    """The masked softmax's scale, and its key count (causal: the keys the slice's last
+    position sees) or mask rows `start` to `stop` (B, rows, keys), made once per forward
+    and slice of a query of `length` over `total` keys."""
+    key = (scale, total, length, None if isinstance(mask, str) else id(mask), start, stop)
     made = _masks.kernel
     held = made.get(key)
     if held is None:
@@ -215,10 +215,11 @@ def _kernel_inputs(
             made.clear()  # only the latest forward's layers share them
         scale_array = mx.array([scale], dtype=mx.float32)
         if isinstance(mask, str):
-            held = (mask, (scale_array, mx.array([total], dtype=mx.int32), None))
+            seen = total - (length - stop)
+            held = (mask, (scale_array, mx.array([seen], dtype=mx.int32), None))
         else:
             squeezed = mask.reshape(mask.shape[0], mask.shape[2], mask.shape[3])
-            rows = squeezed if (start, stop) == (0, mask.shape[2]) else squeezed[:, start:stop]
+            rows = squeezed if (start, stop) == (0, length) else squeezed[:, start:stop]
             held = (mask, (scale_array, None, rows))
         made[key] = held
     return held[1]
