@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device runs 8-11 (2026-11-30 07:41-07:44 UTC, a fresh H200 of the pool, the session's last
+# Device runs 8-12 (2026-11-30, about 07:38-07:41 UTC, a fresh H200 of the pool, the session's last
 # device minutes; each ran as one command line, kept here as they ran). Run 8 staged part 1.
 # Run 9, the tree at 5a9f9e1 (.whl/part-2 and .whl/test carried): the sequence attention's
 # CUDA tests, with the new slices (call-9/cuda-tests.log: 10 of 15 failed, every one a
