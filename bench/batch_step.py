@@ -107,7 +107,7 @@ def _prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 def ours(
     path: Path, args: argparse.Namespace, prelude: bool = False
 ) -> tuple[Any, Callable[[], None]]:
-    from mlx_nursery.engine import SamplingParams, _decode_prelude
+    from mlx_nursery.engine import SamplingParams, _decode_prelude, _fused_norm
     from mlx_nursery.engine._decode_attention import install
     from mlx_nursery.engine._sampling import make_request_sampler
     from mlx_nursery.engine._stepper import BatchStepper, Start
@@ -117,6 +117,7 @@ def ours(
     assert loaded.model is not None, "a text model"
     install(loaded.model)
     _decode_prelude.install(loaded.model)
+    _fused_norm.install(loaded.model)
     _decode_prelude.BATCHES = prelude
     stepper = BatchStepper(
         loaded.model,
@@ -262,10 +263,16 @@ def main() -> None:
         help="ours: every CUDA kernel compiled by the engine's NVRTC call where it can, the"
         " decode attention's too (MLX compiles it by default, decisions/0060)",
     )
+    parser.add_argument(
+        "--fused-norms",
+        action="store_true",
+        help="ours: each residual add and the RMSNorm after it in one kernel (_fused_norm.py)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from mlx_nursery.engine import _decode_attention, _own_kernels
+    from mlx_nursery.engine import _decode_attention, _fused_norm, _own_kernels
 
+    _fused_norm.ENABLED = args.fused_norms
     if args.attention_blocks:
         _decode_attention._TARGET_BLOCKS = args.attention_blocks
     if args.mlx_compiles:

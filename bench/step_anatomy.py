@@ -33,7 +33,8 @@ kernels a GPU step launches.
 
 `--no-prelude` has a lone stream's decode step's heads made ready as mlx-lm does (slices,
 RoPE, the KV write) rather than by one kernel (`engine/_decode_prelude.py`);
-`--prelude-batches` has a running batch's step take that kernel too.
+`--prelude-batches` has a running batch's step take that kernel too. `--fused-norms` has
+each residual add and the RMSNorm after it run as one kernel (`engine/_fused_norm.py`).
 
 `--kv-writes copy` has the batch's KV updated as mlx-lm does (MLX copies a layer's buffer
 whenever the step before still reads it) rather than in place (`engine/_kv_append.py`), for
@@ -77,6 +78,7 @@ from mlx_nursery.engine import (
     SamplingParams,
     _decode_attention,
     _decode_prelude,
+    _fused_norm,
     _kv_append,
     _memory,
     _own_kernels,
@@ -349,8 +351,15 @@ def main() -> None:
         action="store_true",
         help="the decode prelude in a running batch's step too (_decode_prelude.BATCHES)",
     )
+    p.add_argument(
+        "--fused-norms",
+        action="store_true",
+        help="each residual add and the RMSNorm after it in one kernel (_fused_norm.ENABLED)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
+    if args.fused_norms:
+        _fused_norm.ENABLED = True
     if args.no_prelude:
         _decode_prelude.ENABLED = False
     if args.prelude_batches:

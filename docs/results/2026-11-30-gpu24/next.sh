@@ -6,8 +6,8 @@
 # from launch to /health; then 32 clients at once with no warm-up requests of the benchmark's
 # own (TTFT p99 and the log show any kernel built on first use); then the server restarted on
 # the disk its first start filled, timed again, and two greedy clients with no warm-up; then
-# the CUDA tests of the sequence attention computed in slices (its kernel path, not yet run
-# on a GPU) and of the ragged decode attention.
+# the CUDA tests of the sequence attention computed in slices, of the ragged decode attention,
+# and of the fused add and RMSNorm (`engine/_fused_norm.py`, never yet run on a GPU).
 set -u
 source bench/device/prepare.sh
 source docs/results/2026-11-30-gpu24/lib.sh
@@ -20,8 +20,8 @@ stop_server
 start_server warm.log --max-concurrency 32
 served warm-two 60 $U --clients 2 --output-len 64 --mix greedy --duration 15
 stop_server
-cuda_tests tests/engine/test_sequence_attention.py tests/engine/test_ragged_cache.py -k \
-  "slices or mlxs or kernel_equals"
+cuda_tests tests/engine/test_sequence_attention.py tests/engine/test_ragged_cache.py \
+  tests/engine/test_fused_norm.py -k "slices or mlxs or kernel_equals or kernel_gives"
 grep -ciE "nvrtc|compil" $OUT/cold.log $OUT/warm.log >> $S
 pack json.tgz cold-c32 warm-two
 cat $S

@@ -28,6 +28,7 @@ from ._decode_prelude import install as install_prelude
 from ._detokenizer import TokenTexts
 from ._disk_kv import DiskKV, open_disk_kv
 from ._draft_model import with_draft_model
+from ._fused_norm import install as install_fused_norm
 from ._kv_quant import CacheFactory, cache_factory, check_quantizable
 from ._ledger import Ledger
 from ._memory import (
@@ -85,10 +86,11 @@ def start_up(
             preludes = install_prelude(model.model)
             log.info(
                 "attention routed (CUDA): ragged decode kernel %s, sequence attention %s,"
-                " one-kernel decode prelude in %d blocks",
+                " one-kernel decode prelude in %d blocks, fused add and norm in %d",
                 "on" if config.ragged_attention else "off",
                 "off" if config.cudnn_attention else "on",
                 preludes,
+                install_fused_norm(model.model),
             )
         scripted = model.kind == "scripted"
         cache = None
