@@ -36,6 +36,9 @@ def model_of(module: Any) -> Any:
     )  # fmt: skip
     mx.random.seed(5)
     model = module.Model(args)
+    for i, layer in enumerate(model.model.layers):  # norms that differ (mlx-lm's start at 1)
+        for j, norm in enumerate((layer.input_layernorm, layer.post_attention_layernorm)):
+            norm.weight = 1 + 0.5 * mx.random.normal((64,), key=mx.random.key(10 * i + j))
     mx.eval(model.parameters())
     fuse_projections(model)
     return model
@@ -118,8 +121,10 @@ def test_only_mlx_lms_own_llama_shaped_blocks_are_served(monkeypatch: pytest.Mon
     class Own(type(model.model.layers[0])):  # type: ignore[misc]
         pass
 
-    model.model.layers[0].__class__ = Own
+    model.model.layers[-1].__class__ = Own
     assert install(model, anywhere=True) == LAYERS - 1
+    # the block before one that takes no pending sum leaves none
+    assert [getattr(b, "_nursery_last", None) for b in model.model.layers] == [False, True, None]
     if not on_cuda():
         assert install(model_of(llama)) == 0  # the kernel is CUDA's
     monkeypatch.setattr(_fused_norm, "ENABLED", False)

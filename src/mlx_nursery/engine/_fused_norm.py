@@ -11,7 +11,9 @@ leaves its MLP's output and its residual pending (`_Pending`, per engine thread)
 next block, called on the sum they make (the same array), computes the sum and its input
 norm in one kernel. The sum is still returned (lazily, `h + r`), for whatever else reads it
 (the last block's to the model's final norm, a pipeline rank's to the next rank); an
-unread one is never computed.
+unread one is never computed. The next block knows the sum by identity: a loop between
+blocks must rebind what it changes (as mlx-lm's do), never change the array in place
+(`+=` on an MLX array keeps the object).
 
 Off unless `ENABLED` (`bench/step_anatomy.py --fused-norms`, `bench/batch_step.py
 --fused-norms`): it serves once measured faster on the GPU. Each dtype and width is checked
@@ -103,7 +105,12 @@ def add_rms_norm(x: mx.array, r: mx.array, norm: Any) -> tuple[mx.array, mx.arra
     and width, else MLX's add and RMSNorm. Lazy, as any MLX operation; the first call of a
     dtype and width on CUDA checks the kernel (blocking, once)."""
     width = x.shape[-1]
-    if x.dtype == r.dtype == norm.weight.dtype and x.shape == r.shape and usable(x.dtype, width):
+    if (
+        x.size
+        and x.dtype == r.dtype == norm.weight.dtype
+        and x.shape == r.shape
+        and usable(x.dtype, width)
+    ):
         rows = x.size // width
         flat = (rows, width)
         h, out = _run(x.reshape(flat), r.reshape(flat), norm.weight, norm.eps)
@@ -141,8 +148,9 @@ _checked: dict[tuple[mx.Dtype, int], bool] = {}
 
 def usable(dtype: mx.Dtype, width: int) -> bool:
     """Whether the kernel serves rows of `width` elements of `dtype` here: CUDA, a width of
-    whole 16-byte loads, and on first use a check against MLX's add and RMSNorm (blocking,
-    once per dtype and width; a mismatch or a failed build is logged and refused)."""
+    whole 16-byte runs (a lane's `VEC` elements), and on first use a check against MLX's add
+    and RMSNorm (blocking, once per dtype and width; a mismatch or a failed build is logged
+    and refused)."""
     if dtype not in (mx.bfloat16, mx.float16, mx.float32) or width % (16 // dtype.size):
         return False
     key = (dtype, width)
@@ -161,7 +169,9 @@ def _self_check(dtype: mx.Dtype, width: int) -> bool:
         want = mx.fast.rms_norm(want_h, w, 1e-5)
         tolerance = 1e-5 if dtype == mx.float32 else 2e-2
         matches = bool(mx.array_equal(h, want_h)) and bool(
-            mx.allclose(out.astype(mx.float32), want.astype(mx.float32), atol=tolerance)
+            mx.allclose(
+                out.astype(mx.float32), want.astype(mx.float32), atol=tolerance, rtol=tolerance
+            )
         )
     except Exception:
         log.exception(
@@ -230,12 +240,15 @@ def install(model: Any, *, anywhere: bool = False) -> int:
     layers = getattr(body, "pipeline_layers", getattr(body, "layers", None))
     if not isinstance(layers, list) or not layers:
         return 0
-    served = [block for block in layers if _serves(block)]
-    for block in served:
-        block._nursery_last = block is layers[-1]  # its sum goes to the final norm
+    serves = [_serves(block) for block in layers]
+    for i, block in enumerate(layers):
+        if not serves[i]:
+            continue
+        # the last, or followed by a block that takes no pending sum: leave none
+        block._nursery_last = i + 1 == len(layers) or not serves[i + 1]
         if type(block) not in _classes.values():
             block.__class__ = _served_class(type(block))
-    return len(served)
+    return sum(serves)
 
 
 def _serves(block: Any) -> bool:

@@ -84,13 +84,14 @@ def start_up(
             model.model, ragged=config.ragged_attention, sequences=not config.cudnn_attention
         ):
             preludes = install_prelude(model.model)
+            fused_norms = install_fused_norm(model.model)
             log.info(
                 "attention routed (CUDA): ragged decode kernel %s, sequence attention %s,"
                 " one-kernel decode prelude in %d blocks, fused add and norm in %d",
                 "on" if config.ragged_attention else "off",
                 "off" if config.cudnn_attention else "on",
                 preludes,
-                install_fused_norm(model.model),
+                fused_norms,
             )
         scripted = model.kind == "scripted"
         cache = None
