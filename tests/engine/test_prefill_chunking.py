@@ -13,11 +13,12 @@ import mlx.core as mx
 import trio
 
 from mlx_nursery.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, open_engine
+from mlx_nursery.engine._backend import on_cuda
 from mlx_nursery.engine._chunking import (
+    CHUNK_TOKENS,
     CPU_BUDGET_MS,
-    CPU_CHUNK_TOKENS,
+    CUDA_CHUNK_TOKENS,
     GPU_BUDGET_MS,
-    GPU_CHUNK_TOKENS,
     MIN_CHUNK_TOKENS,
     ChunkSizer,
     GapMeter,
@@ -43,12 +44,11 @@ def test_the_configured_budget_zero_is_none_and_unset_is_the_backends() -> None:
 
 
 def test_the_configured_chunk_is_kept_and_unset_is_the_backends(tiny_model: Path) -> None:
-    """`prefill_step_size` unset: 1,024 tokens on a GPU, 512 on the CPU (decided by
-    measurement on an H200; the CPU keeps the shorter chunk a cancel waits for)."""
-    on_cpu = mx.default_device().type == mx.cpu
-    assert GPU_CHUNK_TOKENS > CPU_CHUNK_TOKENS
+    """`prefill_step_size` unset: 1,024 tokens on CUDA, 512 elsewhere (decided by
+    measurement on an H200; the CPU and Metal keep the shorter chunk a cancel waits for)."""
+    assert CUDA_CHUNK_TOKENS > CHUNK_TOKENS
     assert EngineConfig(tiny_model).chunk_tokens() == (
-        CPU_CHUNK_TOKENS if on_cpu else GPU_CHUNK_TOKENS
+        CUDA_CHUNK_TOKENS if on_cuda() else CHUNK_TOKENS
     )
     assert EngineConfig(tiny_model, prefill_step_size=48).chunk_tokens() == 48
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ._backend import on_cuda
+
 MIN_CHUNK_TOKENS = 16
 """The smallest chunk beside decoding sequences (unless `prefill_step_size` is smaller)."""
 
@@ -49,12 +51,13 @@ chunks costs an 8B model on an H100 (docs/benchmarks.md), so serving there is as
 a large model on a smaller GPU has its chunks shrunk."""
 
 
-CPU_CHUNK_TOKENS = 512
-"""The largest chunk on the CPU (`EngineConfig.prefill_step_size` unset): a lone prompt's
-chunk is not shrunk by the budget, and a cancel waits for the chunk in flight."""
+CHUNK_TOKENS = 512
+"""The largest chunk where `CUDA_CHUNK_TOKENS` was not measured better (the CPU, Metal;
+`EngineConfig.prefill_step_size` unset): a prompt prefilled while nothing decodes is not
+shrunk by the budget, and a cancel waits for the chunk in flight."""
 
-GPU_CHUNK_TOKENS = 1024
-"""The largest chunk on a GPU: a chunk's launch costs the host about the same whatever its
+CUDA_CHUNK_TOKENS = 1024
+"""The largest chunk on CUDA: a chunk's launch costs the host about the same whatever its
 length while the step is bound by the host, so a typical prompt in one chunk rather than two
 gives the running streams more steps (docs/benchmarks.md, "Prefill chunks of 1,024
 tokens"). mlx-lm prefills in chunks of 2,048."""
@@ -65,7 +68,7 @@ def chunk_tokens(configured: int | None) -> int:
     this process's MLX device; engine thread, it asks MLX)."""
     if configured is not None:
         return configured
-    return CPU_CHUNK_TOKENS if mx.default_device().type == mx.cpu else GPU_CHUNK_TOKENS
+    return CUDA_CHUNK_TOKENS if on_cuda() else CHUNK_TOKENS
 
 
 def budget_ms(configured: float | None) -> float | None:

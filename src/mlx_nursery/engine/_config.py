@@ -53,7 +53,7 @@ class EngineConfig:
     prefill_step_size: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     """Prompt tokens per prefill chunk: the granularity at which a prefill can be abandoned,
     and the largest chunk while other sequences decode (`prefill_chunk_ms`). None: the
-    backend's (`_chunking.CPU_CHUNK_TOKENS`, `GPU_CHUNK_TOKENS`); read it through
+    backend's (`_chunking.CUDA_CHUNK_TOKENS` on CUDA, `CHUNK_TOKENS` elsewhere); read it through
     `chunk_tokens()`."""
 
     def chunk_tokens(self) -> int:

@@ -145,7 +145,7 @@ class ServerSettings:
         default=engine_default("prefill_step_size"),
         validator=v.optional(v.ge(1)),
         metadata=described(
-            "prompt tokens per prefill chunk (by backend: 512 on the CPU, 1024 on a GPU);"
+            "prompt tokens per prefill chunk (by backend: 1024 on CUDA, 512 elsewhere);"
             " a cancel is honoured between chunks",
             none="by backend",
         ),
