@@ -33,6 +33,7 @@ import mlx.core as mx
 
 from ._backend import on_cuda
 from ._own_kernels import CudaKernel
+from ._scalars import scalar
 
 log = logging.getLogger("mlx_nursery.engine")
 
@@ -122,7 +123,7 @@ def add_rms_norm(x: mx.array, r: mx.array, norm: Any) -> tuple[mx.array, mx.arra
 def _run(x: mx.array, r: mx.array, weight: mx.array, eps: float) -> tuple[mx.array, mx.array]:
     rows, width = x.shape
     h, out = _kernel(
-        inputs=[x, r, weight, _eps(eps)],
+        inputs=[x, r, weight, scalar(eps, mx.float32)],
         template=[("T", x.dtype), ("D", width), ("VEC", 16 // x.dtype.size), ("WARPS", _WARPS)],
         grid=(-(-rows // _WARPS) * _WARPS * 32, 1, 1),
         threadgroup=(_WARPS * 32, 1, 1),
@@ -130,17 +131,6 @@ def _run(x: mx.array, r: mx.array, weight: mx.array, eps: float) -> tuple[mx.arr
         output_dtypes=[x.dtype, x.dtype],
     )
     return h, out
-
-
-_epsilons: dict[float, mx.array] = {}
-
-
-def _eps(eps: float) -> mx.array:
-    """`eps` as the one-element float32 array the kernel reads, made once per value."""
-    held = _epsilons.get(eps)
-    if held is None:
-        held = _epsilons[eps] = mx.array([eps], dtype=mx.float32)
-    return held
 
 
 _checked: dict[tuple[mx.Dtype, int], bool] = {}
